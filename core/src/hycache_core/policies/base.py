@@ -1,0 +1,55 @@
+"""The online cache-policy interface shared by the agent, the control plane and the simulator.
+
+An *online* policy only orders resident objects for eviction; it never sees the future.
+The caller (the agent's tiering engine, or the simulator's cache driver) owns capacity
+accounting, pinning and the actual data movement, and asks the policy for victims in
+eviction order.  Every method is O(1) or O(log n) in the number of resident keys.
+
+Keys are opaque hashables (the agent uses inode numbers, the simulator file names).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Iterator
+from typing import ClassVar
+
+
+class OnlinePolicy(abc.ABC):
+    """Orders resident objects; the first key yielded by :meth:`eviction_order` goes first."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def admit(self, key: Hashable, size: int, hits: int = 1) -> None:
+        """``key`` became resident (its first access, or a restore with ``hits`` accesses).
+
+        Admitting keys in increasing order of their last access rebuilds the policy's
+        queue after a restart (the agent persists ``hits`` and the last-access order).
+        """
+
+    @abc.abstractmethod
+    def touch(self, key: Hashable, size: int) -> None:
+        """A resident ``key`` was accessed again (a hit); ``size`` is its current size."""
+
+    @abc.abstractmethod
+    def remove(self, key: Hashable) -> None:
+        """``key`` is no longer resident (evicted or deleted).  Unknown keys are ignored."""
+
+    @abc.abstractmethod
+    def eviction_order(self) -> Iterator[Hashable]:
+        """Resident keys from the best victim to the worst, lazily.
+
+        The caller may skip keys (pinned, open) and stop early; it must not mutate the
+        policy while iterating — collect victims first, then :meth:`remove` them.
+        """
+
+    @abc.abstractmethod
+    def __contains__(self, key: object) -> bool: ...
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    def hits(self, key: Hashable) -> int:
+        """Accesses recorded for a resident key (for persistence); 0 if unknown."""
+        return 0
