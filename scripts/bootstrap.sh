@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Install everything HyCache needs to build, run and test, idempotently.
+#
+#   bash scripts/bootstrap.sh        # quiet; ~1 s when everything is present
+#   VERBOSE=1 bash scripts/bootstrap.sh
+#
+# What it does (each step is skipped when already satisfied):
+#   1. apt packages (apt-get update only runs when something is missing)
+#   2. /etc/fuse.conf: user_allow_other (the agent mounts with allow_other)
+#   3. uv (pinned, pip install uv==$UV_VERSION when `uv` is missing or another version)
+#   4. uv sync --frozen --all-packages (workspace packages + the dev group) into .venv
+#      pyfuse3 is a source distribution: the first sync compiles it (needs libfuse3-dev,
+#      pkg-config, a C compiler); uv keeps the built wheel in its cache (~/.cache/uv,
+#      or $UV_CACHE_DIR), so later syncs and fresh clones reuse it without compiling.
+#   5. pjdfstest (crates.io, pinned) via `cargo install --locked` into
+#      $HYCACHE_TOOLS_DIR/pjdfstest-$PJDFSTEST_VERSION (default ~/.cache/hycache), outside
+#      the clone so that clean clones (CI) reuse it; linked as .work/bin/pjdfstest.
+#
+# Works without a tty (CI=true, no stdin). Needs root (or sudo) only for steps 1-2.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=versions.env
+source "$REPO/scripts/versions.env"
+VERBOSE="${VERBOSE:-0}"
+TOOLS_DIR="${HYCACHE_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/hycache}"
+mkdir -p "$TOOLS_DIR" "$REPO/.work/bin"
+
+say() { echo "bootstrap: $*" >&2; }
+die() { echo "bootstrap: ERROR: $*" >&2; exit 1; }
+# Run quietly unless VERBOSE=1; show the output if the command fails.
+quiet() {
+    if [[ "$VERBOSE" == 1 ]]; then "$@"; return; fi
+    local log rc=0
+    log="$(mktemp)"
+    "$@" >"$log" 2>&1 || rc=$?
+    if [[ $rc -ne 0 ]]; then cat "$log" >&2; rm -f "$log"; say "failed ($rc): $*"; return $rc; fi
+    rm -f "$log"
+}
+as_root() {
+    if [[ $EUID -eq 0 ]]; then "$@"
+    elif command -v sudo >/dev/null; then sudo -n "$@"
+    else die "need root for: $*"; fi
+}
+
+# Serialise concurrent bootstraps (several engineers / CI jobs on one machine):
+# apt and cargo do not like running twice at once.
+exec 9>"$TOOLS_DIR/bootstrap.lock"
+flock 9
+
+# ---------------------------------------------------------------- 1. apt packages
+APT_PACKAGES=(
+    fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
+    build-essential python3-dev       # C toolchain for source builds
+    redis-server                      # the DHT (tests start real Redis Cluster processes)
+    fio mergerfs attr                 # benchmark, peer FUSE fs for comparisons, xattr tools
+    ca-certificates git procps psmisc util-linux
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing apt packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    quiet as_root apt-get update -q
+    quiet as_root apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# ---------------------------------------------------------------- 2. fuse.conf
+# allow_other is needed so that other users (pjdfstest's dummy users, apps running as
+# other users) can use a mount; non-root mounters need user_allow_other for that.
+if ! grep -qE '^[[:space:]]*user_allow_other[[:space:]]*$' /etc/fuse.conf 2>/dev/null; then
+    say "enabling user_allow_other in /etc/fuse.conf"
+    echo "user_allow_other" | as_root tee -a /etc/fuse.conf >/dev/null
+fi
+[[ -c /dev/fuse ]] || say "WARNING: /dev/fuse is missing: mount tests will be skipped"
+
+# Dummy users for pjdfstest (present on every Debian base system; check anyway).
+for ug in nobody:nogroup daemon:daemon; do
+    getent passwd "${ug%%:*}" >/dev/null && getent group "${ug##*:}" >/dev/null \
+        || say "WARNING: user/group ${ug} missing: pjdfstest needs it"
+done
+
+# ---------------------------------------------------------------- 3. uv
+find_uv() {
+    local u
+    for u in "$(command -v uv 2>/dev/null || true)" "$HOME/.local/bin/uv" "$(python3 -c 'import sysconfig;print(sysconfig.get_path("scripts"))' 2>/dev/null)/uv"; do
+        if [[ -n "$u" && -x "$u" ]] && [[ "$("$u" --version 2>/dev/null)" == "uv $UV_VERSION"* ]]; then
+            echo "$u"; return 0
+        fi
+    done
+    return 1
+}
+if ! UV="$(find_uv)"; then
+    say "installing uv==$UV_VERSION with pip"
+    command -v python3 >/dev/null || die "python3 not found (expected Python 3.11 from pyenv)"
+    quiet python3 -m pip install -q "uv==$UV_VERSION" \
+        || quiet python3 -m pip install -q --user --break-system-packages "uv==$UV_VERSION"
+    command -v pyenv >/dev/null && pyenv rehash >/dev/null 2>&1 || true
+    UV="$(find_uv)" || die "uv $UV_VERSION installed but not found on PATH"
+fi
+echo "$UV" >"$REPO/.work/uv-path"   # scripts/test.sh and demo.sh read this
+
+# ---------------------------------------------------------------- 4. Python env
+cd "$REPO"
+# No network access for interpreters: use the machine's Python (pyenv 3.11).
+export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
+quiet "$UV" sync --frozen --all-packages
+
+# ---------------------------------------------------------------- 5. pjdfstest
+PJD_ROOT="$TOOLS_DIR/pjdfstest-$PJDFSTEST_VERSION"
+PJD_BIN="$PJD_ROOT/bin/pjdfstest"
+if [[ ! -x "$PJD_BIN" ]] || [[ "$("$PJD_BIN" --version 2>/dev/null)" != "pjdfstest $PJDFSTEST_VERSION" ]]; then
+    command -v cargo >/dev/null || [[ -x "$HOME/.cargo/bin/cargo" ]] \
+        || die "cargo not found: install Rust >= 1.85 (pjdfstest $PJDFSTEST_VERSION needs it)"
+    CARGO="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
+    say "building pjdfstest $PJDFSTEST_VERSION from crates.io (one time, ~1-3 min)"
+    quiet nice "$CARGO" install --locked --quiet --force --version "$PJDFSTEST_VERSION" \
+        --root "$PJD_ROOT" pjdfstest
+fi
+ln -sfn "$PJD_BIN" "$REPO/.work/bin/pjdfstest"
+
+say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, .venv synced)"
