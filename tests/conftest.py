@@ -1,0 +1,246 @@
+"""Shared pytest fixtures for the whole test tree.
+
+``hycache_mount`` starts the real agent (``.venv/bin/hycache-agent mount``) on temporary
+directories and tears it down afterwards::
+
+    @pytest.mark.mount
+    def test_something(hycache_mount):
+        m = hycache_mount(fast_capacity="1M", log_level="debug")
+        (m.mountpoint / "f").write_text("hi")
+        assert (m.fast / "f").exists() or (m.slow / "f").exists()
+
+Contract with the agent (``hycache-agent mount ROOT MOUNTPOINT [--fast-capacity SIZE]
+[--log-level LEVEL] [--fast DIR --slow DIR]``): it runs in the foreground, the mount is
+ready when ``os.path.ismount(MOUNTPOINT)``, and SIGTERM (or ``fusermount3 -u``) unmounts
+it and the process exits 0.
+
+Mount tests are marked ``@pytest.mark.mount``; they are skipped (with the reason) only
+when /dev/fuse cannot be used on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
+
+MOUNT_TIMEOUT = float(os.environ.get("HYCACHE_MOUNT_TIMEOUT", "30"))
+UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
+
+
+# --------------------------------------------------------------------------- FUSE probe
+def fuse_unusable_reason() -> str | None:
+    """Why real FUSE mounts cannot run here, or None if they can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no FUSE in this kernel/container)"
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as e:
+        return f"/dev/fuse cannot be opened: {e}"
+    os.close(fd)
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (apt package fuse3; run scripts/bootstrap.sh)"
+    return None
+
+
+_FUSE_REASON = fuse_unusable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _FUSE_REASON is None:
+        return
+    skip = pytest.mark.skip(reason=f"FUSE unusable: {_FUSE_REASON}")
+    for item in items:
+        if "mount" in item.keywords:
+            item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------- helpers
+def _tail(path: Path, n: int = 60) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "<no log>"
+    return "\n".join(lines[-n:]) or "<empty>"
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Lazy-unmount a FUSE mount whatever state its daemon is in."""
+    if os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
+    if os.path.ismount(mountpoint):
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+def _is_mounted(mountpoint: Path) -> bool:
+    try:
+        return os.path.ismount(mountpoint)
+    except OSError:  # ENOTCONN on a dead FUSE mount still means "mounted"
+        return True
+
+
+def make_shared_tmpdir(prefix: str) -> Path:
+    """A temp dir that every user can traverse (pytest's tmp_path is 0700 root-only,
+    which would hide a mount from other users, e.g. pjdfstest's dummy users)."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("HYCACHE_TEST_TMP")))
+    d.chmod(0o755)
+    return d
+
+
+@dataclass
+class HyCacheMount:
+    root: Path
+    fast: Path
+    slow: Path
+    mountpoint: Path
+    proc: subprocess.Popen
+    log: Path
+    argv: list[str]
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def stderr(self) -> str:
+        """Everything the agent wrote to stdout/stderr so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def unmount(self) -> int:
+        """SIGTERM the agent, wait; lazy-unmount as a last resort. Returns its exit code
+        (None-safe: -9 if it had to be killed). Idempotent."""
+        if self._stopped:
+            return self.proc.returncode
+        self._stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=UNMOUNT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                force_unmount(self.mountpoint)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        force_unmount(self.mountpoint)
+        return self.proc.returncode
+
+    def __enter__(self) -> HyCacheMount:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unmount()
+
+
+def _opts_to_argv(opts: dict) -> list[str]:
+    argv: list[str] = []
+    for key, value in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
+                        separate_tiers: bool = False, timeout: float = MOUNT_TIMEOUT,
+                        **opts) -> HyCacheMount:
+    """Start ``hycache-agent mount`` under ``base`` and wait until it is mounted.
+
+    ``opts`` become flags: ``log_level="debug"`` -> ``--log-level debug``;
+    ``True`` -> bare flag; ``None``/``False`` -> omitted.
+    ``separate_tiers=True`` passes ``--fast DIR --slow DIR`` explicitly.
+    """
+    if not AGENT_BIN.exists():
+        pytest.fail(f"{AGENT_BIN} does not exist: run scripts/bootstrap.sh (uv sync)")
+    root, mountpoint = base / "root", base / "mnt"
+    fast, slow = root / "fast", root / "slow"
+    if separate_tiers:
+        fast, slow = base / "fast-tier", base / "slow-tier"
+        fast.mkdir(mode=0o755)
+        slow.mkdir(mode=0o755)
+        opts = {"fast": fast, "slow": slow, **opts}
+    root.mkdir(mode=0o755, exist_ok=True)
+    mountpoint.mkdir(mode=0o755)
+    if fast_capacity is not None:
+        opts = {"fast_capacity": fast_capacity, **opts}
+    argv = [str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
+    log = base / "agent.log"
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                cwd=base, start_new_session=True)
+    m = HyCacheMount(root=root, fast=fast, slow=slow, mountpoint=mountpoint, proc=proc, log=log, argv=argv)
+    deadline = time.monotonic() + timeout
+    while not _is_mounted(mountpoint):
+        if proc.poll() is not None:
+            m._stopped = True
+            pytest.fail(f"hycache-agent exited with {proc.returncode} before mounting\n"
+                        f"argv: {' '.join(argv)}\n--- agent output ---\n{_tail(log)}", pytrace=False)
+        if time.monotonic() > deadline:
+            m.unmount()
+            pytest.fail(f"hycache-agent did not mount {mountpoint} within {timeout:.0f} s\n"
+                        f"argv: {' '.join(argv)}\n--- agent output ---\n{_tail(log)}", pytrace=False)
+        time.sleep(0.05)
+    return m
+
+
+# --------------------------------------------------------------------------- fixtures
+@pytest.fixture
+def hycache_mount():
+    """Factory: ``hycache_mount(fast_capacity="1G", **opts) -> HyCacheMount``.
+
+    Each call starts one agent on fresh temp dirs (world-traversable, on the same file
+    system as /tmp). At teardown every mount is stopped with SIGTERM (then
+    ``fusermount3 -uz`` as a last resort) and the test fails unless the agent exited 0.
+    """
+    if _FUSE_REASON is not None:
+        pytest.skip(f"FUSE unusable: {_FUSE_REASON}")
+    started: list[tuple[HyCacheMount, Path]] = []
+
+    def factory(fast_capacity: str | int | None = "1G", **opts) -> HyCacheMount:
+        base = make_shared_tmpdir("hycache-mnt-")
+        m = start_hycache_mount(base, fast_capacity, **opts)
+        started.append((m, base))
+        return m
+
+    yield factory
+
+    problems = []
+    for m, base in reversed(started):
+        was_killed = not m._stopped and m.proc.poll() is not None
+        rc = m.unmount()
+        if was_killed:
+            problems.append(f"agent for {m.mountpoint} died during the test (exit {rc})\n{_tail(m.log)}")
+        elif rc != 0:
+            problems.append(f"agent for {m.mountpoint} exited {rc} on SIGTERM\n{_tail(m.log)}")
+        if _is_mounted(m.mountpoint):
+            problems.append(f"{m.mountpoint} is still mounted after teardown")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def shared_tmp_path():
+    """Like tmp_path, but traversable by every user (mode 0755) and removed afterwards."""
+    d = make_shared_tmpdir("hycache-test-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def pytest_report_header(config):
+    return [f"fuse: {'usable' if _FUSE_REASON is None else 'UNUSABLE: ' + _FUSE_REASON}",
+            f"python: {sys.executable}"]
