@@ -1,0 +1,256 @@
+"""``hycache-agent``: mount the tiering file system and inspect or steer a running agent."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from hycache_core.sizes import format_size
+
+SUBCOMMANDS = ("mount", "status", "where", "pin", "unpin", "promote", "demote", "demo")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hycache-agent",
+        description="HyCache node agent: one POSIX directory over a fast and a slow tier.",
+        epilog="`hycache-agent ROOT MOUNTPOINT` is short for `hycache-agent mount ROOT MOUNTPOINT`.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    m = sub.add_parser("mount", help="mount ROOT/fast + ROOT/slow at MOUNTPOINT (foreground)",
+                       description="Mount the tiering file system and serve it until SIGTERM/SIGINT or "
+                                   "`fusermount3 -u MOUNTPOINT`; exits 0 after a clean unmount.")
+    m.add_argument("root", type=Path, help="agent root: holds fast/, slow/ and state/")
+    m.add_argument("mountpoint", type=Path)
+    m.add_argument("--config", type=Path, help="TOML file with the same keys (section [agent] or top level)")
+    m.add_argument("--fast", type=Path, help="fast tier directory (default ROOT/fast)")
+    m.add_argument("--slow", type=Path, help="slow tier directory (default ROOT/slow)")
+    m.add_argument("--fast-capacity", help="bytes of the fast tier to use, K/M/G suffixes (default: its file system's size)")
+    m.add_argument("--high-watermark", type=float, help="start evicting above this fraction of capacity (default 0.9)")
+    m.add_argument("--low-watermark", type=float, help="evict down to this fraction (default 0.7)")
+    m.add_argument("--policy", help="eviction policy: lru, lfu or an installed plug-in (default lru)")
+    m.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,
+                   help="let other users use the mount (default when run as root)")
+    m.add_argument("--no-allow-other", dest="allow_other", action="store_false")
+    m.add_argument("--no-promote-on-open", dest="promote_on_open", action="store_false", default=None,
+                   help="read evicted files from the slow tier without promoting them")
+    m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
+                   help="do not keep the kernel page cache across opens")
+
+    s = sub.add_parser("status", help="tiers, usage, file counts, policy, migrations of a running agent")
+    s.add_argument("root", type=Path, help="the agent's ROOT (or its mount point)")
+    s.add_argument("--json", action="store_true")
+
+    w = sub.add_parser("where", help="which tier holds PATH (first word: fast or slow)")
+    w.add_argument("path", type=Path)
+    w.add_argument("--json", action="store_true")
+
+    for name, text in (("pin", "never evict these files"), ("unpin", "let the policy evict these files again")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("paths", type=Path, nargs="+")
+    for name, tier in (("promote", "fast"), ("demote", "slow")):
+        c = sub.add_parser(name, help=f"move files to the {tier} tier now")
+        c.add_argument("paths", type=Path, nargs="+")
+        c.add_argument("--no-wait", action="store_true", help="start the migration and return")
+        c.add_argument("--timeout", type=float, default=3600.0)
+
+    d = sub.add_parser("demo", help="mount a demo over a temporary root and show files moving between tiers")
+    d.add_argument("--keep", action="store_true", help="leave the mount up until Ctrl-C")
+    d.add_argument("--root", type=Path, help="demo root (default: a new temporary directory)")
+    return p
+
+
+# ---------------------------------------------------------------- per-file controls
+class NotServed(Exception):
+    pass
+
+
+def _info(path: Path) -> dict:
+    try:
+        raw = os.getxattr(path, "user.hycache.info")
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise NotServed(f"no HyCache agent serves {path}") from None
+        if exc.errno == errno.ENOTCONN:
+            raise NotServed(f"the HyCache mount holding {path} is not connected: its agent has stopped") from None
+        raise
+    return json.loads(raw)
+
+
+def _where(path: Path, as_json: bool) -> int:
+    info = _info(path)
+    if as_json:
+        print(json.dumps({"path": str(path), **info}))
+        return 0
+    tier = info["tier"] or info["type"]
+    extra = [format_size(info["size"])]
+    if info.get("pinned"):
+        extra.append("pinned")
+    if "migration" in info:
+        m = info["migration"]
+        extra.append(f"migrating to {m['to']} {100 * m['copied'] / max(1, m['total']):.0f}%")
+    print(f"{tier} {path} ({', '.join(extra)})")
+    return 0
+
+
+def _set_pin(paths: list[Path], pinned: bool) -> int:
+    for path in paths:
+        _info(path)
+        os.setxattr(path, "user.hycache.pinned", b"1" if pinned else b"0")
+        print(f"{'pinned' if pinned else 'unpinned'} {path}")
+    return 0
+
+
+def _move(paths: list[Path], tier: str, wait: bool, timeout: float) -> int:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    status = 0
+    for path in paths:
+        info = _info(path)
+        if info["type"] != "file":
+            print(f"hycache-agent: {path}: only regular files live on a tier", file=sys.stderr)
+            status = 1
+            continue
+        if info["tier"] == tier:
+            print(f"{tier} {path} (already there)")
+            continue
+        os.setxattr(path, "user.hycache.tier", tier.encode())
+        if not wait:
+            print(f"started moving {path} to {tier}")
+            continue
+        deadline = time.monotonic() + timeout
+        with Progress(TextColumn(f"{path.name} → {tier}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      transient=True, disable=not sys.stderr.isatty()) as bar:
+            task = bar.add_task("copy", total=max(1, info["size"]))
+            while time.monotonic() < deadline:
+                info = _info(path)
+                if info["tier"] == tier:
+                    break
+                if "migration" not in info:
+                    time.sleep(0.05)
+                    info = _info(path)
+                    if info["tier"] != tier and "migration" not in info:
+                        break
+                else:
+                    bar.update(task, completed=info["migration"]["copied"], total=max(1, info["migration"]["total"]))
+                time.sleep(0.05)
+        if info["tier"] == tier:
+            print(f"{tier} {path}")
+        else:
+            print(f"hycache-agent: {path} stayed on {info['tier']} (no room on the {tier} tier, "
+                  "or the file changed during the copy)", file=sys.stderr)
+            status = 1
+    return status
+
+
+# ---------------------------------------------------------------- status
+def _state_dir_for(path: Path) -> Path:
+    path = path.resolve()
+    if (path / "state").is_dir():
+        return path / "state"
+    try:  # a path inside a mount: the file system names its agent's root
+        info = json.loads(os.getxattr(path, "user.hycache.info"))
+        return Path(info["agent_root"]) / "state"
+    except OSError:
+        pass
+    raise NotServed(f"{path} is not a HyCache agent root (no state/ directory)")
+
+
+def _status(root: Path, as_json: bool) -> int:
+    from . import control
+
+    state = _state_dir_for(root)
+    try:
+        st = control.request(state, {"op": "status"})
+    except ConnectionError as exc:
+        raise NotServed(str(exc)) from None
+    if as_json:
+        print(json.dumps(st, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"HyCache agent {st['pid']} — {st['mountpoint']} (policy {st['policy']})")
+    for col in ("tier", "path", "capacity", "used", "use%", "files", "device free"):
+        t.add_column(col, justify="right" if col not in ("tier", "path") else "left")
+    for name, tier in st["tiers"].items():
+        cap = tier["capacity"]
+        t.add_row(name, tier["path"], format_size(cap), format_size(tier["used"]),
+                  f"{100 * tier['used'] / cap:.1f}%" if cap else "-", str(tier["files"]),
+                  format_size(tier["device_free"]))
+    console.print(t)
+    mig = st["migrations"]
+    console.print(f"watermarks high {st['watermarks']['high']:.2f} / low {st['watermarks']['low']:.2f}; "
+                  f"migrations done {mig['migrations_done']} (evictions {mig['evictions']}, promotions "
+                  f"{mig['promotions']}, spills {mig['spills']}), abandoned {mig['migrations_abandoned']}, "
+                  f"failed {mig['migrations_failed']}; promoted {format_size(mig['bytes_promoted'])}, "
+                  f"demoted {format_size(mig['bytes_demoted'])}")
+    for m in mig["active"]:
+        console.print(f"  migrating inode {m['ino']} {m['from']}→{m['to']} ({m['reason']}): "
+                      f"{format_size(m['copied'])} / {format_size(m['total'])}")
+    console.print(f"directories {st['directories']}, open handles {st['open_handles']}, "
+                  f"metadata commits {st['metadata']['commits']}"
+                  + (f", METADATA ERROR: {st['metadata']['error']}" if st["metadata"]["error"] else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "mount")  # the papers' `hycache <root> <mount>`
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "mount":
+            from .config import load_config
+            from .mount import run_mount
+
+            overrides = {k: getattr(args, k) for k in (
+                "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
+                "policy", "log_level", "allow_other", "promote_on_open", "kernel_cache")}
+            overrides["root"] = args.root.resolve()
+            overrides["mountpoint"] = args.mountpoint.resolve()
+            try:
+                config = load_config(args.config, overrides)
+            except (ValueError, OSError) as exc:
+                print(f"hycache-agent: bad configuration: {exc}", file=sys.stderr)
+                return 2
+            _setup_logging(config.log_level)
+            return run_mount(config)
+        if args.command == "status":
+            return _status(args.root, args.json)
+        if args.command == "where":
+            return _where(args.path, args.json)
+        if args.command in ("pin", "unpin"):
+            return _set_pin(args.paths, args.command == "pin")
+        if args.command in ("promote", "demote"):
+            return _move(args.paths, "fast" if args.command == "promote" else "slow", not args.no_wait, args.timeout)
+        if args.command == "demo":
+            from .demo import run_demo
+
+            _setup_logging("WARNING")
+            return run_demo(keep=args.keep, root=args.root)
+    except NotServed as exc:
+        print(f"hycache-agent: {exc}", file=sys.stderr)
+        return 3
+    except FileNotFoundError as exc:
+        print(f"hycache-agent: {exc.filename}: no such file or directory", file=sys.stderr)
+        return 1
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

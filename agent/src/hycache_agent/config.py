@@ -1,0 +1,79 @@
+"""Agent configuration: command-line flags over an optional TOML file over defaults."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from hycache_core.sizes import parse_size
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class AgentConfig(BaseModel):
+    """Everything one agent needs to mount its tiering file system.
+
+    ``root`` holds ``fast/``, ``slow/`` and ``state/`` unless ``fast``/``slow`` point
+    elsewhere; ``state/`` always lives under ``root`` (metadata database, control socket).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: Path
+    mountpoint: Path
+    fast: Path | None = None
+    slow: Path | None = None
+    fast_capacity: int | None = Field(default=None, description="bytes; default: size of the fast file system")
+    high_watermark: float = Field(default=0.90, gt=0, le=1)
+    low_watermark: float = Field(default=0.70, ge=0, lt=1)
+    policy: str = "lru"
+    log_level: str = "INFO"
+    allow_other: bool = Field(default_factory=lambda: os.geteuid() == 0)
+    promote_on_open: bool = True
+    kernel_cache: bool = True
+
+    @field_validator("fast_capacity", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_size(v)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.upper()
+        if v not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"unknown log level {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _watermarks(self) -> AgentConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"low_watermark ({self.low_watermark}) must be below high_watermark ({self.high_watermark})"
+            )
+        return self
+
+    @property
+    def fast_dir(self) -> Path:
+        return self.fast or self.root / "fast"
+
+    @property
+    def slow_dir(self) -> Path:
+        return self.slow or self.root / "slow"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+
+def load_config(config_file: Path | None, overrides: dict[str, Any]) -> AgentConfig:
+    """Merge a TOML file (keys as in :class:`AgentConfig`, dashes allowed) with CLI overrides."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        with open(config_file, "rb") as f:
+            data = tomllib.load(f)
+        section = data.get("agent", data)
+        values.update({k.replace("-", "_"): v for k, v in section.items()})
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return AgentConfig(**values)

@@ -1,0 +1,645 @@
+"""The tiering engine: owns the tiers, the namespace, space accounting and migrations.
+
+Placement follows Algorithms 1–3 of the HyCache papers, with an inode store instead of
+symlink stubs (see :mod:`hycache_agent.tiers`):
+
+* new data lands on the fast tier; a write that does not fit first evicts closed,
+  unpinned files in policy order, and if that is not enough *spills*: the file being
+  written moves to the slow tier and the write continues there (never ENOSPC while the
+  slow tier has room);
+* above the high watermark a background evictor moves files to the slow tier until the
+  low watermark;
+* opening an evicted file reads through from the slow tier at once and promotes it in
+  the background (reads never wait for a multi-GB copy);
+* a migration is stage (O_EXCL temp) → copy → fsync file and dir → atomic switch
+  (rename + metadata commit) → remove the old copy.  Writes during the copy bump the
+  inode's data generation and the switch is abandoned, so an open file is never
+  corrupted.  :meth:`TieringEngine.recover` resolves whatever a crash left behind.
+
+Every blocking call runs in a worker thread (``trio.to_thread.run_sync``).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from hycache_core.policies import OnlinePolicy, load_policy
+from hycache_core.sizes import format_size
+
+from . import tiers as T
+from .config import AgentConfig
+from .metastore import MetaJournal, SQLiteStore
+from .namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
+
+log = logging.getLogger(__name__)
+
+O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
+
+
+@dataclass(eq=False)
+class Migration:
+    ino: int
+    src: str
+    dst: str
+    total: int
+    reason: str
+    started: float = field(default_factory=time.monotonic)
+    copied: int = 0
+    cancelled: bool = False
+    last_log: float = 0.0
+
+    def progress(self, copied: int) -> None:  # called from the copying thread
+        self.copied = copied
+        t = time.monotonic()
+        if self.total >= (256 << 20) and t - self.last_log >= 2.0:
+            self.last_log = t
+            log.info("migrating inode %d %s→%s: %s of %s (%.0f%%)", self.ino, self.src, self.dst,
+                     format_size(copied), format_size(self.total), 100.0 * copied / max(1, self.total))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ino": self.ino, "from": self.src, "to": self.dst, "reason": self.reason,
+                "copied": self.copied, "total": self.total,
+                "seconds": round(time.monotonic() - self.started, 3)}
+
+
+@dataclass(eq=False)
+class Handle:
+    inode: Inode
+    flags: int
+    uid: int
+    tier: str | None = None
+    fd: int = -1
+
+
+@dataclass
+class Counters:
+    migrations_done: int = 0
+    migrations_failed: int = 0
+    migrations_abandoned: int = 0
+    bytes_promoted: int = 0
+    bytes_demoted: int = 0
+    spills: int = 0
+    evictions: int = 0
+    promotions: int = 0
+
+
+class TieringEngine:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
+        self.policy: OnlinePolicy = load_policy(config.policy)
+        self.store: SQLiteStore | None = None
+        self.ns: Namespace | None = None
+        self.capacity = 0
+        self.fast_used = 0  # logical bytes of fast-tier files plus reservations of promotions
+        self.handles: dict[int, Handle] = {}
+        self._fh = itertools.count(1)
+        self._locks: dict[int, trio.Lock] = {}
+        self.active: dict[int, Migration] = {}
+        self.counters = Counters()
+        self._nursery: trio.Nursery | None = None
+        self._evict_wakeup = trio.Event()
+        self.started = time.time()
+
+    # ------------------------------------------------------------------ start-up
+    def start(self) -> dict[str, int]:
+        """Blocking start-up (before the event loop serves requests): create the tier
+        directories, load the metadata, run the recovery pass, rebuild the policy."""
+        for tier in self.tiers.values():
+            tier.path.mkdir(parents=True, exist_ok=True)
+            tier.prepare()
+        self.store = SQLiteStore(self.config.state_dir / "meta.db")
+        self.ns = Namespace(lambda row: MetaJournal(self.store, row))
+        self.ns.load(self.store.load(), os.getuid(), os.getgid())
+        fast_vfs = self.tiers[T.FAST].statvfs()
+        self.capacity = self.config.fast_capacity or fast_vfs.f_blocks * fast_vfs.f_frsize
+        report = self.recover()
+        self.ns.journal.sync_blocking()
+        return report
+
+    def recover(self) -> dict[str, int]:
+        """Resolve what a crash left: staged copies, duplicate copies of a migrated file,
+        blobs of deleted inodes, nameless inodes; refresh sizes from the blobs; rebuild
+        the policy queue in last-access order."""
+        ns = self.ns
+        report = {"temp_removed": 0, "duplicates_removed": 0, "orphan_blobs_removed": 0,
+                  "orphan_inodes_removed": 0, "missing_blobs": 0, "sizes_fixed": 0}
+        referenced = {ino for entries in ns.children.values() for ino in entries.values()}
+        for inode in list(ns.inodes.values()):
+            if inode.ino != ROOT_INO and (inode.nlink <= 0 or inode.ino not in referenced):
+                ns.forget_inode(inode)
+                report["orphan_inodes_removed"] += 1
+        for tier in self.tiers.values():
+            for path, ino, temp in tier.scan():
+                inode = ns.inodes.get(ino) if ino is not None else None
+                if temp:
+                    T.remove_blob(path)
+                    report["temp_removed"] += 1
+                elif inode is None or not inode.is_reg:
+                    T.remove_blob(path)
+                    report["orphan_blobs_removed"] += 1
+                elif inode.tier != tier.name:
+                    # the switch committed (or never did) — the metadata names the copy to keep
+                    other = self.tiers[inode.tier] if inode.tier in self.tiers else None
+                    if other is not None and os.path.exists(other.blob(inode.ino)):
+                        T.remove_blob(path)
+                        report["duplicates_removed"] += 1
+                    else:  # only this copy exists: adopt it (never lose bytes)
+                        inode.tier = tier.name
+                        ns.journal.inode(inode.ino)
+        for inode in ns.inodes.values():
+            if not inode.is_reg:
+                continue
+            try:
+                st = os.stat(self.tiers[inode.tier].blob(inode.ino))
+            except (FileNotFoundError, KeyError):
+                log.error("inode %d (%r): its bytes are missing on every tier; recreated empty",
+                          inode.ino, ns.path_of(inode.ino))
+                inode.tier = T.FAST
+                T.create_blob(self.tiers[T.FAST].blob(inode.ino))
+                inode.size = 0
+                ns.journal.inode(inode.ino)
+                report["missing_blobs"] += 1
+                continue
+            if st.st_size != inode.size:
+                inode.size = st.st_size
+                ns.journal.inode(inode.ino)
+                report["sizes_fixed"] += 1
+        resident = sorted((i for i in ns.inodes.values() if i.is_reg and i.tier == T.FAST),
+                          key=lambda i: i.last_access)
+        for inode in resident:
+            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+        self.fast_used = sum(i.size for i in resident)
+        if any(report.values()):
+            log.warning("recovery: %s", report)
+        return report
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Start the background tasks (evictor, periodic metadata flush)."""
+        self._nursery = nursery
+        nursery.start_soon(self._evictor)
+        nursery.start_soon(self._flusher)
+        self._check_watermark()
+
+    def close(self) -> None:
+        for h in self.handles.values():
+            if h.fd >= 0:
+                os.close(h.fd)
+        self.handles.clear()
+        if self.ns is not None:
+            self.ns.journal.counter("access_seq", self.ns.access_seq)
+            self.ns.journal.sync_blocking()
+        if self.store is not None:
+            self.store.close()
+
+    # ------------------------------------------------------------------ helpers
+    def lock(self, inode: Inode) -> trio.Lock:
+        lock = self._locks.get(inode.ino)
+        if lock is None:
+            lock = self._locks[inode.ino] = trio.Lock()
+        return lock
+
+    def blob(self, inode: Inode) -> str:
+        return self.tiers[inode.tier].blob(inode.ino)
+
+    async def _fd(self, h: Handle) -> int:
+        """The handle's descriptor on the tier that holds the file now (reopened after a
+        migration switched tiers)."""
+        inode = h.inode
+        if h.tier == inode.tier and h.fd >= 0:
+            return h.fd
+        tier = inode.tier
+        mode = os.O_RDWR if (h.flags & O_ACCMODE) != os.O_RDONLY else os.O_RDONLY
+        fd = await trio.to_thread.run_sync(os.open, self.tiers[tier].blob(inode.ino), mode | os.O_CLOEXEC)
+        if h.tier == inode.tier and h.fd >= 0:  # another request reopened it meanwhile
+            await trio.to_thread.run_sync(os.close, fd)
+            return h.fd
+        old, h.fd, h.tier = h.fd, fd, tier
+        if old >= 0:
+            await trio.to_thread.run_sync(os.close, old)
+        return fd
+
+    def _victims(self, exclude: Inode | None = None):
+        for ino in self.policy.eviction_order():
+            inode = self.ns.inodes.get(ino)
+            if inode is None or inode is exclude or inode.pinned or inode.open_count or inode.migration:
+                continue
+            if inode.tier != T.FAST or self._locks.get(ino, _UNLOCKED).locked():
+                continue
+            yield inode
+
+    async def _room_for(self, nbytes: int, exclude: Inode | None) -> bool:
+        """Make ``nbytes`` fit on the fast tier, evicting closed files if needed."""
+        if self.fast_used + nbytes <= self.capacity:
+            return True
+        if nbytes > self.capacity:
+            return False
+        for victim in list(itertools.islice(self._victims(exclude), 64)):
+            if self.fast_used + nbytes <= self.capacity:
+                break
+            await self.migrate(victim, T.SLOW, reason="evict")
+        return self.fast_used + nbytes <= self.capacity
+
+    def _check_watermark(self) -> None:
+        if self.fast_used > self.config.high_watermark * self.capacity:
+            self._evict_wakeup.set()
+
+    async def _evictor(self) -> None:
+        while True:
+            await self._evict_wakeup.wait()
+            self._evict_wakeup = trio.Event()
+            target = self.config.low_watermark * self.capacity
+            while self.fast_used > target:
+                victim = next(self._victims(), None)
+                if victim is None:
+                    break
+                if not await self.migrate(victim, T.SLOW, reason="evict"):
+                    await trio.sleep(0.05)
+
+    async def _flusher(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            if self.ns.journal.pending:
+                try:
+                    await self.ns.journal.sync()
+                except Exception:
+                    pass  # logged by the journal; retried next round
+
+    # ------------------------------------------------------------------ migration
+    async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
+        """Move a regular file's bytes to tier ``dst``.  Returns True if it moved.
+
+        ``locked``: the caller holds the inode's lock (a spill from inside a write)."""
+        if not inode.is_reg or inode.tier == dst or inode.migration is not None:
+            return False
+        src = inode.tier
+        src_tier, dst_tier = self.tiers[src], self.tiers[dst]
+        mig = Migration(inode.ino, src, dst, inode.size, reason)
+        inode.migration = mig
+        self.active[inode.ino] = mig
+        reserved = 0
+        if dst == T.FAST:
+            reserved = inode.size
+            self.fast_used += reserved
+        gen = inode.data_gen
+        temp = dst_tier.temp_blob(inode.ino)
+        moved = False
+        try:
+            try:
+                await trio.to_thread.run_sync(T.copy_blob, src_tier.blob(inode.ino), temp, mig.progress,
+                                              lambda: mig.cancelled, abandon_on_cancel=False)
+            except InterruptedError:
+                self.counters.migrations_abandoned += 1
+                return False
+            if locked:
+                moved = await self._switch(inode, mig, gen, temp)
+            else:
+                lock = self.lock(inode)
+                if reason == "evict":
+                    try:
+                        lock.acquire_nowait()  # never wait on a file someone is writing
+                    except trio.WouldBlock:
+                        moved = False
+                    else:
+                        try:
+                            moved = await self._switch(inode, mig, gen, temp)
+                        finally:
+                            lock.release()
+                else:
+                    async with lock:
+                        moved = await self._switch(inode, mig, gen, temp)
+            if not moved:
+                self.counters.migrations_abandoned += 1
+            return moved
+        except OSError as exc:
+            self.counters.migrations_failed += 1
+            log.error("migration of inode %d %s→%s failed: %s", inode.ino, src, dst, exc)
+            if exc.errno == errno.ENOSPC:
+                return False
+            raise
+        finally:
+            inode.migration = None
+            self.active.pop(inode.ino, None)
+            self.fast_used -= reserved
+            if not moved:
+                await trio.to_thread.run_sync(T.remove_blob, temp)
+
+    async def _switch(self, inode: Inode, mig: Migration, gen: int, temp: str) -> bool:
+        """The atomic switch: called with the inode lock held."""
+        if inode.data_gen != gen or mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
+            return False
+        src_blob = self.tiers[mig.src].blob(inode.ino)
+        await trio.to_thread.run_sync(T.commit_blob, temp, self.tiers[mig.dst].blob(inode.ino))
+        inode.tier = mig.dst
+        self.ns.journal.inode(inode.ino)
+        try:
+            await self.ns.journal.sync()
+        finally:
+            # from here the metadata (or, if the commit failed, the recovery pass, which
+            # keeps the copy the metadata names) decides; both copies are complete
+            if mig.dst == T.FAST:
+                self.fast_used += inode.size
+                self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+                self.counters.bytes_promoted += inode.size
+            else:
+                self.fast_used -= inode.size
+                self.policy.remove(inode.ino)
+                self.counters.bytes_demoted += inode.size
+        await trio.to_thread.run_sync(T.remove_blob, src_blob)
+        self.counters.migrations_done += 1
+        if mig.reason == "evict":
+            self.counters.evictions += 1
+        elif mig.reason == "spill":
+            self.counters.spills += 1
+        elif mig.dst == T.FAST:
+            self.counters.promotions += 1
+        log.debug("migrated inode %d %s→%s (%s, %s)", inode.ino, mig.src, mig.dst, mig.reason,
+                  format_size(inode.size))
+        return True
+
+    def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
+        """Start a migration in the background (promotion on open, xattr/CLI requests)."""
+        if not inode.is_reg or inode.tier == dst or inode.migration is not None or self._nursery is None:
+            return False
+        self._nursery.start_soon(self._background_migration, inode, dst, reason)
+        return True
+
+    async def _background_migration(self, inode: Inode, dst: str, reason: str) -> None:
+        try:
+            if dst == T.FAST and not await self._room_for(inode.size, inode):
+                log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
+                         format_size(inode.size))
+                return
+            await self.migrate(inode, dst, reason=reason)
+            self._check_watermark()
+        except Exception:
+            log.exception("background migration of inode %d failed", inode.ino)
+
+    # ------------------------------------------------------------------ files
+    async def _new_blob(self, ino: int) -> str:
+        """Create an empty blob for a new file: on the fast tier, or the slow one if the
+        fast file system itself is full."""
+        for tier in (T.FAST, T.SLOW):
+            try:
+                await trio.to_thread.run_sync(T.create_blob, self.tiers[tier].blob(ino))
+                return tier
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or tier == T.SLOW:
+                    raise FsError(exc.errno) from exc
+        raise AssertionError("unreachable")
+
+    async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
+                          rdev: int = 0) -> Inode:
+        ns = self.ns
+        check_name(name)
+        if name in ns.dir(parent):
+            raise FsError(errno.EEXIST)
+        ino = ns.allocate_ino()
+        tier = await self._new_blob(ino) if stat.S_ISREG(mode) else None
+        try:
+            inode = ns.new_inode(parent, name, mode, uid, gid, rdev=rdev, tier=tier, ino=ino)
+        except FsError:
+            if tier is not None:
+                await trio.to_thread.run_sync(T.remove_blob, self.tiers[tier].blob(ino))
+            raise
+        if tier == T.FAST:
+            self.policy.admit(inode.ino, 0)
+        ns.touch_access(inode)
+        await ns.journal.sync()
+        return inode
+
+    async def open(self, inode: Inode, flags: int, uid: int) -> int:
+        if inode.is_dir:
+            raise FsError(errno.EISDIR)
+        if not inode.is_reg:
+            raise FsError(errno.ENXIO)
+        h = Handle(inode, flags, uid)
+        inode.open_count += 1
+        try:
+            await self._fd(h)
+            if flags & os.O_TRUNC and (flags & O_ACCMODE) != os.O_RDONLY:
+                await self.truncate(inode, 0, uid)
+        except BaseException:
+            inode.open_count -= 1
+            if h.fd >= 0:
+                await trio.to_thread.run_sync(os.close, h.fd)
+            raise
+        fh = next(self._fh)
+        self.handles[fh] = h
+        self.ns.touch_access(inode)
+        if inode.tier == T.FAST:
+            self.policy.touch(inode.ino, inode.size)
+        elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
+            self.start_migration(inode, T.FAST, "promote")
+        return fh
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self.handles[fh]
+        fd = await self._fd(h)
+        data = await trio.to_thread.run_sync(os.pread, fd, size, off)
+        inode = h.inode
+        t = now_ns()
+        if inode.atime_ns <= max(inode.mtime_ns, inode.ctime_ns) or t - inode.atime_ns > 86_400 * 10**9:
+            inode.atime_ns = t  # relatime
+            self.ns.journal.inode(inode.ino)
+        return data
+
+    def _kill_suid(self, inode: Inode, uid: int) -> None:
+        if uid != 0 and inode.mode & (stat.S_ISUID | stat.S_ISGID):
+            inode.mode &= ~stat.S_ISUID
+            if inode.mode & stat.S_IXGRP:
+                inode.mode &= ~stat.S_ISGID
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        h = self.handles[fh]
+        inode = h.inode
+        async with self.lock(inode):
+            end = off + len(buf)
+            growth = max(0, end - inode.size)
+            if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
+                await self._spill(inode)
+            for attempt in (1, 2):
+                fd = await self._fd(h)
+                reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
+                self.fast_used += reserve
+                try:
+                    n = await trio.to_thread.run_sync(os.pwrite, fd, buf, off)
+                except OSError as exc:
+                    self.fast_used -= reserve
+                    if exc.errno == errno.ENOSPC and inode.tier == T.FAST and attempt == 1:
+                        await self._spill(inode)  # the fast device itself is full
+                        continue
+                    raise FsError(exc.errno) from exc
+                self.fast_used -= reserve
+                break
+            new_size = max(inode.size, off + n)
+            if inode.tier == T.FAST:
+                self.fast_used += new_size - inode.size
+            inode.size = new_size
+            inode.data_gen += 1
+            inode.mtime_ns = inode.ctime_ns = now_ns()
+            self._kill_suid(inode, h.uid)
+            self.ns.journal.inode(inode.ino)
+        self._check_watermark()
+        return n
+
+    async def _spill(self, inode: Inode) -> None:
+        """Move the file being written to the slow tier (caller holds its lock)."""
+        log.info("spilling inode %d (%s) to the slow tier: fast tier full", inode.ino, format_size(inode.size))
+        if not await self.migrate(inode, T.SLOW, reason="spill", locked=True):
+            raise FsError(errno.ENOSPC)
+
+    async def truncate(self, inode: Inode, size: int, uid: int) -> None:
+        async with self.lock(inode):
+            growth = size - inode.size
+            if inode.tier == T.FAST and growth > 0 and not await self._room_for(growth, inode):
+                await self._spill(inode)
+            try:
+                await trio.to_thread.run_sync(os.truncate, self.blob(inode), size)
+            except OSError as exc:
+                raise FsError(exc.errno) from exc
+            if inode.tier == T.FAST:
+                self.fast_used += size - inode.size
+            inode.size = size
+            inode.data_gen += 1
+            inode.mtime_ns = inode.ctime_ns = now_ns()
+            self._kill_suid(inode, uid)
+            self.ns.journal.inode(inode.ino)
+        self._check_watermark()
+
+    async def flush(self, fh: int) -> None:
+        """close(2): make the file's metadata durable (its bytes already are, for a
+        process crash; fsync makes them durable for a power failure)."""
+        await self.ns.journal.sync()
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.handles[fh]
+        fd = await self._fd(h)
+        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
+        await self.ns.journal.sync(durable=True)
+
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh)
+        inode = h.inode
+        inode.open_count -= 1
+        if h.fd >= 0:
+            await trio.to_thread.run_sync(os.close, h.fd)
+        await self.maybe_free(inode)
+        await self.ns.journal.sync()
+
+    async def maybe_free(self, inode: Inode) -> None:
+        """Delete an inode's bytes once nothing refers to it (no name, handle or lookup)."""
+        if inode.nlink > 0 or inode.open_count > 0 or inode.lookups > 0:
+            return
+        if self.ns.inodes.get(inode.ino) is not inode:
+            return
+        self.ns.forget_inode(inode)
+        self._locks.pop(inode.ino, None)
+        if inode.migration is not None:
+            inode.migration.cancelled = True
+        if inode.is_reg:
+            if inode.tier == T.FAST:
+                self.fast_used -= inode.size
+            self.policy.remove(inode.ino)
+            for tier in self.tiers.values():
+                await trio.to_thread.run_sync(T.remove_blob, tier.blob(inode.ino))
+
+    async def forget(self, ino: int, n: int) -> None:
+        inode = self.ns.inodes.get(ino)
+        if inode is None:
+            return
+        inode.lookups = max(0, inode.lookups - n)
+        await self.maybe_free(inode)
+
+    async def remove(self, parent: int, name: bytes, *, rmdir: bool) -> None:
+        inode = self.ns.unlink(parent, name, rmdir=rmdir)
+        await self.maybe_free(inode)
+        await self.ns.journal.sync()
+
+    async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int) -> None:
+        replaced = self.ns.rename(old_parent, old_name, new_parent, new_name, flags)
+        if replaced is not None:
+            await self.maybe_free(replaced)
+        await self.ns.journal.sync()
+
+    # ------------------------------------------------------------------ control
+    def pin(self, inode: Inode, pinned: bool) -> None:
+        inode.pinned = pinned
+        self.ns.journal.inode(inode.ino)
+
+    def file_info(self, inode: Inode) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "ino": inode.ino,
+            "type": "dir" if inode.is_dir else "file" if inode.is_reg else "symlink" if stat.S_ISLNK(inode.mode) else "special",
+            "tier": inode.tier, "size": inode.size, "pinned": inode.pinned, "hits": inode.hits,
+            "open": inode.open_count, "agent_root": str(self.config.root),
+        }
+        if inode.is_reg:
+            info["blob"] = self.blob(inode)
+        if inode.migration is not None:
+            info["migration"] = inode.migration.as_dict()
+        return info
+
+    def status(self) -> dict[str, Any]:
+        counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
+        dirs = others = 0
+        for inode in self.ns.inodes.values():
+            if inode.is_reg:
+                c = counts[inode.tier]
+                c[0] += 1
+                c[1] += inode.size
+            elif inode.is_dir:
+                dirs += 1
+            else:
+                others += 1
+        slow_vfs = self.tiers[T.SLOW].statvfs()
+        fast_vfs = self.tiers[T.FAST].statvfs()
+        return {
+            "pid": os.getpid(),
+            "mountpoint": str(self.config.mountpoint),
+            "root": str(self.config.root),
+            "uptime_seconds": round(time.time() - self.started, 1),
+            "policy": self.policy.name,
+            "watermarks": {"high": self.config.high_watermark, "low": self.config.low_watermark},
+            "tiers": {
+                T.FAST: {"path": str(self.tiers[T.FAST].path), "capacity": self.capacity,
+                         "used": self.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                         "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
+                T.SLOW: {"path": str(self.tiers[T.SLOW].path),
+                         "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
+                         "used": counts[T.SLOW][1], "files": counts[T.SLOW][0], "bytes": counts[T.SLOW][1],
+                         "device_free": slow_vfs.f_bavail * slow_vfs.f_frsize},
+            },
+            "directories": dirs,
+            "other_inodes": others,
+            "open_handles": len(self.handles),
+            "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
+            "metadata": {"commits": self.ns.journal.commits, "pending": self.ns.journal.pending,
+                         "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
+        }
+
+    def statfs(self) -> tuple[int, int, int, int]:
+        """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
+        slow = self.tiers[T.SLOW].statvfs()
+        fast_free = max(0, self.capacity - self.fast_used)
+        total = self.capacity + slow.f_blocks * slow.f_frsize
+        free = fast_free + slow.f_bavail * slow.f_frsize
+        files = max(slow.f_files, len(self.ns.inodes) + 1_000_000)
+        return total, free, files, files - len(self.ns.inodes)
+
+
+class _Unlocked:
+    @staticmethod
+    def locked() -> bool:
+        return False
+
+
+_UNLOCKED = _Unlocked()

@@ -1,0 +1,324 @@
+"""The FUSE operations layer: translates kernel requests into engine calls and maps
+errors to errno.  No decisions are made here."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+from collections.abc import Callable
+
+import pyfuse3
+
+from . import tiers as T
+from .engine import TieringEngine
+from .namespace import FsError, Inode, now_ns
+
+log = logging.getLogger(__name__)
+
+XATTR_PREFIX = b"user.hycache."
+XATTR_TIER = b"user.hycache.tier"
+XATTR_PINNED = b"user.hycache.pinned"
+XATTR_INFO = b"user.hycache.info"
+VIRTUAL_XATTRS = (XATTR_TIER, XATTR_PINNED, XATTR_INFO)
+
+
+def errno_edge(fn: Callable) -> Callable:
+    """Turn engine and OS errors into FUSE replies (the only place errno is mapped)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as exc:
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("internal error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+class HyCacheOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, engine: TieringEngine, attr_timeout: float = 1.0) -> None:
+        super().__init__()
+        self.engine = engine
+        self.ns = engine.ns
+        self.attr_timeout = attr_timeout
+        self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
+        self._next_dir_fh = 1
+
+    # -- attributes ------------------------------------------------------------------
+    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode.ino
+        a.generation = 0
+        a.entry_timeout = self.attr_timeout
+        a.attr_timeout = self.attr_timeout
+        a.st_mode = inode.mode
+        a.st_nlink = inode.nlink
+        a.st_uid = inode.uid
+        a.st_gid = inode.gid
+        a.st_rdev = inode.rdev
+        a.st_size = inode.size
+        a.st_blksize = 4096
+        a.st_blocks = (inode.size + 511) // 512
+        a.st_atime_ns = inode.atime_ns
+        a.st_mtime_ns = inode.mtime_ns
+        a.st_ctime_ns = inode.ctime_ns
+        return a
+
+    def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        inode.lookups += 1
+        return self._attrs(inode)
+
+    @errno_edge
+    async def lookup(self, parent_inode, name, ctx=None):
+        inode = self.ns.lookup(parent_inode, name)
+        return self._entry(inode)
+
+    @errno_edge
+    async def forget(self, inode_list):
+        for ino, n in inode_list:
+            await self.engine.forget(ino, n)
+
+    @errno_edge
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(self.ns.get(inode))
+
+    @errno_edge
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        node = self.ns.get(inode)
+        t = now_ns()
+        if fields.update_size:
+            if node.is_dir:
+                raise FsError(errno.EISDIR)
+            if not node.is_reg:
+                raise FsError(errno.EINVAL)
+            await self.engine.truncate(node, attr.st_size, ctx.uid)
+        if fields.update_mode:
+            node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
+        if fields.update_uid or fields.update_gid:
+            if fields.update_uid:
+                node.uid = attr.st_uid
+            if fields.update_gid:
+                node.gid = attr.st_gid
+            if not node.is_dir and not fields.update_mode:
+                node.mode &= ~stat.S_ISUID
+                if node.mode & stat.S_IXGRP:
+                    node.mode &= ~stat.S_ISGID
+        if fields.update_atime:
+            node.atime_ns = attr.st_atime_ns
+        if fields.update_mtime:
+            node.mtime_ns = attr.st_mtime_ns
+        node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
+        self.ns.journal.inode(inode)
+        await self.ns.journal.sync()
+        return self._attrs(node)
+
+    # -- names -----------------------------------------------------------------------
+    @errno_edge
+    async def readlink(self, inode, ctx):
+        node = self.ns.get(inode)
+        if node.target is None:
+            raise FsError(errno.EINVAL)
+        return node.target
+
+    @errno_edge
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        node = await self.engine.create_file(parent_inode, name, mode, ctx.uid, ctx.gid, rdev)
+        return self._entry(node)
+
+    @errno_edge
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        node = self.ns.new_inode(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
+        await self.ns.journal.sync()
+        return self._entry(node)
+
+    @errno_edge
+    async def symlink(self, parent_inode, name, target, ctx):
+        node = self.ns.new_inode(parent_inode, name, stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target=target)
+        await self.ns.journal.sync()
+        return self._entry(node)
+
+    @errno_edge
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        node = self.ns.link(inode, new_parent_inode, new_name)
+        await self.ns.journal.sync()
+        return self._entry(node)
+
+    @errno_edge
+    async def unlink(self, parent_inode, name, ctx):
+        await self.engine.remove(parent_inode, name, rmdir=False)
+
+    @errno_edge
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.engine.remove(parent_inode, name, rmdir=True)
+
+    @errno_edge
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    # -- directories -----------------------------------------------------------------
+    @errno_edge
+    async def opendir(self, inode, ctx):
+        entries = self.ns.dir(inode)
+        listing = [(b".", inode), (b"..", self.ns.parent.get(inode, inode))]
+        listing.extend(entries.items())
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        self._dir_handles[fh] = listing
+        return fh
+
+    @errno_edge
+    async def readdir(self, fh, start_id, token):
+        listing = self._dir_handles[fh]
+        for i in range(start_id, len(listing)):
+            name, ino = listing[i]
+            node = self.ns.inodes.get(ino)
+            if node is None:  # removed since opendir
+                continue
+            if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
+                break
+            if name not in (b".", b".."):
+                node.lookups += 1
+
+    @errno_edge
+    async def releasedir(self, fh):
+        self._dir_handles.pop(fh, None)
+
+    @errno_edge
+    async def fsyncdir(self, fh, datasync):
+        await self.ns.journal.sync(durable=True)
+
+    # -- files -----------------------------------------------------------------------
+    def _file_info(self, fh: int) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
+
+    @errno_edge
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
+                                             ctx.uid, ctx.gid)
+        fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid)
+        return self._file_info(fh), self._entry(node)
+
+    @errno_edge
+    async def open(self, inode, flags, ctx):
+        fh = await self.engine.open(self.ns.get(inode), flags, ctx.uid)
+        return self._file_info(fh)
+
+    @errno_edge
+    async def read(self, fh, off, size):
+        return await self.engine.read(fh, off, size)
+
+    @errno_edge
+    async def write(self, fh, off, buf):
+        return await self.engine.write(fh, off, buf)
+
+    @errno_edge
+    async def flush(self, fh):
+        await self.engine.flush(fh)
+
+    @errno_edge
+    async def release(self, fh):
+        await self.engine.release(fh)
+
+    @errno_edge
+    async def fsync(self, fh, datasync):
+        await self.engine.fsync(fh, datasync)
+
+    # -- file system -----------------------------------------------------------------
+    @errno_edge
+    async def statfs(self, ctx):
+        total, free, files, ffree = self.engine.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = total // 4096
+        s.f_bfree = s.f_bavail = free // 4096
+        s.f_files = files
+        s.f_ffree = s.f_favail = ffree
+        s.f_namemax = 255
+        return s
+
+    @errno_edge
+    async def access(self, inode, mode, ctx):
+        node = self.ns.get(inode)
+        if ctx.uid == 0:
+            return not (mode & os.X_OK) or node.is_dir or bool(node.mode & 0o111)
+        if ctx.uid == node.uid:
+            bits = (node.mode >> 6) & 7
+        elif ctx.gid == node.gid or node.gid in pyfuse3.get_sup_groups(ctx.pid):
+            bits = (node.mode >> 3) & 7
+        else:
+            bits = node.mode & 7
+        return (mode & bits) == mode
+
+    # -- extended attributes (user.hycache.* are the agent's controls) -----------------
+    @errno_edge
+    async def getxattr(self, inode, name, ctx):
+        node = self.ns.get(inode)
+        if name == XATTR_INFO:
+            return json.dumps(self.engine.file_info(node)).encode()
+        if name == XATTR_TIER:
+            if not node.is_reg:
+                raise FsError(errno.ENODATA)
+            return node.tier.encode()
+        if name == XATTR_PINNED:
+            return b"1" if node.pinned else b"0"
+        try:
+            return node.xattrs[name]
+        except KeyError:
+            raise FsError(errno.ENODATA) from None
+
+    @errno_edge
+    async def setxattr(self, inode, name, value, ctx):
+        node = self.ns.get(inode)
+        if name == XATTR_TIER:
+            wanted = value.strip().decode(errors="replace")
+            if wanted not in T.TIER_NAMES or not node.is_reg:
+                raise FsError(errno.EINVAL)
+            if wanted == T.FAST and node.size > self.engine.capacity:
+                raise FsError(errno.ENOSPC)
+            self.engine.start_migration(node, wanted, "promote" if wanted == T.FAST else "demote")
+            return
+        if name == XATTR_PINNED:
+            flag = value.strip()
+            if flag not in (b"0", b"1"):
+                raise FsError(errno.EINVAL)
+            self.engine.pin(node, flag == b"1")
+            await self.ns.journal.sync()
+            return
+        if name.startswith(XATTR_PREFIX):
+            raise FsError(errno.EPERM)
+        node.xattrs[name] = value
+        node.ctime_ns = now_ns()
+        self.ns.journal.set_xattr(inode, name, value)
+        self.ns.journal.inode(inode)
+        await self.ns.journal.sync()
+
+    @errno_edge
+    async def listxattr(self, inode, ctx):
+        return list(self.ns.get(inode).xattrs)
+
+    @errno_edge
+    async def removexattr(self, inode, name, ctx):
+        node = self.ns.get(inode)
+        if name.startswith(XATTR_PREFIX):
+            raise FsError(errno.EPERM)
+        if name not in node.xattrs:
+            raise FsError(errno.ENODATA)
+        del node.xattrs[name]
+        node.ctime_ns = now_ns()
+        self.ns.journal.del_xattr(inode, name)
+        self.ns.journal.inode(inode)
+        await self.ns.journal.sync()

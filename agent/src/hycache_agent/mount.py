@@ -1,0 +1,72 @@
+"""Running a mount: start-up, the trio main loop, clean shutdown on signals/unmount."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pyfuse3
+import trio
+
+from .config import AgentConfig
+from .control import ControlServer, socket_path
+from .engine import TieringEngine
+from .fuse_ops import HyCacheOperations
+
+log = logging.getLogger(__name__)
+
+
+def mount_options(config: AgentConfig) -> set[str]:
+    options = {"fsname=hycache", "subtype=hycache", "default_permissions"}
+    if config.allow_other:
+        options.add("allow_other")
+    return options
+
+
+async def _watch_signals(nursery: trio.Nursery) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ControlServer(engine, socket_path(engine.config.state_dir)).serve)
+        await engine.run(nursery)
+        nursery.start_soon(_watch_signals, nursery)
+        log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", engine.config.mountpoint,
+                 engine.config.fast_dir, engine.capacity, engine.config.slow_dir, engine.policy.name)
+        try:
+            await pyfuse3.main()
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def run_mount(config: AgentConfig) -> int:
+    """Mount, serve until unmounted or signalled, return the exit status."""
+    mountpoint = config.mountpoint
+    if not mountpoint.is_dir():
+        raise SystemExit(f"hycache-agent: mount point {mountpoint} is not a directory")
+    if os.path.ismount(mountpoint):
+        raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
+    engine = TieringEngine(config)
+    report = engine.start()
+    log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
+    ops = HyCacheOperations(engine)
+    pyfuse3.init(ops, str(mountpoint), mount_options(config))
+    unmounted_by_kernel = False
+    try:
+        trio.run(_serve, engine, ops)
+    except BaseException:
+        log.exception("agent failed; unmounting")
+        raise
+    finally:
+        # fusermount3 -u ends the session from outside: the mount is already gone
+        unmounted_by_kernel = not os.path.ismount(mountpoint)
+        pyfuse3.close(unmount=not unmounted_by_kernel)
+        engine.close()
+    log.info("unmounted %s", mountpoint)
+    return 0

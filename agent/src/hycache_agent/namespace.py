@@ -1,0 +1,337 @@
+"""The in-memory namespace: inodes, directory entries and their POSIX rules.
+
+Pure bookkeeping, no I/O: every change is recorded in the :class:`MetaJournal` and the
+caller awaits ``journal.sync()`` before acknowledging it.  Errors are :class:`FsError`
+carrying an errno; the FUSE layer turns them into replies.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .metastore import MetaJournal, Snapshot
+
+ROOT_INO = 1
+NAME_MAX = 255
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+
+class FsError(Exception):
+    def __init__(self, err: int, message: str = "") -> None:
+        super().__init__(err, message or errno.errorcode.get(err, str(err)))
+        self.errno = err
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+@dataclass(slots=True, eq=False)
+class Inode:
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    nlink: int = 1
+    size: int = 0
+    atime_ns: int = 0
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+    rdev: int = 0
+    target: bytes | None = None  # symlink target
+    tier: str | None = None  # regular files: which tier holds the bytes
+    pinned: bool = False
+    hits: int = 0
+    last_access: int = 0
+    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    # runtime only
+    lookups: int = 0
+    open_count: int = 0
+    data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
+    migration: Any = None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    def row(self) -> tuple[Any, ...]:
+        return (self.ino, self.mode, self.uid, self.gid, self.nlink, self.size, self.atime_ns,
+                self.mtime_ns, self.ctime_ns, self.rdev, self.target, self.tier, int(self.pinned),
+                self.hits, self.last_access)
+
+
+def check_name(name: bytes) -> None:
+    if len(name) > NAME_MAX:
+        raise FsError(errno.ENAMETOOLONG)
+    if not name or b"/" in name or b"\0" in name:
+        raise FsError(errno.EINVAL)
+
+
+class Namespace:
+    """Inodes by number, directory entries by (parent, name)."""
+
+    def __init__(self, journal_factory) -> None:
+        self.inodes: dict[int, Inode] = {}
+        self.children: dict[int, dict[bytes, int]] = {}
+        self.parent: dict[int, int] = {}  # directories only
+        self.next_ino = ROOT_INO + 1
+        self.access_seq = 0
+        self.journal: MetaJournal = journal_factory(self._row)
+
+    def _row(self, ino: int):
+        inode = self.inodes.get(ino)
+        return inode.row() if inode is not None else None
+
+    # -- loading ------------------------------------------------------------------------
+    def load(self, snap: Snapshot, root_uid: int, root_gid: int) -> None:
+        for row in snap.inodes:
+            (ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier, pinned, hits, last) = row
+            self.inodes[ino] = Inode(ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier,
+                                     bool(pinned), hits, last)
+            if stat.S_ISDIR(mode):
+                self.children[ino] = {}
+        for parent, name, ino in snap.dentries:
+            self.children.setdefault(parent, {})[bytes(name)] = ino
+            if ino in self.children:
+                self.parent[ino] = parent
+        for ino, name, value in snap.xattrs:
+            if ino in self.inodes:
+                self.inodes[ino].xattrs[bytes(name)] = bytes(value)
+        self.next_ino = max(snap.counters.get("next_ino", 0), max(self.inodes, default=ROOT_INO) + 1)
+        self.access_seq = max([snap.counters.get("access_seq", 0)] + [i.last_access for i in self.inodes.values()])
+        if ROOT_INO not in self.inodes:
+            t = now_ns()
+            self.inodes[ROOT_INO] = Inode(ROOT_INO, stat.S_IFDIR | 0o755, root_uid, root_gid, 2,
+                                          atime_ns=t, mtime_ns=t, ctime_ns=t)
+            self.children[ROOT_INO] = {}
+            self.journal.inode(ROOT_INO)
+        self.parent[ROOT_INO] = ROOT_INO
+
+    # -- queries ------------------------------------------------------------------------
+    def get(self, ino: int) -> Inode:
+        try:
+            return self.inodes[ino]
+        except KeyError:
+            raise FsError(errno.ENOENT) from None
+
+    def dir(self, ino: int) -> dict[bytes, int]:
+        entries = self.children.get(ino)
+        if entries is None:
+            if ino in self.inodes:
+                raise FsError(errno.ENOTDIR)
+            raise FsError(errno.ENOENT)
+        return entries
+
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        if name == b".":
+            return self.get(parent)
+        if name == b"..":
+            self.dir(parent)
+            return self.get(self.parent.get(parent, ROOT_INO))
+        if len(name) > NAME_MAX:
+            raise FsError(errno.ENAMETOOLONG)
+        ino = self.dir(parent).get(name)
+        if ino is None:
+            raise FsError(errno.ENOENT)
+        return self.inodes[ino]
+
+    def path_of(self, ino: int) -> bytes | None:
+        """One path of an inode (for logs and status); None if it has no name."""
+        if ino == ROOT_INO:
+            return b"/"
+        if ino in self.parent:
+            parent = self.parent[ino]
+            for name, child in self.children.get(parent, {}).items():
+                if child == ino:
+                    base = self.path_of(parent)
+                    return None if base is None else base.rstrip(b"/") + b"/" + name
+            return None
+        # a file: search (status and logs only; not on any hot path)
+        for parent, entries in self.children.items():
+            for name, child in entries.items():
+                if child == ino:
+                    base = self.path_of(parent)
+                    return None if base is None else base.rstrip(b"/") + b"/" + name
+        return None
+
+    def touch_access(self, inode: Inode) -> None:
+        self.access_seq += 1
+        inode.last_access = self.access_seq
+        inode.hits += 1
+        self.journal.inode(inode.ino)
+
+    # -- changes ------------------------------------------------------------------------
+    def _dir_changed(self, dir_inode: Inode, t: int) -> None:
+        dir_inode.mtime_ns = dir_inode.ctime_ns = t
+        self.journal.inode(dir_inode.ino)
+
+    def new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int, *,
+                  rdev: int = 0, target: bytes | None = None, tier: str | None = None,
+                  ino: int | None = None) -> Inode:
+        """Create an inode and its entry (the caller made any blob first, for the number
+        it got from :meth:`allocate_ino`)."""
+        check_name(name)
+        pdir = self.get(parent)
+        entries = self.dir(parent)
+        if name in entries:
+            raise FsError(errno.EEXIST)
+        if pdir.mode & stat.S_ISGID:
+            gid = pdir.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
+        t = now_ns()
+        if ino is None:
+            ino = self.allocate_ino()
+        inode = Inode(ino, mode, uid, gid, 2 if stat.S_ISDIR(mode) else 1, atime_ns=t, mtime_ns=t,
+                      ctime_ns=t, rdev=rdev, target=target, tier=tier)
+        if target is not None:
+            inode.size = len(target)
+        self.inodes[ino] = inode
+        entries[name] = ino
+        if stat.S_ISDIR(mode):
+            self.children[ino] = {}
+            self.parent[ino] = parent
+            pdir.nlink += 1
+        self._dir_changed(pdir, t)
+        self.journal.inode(ino)
+        self.journal.link(parent, name, ino)
+        self.journal.counter("next_ino", self.next_ino)
+        return inode
+
+    def allocate_ino(self) -> int:
+        ino = self.next_ino
+        self.next_ino += 1
+        self.journal.counter("next_ino", self.next_ino)
+        return ino
+
+    def link(self, ino: int, parent: int, name: bytes) -> Inode:
+        check_name(name)
+        inode = self.get(ino)
+        if inode.is_dir:
+            raise FsError(errno.EPERM)
+        entries = self.dir(parent)
+        if name in entries:
+            raise FsError(errno.EEXIST)
+        if inode.nlink == 0:
+            raise FsError(errno.ENOENT)
+        t = now_ns()
+        entries[name] = ino
+        inode.nlink += 1
+        inode.ctime_ns = t
+        self._dir_changed(self.inodes[parent], t)
+        self.journal.inode(ino)
+        self.journal.link(parent, name, ino)
+        return inode
+
+    def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:
+        del self.children[parent][name]
+        self.journal.unlink(parent, name)
+        if inode.is_dir:
+            inode.nlink = 0
+            self.inodes[parent].nlink -= 1
+            del self.children[inode.ino]
+            self.parent.pop(inode.ino, None)
+        else:
+            inode.nlink -= 1
+        inode.ctime_ns = t
+        self.journal.inode(inode.ino)
+
+    def unlink(self, parent: int, name: bytes, *, rmdir: bool) -> Inode:
+        """Remove an entry; returns the inode (its nlink may now be 0)."""
+        inode = self.lookup(parent, name) if name not in (b".", b"..") else None
+        if inode is None:
+            raise FsError(errno.EINVAL if rmdir else errno.EISDIR)
+        if rmdir:
+            if not inode.is_dir:
+                raise FsError(errno.ENOTDIR)
+            if self.children[inode.ino]:
+                raise FsError(errno.ENOTEMPTY)
+        elif inode.is_dir:
+            raise FsError(errno.EISDIR)
+        t = now_ns()
+        self._drop_name(parent, name, inode, t)
+        self._dir_changed(self.inodes[parent], t)
+        return inode
+
+    def is_ancestor(self, maybe_ancestor: int, ino: int) -> bool:
+        while True:
+            if ino == maybe_ancestor:
+                return True
+            if ino == ROOT_INO:
+                return False
+            ino = self.parent[ino]
+
+    def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes,
+               flags: int) -> Inode | None:
+        """POSIX rename (with RENAME_NOREPLACE / RENAME_EXCHANGE).  Returns the inode that
+        lost its name by being replaced (nlink may now be 0), or None."""
+        check_name(new_name)
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == (RENAME_NOREPLACE | RENAME_EXCHANGE):
+            raise FsError(errno.EINVAL)
+        if old_name in (b".", b"..") or new_name in (b".", b".."):
+            raise FsError(errno.EBUSY)
+        src = self.lookup(old_parent, old_name)
+        dst_entries = self.dir(new_parent)
+        dst_ino = dst_entries.get(new_name)
+        dst = self.inodes[dst_ino] if dst_ino is not None else None
+        if src.is_dir and self.is_ancestor(src.ino, new_parent):
+            raise FsError(errno.EINVAL)
+        t = now_ns()
+        if flags & RENAME_EXCHANGE:
+            if dst is None:
+                raise FsError(errno.ENOENT)
+            if dst.is_dir and self.is_ancestor(dst.ino, old_parent):
+                raise FsError(errno.EINVAL)
+            self.children[old_parent][old_name] = dst.ino
+            dst_entries[new_name] = src.ino
+            for inode, parent in ((src, new_parent), (dst, old_parent)):
+                if inode.is_dir and self.parent[inode.ino] != parent:
+                    self.inodes[self.parent[inode.ino]].nlink -= 1
+                    self.inodes[parent].nlink += 1
+                    self.parent[inode.ino] = parent
+                inode.ctime_ns = t
+                self.journal.inode(inode.ino)
+            self.journal.link(old_parent, old_name, dst.ino)
+            self.journal.link(new_parent, new_name, src.ino)
+            self._dir_changed(self.inodes[old_parent], t)
+            self._dir_changed(self.inodes[new_parent], t)
+            return None
+        if dst is not None:
+            if flags & RENAME_NOREPLACE:
+                raise FsError(errno.EEXIST)
+            if dst is src:  # two names of one inode: POSIX says do nothing
+                return None
+            if src.is_dir and not dst.is_dir:
+                raise FsError(errno.ENOTDIR)
+            if not src.is_dir and dst.is_dir:
+                raise FsError(errno.EISDIR)
+            if dst.is_dir and self.children[dst.ino]:
+                raise FsError(errno.ENOTEMPTY)
+            self._drop_name(new_parent, new_name, dst, t)
+        del self.children[old_parent][old_name]
+        self.journal.unlink(old_parent, old_name)
+        dst_entries[new_name] = src.ino
+        self.journal.link(new_parent, new_name, src.ino)
+        if src.is_dir and old_parent != new_parent:
+            self.inodes[old_parent].nlink -= 1
+            self.inodes[new_parent].nlink += 1
+            self.parent[src.ino] = new_parent
+        src.ctime_ns = t
+        self.journal.inode(src.ino)
+        self._dir_changed(self.inodes[old_parent], t)
+        self._dir_changed(self.inodes[new_parent], t)
+        return dst
+
+    def forget_inode(self, inode: Inode) -> None:
+        """Drop an inode that has no name, no open handle and no kernel reference."""
+        self.inodes.pop(inode.ino, None)
+        self.journal.inode(inode.ino)  # row() is None now: deleted in the next commit
