@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 
 import pyfuse3
@@ -45,6 +46,23 @@ async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
             nursery.cancel_scope.cancel()
 
 
+def _unescape_mountinfo(field: bytes) -> bytes:
+    # /proc/self/mountinfo escapes space, tab, newline and backslash as \ooo (octal)
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
+
+
+def is_mounted(mountpoint: os.PathLike | str) -> bool:
+    """Whether ``mountpoint`` is a mount point, read from /proc/self/mountinfo without
+    touching the mount itself (safe when its FUSE daemon is this very process)."""
+    target = os.fsencode(os.path.abspath(mountpoint))
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            return any(len(fields) > 4 and _unescape_mountinfo(fields[4]) == target
+                       for fields in (line.split(b" ") for line in f))
+    except OSError:
+        return False
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
@@ -64,8 +82,10 @@ def run_mount(config: AgentConfig) -> int:
         log.exception("agent failed; unmounting")
         raise
     finally:
-        # fusermount3 -u ends the session from outside: the mount is already gone
-        unmounted_by_kernel = not os.path.ismount(mountpoint)
+        # fusermount3 -u ends the session from outside: the mount is already gone.
+        # Never stat() the mount point here: the FUSE loop has stopped, nobody would
+        # answer the kernel's GETATTR and this process would hang forever.
+        unmounted_by_kernel = not is_mounted(mountpoint)
         pyfuse3.close(unmount=not unmounted_by_kernel)
         engine.close()
     log.info("unmounted %s", mountpoint)
