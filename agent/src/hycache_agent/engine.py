@@ -412,7 +412,6 @@ class TieringEngine:
             raise
         if tier == T.FAST:
             self.policy.admit(inode.ino, 0)
-        ns.touch_access(inode)
         await ns.journal.sync()
         return inode
 

@@ -25,12 +25,29 @@ def mount_options(config: AgentConfig) -> set[str]:
     return options
 
 
+SHUTDOWN_GRACE = 10.0
+
+
+def _task_tree(task: trio.lowlevel.Task, depth: int = 0) -> list[str]:
+    lines = ["  " * depth + task.name]
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            lines.extend(_task_tree(child, depth + 1))
+    return lines
+
+
 async def _watch_signals(nursery: trio.Nursery) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
-            return
+            break
+    # Requests in flight get SHUTDOWN_GRACE seconds to finish; then everything is
+    # cancelled so that a stuck request can never keep the agent from exiting.
+    await trio.sleep(SHUTDOWN_GRACE)
+    log.warning("requests still running %.0f s after the signal; cancelling them:\n%s", SHUTDOWN_GRACE,
+                "\n".join(_task_tree(trio.lowlevel.current_root_task())))
+    nursery.cancel_scope.cancel()
 
 
 async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
