@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read evicted files from the slow tier without promoting them")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
+    m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
+                   help="send every write(2) to the agent instead of letting the kernel batch them")
 
     s = sub.add_parser("status", help="tiers, usage, file counts, policy, migrations of a running agent")
     s.add_argument("root", type=Path, help="the agent's ROOT (or its mount point)")
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "kernel_cache")}
+                "policy", "log_level", "allow_other", "promote_on_open", "kernel_cache", "writeback_cache")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

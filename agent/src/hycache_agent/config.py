@@ -32,6 +32,7 @@ class AgentConfig(BaseModel):
     allow_other: bool = Field(default_factory=lambda: os.geteuid() == 0)
     promote_on_open: bool = True
     kernel_cache: bool = True
+    writeback_cache: bool = True
 
     @field_validator("fast_capacity", mode="before")
     @classmethod

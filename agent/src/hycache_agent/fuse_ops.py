@@ -48,12 +48,15 @@ def errno_edge(fn: Callable) -> Callable:
 
 class HyCacheOperations(pyfuse3.Operations):
     supports_dot_lookup = True
-    enable_writeback_cache = False
+    enable_writeback_cache = True
 
     def __init__(self, engine: TieringEngine, attr_timeout: float = 1.0) -> None:
         super().__init__()
         self.engine = engine
         self.ns = engine.ns
+        # The kernel's writeback cache turns many small writes into few large ones (read
+        # by pyfuse3 when the kernel sends INIT).
+        self.enable_writeback_cache = engine.config.writeback_cache
         self.attr_timeout = attr_timeout
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
