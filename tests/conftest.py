@@ -107,6 +107,9 @@ class HyCacheMount:
     proc: subprocess.Popen
     log: Path
     argv: list[str]
+    base: Path | None = None
+    fast_capacity: str | int | None = None
+    opts: dict = field(default_factory=dict)
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -169,19 +172,20 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
     fast, slow = root / "fast", root / "slow"
     if separate_tiers:
         fast, slow = base / "fast-tier", base / "slow-tier"
-        fast.mkdir(mode=0o755)
-        slow.mkdir(mode=0o755)
+        fast.mkdir(mode=0o755, exist_ok=True)
+        slow.mkdir(mode=0o755, exist_ok=True)
         opts = {"fast": fast, "slow": slow, **opts}
     root.mkdir(mode=0o755, exist_ok=True)
-    mountpoint.mkdir(mode=0o755)
+    mountpoint.mkdir(mode=0o755, exist_ok=True)
     if fast_capacity is not None:
         opts = {"fast_capacity": fast_capacity, **opts}
     argv = [str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
     log = base / "agent.log"
-    with open(log, "wb") as logf:
+    with open(log, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 cwd=base, start_new_session=True)
-    m = HyCacheMount(root=root, fast=fast, slow=slow, mountpoint=mountpoint, proc=proc, log=log, argv=argv)
+    m = HyCacheMount(root=root, fast=fast, slow=slow, mountpoint=mountpoint, proc=proc, log=log, argv=argv,
+                     base=base, fast_capacity=fast_capacity, opts=dict(opts))
     deadline = time.monotonic() + timeout
     while not _is_mounted(mountpoint):
         if proc.poll() is not None:
@@ -202,8 +206,10 @@ def hycache_mount():
     """Factory: ``hycache_mount(fast_capacity="1G", **opts) -> HyCacheMount``.
 
     Each call starts one agent on fresh temp dirs (world-traversable, on the same file
-    system as /tmp). At teardown every mount is stopped with SIGTERM (then
-    ``fusermount3 -uz`` as a last resort) and the test fails unless the agent exited 0.
+    system as /tmp). ``hycache_mount.remount(m)`` stops ``m`` (asserting exit 0) and
+    starts a new agent on the same root, mount point and options (restart/recovery tests).
+    At teardown every mount is stopped with SIGTERM (then ``fusermount3 -uz`` as a last
+    resort) and the test fails unless the agent exited 0.
     """
     if _FUSE_REASON is not None:
         pytest.skip(f"FUSE unusable: {_FUSE_REASON}")
@@ -215,9 +221,19 @@ def hycache_mount():
         started.append((m, base))
         return m
 
+    def remount(m: HyCacheMount) -> HyCacheMount:
+        rc = m.unmount()
+        assert rc == 0, f"agent exited {rc} on SIGTERM before the remount\n{_tail(m.log)}"
+        opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
+        m2 = start_hycache_mount(m.base, m.fast_capacity, **opts)
+        started.append((m2, m.base))
+        return m2
+
+    factory.remount = remount
     yield factory
 
     problems = []
+    seen_bases = set()
     for m, base in reversed(started):
         was_killed = not m._stopped and m.proc.poll() is not None
         rc = m.unmount()
@@ -227,7 +243,10 @@ def hycache_mount():
             problems.append(f"agent for {m.mountpoint} exited {rc} on SIGTERM\n{_tail(m.log)}")
         if _is_mounted(m.mountpoint):
             problems.append(f"{m.mountpoint} is still mounted after teardown")
-        else:
+            seen_bases.add(base)  # keep it: never rmtree through a live mount
+    for _m, base in started:
+        if base not in seen_bases:
+            seen_bases.add(base)
             shutil.rmtree(base, ignore_errors=True)
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)

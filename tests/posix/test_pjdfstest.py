@@ -16,12 +16,14 @@ See docs/posix.md.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -44,8 +46,13 @@ FEATURES = ["posix_fallocate", "rename_ctime", "utime_now", "utimensat"]
 
 HYCACHE_TARGETS = {
     "hycache-large": "64G",  # everything fits on the fast tier
-    "hycache-tiny": "1M",    # forces constant migration to/from the slow tier
+    "hycache-tiny": "1M",    # + the churn below: constant migration to/from the slow tier
 }
+# On the tiny target a background thread keeps CHURN_FILES x CHURN_SIZE (2x the fast tier)
+# moving while pjdfstest runs: it rewrites one file and reads back (and verifies) another,
+# so evictions and promotions interleave with the suite's operations.
+CHURN_TARGETS = {"hycache-tiny"}
+CHURN_FILES, CHURN_SIZE = 8, 256 * 1024
 MERGERFS_OPTS = "allow_other,default_permissions,category.create=ff,cache.files=partial,fsname=mergerfs-pjd"
 
 
@@ -73,6 +80,55 @@ def make_shared_tmpdir(prefix: str, parent: str | None = None) -> Path:
 def force_unmount(mountpoint: Path) -> None:
     if os.path.ismount(mountpoint):
         subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
+
+
+class Churn(threading.Thread):
+    """Rewrite and read back files under ``directory`` until stopped; verifies content."""
+
+    def __init__(self, directory: Path):
+        super().__init__(daemon=True, name="pjdfstest-churn")
+        self.dir, self.stop_event = directory, threading.Event()
+        self.rounds, self.errors = 0, []
+        self.expected: dict[int, bytes] = {}
+
+    @staticmethod
+    def content(i: int, gen: int) -> bytes:
+        return (f"{i}:{gen}:".encode() * (CHURN_SIZE // 8 + 1))[:CHURN_SIZE]
+
+    def run(self) -> None:
+        self.dir.mkdir(mode=0o755)
+        try:
+            while not self.stop_event.is_set():
+                i = self.rounds % CHURN_FILES
+                data = self.content(i, self.rounds)
+                (self.dir / f"c{i}").write_bytes(data)
+                self.expected[i] = data
+                j = (i + CHURN_FILES // 2) % CHURN_FILES
+                if j in self.expected and (self.dir / f"c{j}").read_bytes() != self.expected[j]:
+                    self.errors.append(f"c{j}: content differs after round {self.rounds}")
+                self.rounds += 1
+                self.stop_event.wait(0.005)
+        except OSError as e:
+            self.errors.append(f"round {self.rounds}: {e!r}")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=60)
+
+
+def agent_status(root: Path) -> dict:
+    p = subprocess.run([str(REPO / ".venv" / "bin" / "hycache-agent"), "status", "--json", str(root)],
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        return {}
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return {}
+
+
+def migrations_done(status: dict) -> int | None:
+    return status.get("migrations", {}).get("migrations_done")
 
 
 # --------------------------------------------------------------------------- running
@@ -272,12 +328,28 @@ def test_pjdfstest_raw_baseline(baseline):
 @pytest.mark.parametrize("target", list(HYCACHE_TARGETS))
 def test_pjdfstest_hycache(target, baseline, pjd_env, hycache_mount, posix_summaries):
     m = hycache_mount(fast_capacity=HYCACHE_TARGETS[target])
-    res = run_pjdfstest(pjd_env["bin"], pjd_env["config"], target, m.mountpoint, pjd_env["secondary"])
+    churn = Churn(m.mountpoint / "churn") if target in CHURN_TARGETS else None
+    before = migrations_done(agent_status(m.root)) or 0
+    if churn:
+        churn.start()
+    try:
+        res = run_pjdfstest(pjd_env["bin"], pjd_env["config"], target, m.mountpoint, pjd_env["secondary"])
+    finally:
+        if churn:
+            churn.stop()
+    moved = migrations_done(agent_status(m.root))
     regressions, accepted, fixed = compare(baseline, res, load_known_failures(target))
     report = describe(baseline, res, regressions, accepted, fixed)
+    report += (f"\n    migrations during the run: {moved - before if moved is not None else 'unknown'}"
+               + (f" (churn: {churn.rounds} rewrites of {CHURN_FILES} x {CHURN_SIZE // 1024} KiB)" if churn else ""))
     posix_summaries.append(report)
     print(report)
     assert m.proc.poll() is None, f"hycache-agent died during pjdfstest:\n{m.stderr[-4000:]}"
+    if churn:
+        assert not churn.errors, f"churn I/O on {target} failed: {churn.errors[:5]}"
+        assert churn.rounds > CHURN_FILES, f"churn made only {churn.rounds} rounds"
+        if moved is not None:
+            assert moved - before > 0, f"no migrations on {target} although the churn overfilled the fast tier"
     assert not regressions, (
         f"{len(regressions)} pjdfstest cases pass on a raw directory but not on {target} "
         f"(log: {res.log}; agent log: {m.log}):\n{report}")

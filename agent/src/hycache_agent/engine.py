@@ -278,7 +278,8 @@ class TieringEngine:
         """Move a regular file's bytes to tier ``dst``.  Returns True if it moved.
 
         ``locked``: the caller holds the inode's lock (a spill from inside a write)."""
-        if not inode.is_reg or inode.tier == dst or inode.migration is not None:
+        if (not inode.is_reg or inode.tier == dst or inode.migration is not None
+                or self.ns.inodes.get(inode.ino) is not inode):  # deleted since it was chosen
             return False
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
@@ -320,6 +321,10 @@ class TieringEngine:
                 self.counters.migrations_abandoned += 1
             return moved
         except OSError as exc:
+            if mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
+                # deleted under the copy (maybe_free removed its blobs): nothing to move
+                self.counters.migrations_abandoned += 1
+                return False
             self.counters.migrations_failed += 1
             log.error("migration of inode %d %s→%s failed: %s", inode.ino, src, dst, exc)
             if exc.errno == errno.ENOSPC:
@@ -337,22 +342,31 @@ class TieringEngine:
         if inode.data_gen != gen or mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
             return False
         src_blob = self.tiers[mig.src].blob(inode.ino)
-        await trio.to_thread.run_sync(T.commit_blob, temp, self.tiers[mig.dst].blob(inode.ino))
+        dst_blob = self.tiers[mig.dst].blob(inode.ino)
+        await trio.to_thread.run_sync(T.commit_blob, temp, dst_blob)
+        if mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
+            # deleted during the rename: maybe_free() may have run before the new name existed
+            await trio.to_thread.run_sync(T.remove_blob, dst_blob)
+            return False
+        # Switch the tier, the accounting and the policy together, before the commit
+        # awaits: a deletion (maybe_free) running during the commit must find them agreeing.
         inode.tier = mig.dst
+        if mig.dst == T.FAST:
+            self.fast_used += inode.size
+            # admitted as the most recently used: persist that, so a restart (which
+            # re-admits in last-access order) rebuilds the same queue
+            self.ns.access_seq += 1
+            inode.last_access = self.ns.access_seq
+            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+            self.counters.bytes_promoted += inode.size
+        else:
+            self.fast_used -= inode.size
+            self.policy.remove(inode.ino)
+            self.counters.bytes_demoted += inode.size
         self.ns.journal.inode(inode.ino)
-        try:
-            await self.ns.journal.sync()
-        finally:
-            # from here the metadata (or, if the commit failed, the recovery pass, which
-            # keeps the copy the metadata names) decides; both copies are complete
-            if mig.dst == T.FAST:
-                self.fast_used += inode.size
-                self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-                self.counters.bytes_promoted += inode.size
-            else:
-                self.fast_used -= inode.size
-                self.policy.remove(inode.ino)
-                self.counters.bytes_demoted += inode.size
+        # from here the metadata (or, if the commit fails, the recovery pass, which keeps
+        # the copy the metadata names) decides; both copies are complete
+        await self.ns.journal.sync()
         await trio.to_thread.run_sync(T.remove_blob, src_blob)
         self.counters.migrations_done += 1
         if mig.reason == "evict":
