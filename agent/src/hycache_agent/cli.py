@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-allow-other", dest="allow_other", action="store_false")
     m.add_argument("--no-promote-on-open", dest="promote_on_open", action="store_false", default=None,
                    help="read evicted files from the slow tier without promoting them")
+    m.add_argument("--promote-mode", choices=("background", "before-open"),
+                   help="promote an evicted file while reads go to the slow tier (background, default) "
+                        "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "kernel_cache", "writeback_cache")}
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

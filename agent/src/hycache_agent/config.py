@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hycache_core.sizes import parse_size
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -31,6 +31,9 @@ class AgentConfig(BaseModel):
     log_level: str = "INFO"
     allow_other: bool = Field(default_factory=lambda: os.geteuid() == 0)
     promote_on_open: bool = True
+    # "background": open() returns at once and reads come from the slow tier until the
+    # copy switches over; "before-open": open() waits for the copy (Algorithm 1 verbatim)
+    promote_mode: Literal["background", "before-open"] = "background"
     kernel_cache: bool = True
     writeback_cache: bool = True
 

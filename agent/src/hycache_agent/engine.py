@@ -451,7 +451,10 @@ class TieringEngine:
         if inode.tier == T.FAST:
             self.policy.touch(inode.ino, inode.size)
         elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
-            self.start_migration(inode, T.FAST, "promote")
+            if self.config.promote_mode == "before-open":
+                await self._background_migration(inode, T.FAST, "promote")
+            else:
+                self.start_migration(inode, T.FAST, "promote")
         return fh
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
