@@ -254,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"hycache-agent: {exc.filename}: no such file or directory", file=sys.stderr)
         return 1
+    except OSError as exc:  # e.g. ENOSPC from promote (no room on the fast tier), EACCES
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"hycache-agent: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 1
 
 
