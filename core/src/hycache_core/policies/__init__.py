@@ -3,9 +3,14 @@ entry-point group, so third-party packages can add their own."""
 
 from __future__ import annotations
 
+import inspect
 from importlib.metadata import entry_points
+from typing import Any
 
+from .arc import ARCPolicy
 from .base import OnlinePolicy
+from .gdsf import GDSFPolicy
+from .heuristic import Decision, HeuristicPolicy, plan_heuristic
 from .online import LFUPolicy, LRUPolicy
 
 ENTRY_POINT_GROUP = "hycache.policies"
@@ -15,15 +20,35 @@ def available_policies() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-def load_policy(name: str) -> OnlinePolicy:
-    """Instantiate the online policy registered under ``name``; ValueError if unknown."""
+def load_policy(name: str, **options: Any) -> OnlinePolicy:
+    """Instantiate the online policy registered under ``name``; ValueError if unknown.
+
+    ``options`` (e.g. ``capacity=``) are passed to the policy's constructor when it
+    accepts them and ignored otherwise, so callers can offer what they know.
+    """
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             cls = ep.load()
             if not (isinstance(cls, type) and issubclass(cls, OnlinePolicy)):
                 raise ValueError(f"policy plug-in {name!r} ({ep.value}) is not an OnlinePolicy")
-            return cls()
+            if options:
+                params = inspect.signature(cls).parameters
+                takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+                options = {k: v for k, v in options.items() if takes_any or k in params}
+            return cls(**options)
     raise ValueError(f"unknown policy {name!r}; available: {', '.join(available_policies())}")
 
 
-__all__ = ["OnlinePolicy", "LRUPolicy", "LFUPolicy", "load_policy", "available_policies", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "OnlinePolicy",
+    "LRUPolicy",
+    "LFUPolicy",
+    "GDSFPolicy",
+    "ARCPolicy",
+    "HeuristicPolicy",
+    "Decision",
+    "plan_heuristic",
+    "load_policy",
+    "available_policies",
+    "ENTRY_POINT_GROUP",
+]

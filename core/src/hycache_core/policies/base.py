@@ -53,3 +53,12 @@ class OnlinePolicy(abc.ABC):
     def hits(self, key: Hashable) -> int:
         """Accesses recorded for a resident key (for persistence); 0 if unknown."""
         return 0
+
+    def will_admit(self, key: Hashable, size: int) -> None:
+        """Optional hook: a miss on ``key`` is about to be admitted.
+
+        Called before :meth:`eviction_order` for the room ``key`` needs, so that a
+        policy whose choice of victim depends on the incoming key (ARC's ghost hits)
+        can adapt first.  Callers that never call it still get a valid (if slightly
+        less adaptive) order.  The default does nothing.
+        """

@@ -1,9 +1,7 @@
-"""LRU and LFU: the online policies built into HyCache (O(1) and O(log n) per access)."""
+"""LRU and LFU: the online policies built into HyCache (O(1) per access)."""
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
@@ -11,7 +9,10 @@ from .base import OnlinePolicy
 
 
 class LRUPolicy(OnlinePolicy):
-    """Least recently used first.  An ``OrderedDict`` gives O(1) admit/touch/remove."""
+    """Least recently used first.  An ``OrderedDict`` gives O(1) admit/touch/remove.
+
+    No ties are possible: every admit/touch moves its key to the most recent end.
+    """
 
     name = "lru"
 
@@ -47,55 +48,103 @@ class LRUPolicy(OnlinePolicy):
         return len(self._queue)
 
 
+class _Bucket:
+    """All resident keys with one hit count, least recently accessed first."""
+
+    __slots__ = ("hits", "keys", "prev", "next")
+
+    def __init__(self, hits: int) -> None:
+        self.hits = hits
+        self.keys: OrderedDict[Hashable, None] = OrderedDict()
+        self.prev: _Bucket | None = None
+        self.next: _Bucket | None = None
+
+
 class LFUPolicy(OnlinePolicy):
     """Least frequently used first; ties go to the least recently used (older first).
 
-    A binary heap of ``(hits, last_access_seq, key)`` with lazy invalidation gives
-    O(log n) touch/admit; :meth:`eviction_order` pops from a copy-free merge of the
-    heap, skipping stale entries, so finding the first victim is O(log n) amortized.
+    The O(1) LFU of Shah, Mitra & Matani (2010): a linked list of buckets, one per
+    distinct hit count in increasing order, each an ordered dict of its keys by last
+    access.  A touch moves a key to the next bucket (created next to its old one if
+    missing), so admit/touch/remove are O(1) (an admit with a restored hit count > 1
+    walks the buckets once).  :meth:`eviction_order` walks the buckets from the
+    lowest count, yielding each bucket's keys oldest first: O(1) per victim.
+
+    Tie-break: among keys with equal hit counts the one whose last access (admit or
+    touch) is oldest goes first.
     """
 
     name = "lfu"
 
     def __init__(self) -> None:
-        self._entry: dict[Hashable, tuple[int, int]] = {}  # key -> (hits, seq)
-        self._heap: list[tuple[int, int, Hashable]] = []
-        self._seq = itertools.count()
+        self._bucket: dict[Hashable, _Bucket] = {}
+        self._head: _Bucket | None = None
+
+    def _unlink_if_empty(self, b: _Bucket) -> None:
+        if b.keys:
+            return
+        if b.prev is None:
+            self._head = b.next
+        else:
+            b.prev.next = b.next
+        if b.next is not None:
+            b.next.prev = b.prev
+
+    def _insert_after(self, prev: _Bucket | None, hits: int) -> _Bucket:
+        """The bucket for ``hits`` right after ``prev`` (``None``: at the head)."""
+        nxt = self._head if prev is None else prev.next
+        if nxt is not None and nxt.hits == hits:
+            return nxt
+        b = _Bucket(hits)
+        b.prev, b.next = prev, nxt
+        if prev is None:
+            self._head = b
+        else:
+            prev.next = b
+        if nxt is not None:
+            nxt.prev = b
+        return b
 
     def admit(self, key: Hashable, size: int, hits: int = 1) -> None:
-        entry = (hits, next(self._seq))
-        self._entry[key] = entry
-        heapq.heappush(self._heap, (entry[0], entry[1], key))
-        self._compact()
+        self.remove(key)
+        hits = max(hits, 1)
+        prev = None
+        b = self._head
+        while b is not None and b.hits < hits:
+            prev, b = b, b.next
+        target = self._insert_after(prev, hits)
+        target.keys[key] = None
+        self._bucket[key] = target
 
     def touch(self, key: Hashable, size: int) -> None:
-        hits = self._entry[key][0] + 1 if key in self._entry else 1
-        self.admit(key, size, hits)
+        b = self._bucket.get(key)
+        if b is None:
+            self.admit(key, size)
+            return
+        target = self._insert_after(b, b.hits + 1)
+        del b.keys[key]
+        target.keys[key] = None
+        self._bucket[key] = target
+        self._unlink_if_empty(b)
 
     def remove(self, key: Hashable) -> None:
-        self._entry.pop(key, None)
-        self._compact()
+        b = self._bucket.pop(key, None)
+        if b is not None:
+            del b.keys[key]
+            self._unlink_if_empty(b)
 
     def hits(self, key: Hashable) -> int:
-        entry = self._entry.get(key)
-        return entry[0] if entry else 0
-
-    def _compact(self) -> None:
-        # Stale heap entries are dropped once they outnumber live ones 2:1, which keeps
-        # the heap O(n) in size and the amortized cost per operation O(log n).
-        if len(self._heap) > 2 * len(self._entry) + 64:
-            self._heap = [(h, s, k) for k, (h, s) in self._entry.items()]
-            heapq.heapify(self._heap)
+        b = self._bucket.get(key)
+        return b.hits if b else 0
 
     def eviction_order(self) -> Iterator[Hashable]:
-        heap = list(self._heap)  # O(n) copy, then O(log n) per victim taken
-        while heap:
-            hits, seq, key = heapq.heappop(heap)
-            if self._entry.get(key) == (hits, seq):
-                yield key
+        b = self._head
+        while b is not None:
+            yield from b.keys
+            b = b.next
 
     def __contains__(self, key: object) -> bool:
-        return key in self._entry
+        return key in self._bucket
 
     def __len__(self) -> int:
-        return len(self._entry)
+        return len(self._bucket)

@@ -1,0 +1,156 @@
+"""Adapters that plug each kind of policy into the :class:`CacheDriver`."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable, Sequence
+
+from ..policies._heap import iter_sorted
+from ..policies.base import OnlinePolicy
+from ..policies.heuristic import HeuristicPolicy
+from .driver import CacheDriver, Strategy
+
+
+class OnlineStrategy(Strategy):
+    """An :class:`OnlinePolicy`: always caches a miss if it fits after evicting in the
+    policy's order (skipping pinned files); reads the file from the slow tier without
+    caching it otherwise."""
+
+    def __init__(self, driver: CacheDriver, policy: OnlinePolicy) -> None:
+        self.driver = driver
+        self.policy = policy
+
+    def hit(self, pos: int, key: Hashable, size: int) -> None:
+        self.policy.touch(key, size)
+
+    def miss(self, pos: int, key: Hashable, size: int) -> None:
+        d = self.driver
+        need = d.used + size - d.capacity
+        if size > d.capacity:
+            return
+        policy = self.policy
+        if need > 0:
+            policy.will_admit(key, size)
+            victims = []
+            pinned, resident = d.pinned, d.resident
+            for v in policy.eviction_order():
+                if v in pinned:
+                    continue
+                victims.append(v)
+                need -= resident[v]
+                if need <= 0:
+                    break
+            if need > 0:
+                return
+            for v in victims:
+                d.evict(v)
+                policy.remove(v)
+        d.admit(key, size)
+        policy.admit(key, size)
+
+    def dropped(self, key: Hashable) -> None:
+        self.policy.remove(key)
+
+
+class HeuristicStrategy(Strategy):
+    """The planned heuristic: every reference goes through :meth:`HeuristicPolicy.access`."""
+
+    def __init__(self, driver: CacheDriver, policy: HeuristicPolicy) -> None:
+        self.driver = driver
+        self.policy = policy
+
+    def hit(self, pos: int, key: Hashable, size: int) -> None:
+        self.policy.access(key, size, self.driver)
+
+    def miss(self, pos: int, key: Hashable, size: int) -> None:
+        d = self.policy.access(key, size, self.driver)
+        if d.admit:
+            driver = self.driver
+            for v in d.victims:
+                driver.evict(v)
+            driver.admit(key, size)
+
+    def dropped(self, key: Hashable) -> None:
+        self.policy.forget(key)
+
+
+class BeladyStrategy(Strategy):
+    """Belady's rule with bypass, for files of any size: on a miss, evict the resident
+    files whose next use is furthest, as long as it is further than the incoming
+    file's; if that cannot make room, do not cache the incoming file.  Optimal (MIN)
+    when all files have one size; a strong offline heuristic otherwise."""
+
+    def __init__(self, driver: CacheDriver, nxt: Sequence[int]) -> None:
+        self.driver = driver
+        self.nxt = nxt
+        self.never = len(nxt)
+        self._entry: dict[Hashable, tuple[int, int]] = {}  # key -> (-next, seq)
+        self._heap: list[tuple[int, int, Hashable]] = []
+        self._seq = itertools.count()
+
+    def _set(self, key: Hashable, nxt: int) -> None:
+        e = (-nxt, next(self._seq))
+        self._entry[key] = e
+        heapq.heappush(self._heap, (*e, key))
+        if len(self._heap) > 2 * len(self._entry) + 64:
+            self._heap = [(*e, k) for k, e in self._entry.items()]
+            heapq.heapify(self._heap)
+
+    def hit(self, pos: int, key: Hashable, size: int) -> None:
+        self._set(key, self.nxt[pos])
+
+    def miss(self, pos: int, key: Hashable, size: int) -> None:
+        mine = self.nxt[pos]
+        if mine >= self.never:
+            return
+        d = self.driver
+        need = d.used + size - d.capacity
+        if size > d.capacity:
+            return
+        if need > 0:
+            victims = []
+            entry, pinned, resident, heap = self._entry, d.pinned, d.resident, self._heap
+            while heap:  # victims' entries gather at the top: drop them
+                e = entry.get(heap[0][2])
+                if e is not None and e[1] == heap[0][1]:
+                    break
+                heapq.heappop(heap)
+            for negnext, seq, v in iter_sorted(heap):
+                e = entry.get(v)
+                if e is None or e[1] != seq or v in pinned:
+                    continue
+                if -negnext <= mine:
+                    return  # the incoming file is needed later than every candidate
+                victims.append(v)
+                need -= resident[v]
+                if need <= 0:
+                    break
+            if need > 0:
+                return
+            for v in victims:
+                d.evict(v)
+                del self._entry[v]
+        d.admit(key, size)
+        self._set(key, mine)
+
+    def dropped(self, key: Hashable) -> None:
+        self._entry.pop(key, None)
+
+
+class ScheduleStrategy(Strategy):
+    """Replays an offline schedule: ``keep[i]`` says whether the file referenced at
+    ``i`` stays resident until its next reference.  Files leave right after their
+    last kept interval, so residency is exactly the schedule's."""
+
+    def __init__(self, driver: CacheDriver, keep: Sequence[int]) -> None:
+        self.driver = driver
+        self.keep = keep
+
+    def hit(self, pos: int, key: Hashable, size: int) -> None:
+        if not self.keep[pos]:
+            self.driver.evict(key)
+
+    def miss(self, pos: int, key: Hashable, size: int) -> None:
+        if self.keep[pos]:
+            self.driver.admit(key, size)
