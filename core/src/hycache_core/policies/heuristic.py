@@ -24,14 +24,14 @@ its references not yet made, so the state is one counter per file, computed once
 from the reference string (the papers' "precomputed by dynamic programming") and
 decremented at each access.  A cached file's cost therefore only changes when that
 file is accessed, so the cached files live in a binary heap ordered by
-``(cost, -size, admission sequence)`` that is updated in O(log n) per access;
+``(cost, -size, last access)`` that is updated in O(log n) per access;
 Algorithm 5 walks the heap in order without copying it, so a decision costs
 O(k log k) for the ``k`` files it examines (k ≤ n, the papers' bound is O(n log n)).
 
 Choices the papers leave open, stated here:
 
 * Ties in cost: the larger file goes first (it frees more room for the same cost),
-  then the earlier admitted one.
+  then the one accessed least recently.
 * A candidate larger than the whole cache cannot be cached (Algorithm 5 as printed
   would fall through its loop and report success; that only happens in this case).
 * Pinned files are skipped by the walk: they cannot be evicted, and add no cost.
@@ -169,7 +169,7 @@ class HeuristicPolicy:
         """Resident ``(key, cost)`` in Algorithm 5's order (increasing cost).
 
         Unplanned files (cost 0) come first in the fallback's order, then planned
-        files by ``(cost, -size, admission)``.  Do not mutate the policy meanwhile.
+        files by ``(cost, -size, last access)``.  Do not mutate the policy meanwhile.
         """
         for key in self.fallback.eviction_order():
             yield key, 0
@@ -239,7 +239,8 @@ class HeuristicPolicy:
         is_pinned, sizes = cache.is_pinned, self._size
         cost = 0
         victims: list[Hashable] = []
-        for key, c in self.cost_order():  # line 9-10: increasing cost
+        order = self.cost_order() if len(self.fallback) else self._planned_order()
+        for key, c in order:  # lines 9-10: increasing cost
             if is_pinned(key):
                 continue
             cost += c  # lines 11-12
