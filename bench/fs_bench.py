@@ -207,10 +207,22 @@ def fio(path: Path, name: str, rw: str, bs: str, numjobs: int, size: str, runtim
     if runtime:
         argv += ["--time_based", f"--runtime={runtime}"]
     timeout = (runtime or 0) + 600
-    p = subprocess.run(argv, text=True, capture_output=True, timeout=timeout)
+    # fio forks one process per job: run it in its own process group and kill the whole
+    # group on any interruption, so no job keeps a file open on a mount we unmount.
+    p = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        raise
     if p.returncode != 0:
-        raise RuntimeError(f"fio failed ({p.returncode}): {shlex.join(argv)}\n{p.stderr[-2000:]}")
-    out = p.stdout[p.stdout.index("{"):]  # fio may print notes before the JSON
+        raise RuntimeError(f"fio failed ({p.returncode}): {shlex.join(argv)}\n{stderr[-2000:]}")
+    out = stdout[stdout.index("{"):]  # fio may print notes before the JSON
     job = json.loads(out)["jobs"][0]
     side = job["read"] if rw.endswith("read") else job["write"]
     return {"bw_bytes": side["bw_bytes"], "iops": side["iops"], "runtime_ms": side["runtime"],
@@ -243,26 +255,48 @@ def metadata_loop(path: Path, n: int, caches: Caches) -> dict[str, float]:
     return {"create": n / (t1 - t0), "stat": n / (t3 - t2), "remove": n / (t5 - t4)}
 
 
-def bench_target(t: Target, args, caches: Caches) -> dict:
-    results: dict[str, dict] = {}
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def bench_all(targets: list[Target], args, caches: Caches) -> dict:
+    """Interleaved: for each workload, every target in turn (so a change in background load
+    hits all targets alike); --repeat passes over everything, the median is reported."""
+    samples: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
+    extra: dict[str, dict[str, dict]] = {t.name: {} for t in targets}
     maxjobs = max(args.numjobs)
-    log(f"{t.name}: laying out {maxjobs} x {args.size} in {t.path}")
-    fio(t.path, "layout", "write", "1m", maxjobs, args.size, None)
-    for label, rw, bs, _goal in WORKLOADS:
-        for nj in args.numjobs:
-            key = f"{label} j{nj}"
-            caches.drop()
-            r = fio(t.path, "bench", rw, bs, nj, args.size, args.runtime)
-            results[key] = {"value": r["bw_bytes"] / 2**20, "unit": "MiB/s", **r}
-            log(f"{t.name}: {key:18} {r['bw_bytes'] / 2**20:9.1f} MiB/s  {r['iops']:10.0f} IOPS")
-            if not t.alive():
-                raise RuntimeError(f"{t.name} died during {key}; log: {t.logfile}")
-    for f in t.path.glob("bench.*"):
-        f.unlink()
-    meta = metadata_loop(t.path, args.files, caches)
-    for op, v in meta.items():
-        results[f"{op} files"] = {"value": v, "unit": "ops/s"}
-        log(f"{t.name}: {op + ' files':18} {v:9.0f} ops/s")
+    for t in targets:
+        log(f"{t.name}: laying out {maxjobs} x {args.size} in {t.path}")
+        fio(t.path, "layout", "write", "1m", maxjobs, args.size, None)
+    for rep in range(args.repeat):
+        for label, rw, bs, _goal in WORKLOADS:
+            for nj in args.numjobs:
+                key = f"{label} j{nj}"
+                for t in targets:
+                    caches.drop()
+                    r = fio(t.path, "bench", rw, bs, nj, args.size, args.runtime)
+                    samples[t.name].setdefault(key, []).append(r["bw_bytes"] / 2**20)
+                    extra[t.name][key] = {"iops": r["iops"], "argv": r["argv"]}
+                    log(f"[{rep + 1}/{args.repeat}] {t.name:8} {key:18} {r['bw_bytes'] / 2**20:9.1f} MiB/s "
+                        f"{r['iops']:10.0f} IOPS")
+                    if not t.alive():
+                        raise RuntimeError(f"{t.name} died during {key}; log: {t.logfile}")
+        for t in targets:
+            meta = metadata_loop(t.path, args.files, caches)
+            for op, v in meta.items():
+                samples[t.name].setdefault(f"{op} files", []).append(v)
+                log(f"[{rep + 1}/{args.repeat}] {t.name:8} {op + ' files':18} {v:9.0f} ops/s")
+    results: dict[str, dict] = {}
+    for t in targets:
+        for f in t.path.glob("bench.*"):
+            f.unlink()
+        results[t.name] = {}
+        for key, xs in samples[t.name].items():
+            results[t.name][key] = {"value": median(xs), "samples": xs,
+                                    "unit": "ops/s" if key.endswith(" files") else "MiB/s",
+                                    **extra[t.name].get(key, {})}
     return results
 
 
@@ -324,7 +358,7 @@ def print_table(res: dict, targets: list[str], args) -> None:
     for row in table_rows(res, targets, args):
         style = "green" if row[-1].startswith("PASS") else "red" if row[-1].startswith("MISS") else None
         tbl.add_row(*row[:-1], f"[{style}]{row[-1]}[/{style}]" if style else row[-1])
-    Console().print(tbl)
+    Console(width=None if sys.stdout.isatty() else 150).print(tbl)
 
 
 def machine_info(workdir: Path) -> dict[str, str]:
@@ -428,7 +462,8 @@ def write_report(res: dict, targets: list[str], args, info: dict, descriptions: 
     lines += [
         f"- fio: `ioengine=psync`, buffered I/O (`direct=0`), `fallocate=none`, `end_fsync=1`, "
         f"`--size={args.size}` per job, time-based `--runtime={args.runtime}` s, numjobs "
-        f"{', '.join(map(str, args.numjobs))}, `group_reporting`, `--output-format=json`. "
+        f"{', '.join(map(str, args.numjobs))}, `group_reporting`, `--output-format=json`; "
+        f"median of {args.repeat} pass(es). "
         "Files are laid out once per target (sequential 1 MiB writes, through the target); "
         "the write jobs overwrite them.",
         "- Cold start: `sync; echo 3 > /proc/sys/vm/drop_caches` before every job"
@@ -438,7 +473,10 @@ def write_report(res: dict, targets: list[str], args, info: dict, descriptions: 
         f"- Metadata: {args.files} files of 4 KiB in one directory: create (open O_CREAT|O_EXCL, "
         "write, close), stat, unlink, from one Python process; caches dropped before each phase.",
         "- Every target lives on the same file system (below), so they share one disk: `raw` is the "
-        "limit a tier-over-the-fast-dir can reach.",
+        "limit a tier-over-the-fast-dir can reach. All targets are mounted for the whole run and "
+        "the jobs are interleaved (each workload on every target in turn), so changes in "
+        "background load hit every target alike. The machine is shared: see the load average "
+        "below; numbers move by ±30 % between runs on a busy 2-core machine.",
         "",
         "| target | how |",
         "|---|---|",
@@ -482,6 +520,8 @@ def parse_args(argv=None):
     ap.add_argument("--runtime", type=float, default=None, help="seconds per fio job (default 5, quick 1)")
     ap.add_argument("--numjobs", default="1,4", help="fio numjobs values (default: %(default)s)")
     ap.add_argument("--files", type=int, default=None, help="metadata loop files (default 2000, quick 300)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="passes over all workloads; the median is reported (default: %(default)s)")
     ap.add_argument("--warm", dest="drop_caches", action="store_false",
                     help="do not drop the page cache before each job")
     a = ap.parse_args(argv)
@@ -521,40 +561,43 @@ def main(argv=None) -> int:
     def on_signal(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
     caches = Caches(args.drop_caches)
-    res: dict[str, dict] = {}
     descriptions: dict[str, str] = {}
     t_start = time.monotonic()
-    current: Target | None = None
+    load_before = os.getloadavg()
+    started: list[Target] = []
     try:
         for name in args.targets:
-            current = Target(name, workdir / name)
-            log(f"=== {name}")
-            current.start()
-            descriptions[name] = current.description
-            res[name] = bench_target(current, args, caches)
-            current.stop()
-            current = None
+            t = Target(name, workdir / name)
+            started.append(t)
+            log(f"starting {name}")
+            t.start()
+            descriptions[name] = t.description
+        res = bench_all(started, args, caches)
     except KeyboardInterrupt:
         log("interrupted: cleaning up")
         return 130
     except Exception as e:
         log(f"error: {e}")
-        if current is not None and current.logfile and current.logfile.exists():
-            log(f"{current.name} log tail:\n" + current.logfile.read_text(errors="replace")[-3000:])
+        for t in started:
+            if t.logfile and t.logfile.exists():
+                log(f"{t.name} log tail:\n" + t.logfile.read_text(errors="replace")[-2000:])
         return 1
     finally:
-        if current is not None:
-            current.stop()
+        for t in reversed(started):
+            t.stop()
         for mp in mounts_under(workdir):
             force_unmount(mp)
     elapsed = time.monotonic() - t_start
+    load_after = os.getloadavg()
 
     print_table(res, args.targets, args)
     info = machine_info(workdir)
+    info["load average (1 min) before / after"] = f"{load_before[0]:.1f} / {load_after[0]:.1f} on {os.cpu_count()} cores"
     md = args.out.resolve()
     png = md.parent / "img" / "bench_fs.png"
     raw_json = workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
