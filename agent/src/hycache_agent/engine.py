@@ -55,6 +55,7 @@ class Migration:
     copied: int = 0
     cancelled: bool = False
     last_log: float = 0.0
+    done: trio.Event = field(default_factory=trio.Event)
 
     def progress(self, copied: int) -> None:  # called from the copying thread
         self.copied = copied
@@ -77,6 +78,7 @@ class Handle:
     uid: int
     tier: str | None = None
     fd: int = -1
+    blob_gen: int = -1  # the inode's blob generation when fd was opened
 
 
 @dataclass
@@ -103,6 +105,9 @@ class TieringEngine:
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._locks: dict[int, trio.Lock] = {}
+        # bumped by every tier switch: a handle's fd is stale when its generation differs,
+        # even if the tier *name* matches again (slow→fast→slow)
+        self._blob_gens: dict[int, int] = {}
         self.active: dict[int, Migration] = {}
         self.counters = Counters()
         self._nursery: trio.Nursery | None = None
@@ -214,27 +219,33 @@ class TieringEngine:
         """The handle's descriptor on the tier that holds the file now (reopened after a
         migration switched tiers)."""
         inode = h.inode
-        if h.tier == inode.tier and h.fd >= 0:
+        gen = self._blob_gens.get(inode.ino, 0)
+        if h.tier == inode.tier and h.blob_gen == gen and h.fd >= 0:
             return h.fd
         tier = inode.tier
         mode = os.O_RDWR if (h.flags & O_ACCMODE) != os.O_RDONLY else os.O_RDONLY
         fd = await trio.to_thread.run_sync(os.open, self.tiers[tier].blob(inode.ino), mode | os.O_CLOEXEC)
-        if h.tier == inode.tier and h.fd >= 0:  # another request reopened it meanwhile
-            await trio.to_thread.run_sync(os.close, fd)
+        if h.tier == inode.tier and h.blob_gen == self._blob_gens.get(inode.ino, 0) and h.fd >= 0:
+            await trio.to_thread.run_sync(os.close, fd)  # another request reopened it meanwhile
             return h.fd
-        old, h.fd, h.tier = h.fd, fd, tier
+        # (if a switch ran during the open, gen is already old and the next call reopens)
+        old, h.fd, h.tier, h.blob_gen = h.fd, fd, tier, gen
         if old >= 0:
             await trio.to_thread.run_sync(os.close, old)
         return fd
 
+    def _evictable(self, inode: Inode | None) -> bool:
+        """May the evictor move this file now?  Not if pinned, open, being migrated or
+        locked by a writer (checked again when a chosen victim's turn comes)."""
+        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not inode.open_count
+                and inode.migration is None and self.ns.inodes.get(inode.ino) is inode
+                and not self._locks.get(inode.ino, _UNLOCKED).locked())
+
     def _victims(self, exclude: Inode | None = None):
         for ino in self.policy.eviction_order():
             inode = self.ns.inodes.get(ino)
-            if inode is None or inode is exclude or inode.pinned or inode.open_count or inode.migration:
-                continue
-            if inode.tier != T.FAST or self._locks.get(ino, _UNLOCKED).locked():
-                continue
-            yield inode
+            if inode is not exclude and self._evictable(inode):
+                yield inode
 
     async def _room_for(self, nbytes: int, exclude: Inode | None) -> bool:
         """Make ``nbytes`` fit on the fast tier, evicting closed files if needed."""
@@ -281,6 +292,8 @@ class TieringEngine:
         if (not inode.is_reg or inode.tier == dst or inode.migration is not None
                 or self.ns.inodes.get(inode.ino) is not inode):  # deleted since it was chosen
             return False
+        if reason == "evict" and not self._evictable(inode):  # opened since it was chosen
+            return False
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
         mig = Migration(inode.ino, src, dst, inode.size, reason)
@@ -302,21 +315,11 @@ class TieringEngine:
                 return False
             if locked:
                 moved = await self._switch(inode, mig, gen, temp)
-            else:
-                lock = self.lock(inode)
-                if reason == "evict":
-                    try:
-                        lock.acquire_nowait()  # never wait on a file someone is writing
-                    except trio.WouldBlock:
-                        moved = False
-                    else:
-                        try:
-                            moved = await self._switch(inode, mig, gen, temp)
-                        finally:
-                            lock.release()
-                else:
-                    async with lock:
-                        moved = await self._switch(inode, mig, gen, temp)
+            elif (lock := await self._acquire_for_switch(inode, mig)) is not None:
+                try:
+                    moved = await self._switch(inode, mig, gen, temp)
+                finally:
+                    lock.release()
             if not moved:
                 self.counters.migrations_abandoned += 1
             return moved
@@ -333,9 +336,24 @@ class TieringEngine:
         finally:
             inode.migration = None
             self.active.pop(inode.ino, None)
+            mig.done.set()
             self.fast_used -= reserved
             if not moved:
                 await trio.to_thread.run_sync(T.remove_blob, temp)
+
+    async def _acquire_for_switch(self, inode: Inode, mig: Migration) -> trio.Lock | None:
+        """Take the file's lock for the switch.  An eviction never waits for a writer;
+        other migrations wait, but give up when cancelled (a spill of the same file
+        cancels a promotion while it holds the lock, so a blocking wait could deadlock)."""
+        lock = self.lock(inode)
+        while True:
+            try:
+                lock.acquire_nowait()
+                return lock
+            except trio.WouldBlock:
+                if mig.reason == "evict" or mig.cancelled:
+                    return None
+                await trio.sleep(0.005)
 
     async def _switch(self, inode: Inode, mig: Migration, gen: int, temp: str) -> bool:
         """The atomic switch: called with the inode lock held."""
@@ -351,6 +369,7 @@ class TieringEngine:
         # Switch the tier, the accounting and the policy together, before the commit
         # awaits: a deletion (maybe_free) running during the commit must find them agreeing.
         inode.tier = mig.dst
+        self._blob_gens[inode.ino] = self._blob_gens.get(inode.ino, 0) + 1  # open fds are stale
         if mig.dst == T.FAST:
             self.fast_used += inode.size
             # admitted as the most recently used: persist that, so a restart (which
@@ -510,8 +529,13 @@ class TieringEngine:
     async def _spill(self, inode: Inode) -> None:
         """Move the file being written to the slow tier (caller holds its lock)."""
         log.info("spilling inode %d (%s) to the slow tier: fast tier full", inode.ino, format_size(inode.size))
-        if not await self.migrate(inode, T.SLOW, reason="spill", locked=True):
-            raise FsError(errno.ENOSPC)
+        for _ in range(3):
+            if inode.migration is not None:  # a promotion or eviction got there first
+                inode.migration.cancelled = inode.migration.dst == T.FAST
+                await inode.migration.done.wait()
+            if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
+                return
+        raise FsError(errno.ENOSPC)
 
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
         async with self.lock(inode):
@@ -559,6 +583,7 @@ class TieringEngine:
             return
         self.ns.forget_inode(inode)
         self._locks.pop(inode.ino, None)
+        self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:
             inode.migration.cancelled = True
         if inode.is_reg:
