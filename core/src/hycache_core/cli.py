@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -158,6 +160,24 @@ def _progress_factory(console, enabled: bool):
     return progress, factory
 
 
+@contextlib.contextmanager
+def _native_stdout_to_stderr():
+    """Send file descriptor 1 to stderr meanwhile: native solver code (HiGHS) may
+    printf diagnostics, which must not corrupt the JSON or the table on stdout."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 (embedded use): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -187,11 +207,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     progress, factory = _progress_factory(err, show)
     options = SimOptions(fallback=args.fallback, ilp_max_intervals=args.ilp_max_intervals,
                          ilp_time_limit=args.ilp_time_limit)
-    if progress is not None:
-        with progress:
-            sim = simulate(trace, args.capacity, policies, model, options, factory)
-    else:
-        sim = simulate(trace, args.capacity, policies, model, options)
+    with _native_stdout_to_stderr():
+        if progress is not None:
+            with progress:
+                sim = simulate(trace, args.capacity, policies, model, options, factory)
+        else:
+            sim = simulate(trace, args.capacity, policies, model, options)
     if args.json:
         json.dump(sim.as_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")

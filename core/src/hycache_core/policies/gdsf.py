@@ -40,12 +40,10 @@ class GDSFPolicy(OnlinePolicy):
         self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
 
-    def _priority(self, freq: int, size: int) -> float:
-        value = 1.0 if self._cost is None else self._cost(size)
-        return self._inflation + freq * value / max(size, 1)
-
     def _push(self, key: Hashable, freq: int, size: int) -> None:
-        prio, seq = self._priority(freq, size), next(self._seq)
+        value = freq if self._cost is None else freq * self._cost(size)
+        prio = self._inflation + value / (size if size > 0 else 1)
+        seq = next(self._seq)
         self._entry[key] = (prio, seq, freq)
         heapq.heappush(self._heap, (prio, seq, key))
         if len(self._heap) > 2 * len(self._entry) + 64:

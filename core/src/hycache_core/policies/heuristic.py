@@ -52,7 +52,6 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._heap import iter_sorted
 from .base import OnlinePolicy
 from .online import LRUPolicy
 
@@ -160,10 +159,22 @@ class HeuristicPolicy:
             if e is not None and e[2] == heap[0][2]:
                 break
             heapq.heappop(heap)
-        for cost, negsize, seq, key in iter_sorted(heap):
-            e = entry.get(key)
-            if e is not None and e[2] == seq:
-                yield key, cost
+        # iter_sorted(heap), inlined: this is the hot loop of every planned miss.
+        n = len(heap)
+        if not n:
+            return
+        frontier = [(heap[0], 0)]
+        pop, push = heapq.heappop, heapq.heappush
+        while frontier:
+            item, i = pop(frontier)
+            e = entry.get(item[3])
+            if e is not None and e[2] == item[2]:
+                yield item[3], item[0]
+            c = 2 * i + 1
+            if c < n:
+                push(frontier, (heap[c], c))
+                if c + 1 < n:
+                    push(frontier, (heap[c + 1], c + 1))
 
     def cost_order(self) -> Iterator[tuple[Hashable, int]]:
         """Resident ``(key, cost)`` in Algorithm 5's order (increasing cost).

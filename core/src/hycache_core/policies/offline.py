@@ -123,9 +123,35 @@ def fractional_bound(
     return FractionalBound(cap, float(hit), whole)
 
 
+def _repair(x: np.ndarray, idx: np.ndarray, end: np.ndarray, sizes: Sequence[int], capacity: int,
+            weight: np.ndarray) -> bool:
+    """Check the solver's schedule in exact integer arithmetic (the solver works to a
+    tolerance); drop the lightest offending intervals if it overflows anywhere.
+    Returns whether anything had to be dropped."""
+    repaired = False
+    while True:
+        chosen = np.nonzero(x)[0]
+        if not len(chosen):
+            return repaired
+        size = np.array([sizes[int(idx[k])] for k in chosen], dtype=np.int64)
+        starts, ends = idx[chosen], end[chosen]
+        times = np.unique(starts)
+        load = np.zeros(len(times) + 1, dtype=np.int64)
+        np.add.at(load, np.searchsorted(times, starts), size)
+        np.add.at(load, np.searchsorted(times, ends), -size)
+        load = np.cumsum(load)[: len(times)]
+        over = np.nonzero(load > capacity)[0]
+        if not len(over):
+            return repaired
+        t = times[over[0]]
+        covering = chosen[(starts <= t) & (t < ends)]
+        x[covering[np.argmin(weight[covering])]] = False
+        repaired = True
+
+
 @dataclass(frozen=True)
 class ILPResult:
-    status: str               # "optimal", "time-limit", "infeasible", "failed"
+    status: str               # "optimal", "time-limit", "approximate", "infeasible", "failed"
     keep: bytearray | None    # keep[i] = 1: keep the file from reference i to nxt[i]
     objective: float          # value of the returned schedule
     bound: float              # upper bound on the objective (== objective if optimal)
@@ -199,10 +225,13 @@ def solve_ilp(
         return ILPResult("optimal", keep, obj, obj, time.perf_counter() - t0, m, 0)
     rows = np.concatenate(rows_list)
     cols = np.concatenate(cols_list)
-    a = csr_array((size[cols], (rows, cols)), shape=(len(binding), m))
+    # Scaled to O(1) coefficients (sizes / capacity, weights / max weight): byte
+    # counts of 1e8-1e10 make HiGHS's simplex numerically unhappy.
+    a = csr_array((size[cols] / capacity, (rows, cols)), shape=(len(binding), m))
+    scale = float(weight.max())
     res = milp(
-        c=-weight,
-        constraints=LinearConstraint(a, -np.inf, capacity),
+        c=-weight / scale,
+        constraints=LinearConstraint(a, -np.inf, 1.0),
         integrality=np.ones(m),
         bounds=Bounds(lower, np.ones(m)),
         options={"time_limit": float(time_limit), "disp": False, "mip_rel_gap": 0.0},
@@ -212,13 +241,14 @@ def solve_ilp(
         status = "infeasible" if res.status == 2 else "failed"
         return ILPResult(status, None, 0.0, float("inf"), seconds, m, len(binding))
     x = res.x > 0.5
+    repaired = _repair(x, idx, end, sizes, capacity, weight)
     keep = bytearray(n)
     for k in np.nonzero(x)[0]:
         keep[int(idx[k])] = 1
     obj = float(weight[x].sum())
     dual = getattr(res, "mip_dual_bound", None)
-    bound = -float(dual) if dual is not None and np.isfinite(dual) else float("inf")
-    status = "optimal" if res.status == 0 else "time-limit"
+    bound = -float(dual) * scale if dual is not None and np.isfinite(dual) else float("inf")
+    status = "optimal" if res.status == 0 and not repaired else "time-limit" if res.status == 1 else "approximate"
     if status == "optimal":
         bound = obj
     return ILPResult(status, keep, obj, max(bound, obj), seconds, m, len(binding))
