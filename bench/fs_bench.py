@@ -50,6 +50,8 @@ MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files
                  "dropcacheonclose=false,moveonenospc=true,fsname=mergerfs-bench")
 HYCACHE_FAST_CAPACITY = "64G"
 
+NOTES_MARKER = "## Notes"  # hand-written section of the report, kept when it is regenerated
+
 ALL_TARGETS = ["raw", "slow", "mergerfs", "hycache"]
 DEFAULT_TARGETS = ["raw", "mergerfs", "hycache"]
 
@@ -496,6 +498,11 @@ def write_report(res: dict, targets: list[str], args, info: dict, descriptions: 
     for k, v in info.items():
         lines.append(f"| {k} | {v} |")
     lines.append("")
+    # A hand-written "## Notes" section (analysis) survives regeneration.
+    if md.exists():
+        old = md.read_text()
+        if NOTES_MARKER in old:
+            lines += ["", old[old.index(NOTES_MARKER):].rstrip(), ""]
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines))
 
