@@ -37,8 +37,9 @@ def test_fio_verify(hycache_mount, fio_bin, fast_capacity, name, rw, bs):
     argv = [fio_bin, f"--name={name}", f"--directory={work}", f"--rw={rw}", f"--bs={bs}",
             "--size=2M", "--numjobs=4", "--ioengine=psync", "--fallocate=none",
             "--verify=crc32c", "--verify_fatal=1", "--verify_dump=0", "--do_verify=1",
+            "--verify_state_save=0",
             "--end_fsync=1", "--group_reporting", "--output-format=json"]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=m.base)
     assert p.returncode == 0, f"fio verify failed on {fast_capacity} fast tier:\n{p.stderr[-3000:]}\n{p.stdout[-2000:]}"
     job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
     assert job["error"] == 0, job
