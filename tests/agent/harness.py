@@ -27,7 +27,8 @@ from hycache_agent.namespace import ROOT_INO
 
 from .invariants import check_invariants, check_persisted, settle
 
-CHUNK = 128 << 10  # the kernel sends writes of at most 128 KiB (max_write) by default
+CHUNK = 128 << 10
+BODY_TIMEOUT = 120.0  # the kernel sends writes of at most 128 KiB (max_write) by default
 
 
 @dataclass
@@ -215,7 +216,8 @@ def run_engine(root: Path, body, **overrides):
                 await engine.run(nursery)
                 h = Harness(engine, report)
                 await h.check()
-                result = await body(h)
+                with trio.fail_after(BODY_TIMEOUT):  # a deadlock fails the test, not the suite
+                    result = await body(h)
                 await h.check()
                 await h.check_stored()
                 nursery.cancel_scope.cancel()

@@ -708,10 +708,11 @@ def test_unlink_during_migration_copy(tmp_path):
     run_engine(tmp_path, body, fast_capacity=M)
 
 
-@pytest.mark.xfail(strict=True, reason="engine.write/_spill: a write that must spill a file whose "
-                   "demotion/eviction is already in flight fails with ENOSPC (migrate() refuses a "
-                   "second migration) although the slow tier has room")
 def test_spill_while_demotion_in_flight(tmp_path):
+    """A write that must spill a file whose demotion is already copying: it must neither
+    fail with ENOSPC (the slow tier has room) nor deadlock (the demotion's switch waits for
+    the lock the writer holds)."""
+
     async def body(h):
         fh, y = await h.create(b"y")
         await h.write(fh, 0, data(1_000_000, 1))
@@ -724,5 +725,34 @@ def test_spill_while_demotion_in_flight(tmp_path):
         await h.check()
         assert await h.read(fh, 1_000_000, CHUNK) == data(CHUNK, 2)
         await h.close(fh)
+
+    run_engine(tmp_path, body, fast_capacity=M)
+
+
+def test_handle_survives_round_trip_migration(tmp_path):
+    """A handle opened on the slow tier, file promoted then demoted again (slow→fast→slow)
+    before the handle is used: its writes must reach the file's current blob, not the
+    deleted one it opened first (data loss seen through the mount as O_TRUNC rewrites
+    that read back as zeros)."""
+
+    async def body(h):
+        payload = data(200 * K, 1)
+        ino = await h.write_file(b"f", payload)
+        await h.setxattr(ino, b"user.hycache.tier", b"slow")
+        fh = await h.open(ino, os.O_RDWR)  # promotion on open, in the background
+        assert h.tier(ino) == T.FAST
+        await h.setxattr(ino, b"user.hycache.tier", b"slow")  # and back again
+        assert h.tier(ino) == T.SLOW
+        await h.write(fh, 0, b"NEW")
+        assert await h.read(fh, 0, 8) == b"NEW" + payload[3:8]
+        await h.close(fh)
+        assert await h.read_file(ino) == b"NEW" + payload[3:]
+        # the same through O_TRUNC + a write that spills (the mount's usual pattern)
+        fh = await h.open(ino, os.O_WRONLY | os.O_TRUNC)  # size 0 now: promoted at once
+        assert h.tier(ino) == T.FAST
+        await h.write(fh, 50 * K, data(2 * M, 2))  # spills back to the slow tier
+        await h.close(fh)
+        assert h.tier(ino) == T.SLOW
+        assert await h.read_file(ino) == bytes(50 * K) + data(2 * M, 2)
 
     run_engine(tmp_path, body, fast_capacity=M)

@@ -334,12 +334,15 @@ class TieringEngine:
                 return False
             raise
         finally:
+            if not moved:
+                # before the migration counts as over: a spill waiting on ``done`` stages
+                # its own copy under the same temp name (O_EXCL) right after
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(T.remove_blob, temp)
             inode.migration = None
             self.active.pop(inode.ino, None)
             mig.done.set()
             self.fast_used -= reserved
-            if not moved:
-                await trio.to_thread.run_sync(T.remove_blob, temp)
 
     async def _acquire_for_switch(self, inode: Inode, mig: Migration) -> trio.Lock | None:
         """Take the file's lock for the switch.  An eviction never waits for a writer;
@@ -530,8 +533,10 @@ class TieringEngine:
         """Move the file being written to the slow tier (caller holds its lock)."""
         log.info("spilling inode %d (%s) to the slow tier: fast tier full", inode.ino, format_size(inode.size))
         for _ in range(3):
-            if inode.migration is not None:  # a promotion or eviction got there first
-                inode.migration.cancelled = inode.migration.dst == T.FAST
+            if inode.migration is not None:  # a promotion, demotion or eviction got there first
+                # cancel it whatever its direction: its switch needs the lock we hold, so
+                # waiting for a demotion to finish would deadlock (the spill moves it anyway)
+                inode.migration.cancelled = True
                 await inode.migration.done.wait()
             if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
                 return
