@@ -50,6 +50,7 @@ class Inode:
     last_access: int = 0
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
     # runtime only
+    links: set[tuple[int, bytes]] = field(default_factory=set)  # (parent, name) of every name
     lookups: int = 0
     open_count: int = 0
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
@@ -101,6 +102,8 @@ class Namespace:
                 self.children[ino] = {}
         for parent, name, ino in snap.dentries:
             self.children.setdefault(parent, {})[bytes(name)] = ino
+            if ino in self.inodes:
+                self.inodes[ino].links.add((parent, bytes(name)))
             if ino in self.children:
                 self.parent[ino] = parent
         for ino, name, value in snap.xattrs:
@@ -145,23 +148,27 @@ class Namespace:
         return self.inodes[ino]
 
     def path_of(self, ino: int) -> bytes | None:
-        """One path of an inode (for logs and status); None if it has no name."""
-        if ino == ROOT_INO:
-            return b"/"
-        if ino in self.parent:
-            parent = self.parent[ino]
-            for name, child in self.children.get(parent, {}).items():
-                if child == ino:
-                    base = self.path_of(parent)
-                    return None if base is None else base.rstrip(b"/") + b"/" + name
-            return None
-        # a file: search (status and logs only; not on any hot path)
-        for parent, entries in self.children.items():
-            for name, child in entries.items():
-                if child == ino:
-                    base = self.path_of(parent)
-                    return None if base is None else base.rstrip(b"/") + b"/" + name
-        return None
+        """One path of an inode (the smallest of its names), O(depth); None if nameless."""
+        parts = []
+        seen = set()
+        while ino != ROOT_INO:
+            inode = self.inodes.get(ino)
+            if inode is None or not inode.links or ino in seen:
+                return None
+            seen.add(ino)
+            parent, name = min(inode.links)
+            parts.append(name)
+            ino = parent
+        return b"/" + b"/".join(reversed(parts))
+
+    def paths_of(self, inode: Inode) -> list[bytes]:
+        """Every path of an inode (hard links have several)."""
+        out = []
+        for parent, name in sorted(inode.links):
+            base = self.path_of(parent)
+            if base is not None:
+                out.append(base.rstrip(b"/") + b"/" + name)
+        return out
 
     def touch_access(self, inode: Inode) -> None:
         self.access_seq += 1
@@ -197,6 +204,7 @@ class Namespace:
             inode.size = len(target)
         self.inodes[ino] = inode
         entries[name] = ino
+        inode.links.add((parent, name))
         if stat.S_ISDIR(mode):
             self.children[ino] = {}
             self.parent[ino] = parent
@@ -225,6 +233,7 @@ class Namespace:
             raise FsError(errno.ENOENT)
         t = now_ns()
         entries[name] = ino
+        inode.links.add((parent, name))
         inode.nlink += 1
         inode.ctime_ns = t
         self._dir_changed(self.inodes[parent], t)
@@ -234,6 +243,7 @@ class Namespace:
 
     def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:
         del self.children[parent][name]
+        inode.links.discard((parent, name))
         self.journal.unlink(parent, name)
         if inode.is_dir:
             inode.nlink = 0
@@ -293,6 +303,10 @@ class Namespace:
                 raise FsError(errno.EINVAL)
             self.children[old_parent][old_name] = dst.ino
             dst_entries[new_name] = src.ino
+            src.links.discard((old_parent, old_name))
+            src.links.add((new_parent, new_name))
+            dst.links.discard((new_parent, new_name))
+            dst.links.add((old_parent, old_name))
             for inode, parent in ((src, new_parent), (dst, old_parent)):
                 if inode.is_dir and self.parent[inode.ino] != parent:
                     self.inodes[self.parent[inode.ino]].nlink -= 1
@@ -320,6 +334,8 @@ class Namespace:
         del self.children[old_parent][old_name]
         self.journal.unlink(old_parent, old_name)
         dst_entries[new_name] = src.ino
+        src.links.discard((old_parent, old_name))
+        src.links.add((new_parent, new_name))
         self.journal.link(new_parent, new_name, src.ino)
         if src.is_dir and old_parent != new_parent:
             self.inodes[old_parent].nlink -= 1
