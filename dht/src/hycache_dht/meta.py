@@ -1,0 +1,267 @@
+"""The metadata store contract: what the DHT holds per path, the operations, the errors.
+
+Two engines implement :class:`MetaStore`: :class:`~hycache_dht.redis_store.RedisClusterStore`
+(the global namespace on Redis Cluster) and :class:`~hycache_dht.local_store.LocalStore`
+(one SQLite file, for a standalone agent or several agents on one host). The API is
+blocking: the agent calls it from worker threads, never from the trio loop thread.
+
+Paths are absolute, normalised bytes (``b"/a/b"``); names may be any bytes except ``/``
+and NUL. The root ``b"/"`` always exists as a directory.
+
+Semantics shared by both engines (``tests/dht/test_contract.py`` holds them):
+
+* ``version`` is the CAS token of an entry: every change made through ``create``/``put``/
+  ``rename`` gives the entry a new, larger version (unique within its directory). Lease
+  changes (``acquire_write``/``release_write``) do not change it, and ``put`` keeps the
+  stored lease (``meta.writer``/``meta.lease_until`` given to ``put`` are ignored): the
+  write flag has its own compare-and-swap.
+* ``expect_version``: ``None`` = unconditional; ``0`` = only if the entry does not exist;
+  ``n > 0`` = only if the entry exists with version ``n``.
+* A ``put`` may not turn a directory into a non-directory or back (``IsADirectoryError`` /
+  ``NotADirectoryError``); ``delete`` of a non-empty directory raises ``OSError(ENOTEMPTY)``.
+* The store does not check that a path's parent exists (the agent owns the POSIX checks
+  of its own operations and publishes parents first); ``fsck`` reports entries whose
+  directory is missing and, with ``repair=True``, re-creates the missing directories.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import msgpack
+
+KINDS = ("file", "dir", "symlink", "special")
+
+#: version of the value layout written by :func:`pack_body`
+BODY_FORMAT = 1
+
+
+@dataclass
+class EntryMeta:
+    """What the DHT holds per path."""
+
+    kind: str  # "file" | "dir" | "symlink" | "special"
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    primary: str | None = None  # node id holding the primary copy (files)
+    replicas: list[str] = field(default_factory=list)
+    tier: str | None = None  # "fast" / "slow" on the primary
+    target: bytes | None = None  # symlink target
+    rdev: int = 0
+    version: int = 0  # bumped by the store on every change (CAS token)
+    writer: str | None = None  # write flag: node holding the write lease
+    lease_until: float = 0.0  # unix time the lease expires (no lock survives a dead holder)
+
+    def same_content(self, other: EntryMeta) -> bool:
+        """Equal in everything but the store-managed fields (version, writer, lease)."""
+        return pack_body(self) == pack_body(other)
+
+    def copy(self, **changes) -> EntryMeta:
+        changes.setdefault("replicas", list(self.replicas))
+        return replace(self, **changes)
+
+
+def dir_meta(mode: int = 0o755, uid: int = 0, gid: int = 0, now_ns: int | None = None) -> EntryMeta:
+    """A directory entry (``mode`` gets ``S_IFDIR`` added)."""
+    t = time.time_ns() if now_ns is None else now_ns
+    return EntryMeta("dir", 0o040000 | (mode & 0o7777), uid, gid, 0, t, t, t)
+
+
+def root_meta() -> EntryMeta:
+    """What ``get(b"/")`` answers before anyone stored the root's metadata."""
+    return EntryMeta("dir", 0o040755, 0, 0, 0, 0, 0, 0)
+
+
+def check_meta(meta: EntryMeta) -> None:
+    if meta.kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {meta.kind!r}")
+    if meta.target is not None and not isinstance(meta.target, bytes):
+        raise TypeError("symlink target must be bytes")
+
+
+def pack_body(meta: EntryMeta) -> bytes:
+    """The stored body: every field but kind and the store-managed ones (msgpack array)."""
+    return msgpack.packb(
+        [
+            BODY_FORMAT, meta.mode, meta.uid, meta.gid, meta.size,
+            meta.atime_ns, meta.mtime_ns, meta.ctime_ns,
+            meta.primary, list(meta.replicas), meta.tier, meta.target, meta.rdev,
+        ],
+        use_bin_type=True,
+    )
+
+
+def unpack_body(
+    kind: str, body: bytes, version: int = 0, writer: str | None = None, lease_until: float = 0.0
+) -> EntryMeta:
+    a = msgpack.unpackb(body, raw=False)
+    if a[0] != BODY_FORMAT:
+        raise ValueError(f"unknown metadata format {a[0]}")
+    return EntryMeta(
+        kind=kind, mode=a[1], uid=a[2], gid=a[3], size=a[4],
+        atime_ns=a[5], mtime_ns=a[6], ctime_ns=a[7],
+        primary=a[8], replicas=list(a[9]), tier=a[10], target=a[11], rdev=a[12],
+        version=version, writer=writer or None, lease_until=lease_until,
+    )
+
+
+@dataclass
+class Op:
+    """One queued update for :meth:`MetaStore.apply`."""
+
+    op: str  # "put" | "delete" | "create"
+    path: bytes
+    meta: EntryMeta | None = None
+    expect_version: int | None = None
+
+    @classmethod
+    def put(cls, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> Op:
+        return cls("put", path, meta, expect_version)
+
+    @classmethod
+    def create(cls, path: bytes, meta: EntryMeta) -> Op:
+        return cls("create", path, meta)
+
+    @classmethod
+    def delete(cls, path: bytes, expect_version: int | None = None) -> Op:
+        return cls("delete", path, None, expect_version)
+
+    def check(self) -> None:
+        if self.op not in ("put", "delete", "create"):
+            raise ValueError(f"unknown op {self.op!r}")
+        if self.op != "delete":
+            if self.meta is None:
+                raise ValueError(f"{self.op} needs meta")
+            check_meta(self.meta)
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class DHTError(Exception):
+    """Base of the store's own errors (POSIX-like outcomes use the builtin OSError types)."""
+
+
+class DHTUnavailable(DHTError, ConnectionError):
+    """The metadata service could not be reached within the operation's deadline."""
+
+
+class NotDurable(DHTUnavailable):
+    """The write was applied on a master but no replica confirmed it within the deadline."""
+
+
+class DHTBusy(DHTError, BlockingIOError):
+    """A rename kept the directory or entry locked past the operation's deadline."""
+
+    def __init__(self, message: str = "busy: a rename holds this entry") -> None:
+        super().__init__(errno.EBUSY, message)
+
+
+class RenameAborted(DHTError):
+    """This rename's intent was taken over by fsck (it exceeded its deadline)."""
+
+
+def not_empty(path: bytes) -> OSError:
+    return OSError(errno.ENOTEMPTY, "directory not empty", path)
+
+
+def invalid(path: bytes, why: str) -> OSError:
+    return OSError(errno.EINVAL, why, path)
+
+
+# -- fsck report ---------------------------------------------------------------------------
+
+#: report keys that count problems found (``report["problems"]`` is their sum)
+PROBLEMS = ("intents", "tombstones", "headerless", "stale_freezes", "stale_pins", "orphan_dirs",
+            "unlabelled")
+
+
+def new_report(repair: bool) -> dict:
+    """The dict ``fsck`` returns: problems found (PROBLEMS), what was done about them
+    (``rolled_forward``, ``rolled_back``, ``resurrected_dirs``), intents left alone because
+    their owner is alive (``busy``), and totals (``dirs``, ``entries``)."""
+    rep: dict = {n: 0 for n in (*PROBLEMS, "busy", "rolled_forward", "rolled_back",
+                                 "resurrected_dirs", "dirs", "entries", "problems")}
+    rep["repaired"] = repair
+    return rep
+
+
+# -- the interface ------------------------------------------------------------------------
+
+#: called with the name of each step of a multi-step protocol (crash injection in tests)
+StepHook = Callable[[str], None]
+
+
+class MetaStore(abc.ABC):
+    """BLOCKING metadata store API (the agent calls it from worker threads)."""
+
+    #: optional hook called after each protocol step (tests raise from it to simulate a crash)
+    step_hook: StepHook | None = None
+
+    def _step(self, name: str) -> None:
+        hook = self.step_hook
+        if hook is not None:
+            hook(name)
+
+    @abc.abstractmethod
+    def get(self, path: bytes) -> EntryMeta | None:
+        """The entry at ``path``, or None."""
+
+    @abc.abstractmethod
+    def create(self, path: bytes, meta: EntryMeta) -> bool:
+        """Atomic O(1) insert into the parent directory; False if the name exists."""
+
+    @abc.abstractmethod
+    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> int | None:
+        """Upsert (or CAS on version); the new version, None if the CAS failed."""
+
+    @abc.abstractmethod
+    def delete(self, path: bytes, expect_version: int | None = None) -> bool:
+        """Remove the entry; False if absent (or CAS failed). ENOTEMPTY for a full directory."""
+
+    @abc.abstractmethod
+    def list_dir(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+        """Stream ``(name, meta)`` of a directory in pages (never O(n) in one call)."""
+
+    @abc.abstractmethod
+    def rename(self, src: bytes, dst: bytes, *, replace: bool = True) -> None:
+        """Crash-safe rename (POSIX rules); FileExistsError / FileNotFoundError."""
+
+    @abc.abstractmethod
+    def acquire_write(self, path: bytes, node: str, lease_seconds: float) -> bool:
+        """CAS the write flag; True if ``node`` holds it now (renewal by the holder is ok)."""
+
+    @abc.abstractmethod
+    def release_write(self, path: bytes, node: str) -> None:
+        """Clear the write flag if ``node`` holds it."""
+
+    @abc.abstractmethod
+    def apply(self, ops: list[Op]) -> list[object]:
+        """Pipelined batch: per op the result its method would return, or the exception."""
+
+    @abc.abstractmethod
+    def fsck(self, repair: bool = False) -> dict:
+        """Find (and with ``repair`` fix) what interrupted multi-step operations left."""
+
+    @abc.abstractmethod
+    def ping(self) -> bool:
+        """True if the backing service answers."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

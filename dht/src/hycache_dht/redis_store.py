@@ -1,0 +1,318 @@
+"""The global namespace on Redis Cluster (see docs/dht.md for the layout and protocols).
+
+Single-slot operations (this module) are one Lua script on one directory hash (lua.py).
+Operations that span slots - mkdir's header, removing a directory, renaming a directory or
+across directories - and fsck live in redis_protocols.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from . import keys, lua, paths
+from .cluster_client import ClientConfig, ClusterClient, Item
+from .lua import (
+    ST_BUSY, ST_CASFAIL, ST_EXISTS, ST_GONE, ST_HELD, ST_ISDIR, ST_NOPARENT, ST_NOTDIR,
+    ST_NOTEMPTY, ST_NOTFOUND, ST_OK,
+)
+from .meta import DHTBusy, EntryMeta, Op, check_meta, not_empty, pack_body, root_meta
+from .redis_protocols import CrossSlotProtocols, decode_entry, header, new_id
+
+
+def _exp(expect_version: int | None) -> str:
+    if expect_version is None:
+        return ""
+    if expect_version < 0:
+        raise ValueError("expect_version must be >= 0")
+    return str(int(expect_version))
+
+
+class RedisClusterStore(CrossSlotProtocols):
+    """:class:`~hycache_dht.meta.MetaStore` on Redis Cluster via redis-py.
+
+    ``namespace`` prefixes every key (several file systems, or test runs, share a cluster).
+    ``config`` (or its fields as keywords: ``op_timeout``, ``durable_replicas``, ...) tunes
+    deadlines, durability (``WAIT``) and backoff. ``intent_timeout`` is how long a
+    cross-slot operation may go without a heartbeat before another client's fsck may take
+    it over.
+    """
+
+    def __init__(
+        self,
+        startup_nodes: Sequence[tuple[str, int]],
+        *,
+        namespace: str = "hc",
+        config: ClientConfig | None = None,
+        intent_timeout: float = 30.0,
+        scan_count: int = 1000,
+        **config_kw,
+    ) -> None:
+        self.ns = keys.check_namespace(namespace)
+        cfg = config or ClientConfig(**config_kw)
+        self.c = ClusterClient(startup_nodes, cfg, lua.SOURCES)
+        self.cfg = self.c.config
+        self.intent_timeout = max(0.1, float(intent_timeout))
+        self.scan_count = max(10, int(scan_count))
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._active: set[str] = set()  # multi-step operations running in this instance
+        self._mine: set[str] = set()  # ... and those it started and did not finish
+        self._rec_key = keys.intent_records_key(self.ns)
+        self._own_key = keys.intent_owners_key(self.ns)
+        self._sc("mkhdr", self._dkey(paths.ROOT), paths.ROOT)  # the root always exists
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _dkey(self, dirpath: bytes) -> bytes:
+        return keys.dir_key(self.ns, dirpath)
+
+    def _loc(self, path: bytes) -> tuple[bytes, bytes, bytes]:
+        """(hash key, field, parent path) of ``path``'s entry."""
+        parent, name = paths.split(paths.check(path))
+        return self._dkey(parent), name, parent
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.cfg.op_timeout
+
+    def _sc(self, name: str, key: bytes, *argv, wait_busy: bool = True,
+            deadline: float | None = None) -> tuple[list, bool]:
+        """Run script ``name`` on ``key``; while it answers BUSY (a rename holds the
+        directory or entry) wait and repeat. Returns (reply, ambiguous)."""
+        deadline = deadline or self._deadline()
+        attempt = 0
+        ambiguous = False
+        while True:
+            it = self.c.one(key, self.c.script_args(name, key, *argv), deadline=deadline)
+            ambiguous = ambiguous or it.ambiguous
+            reply = it.result
+            if reply[0] != ST_BUSY or not wait_busy:
+                return reply, ambiguous
+            attempt += 1
+            self.c.stats["busy_wait"] += 1
+            if time.monotonic() >= deadline:
+                raise DHTBusy()
+            time.sleep(self.c.backoff(attempt))
+
+    def _read(self, key: bytes, *args) -> object:
+        return self.c.one(key, args, write=False).result
+
+    def _hscan(self, key: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Non-reserved fields of a hash, one page per round trip."""
+        cursor = 0
+        while True:
+            cursor, page = self._read(key, "HSCAN", key, cursor, "COUNT", self.scan_count)
+            for name, raw in page.items():
+                if not keys.is_reserved_field(name):
+                    yield name, raw
+            if int(cursor) == 0:
+                return
+
+    def _raw_entry(self, path: bytes) -> tuple[bytes | None, str]:
+        """(stored entry, state of its directory's hash)."""
+        key, name, _ = self._loc(path)
+        raw, h = self._read(key, "HMGET", key, name, keys.HEADER)
+        return raw, header(h)[1]
+
+    def _raise(self, status: int, path: bytes):
+        if status in (ST_GONE, ST_NOTFOUND, ST_NOPARENT):
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        if status == ST_ISDIR:
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        if status == ST_NOTDIR:
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        if status == ST_NOTEMPTY:
+            raise not_empty(path)
+        if status == ST_BUSY:
+            raise DHTBusy()
+        raise RuntimeError(f"unexpected script status {status} for {path!r}")
+
+    def _error(self, status: int, path: bytes) -> BaseException:
+        try:
+            self._raise(status, path)
+        except Exception as e:  # noqa: BLE001 - turned into a value on purpose
+            return e
+        raise AssertionError("unreachable")
+
+    # -- single-slot operations -----------------------------------------------------------
+
+    def get(self, path: bytes) -> EntryMeta | None:
+        raw, state = self._raw_entry(path)
+        if raw is None or state == "gone":
+            return root_meta() if path == paths.ROOT else None
+        return decode_entry(raw)
+
+    def create(self, path: bytes, meta: EntryMeta) -> bool:
+        check_meta(meta)
+        key, name, parent = self._loc(path)
+        if path == paths.ROOT:
+            return False
+        r, _ = self._sc("create", key, parent, name, meta.kind, new_id(), pack_body(meta))
+        if r[0] == ST_OK:
+            if meta.kind == "dir":
+                self._mkhdr(path)
+            return True
+        if r[0] == ST_EXISTS:
+            return False
+        return self._raise(r[0], path)
+
+    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> int | None:
+        check_meta(meta)
+        key, name, parent = self._loc(path)
+        if path == paths.ROOT and meta.kind != "dir":
+            raise NotADirectoryError(errno.ENOTDIR, "the root is a directory", path)
+        r, _ = self._sc("put", key, parent, name, meta.kind, new_id(), pack_body(meta),
+                        _exp(expect_version))
+        if r[0] == ST_OK:
+            if r[2]:
+                self._mkhdr(path)
+            return int(r[1])
+        if r[0] == ST_CASFAIL:
+            return None
+        return self._raise(r[0], path)
+
+    def delete(self, path: bytes, expect_version: int | None = None) -> bool:
+        key, name, _ = self._loc(path)
+        if path == paths.ROOT:
+            raise OSError(errno.EBUSY, "cannot remove the root", path)
+        r, ambiguous = self._sc("delete", key, name, _exp(expect_version))
+        if r[0] == ST_OK:
+            return True
+        if r[0] == ST_NOTFOUND:
+            return ambiguous  # our own delete whose reply was lost, or never there
+        if r[0] == ST_CASFAIL:
+            return False
+        if r[0] == ST_ISDIR:
+            return self._rmdir(path, int(r[1]), expect_version)
+        return self._raise(r[0], path)
+
+    def list_dir(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+        m = self.get(path)
+        if m is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        if m.kind != "dir":
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        return self._list(path)
+
+    def _list(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+        for name, raw in self._hscan(self._dkey(path)):
+            yield name, decode_entry(raw)
+
+    def acquire_write(self, path: bytes, node: str, lease_seconds: float) -> bool:
+        if not node or "|" in node:
+            raise ValueError(f"bad node id {node!r}")
+        key, name, _ = self._loc(path)
+        r, _ = self._sc("acquire", key, name, node, max(1, int(lease_seconds * 1000)))
+        if r[0] == ST_OK:
+            return True
+        if r[0] == ST_HELD:
+            return False
+        return self._raise(r[0], path)
+
+    def release_write(self, path: bytes, node: str) -> None:
+        key, name, _ = self._loc(path)
+        self._sc("release", key, name, node)
+
+    # -- batches --------------------------------------------------------------------------
+
+    def apply(self, ops: list[Op]) -> list[object]:
+        """Pipelined: one round trip per master per *wave* (plus WAIT). A wave ends before
+        an op whose parent directory the wave creates (the new directory's header must be
+        in place first). Per op its method's result, or the exception it would raise. A
+        directory removal, or an op that met a rename in progress, is finished on its own
+        after its wave."""
+        results: list[object] = [None] * len(ops)
+        wave: list[tuple[int, Item]] = []
+        new_dirs: set[bytes] = set()
+        for i, op in enumerate(ops):
+            try:
+                op.check()
+                key, name, parent = self._loc(op.path)
+            except (ValueError, TypeError) as e:
+                results[i] = e
+                continue
+            if parent in new_dirs:
+                self._apply_wave(ops, wave, results)
+                wave, new_dirs = [], set()
+            if op.path == paths.ROOT:
+                wave.append((i, Item(key, ())))  # answered by _one (rare)
+                continue
+            if op.op == "delete":
+                args = self.c.script_args("delete", key, name, _exp(op.expect_version))
+            else:
+                m = op.meta
+                argv = [parent, name, m.kind, new_id(), pack_body(m)]
+                if op.op == "put":
+                    argv.append(_exp(op.expect_version))
+                args = self.c.script_args(op.op, key, *argv)
+                if m.kind == "dir":
+                    new_dirs.add(op.path)
+            wave.append((i, Item(key, args)))
+        self._apply_wave(ops, wave, results)
+        return results
+
+    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list) -> None:
+        items = [it for _, it in wave if it.args]
+        if items:
+            self.c.run(items)
+        later: list[int] = []
+        made: list[bytes] = []
+        for i, it in wave:
+            op, r = ops[i], it.result
+            if not it.args:
+                later.append(i)
+            elif isinstance(r, BaseException):
+                results[i] = r
+            elif r[0] == ST_BUSY or (op.op == "delete" and r[0] == ST_ISDIR):
+                later.append(i)
+            elif op.op == "create":
+                results[i] = r[0] == ST_OK if r[0] in (ST_OK, ST_EXISTS) else self._error(r[0], op.path)
+                if r[0] == ST_OK and op.meta.kind == "dir":
+                    made.append(op.path)
+            elif op.op == "put":
+                if r[0] == ST_OK:
+                    results[i] = int(r[1])
+                    if r[2]:
+                        made.append(op.path)
+                else:
+                    results[i] = None if r[0] == ST_CASFAIL else self._error(r[0], op.path)
+            else:
+                results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and it.ambiguous)
+                if r[0] not in (ST_OK, ST_NOTFOUND, ST_CASFAIL):
+                    results[i] = self._error(r[0], op.path)
+        if made:
+            hdrs = [Item(k, self.c.script_args("mkhdr", k, p))
+                    for p, k in ((p, self._dkey(p)) for p in made)]
+            self.c.run(hdrs)
+            for it in hdrs:
+                if isinstance(it.result, BaseException) or it.result[0] != ST_OK:
+                    self._sc("mkhdr", it.key, it.args[-1])  # a rename held it: wait
+        for i in later:
+            results[i] = self._one(ops[i])
+
+    def _one(self, op: Op) -> object:
+        try:
+            if op.op == "create":
+                return self.create(op.path, op.meta)
+            if op.op == "put":
+                return self.put(op.path, op.meta, op.expect_version)
+            return self.delete(op.path, op.expect_version)
+        except (OSError, ValueError) as e:
+            if isinstance(e, ConnectionError):
+                raise
+            return e
+
+    # -- service --------------------------------------------------------------------------
+
+    def ping(self) -> bool:
+        return self.c.ping()
+
+    def close(self) -> None:
+        self.c.close()
+
+    def stats(self) -> dict[str, int]:
+        """Counters of the cluster client: retries, refreshes, MOVED, busy waits, ..."""
+        return dict(self.c.stats)
