@@ -36,53 +36,53 @@ class GDSFPolicy(OnlinePolicy):
     def __init__(self, cost: Callable[[int], float] | None = None) -> None:
         self._cost = cost
         self._inflation = 0.0
-        self._entry: dict[Hashable, tuple[float, int, int]] = {}  # key -> (H, seq, freq)
+        self._entry: dict[Hashable, tuple[float, int, Hashable]] = {}  # key -> live item (H, seq, key)
+        self._freq: dict[Hashable, int] = {}
         self._heap: list[tuple[float, int, Hashable]] = []
         self._seq = itertools.count()
 
     def _push(self, key: Hashable, freq: int, size: int) -> None:
         value = freq if self._cost is None else freq * self._cost(size)
         prio = self._inflation + value / (size if size > 0 else 1)
-        seq = next(self._seq)
-        self._entry[key] = (prio, seq, freq)
-        heapq.heappush(self._heap, (prio, seq, key))
+        item = (prio, next(self._seq), key)
+        self._entry[key] = item
+        self._freq[key] = freq
+        heapq.heappush(self._heap, item)
         if len(self._heap) > 2 * len(self._entry) + 64:
-            self._heap = [(p, s, k) for k, (p, s, _f) in self._entry.items()]
+            self._heap = list(self._entry.values())
             heapq.heapify(self._heap)
 
     def admit(self, key: Hashable, size: int, hits: int = 1) -> None:
         self._push(key, max(hits, 1), size)
 
     def touch(self, key: Hashable, size: int) -> None:
-        entry = self._entry.get(key)
-        self._push(key, entry[2] + 1 if entry else 1, size)
+        self._push(key, self._freq.get(key, 0) + 1, size)
 
     def remove(self, key: Hashable) -> None:
-        entry = self._entry.get(key)
-        if entry is None:
+        item = self._entry.get(key)
+        if item is None:
             return
-        # Drop stale entries from the top so we can tell whether ``key`` is the
+        # Drop stale items from the top so we can tell whether ``key`` is the
         # current minimum: then it is a victim and L rises to its priority.  (A
         # deleted key that is not the minimum leaves L alone.)
-        heap = self._heap
-        while heap and self._entry.get(heap[0][2], (None, None))[:2] != heap[0][:2]:
+        heap, entry = self._heap, self._entry
+        while heap and entry.get(heap[0][2]) is not heap[0]:
             heapq.heappop(heap)
-        if heap and heap[0][2] == key:
-            self._inflation = max(self._inflation, entry[0])
-        del self._entry[key]
+        if heap and heap[0] is item:
+            self._inflation = max(self._inflation, item[0])
+        del entry[key]
+        del self._freq[key]
 
     def eviction_order(self) -> Iterator[Hashable]:
         entry, heap = self._entry, self._heap
-        while heap and entry.get(heap[0][2], (None, None))[:2] != heap[0][:2]:
-            heapq.heappop(heap)  # stale entries (victims, old priorities) gather at the top
-        for prio, seq, key in iter_sorted(heap):
-            e = entry.get(key)
-            if e is not None and e[0] == prio and e[1] == seq:
-                yield key
+        while heap and entry.get(heap[0][2]) is not heap[0]:
+            heapq.heappop(heap)  # stale items (victims, old priorities) gather at the top
+        for item in iter_sorted(heap):
+            if entry.get(item[2]) is item:
+                yield item[2]
 
     def hits(self, key: Hashable) -> int:
-        entry = self._entry.get(key)
-        return entry[2] if entry else 0
+        return self._freq.get(key, 0)
 
     @property
     def inflation(self) -> float:

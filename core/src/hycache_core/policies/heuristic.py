@@ -98,7 +98,9 @@ class HeuristicPolicy:
     def __init__(self, reference_string: Iterable[Hashable] = (), fallback: OnlinePolicy | None = None) -> None:
         self._remaining: dict[Hashable, int] = {}
         self._size: dict[Hashable, int] = {}  # every resident key -> size
-        self._entry: dict[Hashable, tuple[int, int, int]] = {}  # planned-resident key -> (cost, -size, seq)
+        # planned-resident key -> its live heap item (cost, -size, seq, key); an item in
+        # the heap is live iff it *is* the key's entry (stale items are skipped lazily).
+        self._entry: dict[Hashable, tuple[int, int, int, Hashable]] = {}
         self._heap: list[tuple[int, int, int, Hashable]] = []
         self._seq = itertools.count()
         self.fallback: OnlinePolicy = fallback if fallback is not None else LRUPolicy()
@@ -129,11 +131,12 @@ class HeuristicPolicy:
 
     # -- residency bookkeeping -------------------------------------------------------
     def _set_planned(self, key: Hashable, size: int) -> None:
-        entry = (size * self._remaining.get(key, 0), -size, next(self._seq))
-        self._entry[key] = entry
-        heapq.heappush(self._heap, (*entry, key))
-        if len(self._heap) > 2 * len(self._entry) + 64:
-            self._heap = [(*e, k) for k, e in self._entry.items()]
+        item = (size * self._remaining.get(key, 0), -size, next(self._seq), key)
+        self._entry[key] = item
+        heap = self._heap
+        heapq.heappush(heap, item)
+        if len(heap) > 2 * len(self._entry) + 64:
+            self._heap = list(self._entry.values())
             heapq.heapify(self._heap)
 
     def forget(self, key: Hashable) -> None:
@@ -154,11 +157,8 @@ class HeuristicPolicy:
 
     def _planned_order(self) -> Iterator[tuple[Hashable, int]]:
         entry, heap = self._entry, self._heap
-        while heap:  # entries of evicted files are the cheapest: they gather at the top
-            e = entry.get(heap[0][3])
-            if e is not None and e[2] == heap[0][2]:
-                break
-            heapq.heappop(heap)
+        while heap and entry.get(heap[0][3]) is not heap[0]:
+            heapq.heappop(heap)  # evicted files' items are the cheapest: they gather at the top
         # iter_sorted(heap), inlined: this is the hot loop of every planned miss.
         n = len(heap)
         if not n:
@@ -167,8 +167,7 @@ class HeuristicPolicy:
         pop, push = heapq.heappop, heapq.heappush
         while frontier:
             item, i = pop(frontier)
-            e = entry.get(item[3])
-            if e is not None and e[2] == item[2]:
+            if entry.get(item[3]) is item:
                 yield item[3], item[0]
             c = 2 * i + 1
             if c < n:

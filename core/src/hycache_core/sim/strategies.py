@@ -85,16 +85,16 @@ class BeladyStrategy(Strategy):
         self.driver = driver
         self.nxt = nxt
         self.never = len(nxt)
-        self._entry: dict[Hashable, tuple[int, int]] = {}  # key -> (-next, seq)
+        self._entry: dict[Hashable, tuple[int, int, Hashable]] = {}  # key -> live item (-next, seq, key)
         self._heap: list[tuple[int, int, Hashable]] = []
         self._seq = itertools.count()
 
     def _set(self, key: Hashable, nxt: int) -> None:
-        e = (-nxt, next(self._seq))
-        self._entry[key] = e
-        heapq.heappush(self._heap, (*e, key))
+        item = (-nxt, next(self._seq), key)
+        self._entry[key] = item
+        heapq.heappush(self._heap, item)
         if len(self._heap) > 2 * len(self._entry) + 64:
-            self._heap = [(*e, k) for k, e in self._entry.items()]
+            self._heap = list(self._entry.values())
             heapq.heapify(self._heap)
 
     def hit(self, pos: int, key: Hashable, size: int) -> None:
@@ -111,16 +111,13 @@ class BeladyStrategy(Strategy):
         if need > 0:
             victims = []
             entry, pinned, resident, heap = self._entry, d.pinned, d.resident, self._heap
-            while heap:  # victims' entries gather at the top: drop them
-                e = entry.get(heap[0][2])
-                if e is not None and e[1] == heap[0][1]:
-                    break
-                heapq.heappop(heap)
-            for negnext, seq, v in iter_sorted(heap):
-                e = entry.get(v)
-                if e is None or e[1] != seq or v in pinned:
+            while heap and entry.get(heap[0][2]) is not heap[0]:
+                heapq.heappop(heap)  # victims' items gather at the top: drop them
+            for item in iter_sorted(heap):
+                v = item[2]
+                if entry.get(v) is not item or v in pinned:
                     continue
-                if -negnext <= mine:
+                if -item[0] <= mine:
                     return  # the incoming file is needed later than every candidate
                 victims.append(v)
                 need -= resident[v]
