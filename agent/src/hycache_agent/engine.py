@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 import stat
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,8 @@ from .namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
 log = logging.getLogger(__name__)
 
 O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
+BLOB_POOL_LOW = 32
+BLOB_POOL_BATCH = 64
 
 
 @dataclass(eq=False)
@@ -79,6 +82,30 @@ class Handle:
     tier: str | None = None
     fd: int = -1
     blob_gen: int = -1  # the inode's blob generation when fd was opened
+    # Descriptors replaced after a migration stay open until release: a worker thread
+    # may still be reading through one, and a closed number could be reused at once.
+    stale_fds: list[int] = field(default_factory=list)
+    reopen_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fd_for(self, path: str, tier: str, gen: int) -> int:
+        """(worker thread) The descriptor for the blob at ``path``, opened on first use
+        and re-opened when the file moved to another tier or blob generation."""
+        with self.reopen_lock:
+            if self.fd < 0 or self.tier != tier or self.blob_gen != gen:
+                mode = os.O_RDWR if (self.flags & O_ACCMODE) != os.O_RDONLY else os.O_RDONLY
+                fd = os.open(path, mode | os.O_CLOEXEC)
+                if self.fd >= 0:
+                    self.stale_fds.append(self.fd)
+                self.fd, self.tier, self.blob_gen = fd, tier, gen
+            return self.fd
+
+    def close_all(self) -> None:
+        """(worker thread, at release)"""
+        for fd in [self.fd, *self.stale_fds]:
+            if fd >= 0:
+                os.close(fd)
+        self.fd = -1
+        self.stale_fds = []
 
 
 @dataclass
@@ -108,6 +135,9 @@ class TieringEngine:
         # bumped by every tier switch: a handle's fd is stale when its generation differs,
         # even if the tier *name* matches again (slow→fast→slow)
         self._blob_gens: dict[int, int] = {}
+        self._blob_pool: list[int] = []  # inode numbers with an empty blob ready on the fast tier
+        self._pool_wakeup = trio.Event()
+        self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
         self.counters = Counters()
         self._nursery: trio.Nursery | None = None
@@ -192,13 +222,16 @@ class TieringEngine:
         self._nursery = nursery
         nursery.start_soon(self._evictor)
         nursery.start_soon(self._flusher)
+        nursery.start_soon(self._blob_pool_filler)
         self._check_watermark()
 
     def close(self) -> None:
         for h in self.handles.values():
-            if h.fd >= 0:
-                os.close(h.fd)
+            h.close_all()
         self.handles.clear()
+        for ino in self._blob_pool:  # unused pre-created blobs
+            T.remove_blob(self.tiers[T.FAST].blob(ino))
+        self._blob_pool.clear()
         if self.ns is not None:
             self.ns.journal.counter("access_seq", self.ns.access_seq)
             self.ns.journal.sync_blocking()
@@ -215,24 +248,18 @@ class TieringEngine:
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
 
-    async def _fd(self, h: Handle) -> int:
-        """The handle's descriptor on the tier that holds the file now (reopened after a
-        migration switched tiers)."""
+    async def _io(self, h: Handle, fn, *args):
+        """Run ``fn(fd, *args)`` in a worker thread on the handle's descriptor for the
+        blob that holds the file now: one thread hop, including a (re)open after a
+        migration moved the file."""
         inode = h.inode
-        gen = self._blob_gens.get(inode.ino, 0)
-        if h.tier == inode.tier and h.blob_gen == gen and h.fd >= 0:
-            return h.fd
-        tier = inode.tier
-        mode = os.O_RDWR if (h.flags & O_ACCMODE) != os.O_RDONLY else os.O_RDONLY
-        fd = await trio.to_thread.run_sync(os.open, self.tiers[tier].blob(inode.ino), mode | os.O_CLOEXEC)
-        if h.tier == inode.tier and h.blob_gen == self._blob_gens.get(inode.ino, 0) and h.fd >= 0:
-            await trio.to_thread.run_sync(os.close, fd)  # another request reopened it meanwhile
-            return h.fd
-        # (if a switch ran during the open, gen is already old and the next call reopens)
-        old, h.fd, h.tier, h.blob_gen = h.fd, fd, tier, gen
-        if old >= 0:
-            await trio.to_thread.run_sync(os.close, old)
-        return fd
+        tier, gen = inode.tier, self._blob_gens.get(inode.ino, 0)
+        path = self.tiers[tier].blob(inode.ino)
+
+        def job():
+            return fn(h.fd_for(path, tier, gen), *args)
+
+        return await trio.to_thread.run_sync(job)
 
     def _evictable(self, inode: Inode | None) -> bool:
         """May the evictor move this file now?  Not if pinned, open, being migrated or
@@ -432,14 +459,50 @@ class TieringEngine:
                     raise FsError(exc.errno) from exc
         raise AssertionError("unreachable")
 
+    async def _blob_pool_filler(self) -> None:
+        """Keep empty fast-tier blobs ready so that a create costs one thread hop (the
+        metadata commit) instead of two.  Unused ones are removed at shutdown, or by
+        the recovery pass after a crash (they have no inode)."""
+        fast = self.tiers[T.FAST]
+
+        def make(inos: list[int]) -> list[int]:
+            made = []
+            for ino in inos:
+                try:
+                    T.create_blob(fast.blob(ino))
+                except OSError:
+                    break
+                made.append(ino)
+            return made
+
+        while True:
+            if len(self._blob_pool) < BLOB_POOL_LOW:
+                inos = [self.ns.allocate_ino() for _ in range(BLOB_POOL_BATCH)]
+                self.pool_filling = set(inos)
+                try:
+                    made = await trio.to_thread.run_sync(make, inos)
+                finally:
+                    self.pool_filling = set()
+                self._blob_pool.extend(made)
+                if len(made) < len(inos):  # fast device full: try again later
+                    await trio.sleep(1.0)
+                continue
+            await self._pool_wakeup.wait()
+            self._pool_wakeup = trio.Event()
+
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                           rdev: int = 0) -> Inode:
         ns = self.ns
         check_name(name)
         if name in ns.dir(parent):
             raise FsError(errno.EEXIST)
-        ino = ns.allocate_ino()
-        tier = await self._new_blob(ino) if stat.S_ISREG(mode) else None
+        if stat.S_ISREG(mode) and self._blob_pool:
+            ino, tier = self._blob_pool.pop(), T.FAST
+            if len(self._blob_pool) < BLOB_POOL_LOW:
+                self._pool_wakeup.set()
+        else:
+            ino = ns.allocate_ino()
+            tier = await self._new_blob(ino) if stat.S_ISREG(mode) else None
         try:
             inode = ns.new_inode(parent, name, mode, uid, gid, rdev=rdev, tier=tier, ino=ino)
         except FsError:
@@ -459,13 +522,11 @@ class TieringEngine:
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:
-            await self._fd(h)
+            # the descriptor is opened by the first read or write (one thread hop less)
             if flags & os.O_TRUNC and (flags & O_ACCMODE) != os.O_RDONLY:
                 await self.truncate(inode, 0, uid)
         except BaseException:
             inode.open_count -= 1
-            if h.fd >= 0:
-                await trio.to_thread.run_sync(os.close, h.fd)
             raise
         fh = next(self._fh)
         self.handles[fh] = h
@@ -481,8 +542,7 @@ class TieringEngine:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles[fh]
-        fd = await self._fd(h)
-        data = await trio.to_thread.run_sync(os.pread, fd, size, off)
+        data = await self._io(h, os.pread, size, off)
         inode = h.inode
         t = now_ns()
         if inode.atime_ns <= max(inode.mtime_ns, inode.ctime_ns) or t - inode.atime_ns > 86_400 * 10**9:
@@ -505,11 +565,10 @@ class TieringEngine:
             if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
                 await self._spill(inode)
             for attempt in (1, 2):
-                fd = await self._fd(h)
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
                 self.fast_used += reserve
                 try:
-                    n = await trio.to_thread.run_sync(os.pwrite, fd, buf, off)
+                    n = await self._io(h, os.pwrite, buf, off)
                 except OSError as exc:
                     self.fast_used -= reserve
                     if exc.errno == errno.ENOSPC and inode.tier == T.FAST and attempt == 1:
@@ -561,24 +620,23 @@ class TieringEngine:
         self._check_watermark()
 
     async def flush(self, fh: int) -> None:
-        """close(2): make the file's metadata durable (its bytes already are, for a
-        process crash; fsync makes them durable for a power failure)."""
-        await self.ns.journal.sync()
+        """close(2).  Nothing to wait for: the file's name was committed when it was
+        created or renamed, its bytes are in its blob as soon as each write returned
+        (they survive an agent crash; fsync makes them survive a power failure), and
+        the recovery pass takes the size from the blob.  Size and times reach the
+        metadata store with the next group commit (at most a second later)."""
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
-        fd = await self._fd(h)
-        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fd)
+        await self._io(h, os.fdatasync if datasync else os.fsync)
         await self.ns.journal.sync(durable=True)
 
     async def release(self, fh: int) -> None:
         h = self.handles.pop(fh)
         inode = h.inode
         inode.open_count -= 1
-        if h.fd >= 0:
-            await trio.to_thread.run_sync(os.close, h.fd)
+        await trio.to_thread.run_sync(h.close_all)
         await self.maybe_free(inode)
-        await self.ns.journal.sync()
 
     async def maybe_free(self, inode: Inode) -> None:
         """Delete an inode's bytes once nothing refers to it (no name, handle or lookup)."""

@@ -126,7 +126,10 @@ class HyCacheOperations(pyfuse3.Operations):
             node.mtime_ns = attr.st_mtime_ns
         node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
         self.ns.journal.inode(inode)
-        await self.ns.journal.sync()
+        if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_size:
+            await self.ns.journal.sync()
+        # times alone (the writeback cache sends them at every close) ride on the next
+        # group commit, within a second
         return self._attrs(node)
 
     # -- names -----------------------------------------------------------------------
