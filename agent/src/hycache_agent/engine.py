@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 BLOB_POOL_LOW = 32
+_HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
 BLOB_POOL_BATCH = 64
 
 
@@ -247,6 +248,27 @@ class TieringEngine:
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
+
+    def _read_cached(self, h: Handle, off: int, size: int) -> bytes | None:
+        """Read on the event loop thread only if the bytes are already in the page cache
+        (``RWF_NOWAIT`` fails with EAGAIN instead of waiting for the disk), so the loop
+        never blocks; None means "go to a worker thread"."""
+        inode = h.inode
+        if (not _HAVE_NOWAIT or h.fd < 0 or h.tier != inode.tier
+                or h.blob_gen != self._blob_gens.get(inode.ino, 0)):
+            return None
+        buf = bytearray(size)
+        try:
+            n = os.preadv(h.fd, [buf], off, os.RWF_NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return None
+            raise
+        if n < size and off + n < inode.size:  # partly cached: a short reply would read as EOF
+            return None
+        return bytes(memoryview(buf)[:n])
 
     async def _io(self, h: Handle, fn, *args):
         """Run ``fn(fd, *args)`` in a worker thread on the handle's descriptor for the
@@ -542,7 +564,9 @@ class TieringEngine:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles[fh]
-        data = await self._io(h, os.pread, size, off)
+        data = self._read_cached(h, off, size)
+        if data is None:
+            data = await self._io(h, os.pread, size, off)
         inode = h.inode
         t = now_ns()
         if inode.atime_ns <= max(inode.mtime_ns, inode.ctime_ns) or t - inode.atime_ns > 86_400 * 10**9:
