@@ -125,3 +125,30 @@ def test_console_script(trace_csv):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["lru"]["misses"] == 19
+
+
+def test_progress_bar_reports_each_policy():
+    import io
+
+    from rich.console import Console
+
+    from hycache_core.cli import _progress_factory
+    from hycache_core.sim import generate, simulate
+    from hycache_core.sim.runner import SimOptions
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=100)
+    progress, factory = _progress_factory(console, True)
+    trace = generate("zipf", {"files": "100", "refs": "70000"}, seed=3)
+    with progress:
+        simulate(trace, 1 << 30, ["lru", "heuristic"], options=SimOptions(), progress=factory)
+    tasks = {t.description: t for t in progress.tasks}
+    assert set(tasks) == {"lru", "heuristic"}
+    assert all(t.completed == t.total == len(trace) for t in tasks.values())
+    assert _progress_factory(console, False) == (None, None)
+
+
+def test_unknown_pin_warns(trace_csv, capsys):
+    assert main(["simulate", "--trace", str(trace_csv), "--capacity", "100", "--policies", "lru", "--json",
+                 "--pin", "nope"]) == 0
+    assert "--pin nope: not in the workload" in capsys.readouterr().err

@@ -201,6 +201,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     trace = _load_workload(args)
     if args.pin:
+        unknown = [p for p in args.pin if p not in trace._index]
+        if unknown:
+            print(f"hycache simulate: warning: --pin {', '.join(unknown)}: not in the workload", file=sys.stderr)
         trace.pin(args.pin)
     err = Console(stderr=True)
     show = not args.no_progress and len(trace) >= PROGRESS_MIN_REFS and err.is_terminal

@@ -107,7 +107,6 @@ class LFUPolicy(OnlinePolicy):
 
     def admit(self, key: Hashable, size: int, hits: int = 1) -> None:
         self.remove(key)
-        hits = max(hits, 1)
         prev = None
         b = self._head
         while b is not None and b.hits < hits:
