@@ -202,8 +202,7 @@ def solve_ilp(
     binding = np.nonzero(load > capacity)[0]
     row_of = -np.ones(m, dtype=np.int64)
     row_of[binding] = np.arange(len(binding))
-    # Variables never covered by a binding row are free: keep them.
-    lengths = last_row - first_row
+    # Variables never covered by a binding row are free: the solver keeps them.
     rows_list, cols_list = [], []
     for k in range(m):
         r = row_of[first_row[k] : last_row[k]]
@@ -211,7 +210,6 @@ def solve_ilp(
         if len(r):
             rows_list.append(r)
             cols_list.append(np.full(len(r), k, dtype=np.int64))
-    del lengths
     lower = np.zeros(m)
     for p in pinned_intervals:
         pos = np.searchsorted(idx, p)
