@@ -157,6 +157,7 @@ class TieringEngine:
         self.ns.load(self.store.load(), os.getuid(), os.getgid())
         fast_vfs = self.tiers[T.FAST].statvfs()
         self.capacity = self.config.fast_capacity or fast_vfs.f_blocks * fast_vfs.f_frsize
+        self.policy = load_policy(self.config.policy, capacity=self.capacity)  # size-aware ones want it
         report = self.recover()
         self.ns.journal.sync_blocking()
         return report
