@@ -224,12 +224,56 @@ def kill_agent(m) -> None:
     wait_for(lambda: not is_mounted(m.mountpoint), 10, "the dead mount to go away")
 
 
-def restart(m, **extra_opts):
-    """Start a new agent on the same root and mount point (after m stopped)."""
-    assert m._stopped or m.proc.poll() is not None
-    opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
-    opts.update(extra_opts)
-    return start_hycache_mount(m.base, m.fast_capacity, **opts)
+class Agents:
+    """Starts agents, restarts them on the same root after a crash, and stops every one
+    at teardown (each that the test did not kill itself must exit 0 on SIGTERM)."""
+
+    def __init__(self) -> None:
+        self.started: list = []
+        self.bases: list[Path] = []
+
+    def start(self, fast_capacity="1G", **opts):
+        base = make_shared_tmpdir("hycache-agent-crash-")
+        self.bases.append(base)
+        m = start_hycache_mount(base, fast_capacity, **opts)
+        self.started.append(m)
+        return m
+
+    def restart(self, m, **extra_opts):
+        """A new agent on m's root and mount point (m must be stopped or killed)."""
+        assert m._stopped or m.proc.poll() is not None
+        opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
+        opts.update(extra_opts)
+        m2 = start_hycache_mount(m.base, m.fast_capacity, **opts)
+        self.started.append(m2)
+        return m2
+
+    def close(self) -> list[str]:
+        problems = []
+        for m in reversed(self.started):
+            killed_by_test = m._stopped
+            died = not m._stopped and m.proc.poll() is not None
+            rc = m.unmount()
+            if died:
+                problems.append(f"agent for {m.mountpoint} died during the test (exit {rc})\n{tail(m.log)}")
+            elif not killed_by_test and rc != 0:
+                problems.append(f"agent for {m.mountpoint} exited {rc} on SIGTERM\n{tail(m.log)}")
+        for base in self.bases:
+            if not is_mounted(base / "mnt"):
+                shutil.rmtree(base, ignore_errors=True)
+            else:
+                problems.append(f"{base / 'mnt'} is still mounted after teardown")
+        return problems
+
+
+@pytest.fixture
+def agents():
+    require_fuse()
+    a = Agents()
+    yield a
+    problems = a.close()
+    if problems:
+        pytest.fail("\n\n".join(problems), pytrace=False)
 
 
 ENOSPC = errno.ENOSPC

@@ -1,0 +1,141 @@
+"""Crash consistency: SIGKILL the agent in the middle of migrations of a large file and
+restart it on the same root.  Every closed file must read back bit for bit, the large
+file must be on exactly one tier, and the recovery pass must have removed the staged
+copy (or the duplicate) — no temp or second blob may remain.  (DESIGN invariant 1.)
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+import time
+
+import pytest
+
+from .conftest import check_tiers_from_outside, cli, info, kill_agent, tier_blobs, wait_for, wait_idle
+
+pytestmark = pytest.mark.mount
+
+K, M = 1 << 10, 1 << 20
+BIG = 320 * M
+
+
+def digest(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(4 * M):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def recovery_reports(log_text: str) -> list[dict]:
+    """The recovery dicts the agent logged at each start ("... recovery {...}")."""
+    return [ast.literal_eval(m.group(1)) for m in re.finditer(r"recovery (\{[^}]*\})", log_text)]
+
+
+def write_files(root, files: dict[str, bytes]) -> None:
+    for name, payload in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "wb") as fh:
+            fh.write(payload)
+
+
+def first_word(p) -> str:
+    return p.stdout.split()[0] if p.stdout.split() else ""
+
+
+def kill_during(m, path, tier: str, when) -> dict:
+    """Start moving ``path`` to ``tier`` (CLI, --no-wait), SIGKILL the agent as soon as
+    ``when(migration_info_or_None, file_info)`` is true; returns the last info seen."""
+    p = cli("promote" if tier == "fast" else "demote", "--no-wait", path)
+    assert p.returncode == 0, p.stderr
+    seen = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen = info(path)
+        if when(seen.get("migration"), seen):
+            break
+    else:
+        raise AssertionError(f"kill point never reached: {seen}")
+    kill_agent(m)
+    return seen
+
+
+def test_sigkill_during_migrations(agents):
+    m = agents.start("1G")
+    big = m.mountpoint / "big"
+    with open(big, "wb") as fh:
+        block = hashlib.shake_256(b"big").digest(M)
+        for i in range(BIG // M):
+            fh.write(block[i % 7:] + block[:i % 7])  # every MiB different
+    files = {f"d{i % 3}/f{i}": hashlib.shake_256(b"%d" % i).digest(1000 + 37_000 * i) for i in range(12)}
+    write_files(m.mountpoint, files)
+    sums = {name: hashlib.sha256(payload).hexdigest() for name, payload in files.items()}
+    sums["big"] = digest(big)
+    assert info(big)["tier"] == "fast"
+    wait_idle(m)
+
+    # (direction, kill condition on the migration's progress, expected leftovers)
+    kill_points = [
+        ("slow", lambda mig, i: mig is not None and mig["copied"] > 0, "temp"),
+        ("slow", lambda mig, i: mig is not None and mig["copied"] >= mig["total"] // 2, "temp"),
+        # promote back: the file is on slow after the previous (killed, rolled back) runs
+        # only if a demotion finished — so first finish one, uninterrupted
+        ("slow-done", None, None),
+        ("fast", lambda mig, i: mig is not None and mig["copied"] >= mig["total"] // 3, "temp"),
+        # as late as we can see: every byte copied, the fsync of the copy or the switch
+        # is running (or, if we were too slow, it is over: nothing may be left either way)
+        ("fast", lambda mig, i: i["tier"] == "fast" or (mig is not None and mig["copied"] >= mig["total"]), "any"),
+    ]
+    for n, (tier, when, leftover) in enumerate(kill_points):
+        if when is None:
+            assert first_word(cli("demote", big, check=True)) == "slow"
+            continue
+        before_tier = info(big)["tier"]
+        # a file written and closed right before the crash (not fsync'd)
+        late = m.mountpoint / f"late{n}"
+        late.write_bytes(hashlib.shake_256(b"late%d" % n).digest(300 * K))
+        sums[f"late{n}"] = digest(late)
+        seen = kill_during(m, big, tier, when)
+
+        dst_dir = m.fast if tier == "fast" else m.slow
+        temps = [b for b in tier_blobs(dst_dir) if b.endswith(".migrating")]
+        if leftover == "temp":
+            assert temps, f"killed mid-copy ({seen}) but no staged copy on {tier}"
+
+        m = agents.restart(m)
+        report = recovery_reports(m.stderr)[-1]
+        print(f"kill point {n}: {tier} copied {seen.get('migration', {}).get('copied')}, temps {len(temps)}, "
+              f"recovery {report}")
+        if leftover == "temp":
+            assert report["temp_removed"] >= 1, report
+            assert info(big)["tier"] == before_tier  # the switch never happened: old copy kept
+        else:
+            assert report["temp_removed"] + report["duplicates_removed"] <= 1, report
+        assert report["missing_blobs"] == 0 and report["orphan_inodes_removed"] == 0, report
+        for name, want in sums.items():
+            assert digest(m.mountpoint / name) == want, f"{name} after kill point {n} ({tier}, {seen})"
+        check_tiers_from_outside(m)
+        assert not [b for b in {**tier_blobs(m.fast), **tier_blobs(m.slow)} if b.endswith(".migrating")]
+
+
+def test_cli_on_a_dead_mount(agents):
+    m = agents.start("1M")
+    f = m.mountpoint / "f"
+    f.write_bytes(b"x" * 1000)
+    m.proc.kill()
+    m.proc.wait(timeout=30)
+    m._stopped = True
+    try:
+        p = cli("where", f)
+        assert p.returncode == 3 and "not connected" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        p = cli("status", m.root)
+        assert p.returncode == 3 and "no HyCache agent" in p.stderr, p.stderr
+    finally:
+        kill_agent(m)
+    agents.restart(m)
+    assert f.read_bytes() == b"x" * 1000
+    wait_for(lambda: info(f)["size"] == 1000, what="the recovered size")
