@@ -52,7 +52,14 @@ CREATE TABLE IF NOT EXISTS xattrs (
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY, value INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    op TEXT NOT NULL, path BLOB NOT NULL, path2 BLOB, meta BLOB
+);
 """
+# The outbox holds namespace changes not yet published to the global namespace (the
+# DHT). Rows are written in the same transaction as the change itself (transactional
+# outbox), so a change is never acknowledged without its publication being queued.
 
 INODE_COLUMNS = (
     "ino", "mode", "uid", "gid", "nlink", "size", "atime_ns", "mtime_ns", "ctime_ns",
@@ -115,6 +122,19 @@ class SQLiteStore:
                 # WAL + synchronous=NORMAL syncs at checkpoint; force the log to disk now.
                 self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
+    def outbox_head(self, limit: int) -> list[tuple[int, str, bytes, bytes | None, bytes | None]]:
+        with self._lock:
+            return self._db.execute(
+                "SELECT seq, op, path, path2, meta FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
+
+    def outbox_done(self, upto_seq: int) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM outbox WHERE seq <= ?", (upto_seq,))
+
+    def outbox_size(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+
     def close(self) -> None:
         with self._lock:
             try:
@@ -137,6 +157,12 @@ class MetaJournal:
         self._lock = trio.Lock()
         self.commits = 0
         self.failed: BaseException | None = None
+        # set by the cluster link: turns the batch's changes into outbox rows
+        # (op, path, path2, meta) given the dirty inodes; called on the trio thread
+        self.outbox_hook: Callable[[set[int]], list[tuple[str, bytes, bytes | None, bytes | None]]] | None = None
+        self.on_commit: Callable[[], None] | None = None
+        self._outbox_retry: list = []
+        self._outbox_taken: list = []
 
     # -- recording (trio thread, synchronous, O(1)) ---------------------------------
     def inode(self, ino: int) -> None:
@@ -185,6 +211,12 @@ class MetaJournal:
         for name, value in self._counters.items():
             batch.append(("INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)", (name, value)))
         self._counters = {}
+        rows, self._outbox_retry = self._outbox_retry, []
+        if self.outbox_hook is not None:
+            rows.extend(self.outbox_hook(dirty))
+        for row in rows:
+            batch.append(("INSERT INTO outbox (op, path, path2, meta) VALUES (?, ?, ?, ?)", row))
+        self._outbox_taken = rows
         return batch, ops, dirty
 
     # -- committing ------------------------------------------------------------------
@@ -201,12 +233,15 @@ class MetaJournal:
             except Exception as exc:  # keep the changes so the next sync retries them
                 self._ops[:0] = ops
                 self._dirty_inodes |= dirty
+                self._outbox_retry = self._outbox_taken + self._outbox_retry
                 self.failed = exc
                 log.error("metadata commit failed (%d changes kept for retry): %s", len(batch), exc)
                 raise
             self.failed = None
             self.commits += 1
             self._durable_upto = upto
+            if self.on_commit is not None:
+                self.on_commit()
 
     def sync_blocking(self) -> None:
         """Commit everything from the calling thread (start-up and shutdown only)."""

@@ -87,6 +87,13 @@ class Namespace:
         self.next_ino = ROOT_INO + 1
         self.access_seq = 0
         self.journal: MetaJournal = journal_factory(self._row)
+        # Name events for the global namespace, in order: ("put", ino, path),
+        # ("delete", None, path), ("rename", ino, old path, new path).  None = standalone.
+        self.events: list[tuple] | None = None
+
+    def _child_path(self, parent: int, name: bytes) -> bytes | None:
+        base = self.path_of(parent)
+        return None if base is None else base.rstrip(b"/") + b"/" + name
 
     def _row(self, ino: int):
         inode = self.inodes.get(ino)
@@ -205,6 +212,8 @@ class Namespace:
         self.inodes[ino] = inode
         entries[name] = ino
         inode.links.add((parent, name))
+        if self.events is not None:
+            self.events.append(("put", ino, self._child_path(parent, name)))
         if stat.S_ISDIR(mode):
             self.children[ino] = {}
             self.parent[ino] = parent
@@ -234,6 +243,8 @@ class Namespace:
         t = now_ns()
         entries[name] = ino
         inode.links.add((parent, name))
+        if self.events is not None:
+            self.events.append(("put", ino, self._child_path(parent, name)))
         inode.nlink += 1
         inode.ctime_ns = t
         self._dir_changed(self.inodes[parent], t)
@@ -242,6 +253,8 @@ class Namespace:
         return inode
 
     def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:
+        if self.events is not None:
+            self.events.append(("delete", None, self._child_path(parent, name)))
         del self.children[parent][name]
         inode.links.discard((parent, name))
         self.journal.unlink(parent, name)
@@ -296,11 +309,18 @@ class Namespace:
         if src.is_dir and self.is_ancestor(src.ino, new_parent):
             raise FsError(errno.EINVAL)
         t = now_ns()
+        old_path = new_path = None
+        if self.events is not None:
+            old_path, new_path = self._child_path(old_parent, old_name), self._child_path(new_parent, new_name)
         if flags & RENAME_EXCHANGE:
             if dst is None:
                 raise FsError(errno.ENOENT)
             if dst.is_dir and self.is_ancestor(dst.ino, old_parent):
                 raise FsError(errno.EINVAL)
+            if self.events is not None:  # the store has no exchange: three renames
+                temp = old_path + b".hycache-exchange-%d" % src.ino
+                self.events += [("rename", src.ino, old_path, temp), ("rename", dst.ino, new_path, old_path),
+                                ("rename", src.ino, temp, new_path)]
             self.children[old_parent][old_name] = dst.ino
             dst_entries[new_name] = src.ino
             src.links.discard((old_parent, old_name))
@@ -331,6 +351,8 @@ class Namespace:
             if dst.is_dir and self.children[dst.ino]:
                 raise FsError(errno.ENOTEMPTY)
             self._drop_name(new_parent, new_name, dst, t)
+        if self.events is not None:
+            self.events.append(("rename", src.ino, old_path, new_path))
         del self.children[old_parent][old_name]
         self.journal.unlink(old_parent, old_name)
         dst_entries[new_name] = src.ino
