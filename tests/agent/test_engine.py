@@ -19,7 +19,7 @@ import trio
 from hycache_agent import tiers as T
 from hycache_agent.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 
-from .harness import CHUNK, run_engine
+from .harness import CHUNK, Fields, run_engine
 from .invariants import check_invariants, settle
 
 K = 1 << 10
@@ -756,3 +756,89 @@ def test_handle_survives_round_trip_migration(tmp_path):
         assert await h.read_file(ino) == bytes(50 * K) + data(2 * M, 2)
 
     run_engine(tmp_path, body, fast_capacity=M)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_concurrent_random_operations(tmp_path, seed):
+    """Five tasks do random writes, truncates, reads, unlinks, renames (all flags), links,
+    pin and tier requests on eight shared names through a 512 KiB fast tier.  Like the
+    kernel, namespace changes of one directory are serialized (its i_rwsem) and an inode
+    is held by a lookup while it is used.  No operation may fail unexpectedly, and the
+    invariants must hold once everything settles."""
+    import random
+
+    async def body(h):
+        ops, ctx = h.ops, h.ctx
+        dirlock = trio.Lock()
+        names = [b"f%d" % i for i in range(8)]
+
+        async def worker(w: int) -> None:
+            r = random.Random(seed * 100 + w)
+            for step in range(60):
+                name = r.choice(names)
+                op = r.choice(["write", "write", "trunc", "read", "unlink", "rename", "tier", "pin", "link"])
+                held: list[int] = []
+                allowed = {E.ENOENT, E.EEXIST} | ({E.ENOSPC} if op == "tier" else set())
+                try:
+                    if op in ("unlink", "rename", "link"):
+                        async with dirlock:
+                            if op == "unlink":
+                                await ops.unlink(ROOT_INO, name, ctx)
+                            elif op == "rename":
+                                await ops.rename(ROOT_INO, name, ROOT_INO, r.choice(names),
+                                                 r.choice([0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE]), ctx)
+                            else:
+                                a = await ops.lookup(ROOT_INO, name, ctx)
+                                held.append(a.st_ino)
+                                a2 = await ops.link(a.st_ino, ROOT_INO, r.choice(names), ctx)
+                                held.append(a2.st_ino)
+                    elif op == "write":
+                        async with dirlock:  # open(O_CREAT): lookup-or-create under the dir lock
+                            try:
+                                a = await ops.lookup(ROOT_INO, name, ctx)
+                                held.append(a.st_ino)
+                                fh = (await ops.open(a.st_ino, os.O_RDWR, ctx)).fh
+                            except pyfuse3.FUSEError:
+                                fi, a = await ops.create(ROOT_INO, name, stat.S_IFREG | 0o644, os.O_RDWR, ctx)
+                                held.append(a.st_ino)
+                                fh = fi.fh
+                        try:
+                            n = await ops.write(fh, r.randint(0, 300 * K), data(r.randint(1, CHUNK), step))
+                            assert n > 0
+                        finally:
+                            await ops.flush(fh)
+                            await ops.release(fh)
+                    else:
+                        a = await ops.lookup(ROOT_INO, name, ctx)
+                        held.append(a.st_ino)
+                        if op == "trunc":
+                            attr = pyfuse3.EntryAttributes()
+                            attr.st_size = r.randint(0, 400 * K)
+                            await ops.setattr(a.st_ino, attr, Fields(update_size=True), None, ctx)
+                        elif op == "read":
+                            fh = (await ops.open(a.st_ino, os.O_RDONLY, ctx)).fh
+                            try:
+                                got = await ops.read(fh, 0, 500 * K)
+                                assert len(got) <= 500 * K
+                            finally:
+                                await ops.release(fh)
+                        elif op == "tier":
+                            await ops.setxattr(a.st_ino, b"user.hycache.tier", r.choice([b"fast", b"slow"]), ctx)
+                        else:
+                            await ops.setxattr(a.st_ino, b"user.hycache.pinned", r.choice([b"0", b"1"]), ctx)
+                except pyfuse3.FUSEError as exc:
+                    assert exc.errno in allowed, f"worker {w} step {step}: {op} {name!r}: {os.strerror(exc.errno)}"
+                finally:
+                    for ino in held:
+                        await ops.forget([(ino, 1)])
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as n:
+            for w in range(5):
+                n.start_soon(worker, w)
+        await h.check()
+        assert not h.engine.handles
+        return h.engine.counters
+
+    counters = run_engine(tmp_path, body, fast_capacity=512 * K)
+    assert counters.migrations_done > 5 and counters.migrations_failed == 0
