@@ -80,6 +80,10 @@ def test_where_and_status(shared_mount, fresh_dir):
     assert st["open_handles"] == 0 and st["directories"] >= 2
     # the mount point (or any path inside it) names the agent too
     assert json.loads(cli("status", m.mountpoint, "--json", check=True).stdout)["pid"] == m.proc.pid
+    vfs = os.statvfs(m.mountpoint)
+    assert vfs.f_namemax == 255
+    assert vfs.f_blocks * vfs.f_frsize >= M + slow["capacity"] - 4 * K
+    assert 0 < vfs.f_bavail * vfs.f_frsize <= vfs.f_blocks * vfs.f_frsize
     human = cli("status", m.root, check=True)
     assert "fast" in human.stdout and "slow" in human.stdout and str(m.proc.pid) in human.stdout
 
@@ -125,6 +129,9 @@ def test_promote_and_demote(shared_mount, fresh_dir):
     p = cli("demote", "--no-wait", f, check=True)
     assert "started" in p.stdout
     wait_for(lambda: info(f)["tier"] == "slow", what="the background demotion")
+    assert f.read_bytes() == pattern(200 * K, 4)
+    # reading it promoted it again (promotion on open, in the background)
+    wait_for(lambda: info(f)["tier"] == "fast", what="the promotion on open")
     assert f.read_bytes() == pattern(200 * K, 4)
     # errors: clear message, non-zero exit, no traceback
     big = fresh_dir / "big"
