@@ -384,6 +384,10 @@ def test_rename_and_cas_writer_lose_nothing(store):
     t.start()
     try:
         for i in range(10):
+            seen = len(acked)
+            deadline = time.monotonic() + 10
+            while len(acked) < seen + 2 and time.monotonic() < deadline:
+                time.sleep(0.001)  # let the writer in between renames
             a, b = (b"/ra/f", b"/rb/f") if i % 2 == 0 else (b"/rb/f", b"/ra/f")
             store.rename(a, b)
     finally:
@@ -562,6 +566,30 @@ def test_rmdir_crash_at_every_step_then_fsck(open_store):
             assert store.create(d + b"/y", F()) and store.delete(d + b"/y")
         assert store.create(d, D) in (True, False)
         assert store.create(d + b"/z", F())  # whatever happened, the path works again
+
+
+def test_mkdir_crash_at_every_step_then_fsck(open_store):
+    store = open_store()
+    steps: list[str] = []
+    store.step_hook = steps.append
+    assert store.create(b"/dry", D)
+    store.step_hook = None
+    for i in range(len(steps)):
+        d = b"/mk%d" % i
+        calls = iter(range(len(steps) + 1))
+
+        def hook(name, i=i):
+            if next(calls) == i:
+                raise Crash(name)
+
+        store.step_hook = hook
+        with pytest.raises(Crash):
+            store.create(d, D)
+        store.step_hook = None
+        store.fsck(repair=True)
+        assert store.fsck()["problems"] == 0
+        assert store.get(d) is not None  # the entry was written first: it stays a directory
+        assert store.create(d + b"/x", F()) and [n for n, _ in store.list_dir(d)] == [b"x"]
 
 
 def test_fsck_takes_over_only_expired_intents(open_store, engine):

@@ -63,6 +63,9 @@ class ClientConfig:
     backoff_base: float = 0.02
     backoff_cap: float = 0.5
     refresh_interval: float = 0.1  # at most one topology refresh per interval
+    #: re-read the topology at least this often: a replica that finished its first sync
+    #: (CLUSTER SLOTS lists it only then) is WAITed for from the next refresh on
+    topology_ttl: float = 5.0
 
     def checked(self) -> ClientConfig:
         def clamp(name: str, lo: float, hi: float) -> None:
@@ -80,6 +83,7 @@ class ClientConfig:
         clamp("backoff_base", 0.001, 5.0)
         clamp("backoff_cap", self.backoff_base, 30.0)
         clamp("refresh_interval", 0.0, 10.0)
+        clamp("topology_ttl", 0.5, 3600.0)
         return self
 
 
@@ -121,6 +125,7 @@ class ClusterClient:
                     require_full_coverage=False,
                     decode_responses=False,
                 )
+                self._last_refresh = time.monotonic()
                 break
             except RETRIABLE as e:
                 attempt += 1
@@ -146,7 +151,7 @@ class ClusterClient:
             self._last_refresh = now
         self.stats["refresh"] += 1
         try:
-            self.rc.nodes_manager.initialize()
+            self.rc.nodes_manager.initialize(disconnect_startup_nodes_pools=False)
         except RETRIABLE as e:
             log.debug("topology refresh failed: %s", e)
 
@@ -175,6 +180,8 @@ class ClusterClient:
         cfg = self.config
         if deadline is None:
             deadline = time.monotonic() + cfg.op_timeout
+        if time.monotonic() - self._last_refresh > cfg.topology_ttl:
+            self.refresh()
         for it in items:
             if it.slot < 0:
                 it.slot = self.keyslot(it.key)

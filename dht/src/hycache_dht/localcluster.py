@@ -39,7 +39,7 @@ cluster-enabled yes
 cluster-config-file nodes.conf
 cluster-node-timeout {node_timeout}
 cluster-require-full-coverage no
-cluster-replica-validity-factor 0
+repl-diskless-sync-delay 0
 appendonly yes
 appendfsync everysec
 save ""
@@ -307,9 +307,15 @@ class LocalRedisCluster:
         if info.get("cluster_slots_ok") != "16384":
             return False
         for m in masters:
+            # a replica counts once its first sync is done (before that it holds no data
+            # and cannot be promoted)
             r = _info(m.port, "replication", self.host)
-            if int(r.get("connected_slaves", "0")) < min(
-                    self.replicas, sum(1 for s in live if s.master_port == m.port)):
+            online = sum(1 for k, v in r.items() if k.startswith("slave") and "online" in v)
+            if online < sum(1 for s in live if s.master_port == m.port):
+                return False
+        for s in live:
+            if s.role == "slave" and _info(s.port, "replication", self.host).get(
+                    "master_link_status") != "up":
                 return False
         return True
 

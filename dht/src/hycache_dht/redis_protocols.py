@@ -90,6 +90,8 @@ class CrossSlotProtocols(MetaStore):
     # -- mkdir, rmdir ---------------------------------------------------------------------
 
     def _mkhdr(self, path: bytes) -> None:
+        """mkdir step 2: the new directory's own hash gets its live header."""
+        self._step("mkdir:entry")
         self._sc("mkhdr", self._dkey(path), path)
         self._step("mkdir:header")
 
