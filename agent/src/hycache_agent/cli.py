@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
+    g = m.add_argument_group("global namespace (several nodes)")
+    g.add_argument("--redis", help="Redis Cluster nodes HOST:PORT[,HOST:PORT...] holding the global namespace")
+    g.add_argument("--meta-store", type=Path, help="a SQLite metadata store shared by agents on one host (instead of Redis)")
+    g.add_argument("--node-id", help="this node's name in the cluster (default: host name)")
+    g.add_argument("--listen", help="HOST:PORT of the agent-to-agent data service (default 0.0.0.0:7070)")
+    g.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one (default: --listen)")
+    g.add_argument("--cluster-secret-file", type=Path, help="shared secret authenticating agents (mode 0600)")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache")}
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache", "redis", "meta_store", "node_id", "listen", "advertise",
+                "cluster_secret_file")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

@@ -36,6 +36,27 @@ class AgentConfig(BaseModel):
     promote_mode: Literal["background", "before-open"] = "background"
     kernel_cache: bool = True
     writeback_cache: bool = True
+    # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
+    redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
+    meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")
+    node_id: str | None = None
+    listen: str = "0.0.0.0:7070"
+    advertise: str | None = None
+    cluster_secret_file: Path | None = None
+
+    @property
+    def clustered(self) -> bool:
+        return self.redis is not None or self.meta_store is not None
+
+    @property
+    def redis_nodes(self) -> list[tuple[str, int]]:
+        out = []
+        for item in (self.redis or "").split(","):
+            host, _, port = item.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"--redis wants HOST:PORT[,HOST:PORT...], got {item!r}")
+            out.append((host, int(port)))
+        return out
 
     @field_validator("fast_capacity", mode="before")
     @classmethod
@@ -49,6 +70,19 @@ class AgentConfig(BaseModel):
         if v not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"unknown log level {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _cluster(self) -> AgentConfig:
+        if self.clustered:
+            if self.redis is not None:
+                self.redis_nodes  # validates
+            if self.cluster_secret_file is None:
+                raise ValueError("joining a cluster (--redis/--meta-store) needs --cluster-secret-file")
+            if self.node_id is None:
+                import socket
+
+                self.node_id = socket.gethostname()
+        return self
 
     @model_validator(mode="after")
     def _watermarks(self) -> AgentConfig:

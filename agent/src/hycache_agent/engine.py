@@ -141,6 +141,7 @@ class TieringEngine:
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
         self.counters = Counters()
+        self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
         self._nursery: trio.Nursery | None = None
         self._evict_wakeup = trio.Event()
         self.started = time.time()
@@ -751,6 +752,7 @@ class TieringEngine:
             "other_inodes": others,
             "open_handles": len(self.handles),
             "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
+            "cluster": None if self.cluster is None else self.cluster.status_dict(),
             "metadata": {"commits": self.ns.journal.commits, "pending": self.ns.journal.pending,
                          "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
         }

@@ -12,10 +12,11 @@ import stat
 from collections.abc import Callable
 
 import pyfuse3
+import trio
 
 from . import tiers as T
 from .engine import TieringEngine
-from .namespace import FsError, Inode, now_ns
+from .namespace import ROOT_INO, FsError, Inode, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class HyCacheOperations(pyfuse3.Operations):
         self.attr_timeout = attr_timeout
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
+        self.cluster = engine.cluster  # None when standalone
+        self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd)
 
     # -- attributes ------------------------------------------------------------------
     def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
@@ -85,22 +88,59 @@ class HyCacheOperations(pyfuse3.Operations):
         inode.lookups += 1
         return self._attrs(inode)
 
+    def _remote_attrs(self, node) -> pyfuse3.EntryAttributes:
+        m = node.meta
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.entry_timeout = a.attr_timeout = self.attr_timeout
+        a.st_mode = m.mode
+        a.st_nlink = 2 if node.is_dir else 1
+        a.st_uid, a.st_gid, a.st_rdev, a.st_size = m.uid, m.gid, m.rdev, m.size
+        a.st_blksize = 4096
+        a.st_blocks = (m.size + 511) // 512
+        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = m.atime_ns, m.mtime_ns, m.ctime_ns
+        return a
+
+    def _remote(self, ino: int):
+        return self.cluster.remote.get(ino) if self.cluster is not None else None
+
+    def _not_remote(self, *inos: int) -> None:
+        """Changing names held by another node is not supported yet: fail cleanly."""
+        for ino in inos:
+            if self._remote(ino) is not None:
+                raise FsError(errno.EROFS)
+
     @errno_edge
     async def lookup(self, parent_inode, name, ctx=None):
-        inode = self.ns.lookup(parent_inode, name)
+        try:
+            inode = self.ns.lookup(parent_inode, name)
+        except FsError as exc:
+            if exc.errno != errno.ENOENT or self.cluster is None:
+                raise
+            node = await self.cluster.lookup(parent_inode, name)
+            if node is None:
+                raise
+            node.lookups += 1
+            return self._remote_attrs(node)
         return self._entry(inode)
 
     @errno_edge
     async def forget(self, inode_list):
         for ino, n in inode_list:
+            if self.cluster is not None and self.cluster.forget(ino, n):
+                continue
             await self.engine.forget(ino, n)
 
     @errno_edge
     async def getattr(self, inode, ctx=None):
+        node = self._remote(inode)
+        if node is not None:
+            return self._remote_attrs(await self.cluster.refresh(node))
         return self._attrs(self.ns.get(inode))
 
     @errno_edge
     async def setattr(self, inode, attr, fields, fh, ctx):
+        self._not_remote(inode)
         node = self.ns.get(inode)
         t = now_ns()
         if fields.update_size:
@@ -135,6 +175,11 @@ class HyCacheOperations(pyfuse3.Operations):
     # -- names -----------------------------------------------------------------------
     @errno_edge
     async def readlink(self, inode, ctx):
+        remote = self._remote(inode)
+        if remote is not None:
+            if remote.meta.target is None:
+                raise FsError(errno.EINVAL)
+            return remote.meta.target
         node = self.ns.get(inode)
         if node.target is None:
             raise FsError(errno.EINVAL)
@@ -142,45 +187,65 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        parent_inode = await self._local_dir(parent_inode)
         node = await self.engine.create_file(parent_inode, name, mode, ctx.uid, ctx.gid, rdev)
         return self._entry(node)
 
     @errno_edge
     async def mkdir(self, parent_inode, name, mode, ctx):
+        parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         await self.ns.journal.sync()
         return self._entry(node)
 
     @errno_edge
     async def symlink(self, parent_inode, name, target, ctx):
+        parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target=target)
         await self.ns.journal.sync()
         return self._entry(node)
 
     @errno_edge
     async def link(self, inode, new_parent_inode, new_name, ctx):
+        self._not_remote(inode)
+        new_parent_inode = await self._local_dir(new_parent_inode)
         node = self.ns.link(inode, new_parent_inode, new_name)
         await self.ns.journal.sync()
         return self._entry(node)
 
     @errno_edge
     async def unlink(self, parent_inode, name, ctx):
+        self._not_remote(parent_inode)
         await self.engine.remove(parent_inode, name, rmdir=False)
 
     @errno_edge
     async def rmdir(self, parent_inode, name, ctx):
+        self._not_remote(parent_inode)
         await self.engine.remove(parent_inode, name, rmdir=True)
 
     @errno_edge
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self._not_remote(parent_inode_old, parent_inode_new)
         await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
     # -- directories -----------------------------------------------------------------
     @errno_edge
     async def opendir(self, inode, ctx):
-        entries = self.ns.dir(inode)
-        listing = [(b".", inode), (b"..", self.ns.parent.get(inode, inode))]
-        listing.extend(entries.items())
+        remote = self._remote(inode)
+        if remote is not None:
+            if not remote.is_dir:
+                raise FsError(errno.ENOTDIR)
+            listing = [(b".", inode), (b"..", inode)]
+            listing.extend((name, node.ino) for name, node in await self.cluster.list_remote(remote.path))
+        else:
+            entries = self.ns.dir(inode)
+            listing = [(b".", inode), (b"..", self.ns.parent.get(inode, inode))]
+            listing.extend(entries.items())
+            if self.cluster is not None:  # names held by other nodes
+                path = self.ns.path_of(inode)
+                if path is not None:
+                    listing.extend((name, node.ino) for name, node in await self.cluster.list_remote(path)
+                                   if name not in entries)
         fh = self._next_dir_fh
         self._next_dir_fh += 1
         self._dir_handles[fh] = listing
@@ -192,7 +257,14 @@ class HyCacheOperations(pyfuse3.Operations):
         for i in range(start_id, len(listing)):
             name, ino = listing[i]
             node = self.ns.inodes.get(ino)
-            if node is None:  # removed since opendir
+            if node is None:
+                remote = self._remote(ino)
+                if remote is None:  # removed since opendir
+                    continue
+                if not pyfuse3.readdir_reply(token, name, self._remote_attrs(remote), i + 1):
+                    break
+                if name not in (b".", b".."):
+                    remote.lookups += 1
                 continue
             if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
                 break
@@ -213,6 +285,7 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def create(self, parent_inode, name, mode, flags, ctx):
+        parent_inode = await self._local_dir(parent_inode)
         node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
                                              ctx.uid, ctx.gid)
         fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid)
@@ -220,11 +293,54 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def open(self, inode, flags, ctx):
+        remote = self._remote(inode)
+        if remote is not None:
+            return await self._open_remote(remote, flags)
         fh = await self.engine.open(self.ns.get(inode), flags, ctx.uid)
         return self._file_info(fh)
 
+    async def _open_remote(self, remote, flags):
+        if (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC:
+            log.warning("write to %r refused: taking over files held by another node is not supported yet",
+                        remote.path)
+            raise FsError(errno.EROFS)
+        blob = await self.cluster.open_remote(remote)
+        fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
+        fh = next(self.engine._fh)
+        remote.open_count += 1
+        self._remote_handles[fh] = (remote, fd)
+        # the bytes may differ from the last version the kernel cached: no keep_cache
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
+
+    async def _local_dir(self, ino: int) -> int:
+        """A directory's local inode; a directory held only in the global namespace is
+        created locally first (with its owner and mode), so new names are always local."""
+        remote = self._remote(ino)
+        if remote is None:
+            return ino
+        if not remote.is_dir:
+            raise FsError(errno.ENOTDIR)
+        parent = ROOT_INO
+        path = b""
+        for part in [p for p in remote.path.split(b"/") if p]:
+            path += b"/" + part
+            try:
+                child = self.ns.lookup(parent, part)
+            except FsError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                meta = await self.cluster._store_get(path)
+                mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (stat.S_IFDIR | 0o755, 0, 0)
+                child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+                await self.ns.journal.sync()
+            parent = child.ino
+        return parent
+
     @errno_edge
     async def read(self, fh, off, size):
+        remote = self._remote_handles.get(fh)
+        if remote is not None:
+            return await trio.to_thread.run_sync(os.pread, remote[1], size, off)
         return await self.engine.read(fh, off, size)
 
     @errno_edge
@@ -233,10 +349,18 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def flush(self, fh):
+        if fh in self._remote_handles:
+            return
         await self.engine.flush(fh)
 
     @errno_edge
     async def release(self, fh):
+        remote = self._remote_handles.pop(fh, None)
+        if remote is not None:
+            node, fd = remote
+            node.open_count -= 1
+            await trio.to_thread.run_sync(os.close, fd)
+            return
         await self.engine.release(fh)
 
     @errno_edge
@@ -272,6 +396,18 @@ class HyCacheOperations(pyfuse3.Operations):
     # -- extended attributes (user.hycache.* are the agent's controls) -----------------
     @errno_edge
     async def getxattr(self, inode, name, ctx):
+        remote = self._remote(inode)
+        if remote is not None:
+            if name == XATTR_INFO:
+                m = remote.meta
+                return json.dumps({"ino": remote.ino, "type": m.kind if m.kind != "dir" else "dir",
+                                   "tier": "remote", "size": m.size, "pinned": False, "hits": 0,
+                                   "open": remote.open_count, "primary": m.primary, "replicas": m.replicas,
+                                   "remote_tier": m.tier, "version": m.version,
+                                   "agent_root": str(self.engine.config.root)}).encode()
+            if name == XATTR_TIER and remote.meta.kind == "file":
+                return b"remote"
+            raise FsError(errno.ENODATA)
         node = self.ns.get(inode)
         if name == XATTR_INFO:
             return json.dumps(self.engine.file_info(node)).encode()
@@ -288,6 +424,7 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def setxattr(self, inode, name, value, ctx):
+        self._not_remote(inode)
         node = self.ns.get(inode)
         if name == XATTR_TIER:
             wanted = value.strip().decode(errors="replace")
@@ -314,10 +451,13 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def listxattr(self, inode, ctx):
+        if self._remote(inode) is not None:
+            return []
         return list(self.ns.get(inode).xattrs)
 
     @errno_edge
     async def removexattr(self, inode, name, ctx):
+        self._not_remote(inode)
         node = self.ns.get(inode)
         if name.startswith(XATTR_PREFIX):
             raise FsError(errno.EPERM)

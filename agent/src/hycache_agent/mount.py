@@ -50,10 +50,54 @@ async def _watch_signals(nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
+def _make_cluster(engine: TieringEngine) -> None:
+    """Join the global namespace: the metadata store, the peer client, the outbox hooks."""
+    from .cluster import ClusterLink
+    from .peer import load_secret, parse_addr
+    from .peer_client import PeerClient
+
+    config = engine.config
+    secret = load_secret(config.cluster_secret_file)
+    if config.redis is not None:
+        from hycache_dht.redis_store import RedisClusterStore
+
+        nodes = config.redis_nodes
+
+        def factory():
+            return RedisClusterStore(nodes)
+    else:
+        from hycache_dht.local_store import LocalStore
+
+        path = config.meta_store
+
+        def factory():
+            return LocalStore(path)
+
+    host, port = parse_addr(config.listen)
+    advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
+                                 peer_client=PeerClient(config.node_id, secret))
+    engine.cluster.secret = secret
+    engine.cluster.attach()
+
+
+async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
+    from .cluster import LocalPeerFiles
+    from .peer import PeerServer, parse_addr
+
+    cluster = engine.cluster
+    server = PeerServer(LocalPeerFiles(engine), node_id=cluster.node_id, secret=cluster.secret)
+    host, port = parse_addr(engine.config.listen)
+    await nursery.start(server.serve, host, port)
+    await cluster.run(nursery)
+
+
 async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(ControlServer(engine, socket_path(engine.config.state_dir)).serve)
         await engine.run(nursery)
+        if engine.cluster is not None:
+            await _start_cluster(engine, nursery)
         nursery.start_soon(_watch_signals, nursery)
         log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", engine.config.mountpoint,
                  engine.config.fast_dir, engine.capacity, engine.config.slow_dir, engine.policy.name)
@@ -89,6 +133,8 @@ def run_mount(config: AgentConfig) -> int:
         raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
     engine = TieringEngine(config)
     report = engine.start()
+    if config.clustered:
+        _make_cluster(engine)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
     ops = HyCacheOperations(engine)
     pyfuse3.init(ops, str(mountpoint), mount_options(config))
@@ -105,5 +151,7 @@ def run_mount(config: AgentConfig) -> int:
         unmounted_by_kernel = not is_mounted(mountpoint)
         pyfuse3.close(unmount=not unmounted_by_kernel)
         engine.close()
+        if engine.cluster is not None:
+            engine.cluster.close()
     log.info("unmounted %s", mountpoint)
     return 0

@@ -1,0 +1,527 @@
+"""The agent's link to the global namespace (the DHT) and to its peers.
+
+* **Publication.** Every namespace change becomes an *outbox* row in the same SQLite
+  commit as the change (see :mod:`metastore`); a publisher task sends the rows to the
+  metadata store in pipelined batches and deletes them once applied.  While the store is
+  unreachable the agent keeps serving local files, the outbox grows, and the status shows
+  the link as degraded; when it is back the backlog drains in order.  Nothing acknowledged
+  is lost, because the outbox is durable.
+* **The global view.** A name that is not in the local namespace is looked up in the
+  store; names held by other nodes appear as *remote nodes* (an overlay beside the local
+  namespace, never written to the local database).  Directory listings merge the local
+  entries with the store's.
+* **Remote reads.** Opening a remote file fetches it from the node holding the primary
+  copy (authenticated peer service, :mod:`peer_client`) into a local cache on the fast
+  tier; reads are served from there; the copy is refetched when the store's version
+  changes.
+* **Serving peers.** :class:`LocalPeerFiles` lets the peer service stream local files.
+* **Node registry.** Each agent heartbeats an entry ``/.hycache-nodes/<node-id>`` (kind
+  "special", target = its peer address); the directory is hidden from the mount.
+
+Every store call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from hycache_dht.meta import DHTError, DHTUnavailable, EntryMeta, MetaStore, Op, pack_body, unpack_body
+
+from . import tiers as T
+from .namespace import ROOT_INO, FsError, Inode
+
+log = logging.getLogger(__name__)
+
+NODES_DIR = b"/.hycache-nodes"
+HIDDEN_ROOT_NAMES = {NODES_DIR[1:]}
+REMOTE_INO_BASE = 1 << 48
+HEARTBEAT_SECONDS = 2.0
+NODE_TTL_SECONDS = 10.0
+META_TTL_SECONDS = 1.0
+PUBLISH_BATCH = 512
+
+KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
+
+
+def kind_of(mode: int) -> str:
+    return KIND_OF_MODE.get(stat.S_IFMT(mode), "special")
+
+
+def join(parent: bytes, name: bytes) -> bytes:
+    return parent.rstrip(b"/") + b"/" + name
+
+
+def _pack_row_meta(meta: EntryMeta) -> bytes:
+    return meta.kind.encode() + b"\0" + pack_body(meta)
+
+
+def _unpack_row_meta(data: bytes) -> EntryMeta:
+    kind, _, body = data.partition(b"\0")
+    return unpack_body(kind.decode(), body)
+
+
+@dataclass(eq=False)
+class RemoteNode:
+    """A name of the global namespace that this node does not hold."""
+
+    ino: int
+    path: bytes
+    meta: EntryMeta
+    fetched: float
+    lookups: int = 0
+    cache_blob: str | None = None  # local copy of a remote file's bytes
+    cache_version: int = -1
+    open_count: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return self.meta.kind == "dir"
+
+
+@dataclass
+class LinkStatus:
+    state: str = "connecting"  # connecting | ok | degraded
+    since: float = field(default_factory=time.time)
+    last_error: str | None = None
+    published_ops: int = 0
+    publish_batches: int = 0
+    conflicts: int = 0
+    remote_fetches: int = 0
+    remote_bytes: int = 0
+    backlog: int = 0
+
+
+class ClusterLink:
+    def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client) -> None:
+        self.engine = engine
+        self._store_factory = store_factory
+        self._store: MetaStore | None = None
+        self.node_id = node_id
+        self.advertise = advertise
+        self.peers = peer_client
+        self.status = LinkStatus()
+        self._wakeup = trio.Event()
+        self._published_sig: dict[int, tuple] = {}
+        self.remote: dict[int, RemoteNode] = {}
+        self._remote_by_path: dict[bytes, RemoteNode] = {}
+        self._next_remote = itertools.count(REMOTE_INO_BASE)
+        self._fetch_locks: dict[bytes, trio.Lock] = {}
+        self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
+
+    # ------------------------------------------------------------------ wiring
+    def attach(self) -> None:
+        """Hook into the namespace and journal (before the event loop starts)."""
+        ns = self.engine.ns
+        ns.events = []
+        ns.journal.outbox_hook = self._outbox_rows
+        ns.journal.on_commit = self._wake
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        for entry in os.scandir(self.cache_dir):  # a remote cache does not survive a restart
+            os.unlink(entry.path)
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    @property
+    def store(self) -> MetaStore:
+        if self._store is None:
+            raise DHTUnavailable("not connected to the metadata store yet")
+        return self._store
+
+    async def _connect(self) -> None:
+        backoff = 0.2
+        while self._store is None:
+            try:
+                self._store = await trio.to_thread.run_sync(self._store_factory)
+            except Exception as exc:  # noqa: BLE001 - unreachable at start: keep serving locally
+                self._degraded(exc)
+                await trio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+        self._wake()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._connect)
+        nursery.start_soon(self._publisher)
+        nursery.start_soon(self._heartbeat)
+        nursery.start_soon(self._republish_all)
+
+    # ------------------------------------------------------------------ publication
+    def entry_meta(self, inode: Inode) -> EntryMeta:
+        return EntryMeta(
+            kind=kind_of(inode.mode), mode=inode.mode, uid=inode.uid, gid=inode.gid, size=inode.size,
+            atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
+            primary=self.node_id if inode.is_reg else None, tier=inode.tier, target=inode.target,
+            rdev=inode.rdev,
+        )
+
+    @staticmethod
+    def _signature(inode: Inode) -> tuple:
+        return (inode.mode, inode.uid, inode.gid, inode.size, inode.mtime_ns, inode.ctime_ns, inode.tier,
+                inode.target)
+
+    def _outbox_rows(self, dirty: set[int]) -> list[tuple[str, bytes, bytes | None, bytes | None]]:
+        """(trio thread, inside a group commit) this batch's changes as outbox rows."""
+        ns = self.engine.ns
+        rows: list[tuple[str, bytes, bytes | None, bytes | None]] = []
+        put_now: set[int] = set()
+        for event in ns.events:
+            op = event[0]
+            if op == "put":
+                _, ino, path = event
+                inode = ns.inodes.get(ino)
+                if inode is not None and path is not None:
+                    rows.append(("put", path, None, _pack_row_meta(self.entry_meta(inode))))
+                    self._published_sig[ino] = self._signature(inode)
+                    put_now.add(ino)
+            elif op == "delete":
+                if event[2] is not None:
+                    rows.append(("delete", event[2], None, None))
+            elif op == "rename":
+                _, ino, old, new = event
+                inode = ns.inodes.get(ino)
+                if old is not None and new is not None:
+                    fallback = _pack_row_meta(self.entry_meta(inode)) if inode is not None else None
+                    rows.append(("rename", old, new, fallback))
+        ns.events.clear()
+        for ino in dirty:
+            if ino in put_now or ino == ROOT_INO:
+                continue
+            inode = ns.inodes.get(ino)
+            if inode is None:
+                self._published_sig.pop(ino, None)
+                continue
+            sig = self._signature(inode)
+            if self._published_sig.get(ino) == sig or not inode.links:
+                continue
+            self._published_sig[ino] = sig
+            packed = _pack_row_meta(self.entry_meta(inode))
+            for path in ns.paths_of(inode):
+                rows.append(("put", path, None, packed))
+        return rows
+
+    async def _republish_all(self) -> None:
+        """At start: queue a put of every local name (idempotent), so the store holds
+        whatever this node changed while it was down or before it joined."""
+        ns = self.engine.ns
+        count = 0
+        stack = [(ROOT_INO, b"/")]
+        while stack:
+            ino, path = stack.pop()
+            for name, child in list(ns.children.get(ino, {}).items()):
+                inode = ns.inodes.get(child)
+                if inode is None:
+                    continue
+                ns.events.append(("put", child, join(path, name)))
+                count += 1
+                if inode.is_dir:
+                    stack.append((child, join(path, name)))
+                if count % 10000 == 0:
+                    await ns.journal.sync()
+                    log.info("republishing the local namespace: %d names queued", count)
+        await ns.journal.sync()
+        log.info("republished %d local names to the global namespace", count)
+
+    async def _publisher(self) -> None:
+        backoff = 0.1
+        store_db = self.engine.store
+        while True:
+            rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
+            self.status.backlog = len(rows) if len(rows) < PUBLISH_BATCH else \
+                await trio.to_thread.run_sync(store_db.outbox_size)
+            if self._store is None:
+                with trio.move_on_after(1.0):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            if not rows:
+                if self.status.state != "ok":
+                    await self._set_state_from_ping()
+                with trio.move_on_after(1.0):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                continue
+            try:
+                await trio.to_thread.run_sync(self._apply_rows, rows)
+            except (DHTError, ConnectionError, TimeoutError, OSError) as exc:
+                self._degraded(exc)
+                await trio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+                continue
+            backoff = 0.1
+            await trio.to_thread.run_sync(store_db.outbox_done, rows[-1][0])
+            self.status.published_ops += len(rows)
+            self.status.publish_batches += 1
+            self._ok()
+
+    def _apply_rows(self, rows) -> None:
+        """(worker thread) Apply outbox rows in order: runs of put/delete as one pipelined
+        batch, renames one by one."""
+        run: list[Op] = []
+
+        def flush() -> None:
+            if run:
+                results = self.store.apply(run)
+                for op, result in zip(run, results):
+                    if isinstance(result, BaseException):
+                        if isinstance(result, (DHTError, ConnectionError, TimeoutError)):
+                            raise result
+                        self.status.conflicts += 1
+                        log.warning("global namespace: %s %r not applied: %s", op.op, op.path, result)
+                run.clear()
+
+        for _seq, op, path, path2, meta in rows:
+            path = bytes(path)
+            if op == "put":
+                run.append(Op.put(path, _unpack_row_meta(bytes(meta))))
+            elif op == "delete":
+                run.append(Op.delete(path))
+            elif op == "rename":
+                flush()
+                try:
+                    self.store.rename(path, bytes(path2), replace=True)
+                except FileNotFoundError:  # never published under the old name
+                    if meta is not None:
+                        self.store.put(bytes(path2), _unpack_row_meta(bytes(meta)))
+                except (DHTError, ConnectionError, TimeoutError):
+                    raise
+                except OSError as exc:
+                    self.status.conflicts += 1
+                    log.warning("global namespace: rename %r → %r not applied: %s", path, path2, exc)
+        flush()
+
+    def _degraded(self, exc: BaseException) -> None:
+        if self.status.state != "degraded":
+            log.warning("global namespace unreachable (%s): serving local files, queueing updates", exc)
+            self.status.since = time.time()
+        self.status.state = "degraded"
+        self.status.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _ok(self) -> None:
+        if self.status.state != "ok":
+            log.info("global namespace reachable%s", " again: backlog drained" if self.status.state == "degraded" else "")
+            self.status.since = time.time()
+        self.status.state = "ok"
+
+    async def _set_state_from_ping(self) -> None:
+        try:
+            ok = await trio.to_thread.run_sync(self.store.ping)
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+            self._degraded(exc)
+            return
+        if ok:
+            self._ok()
+
+    # ------------------------------------------------------------------ node registry
+    async def _heartbeat(self) -> None:
+        while True:
+            if self._store is None:
+                await trio.sleep(0.2)
+                continue
+            now = time.time_ns()
+            meta = EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
+                             primary=self.node_id, target=self.advertise.encode())
+            try:
+                await trio.to_thread.run_sync(self._beat, meta)
+            except Exception as exc:  # noqa: BLE001
+                self._degraded(exc)
+            await trio.sleep(HEARTBEAT_SECONDS)
+
+    def _beat(self, meta: EntryMeta) -> None:
+        if self.store.get(NODES_DIR) is None:
+            now = time.time_ns()
+            self.store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
+        self.store.put(join(NODES_DIR, self.node_id.encode()), meta)
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """(worker thread) live nodes: id -> {addr, age}."""
+        out = {}
+        now = time.time()
+        for name, meta in self.store.list_dir(NODES_DIR):
+            age = now - meta.mtime_ns / 1e9
+            out[name.decode()] = {"addr": (meta.target or b"").decode(), "age": round(age, 1),
+                                  "alive": age < NODE_TTL_SECONDS}
+        return out
+
+    async def address_of(self, node_id: str) -> str:
+        meta = await trio.to_thread.run_sync(self.store.get, join(NODES_DIR, node_id.encode()))
+        if meta is None or not meta.target:
+            raise FsError(errno.EHOSTUNREACH, f"node {node_id} is not registered")
+        if time.time() - meta.mtime_ns / 1e9 > NODE_TTL_SECONDS:
+            log.warning("node %s missed its heartbeats; trying it anyway", node_id)
+        return meta.target.decode()
+
+    # ------------------------------------------------------------------ the global view
+    def path_of(self, ino: int) -> bytes | None:
+        node = self.remote.get(ino)
+        if node is not None:
+            return node.path
+        return self.engine.ns.path_of(ino)
+
+    async def _store_get(self, path: bytes) -> EntryMeta | None:
+        try:
+            return await trio.to_thread.run_sync(self.store.get, path)
+        except (DHTError, ConnectionError, TimeoutError) as exc:
+            self._degraded(exc)
+            return None
+
+    def _remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
+        node = self._remote_by_path.get(path)
+        if node is None:
+            node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
+            self.remote[node.ino] = node
+            self._remote_by_path[path] = node
+        else:
+            node.meta, node.fetched = meta, time.monotonic()
+        return node
+
+    async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
+        """A name not held locally: ask the global namespace."""
+        parent = self.path_of(parent_ino)
+        if parent is None or (parent == b"/" and name in HIDDEN_ROOT_NAMES):
+            return None
+        path = join(parent, name)
+        meta = await self._store_get(path)
+        if meta is None or meta.primary == self.node_id and meta.kind != "dir":
+            return None  # ours but deleted locally (publication pending) — not there
+        return self._remote_node(path, meta)
+
+    async def refresh(self, node: RemoteNode) -> RemoteNode:
+        if time.monotonic() - node.fetched > META_TTL_SECONDS:
+            meta = await self._store_get(node.path)
+            if meta is not None:
+                node.meta, node.fetched = meta, time.monotonic()
+        return node
+
+    async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
+        def listing() -> list[tuple[bytes, EntryMeta]]:
+            return list(self.store.list_dir(path))
+
+        try:
+            entries = await trio.to_thread.run_sync(listing)
+        except (DHTError, ConnectionError, TimeoutError) as exc:
+            self._degraded(exc)
+            return []
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for name, meta in entries:
+            if path == b"/" and name in HIDDEN_ROOT_NAMES:
+                continue
+            out.append((name, self._remote_node(join(path, name), meta)))
+        return out
+
+    def forget(self, ino: int, n: int) -> bool:
+        node = self.remote.get(ino)
+        if node is None:
+            return False
+        node.lookups = max(0, node.lookups - n)
+        if node.lookups == 0 and node.open_count == 0:
+            del self.remote[ino]
+            if self._remote_by_path.get(node.path) is node:
+                del self._remote_by_path[node.path]
+            if node.cache_blob:
+                T.remove_blob(node.cache_blob)
+        return True
+
+    # ------------------------------------------------------------------ remote reads
+    async def open_remote(self, node: RemoteNode) -> str:
+        """A local copy of a remote file's current version (fetched if needed)."""
+        if node.meta.kind != "file":
+            raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
+        await self.refresh(node)
+        lock = self._fetch_locks.setdefault(node.path, trio.Lock())
+        async with lock:
+            if node.cache_blob and node.cache_version == node.meta.version:
+                return node.cache_blob
+            holders = [node.meta.primary, *node.meta.replicas]
+            dest = str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+            last: BaseException | None = None
+            for holder in [h for h in holders if h]:
+                try:
+                    addr = await self.address_of(holder)
+                    t0 = time.monotonic()
+                    await self.peers.fetch_to_file(addr, node.path, dest)
+                except Exception as exc:  # noqa: BLE001 - try the next holder
+                    last = exc
+                    log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
+                    continue
+                size = os.stat(dest).st_size
+                self.status.remote_fetches += 1
+                self.status.remote_bytes += size
+                log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
+                if node.cache_blob and node.cache_blob != dest:
+                    T.remove_blob(node.cache_blob)
+                node.cache_blob, node.cache_version = dest, node.meta.version
+                return dest
+            log.error("no holder of %r could serve it (%s)", node.path, last)
+            raise FsError(errno.EIO)
+
+    def status_dict(self) -> dict[str, Any]:
+        d = dict(self.status.__dict__)
+        d["node_id"] = self.node_id
+        d["advertise"] = self.advertise
+        d["remote_nodes_cached"] = len(self.remote)
+        return d
+
+
+@dataclass(eq=False)
+class _OpenedForPeer:
+    blob: str
+    size: int
+    etag: str
+    inode: Inode
+    engine: Any
+
+    async def close(self) -> None:
+        self.inode.open_count -= 1
+        await self.engine.maybe_free(self.inode)
+
+
+class LocalPeerFiles:
+    """The engine side of the peer data service: stream local files to other nodes."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.staging_dir = str(engine.tiers[T.SLOW].path / "peer-staging")
+        os.makedirs(self.staging_dir, exist_ok=True)
+
+    def _resolve(self, path: bytes) -> Inode:
+        ns = self.engine.ns
+        ino = ROOT_INO
+        for part in [p for p in path.split(b"/") if p]:
+            try:
+                ino = ns.lookup(ino, part).ino
+            except FsError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    raise NotADirectoryError(path) from None
+                raise FileNotFoundError(path) from None
+        inode = ns.inodes[ino]
+        if inode.is_dir:
+            raise IsADirectoryError(path)
+        if not inode.is_reg:
+            raise FileNotFoundError(path)
+        return inode
+
+    async def open_for_peer(self, path: bytes):
+        inode = self._resolve(path)
+        inode.open_count += 1  # keeps the blob from being freed; evictions skip open files
+        while inode.migration is not None:  # wait for a switch in flight, then read the winner
+            await inode.migration.done.wait()
+        return _OpenedForPeer(self.engine.blob(inode), inode.size,
+                              f"{inode.ino}-{inode.data_gen}-{inode.size}", inode, self.engine)
+
+    async def receive_replica(self, path: bytes, temp_blob: str, headers: dict[str, str]) -> None:
+        raise PermissionError("replicas are not accepted by this agent version")
