@@ -1,0 +1,725 @@
+"""The agent-to-agent data service: authenticated HTTP/1.1 inside the agent's trio loop.
+
+Peers (and later the control plane) fetch file bytes from the node that holds them and
+push replicas to other nodes.  The server is :mod:`h11` driven directly on
+``trio.serve_listeners``: one task per connection, keep-alive, no framework.  It does not
+know the tiering engine; it talks to a :class:`PeerFiles` object that opens files for
+reading and adopts received replicas.  Nothing blocking runs on the event loop: opening,
+reading, writing, fsync and removing files go through ``trio.to_thread.run_sync`` (on a
+limiter of its own, so a burst of peer transfers cannot starve the FUSE operations of
+worker threads).
+
+Protocol (see ``docs/peer.md``)::
+
+    GET  /v1/health                 no authentication; node id and version
+    GET  /v1/files?path=<pct-bytes> the file's bytes; Range: bytes=a-b → 206; ETag; If-Range
+    HEAD /v1/files?path=...         the same headers, no body
+    PUT  /v1/files?path=...         a replica's full bytes; X-HyCache-* metadata headers → 201
+
+Every request except health carries ``Authorization: HyCache <node>:<unix-time>:<hex mac>``
+with mac = HMAC-SHA256(cluster secret, METHOD "\\n" request-target "\\n" node "\\n" time),
+request-target being the exact bytes of the path and query on the request line.  Errors
+are JSON objects ``{"error": "...", "status": N}``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from typing import Protocol, runtime_checkable
+from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+import h11
+import trio
+
+log = logging.getLogger(__name__)
+
+API = "v1"
+AUTH_SCHEME = "HyCache"
+MAX_SKEW = 60  # seconds between the signer's clock and ours
+CHUNK = 1 << 20  # file read / write unit
+RECV = 256 << 10  # socket receive unit
+IDLE_TIMEOUT = 60.0  # an idle keep-alive connection, or a stalled request, is dropped after this
+MAX_SMALL_BODY = 64 << 10  # bodies of requests that should have none (GET, HEAD) are drained up to this
+MIN_SECRET = 16  # bytes
+NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+ETAG_RE = re.compile(r"[\x21\x23-\x7e]{1,200}\Z")  # RFC 9110 etagc, no quote
+FILES = b"/" + API.encode() + b"/files"
+HEALTH = b"/" + API.encode() + b"/health"
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("hycache-agent")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0+unknown"
+
+
+# ---------------------------------------------------------------------------- the engine side
+@runtime_checkable
+class PeerFile(Protocol):
+    """A file opened for a peer.  ``blob`` is a local path the server reads ``size`` bytes
+    from; ``etag`` is the file's version token.  The engine keeps the blob valid (not
+    migrated away, not removed) until :meth:`close`, which the server always awaits when
+    the response ends, however it ends."""
+
+    blob: str
+    size: int
+    etag: str
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class PeerFiles(Protocol):
+    """What the data service needs from the engine.
+
+    ``open_for_peer`` raises FileNotFoundError for unknown paths (also IsADirectoryError,
+    NotADirectoryError → 404; PermissionError → 403).  ``receive_replica`` adopts
+    ``temp_blob``, a complete, fsync'd file the server wrote in ``staging_dir``; after it
+    returns, the temp file belongs to the engine; if it raises, the server removes it.
+    ValueError → 400, FileExistsError → 409, ENOSPC/EDQUOT → 507, anything else → 500.
+    ``headers`` holds the request's ``x-hycache-*`` headers (lower-case names), plus
+    ``content-length`` and ``x-hycache-from`` (the authenticated sender's node id)."""
+
+    staging_dir: str
+
+    async def open_for_peer(self, path: bytes) -> PeerFile: ...
+
+    async def receive_replica(self, path: bytes, temp_blob: str, headers: dict[str, str]) -> None: ...
+
+
+# ---------------------------------------------------------------------------- authentication
+class SecretFileError(Exception):
+    """The cluster secret file is missing, unsafe or unusable."""
+
+
+def load_secret(path: str | os.PathLike[str]) -> bytes:
+    """Read the shared cluster secret (the bytes of the file, surrounding whitespace
+    stripped).  Refuses a file that other users can access (any of o+rwx), one that is not
+    a regular file, and a secret shorter than 16 bytes.  Blocking: call it at start-up or
+    through ``trio.to_thread.run_sync``."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as e:
+        raise SecretFileError(f"cluster secret file {path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"cluster secret file {path} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o007:
+            raise SecretFileError(
+                f"cluster secret file {path} is accessible by other users (mode {mode:04o}); "
+                f"run: chmod o-rwx {path}   (0600, or 0640 to share it with a group)")
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            if len(data) > 1 << 20:
+                raise SecretFileError(f"cluster secret file {path} is larger than 1 MiB")
+    finally:
+        os.close(fd)
+    secret = data.strip()
+    if len(secret) < MIN_SECRET:
+        raise SecretFileError(
+            f"cluster secret in {path} is {len(secret)} bytes; need at least {MIN_SECRET} "
+            f"(e.g. head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path})")
+    return secret
+
+
+def _as_bytes(s: str | bytes) -> bytes:
+    return s if isinstance(s, bytes) else s.encode("utf-8")
+
+
+def sign(secret: bytes, method: str, target: str | bytes, node_id: str, ts: int) -> str:
+    """Hex HMAC-SHA256 of ``METHOD\\ntarget\\nnode\\nts``; ``target`` is the request-target
+    (path and query) exactly as it appears on the request line."""
+    msg = b"\n".join((method.upper().encode("ascii"), _as_bytes(target), node_id.encode("ascii"),
+                      str(int(ts)).encode("ascii")))
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def authorization(secret: bytes, node_id: str, method: str, target: str | bytes,
+                  now: float | None = None) -> str:
+    """The ``Authorization`` header value for one request."""
+    if not NODE_ID_RE.match(node_id):
+        raise ValueError(f"invalid node id {node_id!r} (letters, digits, '.', '_', '-'; at most 64)")
+    ts = int(time.time() if now is None else now)
+    return f"{AUTH_SCHEME} {node_id}:{ts}:{sign(secret, method, target, node_id, ts)}"
+
+
+class AuthError(Exception):
+    pass
+
+
+def verify_authorization(secret: bytes, value: str | None, method: str, target: bytes,
+                         now: float, max_skew: float = MAX_SKEW) -> str:
+    """Check an ``Authorization`` header; return the signer's node id or raise AuthError."""
+    if not value:
+        raise AuthError("missing Authorization header")
+    scheme, _, cred = value.strip().partition(" ")
+    if scheme.lower() != AUTH_SCHEME.lower():
+        raise AuthError(f"Authorization scheme must be {AUTH_SCHEME}")
+    parts = cred.strip().split(":")
+    if len(parts) != 3:
+        raise AuthError("malformed credentials (want <node-id>:<unix-time>:<hex-hmac>)")
+    node, ts_s, mac = parts
+    if not NODE_ID_RE.match(node) or not ts_s.isascii() or not ts_s.isdigit() or len(ts_s) > 12:
+        raise AuthError("malformed credentials (want <node-id>:<unix-time>:<hex-hmac>)")
+    skew = now - int(ts_s)
+    if abs(skew) > max_skew:
+        raise AuthError(f"request time is {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} "
+                        f"this node's clock (allowed: {max_skew:.0f} s)")
+    expected = sign(secret, method, target, node, int(ts_s))
+    if not hmac.compare_digest(expected, mac.strip().lower()):
+        raise AuthError("bad signature")
+    return node
+
+
+# ---------------------------------------------------------------------------- helpers
+def parse_addr(addr: str | tuple[str, int], default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``HOST:PORT``, ``[v6]:PORT``, ``:PORT`` or a (host, port) tuple → (host, port)."""
+    if isinstance(addr, tuple):
+        return addr[0], int(addr[1])
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or default_host, int(port)
+
+
+def files_target(path: bytes) -> str:
+    """The request-target of ``/v1/files`` for a path (every byte but unreserved ones and
+    '/' percent-encoded, so non-UTF-8 names travel intact)."""
+    return f"/{API}/files?path={quote_from_bytes(path, safe='/')}"
+
+
+def parse_query(query: bytes) -> dict[str, bytes]:
+    """Percent-decode ``k=v&...`` into bytes values ('+' is a literal plus, not a space)."""
+    out: dict[str, bytes] = {}
+    for part in query.split(b"&"):
+        if not part:
+            continue
+        k, _, v = part.partition(b"=")
+        out[unquote_to_bytes(k).decode("utf-8", "replace")] = unquote_to_bytes(v)
+    return out
+
+
+class RangeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_range(value: str, size: int) -> tuple[int, int]:
+    """One ``bytes=`` range → (first, last) inclusive, clipped to the file.  Raises
+    RangeError(400) for a malformed or multi-range header, (416) for an unsatisfiable one."""
+    unit, sep, spec = value.strip().partition("=")
+    if not sep or unit.strip().lower() != "bytes":
+        raise RangeError(400, f"unsupported Range {value!r} (want bytes=FIRST-LAST)")
+    if "," in spec:
+        raise RangeError(400, "multiple ranges are not supported")
+    a, sep, b = spec.strip().partition("-")
+    a, b = a.strip(), b.strip()
+    if not sep or (a and not (a.isascii() and a.isdigit())) or (b and not (b.isascii() and b.isdigit())) \
+            or (not a and not b):
+        raise RangeError(400, f"malformed Range {value!r}")
+    if not a:  # suffix: the last b bytes
+        n = int(b)
+        if n == 0 or size == 0:
+            raise RangeError(416, f"range {value!r} not satisfiable for size {size}")
+        return max(0, size - n), size - 1
+    first = int(a)
+    last = int(b) if b else size - 1
+    if b and last < first:
+        raise RangeError(400, f"malformed Range {value!r} (last < first)")
+    if first >= size:
+        raise RangeError(416, f"range {value!r} not satisfiable for size {size}")
+    return first, min(last, size - 1)
+
+
+def _unquote_etag(value: str) -> str:
+    value = value.strip()
+    value = value.removeprefix("W/")
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return value
+
+
+# blocking helpers, run in worker threads -------------------------------------------------
+def _open_for_read(blob: str, sequential: bool) -> int:
+    fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
+    if sequential:
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+    return fd
+
+
+def _pread_into(fd: int, buf: bytearray, n: int, offset: int) -> int:
+    view = memoryview(buf)[:n]
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k == 0:
+            break
+        got += k
+    return got
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> int:
+    total = sum(len(p) for p in pieces)
+    done = os.writev(fd, pieces) if pieces else 0
+    if done < total:  # short write (rare on regular files): finish with plain writes
+        rest = memoryview(b"".join(pieces))[done:]
+        while rest:
+            k = os.write(fd, rest)
+            rest = rest[k:]
+    return total
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _make_temp(staging_dir: str, sender: str) -> tuple[int, str]:
+    fd, name = tempfile.mkstemp(prefix=f".peer-{sender}-", suffix=".part", dir=staging_dir)
+    return fd, name
+
+
+# ---------------------------------------------------------------------------- the server
+@dataclass
+class PeerStats:
+    connections: int = 0
+    requests: int = 0
+    responses_2xx: int = 0
+    responses_4xx: int = 0
+    responses_5xx: int = 0
+    range_requests: int = 0
+    auth_failures: int = 0
+    aborted: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    active_transfers: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class _Abort(Exception):
+    """The response cannot be completed (the file shrank, a read failed): drop the
+    connection so the peer sees a broken transfer rather than wrong bytes."""
+
+
+class _Stalled(Exception):
+    """A request stopped arriving mid-way (not an OSError, unlike TimeoutError)."""
+
+
+class _Conn:
+    __slots__ = ("h", "peer", "stream")
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=16 << 10)
+        try:
+            host, port = stream.socket.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            self.peer = "?"
+
+
+class PeerServer:
+    """Serve :class:`PeerFiles` to authenticated peers.
+
+    >>> server = PeerServer(files, node_id="n1", secret=load_secret(path))
+    >>> host, port = await nursery.start(server.serve, "0.0.0.0", 7070)
+
+    Cancel the surrounding scope to stop it: open connections are dropped and every
+    opened :class:`PeerFile` is closed."""
+
+    def __init__(self, files: PeerFiles, *, node_id: str, secret: bytes,
+                 max_skew: float = MAX_SKEW, chunk_size: int = CHUNK,
+                 idle_timeout: float = IDLE_TIMEOUT, io_threads: int = 8,
+                 clock: Callable[[], float] = time.time, version: str | None = None) -> None:
+        if not NODE_ID_RE.match(node_id):
+            raise ValueError(f"invalid node id {node_id!r}")
+        if len(secret) < MIN_SECRET:
+            raise ValueError(f"cluster secret must be at least {MIN_SECRET} bytes")
+        self.files = files
+        self.node_id = node_id
+        self._secret = secret
+        self.max_skew = max_skew
+        self.chunk_size = chunk_size
+        self.idle_timeout = idle_timeout
+        self.clock = clock
+        self.version = version or agent_version()
+        self.limiter = trio.CapacityLimiter(io_threads)
+        self.stats = PeerStats()
+        self.address: tuple[str, int] | None = None
+
+    # -------------------------------------------------------------- lifecycle
+    async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on host:port (port 0: any free port) and serve until cancelled;
+        ``task_status.started`` reports the bound (host, port)."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        sockname = listeners[0].socket.getsockname()
+        self.address = (sockname[0], sockname[1])
+        log.info("peer data service of node %s listening on %s:%d", self.node_id, *self.address)
+        task_status.started(self.address)
+        try:
+            await trio.serve_listeners(self._connection, listeners)
+        finally:
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+
+    async def _thread(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    # -------------------------------------------------------------- connection loop
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        c = _Conn(stream)
+        self.stats.connections += 1
+        try:
+            while True:
+                event = await self._next_event(c)
+                if event is None or isinstance(event, h11.ConnectionClosed):
+                    return
+                if not isinstance(event, h11.Request):  # pragma: no cover - h11 guarantees
+                    return
+                await self._request(c, event)
+                if c.h.our_state is h11.DONE and c.h.their_state is h11.DONE:
+                    c.h.start_next_cycle()
+                else:
+                    return
+        except h11.RemoteProtocolError as e:
+            await self._protocol_error(c, e)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, _Abort, _Stalled) as e:
+            if not isinstance(e, _Stalled):
+                self.stats.aborted += 1
+            log.debug("peer connection from %s dropped: %r", c.peer, e)
+        except Exception:  # one bad connection must never take the server down
+            self.stats.aborted += 1
+            log.exception("peer connection from %s failed", c.peer)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _next_event(self, c: _Conn):
+        """The next h11 event, reading from the socket as needed; None on idle timeout."""
+        while True:
+            event = c.h.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = b""
+            with trio.move_on_after(self.idle_timeout) as cs:
+                data = await c.stream.receive_some(RECV)
+            if cs.cancelled_caught:
+                if c.h.their_state is h11.IDLE:
+                    return None  # idle keep-alive connection: close quietly
+                raise _Stalled(f"no data from {c.peer} for {self.idle_timeout:.0f} s")
+            c.h.receive_data(data)
+
+    async def _protocol_error(self, c: _Conn, e: h11.RemoteProtocolError) -> None:
+        log.debug("bad HTTP from %s: %s", c.peer, e)
+        if c.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            try:
+                await self._send_json(c, e.error_status_hint or 400, {"error": f"bad request: {e}"},
+                                      close=True)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+                pass
+
+    # -------------------------------------------------------------- responses
+    def _count(self, status: int) -> None:
+        if status < 300:
+            self.stats.responses_2xx += 1
+        elif status < 500:
+            self.stats.responses_4xx += 1
+        else:
+            self.stats.responses_5xx += 1
+
+    async def _send(self, c: _Conn, event) -> None:
+        for piece in c.h.send_with_data_passthrough(event):
+            await c.stream.send_all(piece)
+
+    async def _send_head(self, c: _Conn, status: int, headers: Iterable[tuple[str, str]],
+                         close: bool = False) -> None:
+        hdrs = [("x-hycache-node", self.node_id), *headers]
+        if close:
+            hdrs.append(("connection", "close"))
+        self._count(status)
+        await self._send(c, h11.Response(status_code=status, headers=hdrs))
+
+    async def _send_json(self, c: _Conn, status: int, obj: dict, *, head: bool = False,
+                         close: bool = False, extra: Iterable[tuple[str, str]] = ()) -> None:
+        extra = list(extra)
+        if "error" in obj:
+            obj = {**obj, "status": status}
+            # also as a header, for HEAD requests (no body); ASCII only
+            extra.append(("x-hycache-error", str(obj["error"]).encode("ascii", "replace").decode()[:500]))
+        body = json.dumps(obj).encode()
+        await self._send_head(c, status, [("content-type", "application/json"),
+                                          ("content-length", str(len(body))), *extra], close=close)
+        if not head and body:
+            await self._send(c, h11.Data(data=body))
+        await self._send(c, h11.EndOfMessage())
+
+    async def _drain(self, c: _Conn) -> bool:
+        """Read the rest of a request body we do not want; False if it is too big (the
+        connection must then close after the response)."""
+        seen = 0
+        while True:
+            event = await self._next_event(c)
+            if event is None:
+                raise _Stalled("request body stalled")
+            if isinstance(event, h11.EndOfMessage):
+                return True
+            if isinstance(event, h11.Data):
+                seen += len(event.data)
+                if seen > MAX_SMALL_BODY:
+                    return False
+            elif isinstance(event, h11.ConnectionClosed):
+                raise trio.BrokenResourceError("peer closed the connection mid-request")
+
+    # -------------------------------------------------------------- dispatch
+    async def _request(self, c: _Conn, req: h11.Request) -> None:
+        self.stats.requests += 1
+        t0 = time.monotonic()
+        method = req.method.decode("ascii", "replace").upper()
+        target = req.target
+        path_part, _, query = target.partition(b"?")
+        headers: dict[str, str] = {}
+        for name, value in req.headers:  # h11 lower-cases names
+            headers[name.decode("latin-1")] = value.decode("latin-1")
+        log.debug("peer %s: %s %s", c.peer, method, target.decode("latin-1"))
+
+        if method != "PUT" and not await self._drain(c):
+            await self._send_json(c, 413, {"error": f"{method} takes no request body"}, close=True)
+            return
+        if path_part == HEALTH:
+            if method not in ("GET", "HEAD"):
+                await self._method_not_allowed(c, "GET, HEAD", method)
+                return
+            await self._send_json(c, 200, {"node": self.node_id, "version": self.version, "api": API,
+                                           "time": round(self.clock(), 3)}, head=method == "HEAD")
+            return
+
+        # everything else needs a valid signature
+        try:
+            sender = verify_authorization(self._secret, headers.get("authorization"), method, target,
+                                          self.clock(), self.max_skew)
+        except AuthError as e:
+            self.stats.auth_failures += 1
+            log.warning("peer %s: %s %s refused: %s", c.peer, method, path_part.decode("latin-1"), e)
+            await self._send_json(c, 401, {"error": str(e)}, head=method == "HEAD",
+                                  close=method == "PUT", extra=[("www-authenticate", AUTH_SCHEME)])
+            return
+
+        if path_part != FILES:
+            await self._send_json(c, 404, {"error": f"no such endpoint {path_part.decode('latin-1')!r}"},
+                                  head=method == "HEAD", close=method == "PUT")
+            return
+        try:
+            path = parse_query(query).get("path")
+            if not path:
+                raise ValueError("missing query parameter 'path'")
+            if b"\0" in path:
+                raise ValueError("path contains a NUL byte")
+        except ValueError as e:
+            await self._send_json(c, 400, {"error": str(e)}, head=method == "HEAD", close=method == "PUT")
+            return
+
+        if method in ("GET", "HEAD"):
+            await self._get(c, method, path, headers)
+        elif method == "PUT":
+            await self._put(c, path, headers, sender)
+        else:
+            await self._method_not_allowed(c, "GET, HEAD, PUT", method)
+        log.debug("peer %s: %s %r done in %.3f s", c.peer, method, path, time.monotonic() - t0)
+
+    async def _method_not_allowed(self, c: _Conn, allow: str, method: str) -> None:
+        await self._send_json(c, 405, {"error": f"method {method} not allowed"},
+                              head=method == "HEAD", close=method == "PUT", extra=[("allow", allow)])
+
+    @staticmethod
+    def _error_status(e: BaseException) -> int:
+        if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+            return 404
+        if isinstance(e, PermissionError):
+            return 403
+        if isinstance(e, FileExistsError):
+            return 409
+        if isinstance(e, ValueError):
+            return 400
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return 507
+        return 500
+
+    def _describe(self, e: BaseException, path: bytes) -> str:
+        what = quote_from_bytes(path, safe="/")
+        if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+            return f"no such file: {what}"
+        if isinstance(e, OSError):
+            return f"{what}: {e.strerror or e}"
+        return f"{what}: {e}"
+
+    # -------------------------------------------------------------- GET / HEAD
+    async def _get(self, c: _Conn, method: str, path: bytes, headers: dict[str, str]) -> None:
+        head = method == "HEAD"
+        try:
+            pf = await self.files.open_for_peer(path)
+        except Exception as e:
+            status = self._error_status(e)
+            if status == 500:
+                log.exception("open_for_peer(%r) failed", path)
+            await self._send_json(c, status, {"error": self._describe(e, path)}, head=head)
+            return
+        self.stats.active_transfers += 1
+        try:
+            size = int(pf.size)
+            etag = str(pf.etag)
+            if not ETAG_RE.match(etag):
+                log.error("open_for_peer(%r) gave an unusable etag %r", path, etag)
+                await self._send_json(c, 500, {"error": "unusable version token"}, head=head)
+                return
+            qetag = f'"{etag}"'
+            common = [("etag", qetag), ("accept-ranges", "bytes")]
+            first, last, status = 0, size - 1, 200
+            rng = headers.get("range")
+            if_range = headers.get("if-range")
+            if rng is not None and not head and (if_range is None or if_range.strip() == qetag):
+                try:
+                    first, last = parse_range(rng, size)
+                except RangeError as e:
+                    await self._send_json(c, e.status, {"error": str(e)},
+                                          extra=[*common, ("content-range", f"bytes */{size}")])
+                    return
+                status = 206
+                self.stats.range_requests += 1
+                common.append(("content-range", f"bytes {first}-{last}/{size}"))
+            length = last - first + 1
+            await self._send_head(c, status, [("content-type", "application/octet-stream"),
+                                              ("content-length", str(length)), *common])
+            if not head and length > 0:
+                await self._stream_file(c, pf.blob, first, length)
+            await self._send(c, h11.EndOfMessage())
+        finally:
+            self.stats.active_transfers -= 1
+            with trio.CancelScope(shield=True):
+                try:
+                    await pf.close()
+                except Exception:
+                    log.exception("PeerFile.close() for %r failed", path)
+
+    async def _stream_file(self, c: _Conn, blob: str, offset: int, length: int) -> None:
+        n_chunk = min(self.chunk_size, length)
+        try:
+            fd = await self._thread(_open_for_read, blob, length > n_chunk)
+        except OSError as e:
+            raise _Abort(f"cannot open blob {blob}: {e}") from e
+        try:
+            buf = bytearray(n_chunk)
+            view = memoryview(buf)
+            end = offset + length
+            pos = offset
+            while pos < end:
+                want = min(n_chunk, end - pos)
+                try:
+                    got = await self._thread(_pread_into, fd, buf, want, pos)
+                except OSError as e:
+                    raise _Abort(f"reading {blob} at {pos}: {e}") from e
+                if got < want:
+                    raise _Abort(f"{blob} shrank to {pos + got} bytes while serving it")
+                # the buffer is reused: send_all returns only when the kernel has the bytes
+                await self._send(c, h11.Data(data=view[:got]))
+                pos += got
+                self.stats.bytes_sent += got
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._thread(os.close, fd)
+
+    # -------------------------------------------------------------- PUT
+    async def _put(self, c: _Conn, path: bytes, headers: dict[str, str], sender: str) -> None:
+        staging = self.files.staging_dir
+        try:
+            fd, temp = await self._thread(_make_temp, staging, sender)
+        except OSError as e:
+            status = self._error_status(e)
+            log.error("cannot create a temp file in %s: %s", staging, e)
+            await self._send_json(c, status if status != 404 else 500,
+                                  {"error": f"staging directory: {e.strerror}"}, close=True)
+            return
+        adopted = False
+        received = 0
+        try:
+            if c.h.they_are_waiting_for_100_continue:
+                await self._send(c, h11.InformationalResponse(status_code=100, headers=[]))
+            pieces: list[bytes] = []
+            buffered = 0
+            while True:
+                event = await self._next_event(c)
+                if event is None:
+                    raise _Stalled("request body stalled")
+                if isinstance(event, h11.Data):
+                    pieces.append(event.data)
+                    buffered += len(event.data)
+                    received += len(event.data)
+                    self.stats.bytes_received += len(event.data)
+                    if buffered >= self.chunk_size or len(pieces) >= 512:
+                        await self._thread(_write_all, fd, pieces)
+                        pieces, buffered = [], 0
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise trio.BrokenResourceError("peer closed the connection mid-body")
+            if pieces:
+                await self._thread(_write_all, fd, pieces)
+            fd_, fd = fd, -1
+            await self._thread(_fsync_close, fd_)
+            meta = {k: v for k, v in headers.items() if k.startswith("x-hycache-")}
+            meta["content-length"] = str(received)
+            meta["x-hycache-from"] = sender
+            try:
+                await self.files.receive_replica(path, temp, meta)
+                adopted = True
+            except Exception as e:
+                status = self._error_status(e)
+                if status == 500:
+                    log.exception("receive_replica(%r) failed", path)
+                await self._send_json(c, status, {"error": self._describe(e, path)})
+                return
+            await self._send_json(c, 201, {"path": quote_from_bytes(path, safe="/"), "size": received,
+                                           "node": self.node_id})
+        except OSError as e:  # writing the temp file failed: answer if we still can
+            status = self._error_status(e)
+            log.error("receiving %r from %s: %s", path, sender, e)
+            await self._send_json(c, status, {"error": self._describe(e, path)}, close=True)
+        finally:
+            with trio.CancelScope(shield=True):
+                if fd >= 0:
+                    await self._thread(os.close, fd)
+                if not adopted:
+                    await self._thread(_unlink_quiet, temp)
