@@ -293,10 +293,8 @@ class LocalStore(MetaStore):
                     raise not_empty(dst)
             dp = paths.split(dst)[0]
             pm = self._meta(c, dp)
-            if pm is None:
+            if pm is None or pm.kind != "dir":
                 raise FileNotFoundError(errno.ENOENT, "destination directory missing", dp)
-            if pm.kind != "dir":
-                raise NotADirectoryError(errno.ENOTDIR, "not a directory", dp)
             row = self._row(c, src)
             self._insert(c, dst, s, self._next_version(c), row[2], row[3])
             self._step("dst")
