@@ -8,10 +8,12 @@ conftest files.
 
 from __future__ import annotations
 
+import ast
 import errno
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -98,6 +100,11 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition", interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def recovery_reports(log_text: str) -> list[dict]:
+    """The recovery dicts the agent logged at each start ("... recovery {...}"), oldest first."""
+    return [ast.literal_eval(m.group(1)) for m in re.finditer(r"recovery (\{[^}]*\})", log_text)]
 
 
 def tier_blobs(tier_dir: Path) -> dict[str, int]:

@@ -12,7 +12,6 @@ every looked-up inode at once, so an unlinked file lives exactly as long as its 
 
 from __future__ import annotations
 
-import errno as E
 import os
 import stat
 from dataclasses import dataclass, field
@@ -228,4 +227,4 @@ def run_engine(root: Path, body, **overrides):
     return trio.run(main)
 
 
-__all__ = ["Ctx", "Fields", "Harness", "run_engine", "engine_config", "CHUNK", "E"]
+__all__ = ["Ctx", "Fields", "Harness", "run_engine", "engine_config", "CHUNK"]

@@ -6,15 +6,13 @@ copy (or the duplicate) — no temp or second blob may remain.  (DESIGN invarian
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import os
-import re
 import time
 
 import pytest
 
-from .conftest import check_tiers_from_outside, cli, info, kill_agent, tier_blobs, wait_for, wait_idle
+from .conftest import (check_tiers_from_outside, cli, info, kill_agent, recovery_reports, tier_blobs, wait_for,
+                       wait_idle)
 
 pytestmark = pytest.mark.mount
 
@@ -28,11 +26,6 @@ def digest(path) -> str:
         while chunk := fh.read(4 * M):
             h.update(chunk)
     return h.hexdigest()
-
-
-def recovery_reports(log_text: str) -> list[dict]:
-    """The recovery dicts the agent logged at each start ("... recovery {...}")."""
-    return [ast.literal_eval(m.group(1)) for m in re.finditer(r"recovery (\{[^}]*\})", log_text)]
 
 
 def write_files(root, files: dict[str, bytes]) -> None:
