@@ -191,7 +191,7 @@ def test_racing_creates_exactly_one_wins(store):
     store.create(b"/race", D)
     for round_ in range(10):
         name = b"/race/f%d" % round_
-        wins = run_threads(8, lambda i: store.create(name, F(size=i)))
+        wins = run_threads(8, lambda i, name=name: store.create(name, F(size=i)))
         assert wins.count(True) == 1, wins
         assert store.get(name).size == wins.index(True)
 
@@ -239,7 +239,7 @@ def test_write_lease_cas_renew_expiry(store):
 
 def test_racing_lease_acquire_one_holder(store):
     store.create(b"/lease", F())
-    for r in range(5):
+    for _ in range(5):
         got = run_threads(6, lambda i: store.acquire_write(b"/lease", f"n{i}", 30))
         assert got.count(True) == 1, got
         store.release_write(b"/lease", store.get(b"/lease").writer)
@@ -352,7 +352,7 @@ def test_racing_renames_of_one_source(store):
         _make_tree(store, src, depth=2, files=2) if r % 2 else store.create(src, F())
         want = tree(store, src)
 
-        def go(i):
+        def go(i, src=src, r=r):
             try:
                 store.rename(src, b"/rr/dst%d-%d" % (r, i))
                 return i
@@ -510,7 +510,7 @@ def test_rename_crash_at_every_step_then_fsck(open_store, case):
         src_before = tree(store, src)
         calls = iter(range(len(steps) + 1))
 
-        def hook(name, i=i):
+        def hook(name, i=i, calls=calls):
             if next(calls) == i:
                 raise Crash(name)
 
@@ -552,7 +552,7 @@ def test_rmdir_crash_at_every_step_then_fsck(open_store):
         store.create(d, D)
         calls = iter(range(len(steps) + 1))
 
-        def hook(name, i=i):
+        def hook(name, i=i, calls=calls):
             if next(calls) == i:
                 raise Crash(name)
 
@@ -578,7 +578,7 @@ def test_mkdir_crash_at_every_step_then_fsck(open_store):
         d = b"/mk%d" % i
         calls = iter(range(len(steps) + 1))
 
-        def hook(name, i=i):
+        def hook(name, i=i, calls=calls):
             if next(calls) == i:
                 raise Crash(name)
 

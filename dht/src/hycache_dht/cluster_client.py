@@ -185,6 +185,10 @@ class ClusterClient:
         for it in items:
             if it.slot < 0:
                 it.slot = self.keyslot(it.key)
+                if it.args and it.args[0] == "EVALSHA" and int(it.args[2]) > 1:
+                    # the hash-tag policy (keys.py): a script's keys share one slot
+                    if any(self.keyslot(k) != it.slot for k in it.args[3:3 + int(it.args[2])]):
+                        raise ValueError(f"script keys span slots: {it.args[3:3 + int(it.args[2])]}")
         pending = [it for it in items if not it.done]
         attempt = 0
         last_error: BaseException | None = None

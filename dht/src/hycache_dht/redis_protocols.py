@@ -169,10 +169,10 @@ class CrossSlotProtocols(MetaStore):
             time.sleep(self.c.backoff(attempt))
 
     def _rename_once(self, src: bytes, dst: bytes, replace: bool, deadline: float) -> None:
-        s = self.get(src)
+        dp, dn = paths.split(dst)
+        s, d, pm = self.get_many([src, dst, dp])
         if s is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", src)
-        d = self.get(dst)
         if d is not None:
             if not replace:
                 raise FileExistsError(errno.EEXIST, "destination exists", dst)
@@ -180,8 +180,6 @@ class CrossSlotProtocols(MetaStore):
                 raise NotADirectoryError(errno.ENOTDIR, "destination is not a directory", dst)
             if s.kind != "dir" and d.kind == "dir":
                 raise IsADirectoryError(errno.EISDIR, "destination is a directory", dst)
-        dp, dn = paths.split(dst)
-        pm = self.get(dp)
         if pm is None or pm.kind != "dir":
             raise FileNotFoundError(errno.ENOENT, "destination directory missing", dp)
         iid = new_id()

@@ -140,10 +140,25 @@ class RedisClusterStore(CrossSlotProtocols):
     # -- single-slot operations -----------------------------------------------------------
 
     def get(self, path: bytes) -> EntryMeta | None:
-        raw, state = self._raw_entry(path)
-        if raw is None or state == "gone":
-            return root_meta() if path == paths.ROOT else None
-        return decode_entry(raw)
+        return self.get_many([path])[0]
+
+    def get_many(self, paths_: list[bytes]) -> list[EntryMeta | None]:
+        """Several ``get`` in one pipelined round trip per master."""
+        items = []
+        for p in paths_:
+            key, name, _ = self._loc(p)
+            items.append(Item(key, ("HMGET", key, name, keys.HEADER), write=False))
+        self.c.run(items)
+        out: list[EntryMeta | None] = []
+        for p, it in zip(paths_, items):
+            if isinstance(it.result, BaseException):
+                raise it.result
+            raw, h = it.result
+            if raw is None or header(h)[1] == "gone":
+                out.append(root_meta() if p == paths.ROOT else None)
+            else:
+                out.append(decode_entry(raw))
+        return out
 
     def create(self, path: bytes, meta: EntryMeta) -> bool:
         check_meta(meta)
