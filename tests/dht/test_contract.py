@@ -364,6 +364,50 @@ def test_racing_renames_of_one_source(store):
         assert store.get(src) is None and tree(store, b"/rr/dst%d-%d" % (r, won[0])) == want
 
 
+def test_rmdir_and_create_during_a_directory_rename(store):
+    """While a directory rename is half done, an rmdir of it and a create in it wait for the
+    rename and then see the outcome: the directory moved, nothing is lost or orphaned."""
+    store.create(b"/mv", D)
+    store.create(b"/mv/d", D)
+    store.create(b"/mv/d/x", F())
+    store.create(b"/mv/e", D)  # empty: an rmdir of it would succeed if it did not move
+    paused, go = threading.Event(), threading.Event()
+
+    def hook(name):
+        if name in ("copy", "rekey") and not paused.is_set():
+            paused.set()
+            assert go.wait(30)
+
+    store.step_hook = hook
+    mover = threading.Thread(target=store.rename, args=(b"/mv/e", b"/mv/e2"))
+    mover.start()
+    assert paused.wait(30)
+    results = {}
+
+    def rmdir():
+        results["rmdir"] = store.delete(b"/mv/e")
+
+    def create():
+        try:
+            results["create"] = store.create(b"/mv/e/new", F())
+        except FileNotFoundError:
+            results["create"] = "ENOENT"
+
+    others = [threading.Thread(target=rmdir), threading.Thread(target=create)]
+    for t in others:
+        t.start()
+    time.sleep(0.3)
+    go.set()
+    mover.join(30)
+    for t in others:
+        t.join(30)
+    store.step_hook = None
+    assert results["rmdir"] is False  # it had moved: nothing to remove under the old name
+    assert results["create"] == "ENOENT"
+    assert store.get(b"/mv/e") is None and store.get(b"/mv/e2").kind == "dir"
+    assert list(store.list_dir(b"/mv/e2")) == []
+
+
 def test_rename_and_cas_writer_lose_nothing(store):
     """A writer updates a file with CAS while it moves between directories: every
     acknowledged update is in the file under the name it ends with."""

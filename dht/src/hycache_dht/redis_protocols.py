@@ -112,7 +112,11 @@ class CrossSlotProtocols(MetaStore):
                     self._mine.discard(token)
                     return False  # removed already (or being removed by someone else)
                 self._step("rmdir:tomb")
-                r, _ = self._sc("deldir", key, name, str(version))
+                r, ambiguous = self._sc("deldir", key, name, str(version))
+                if r[0] == ST_NOTFOUND and not ambiguous:  # moved away meanwhile
+                    self._sc("dropgone", own, token)
+                    self._mine.discard(token)
+                    return False
                 if r[0] in (ST_CASFAIL, ST_NOTDIR):
                     self._sc("untomb", own, token)
                     if r[0] == ST_NOTDIR or expect_version is not None:
@@ -120,7 +124,7 @@ class CrossSlotProtocols(MetaStore):
                         return False
                     version = int(r[1])  # changed meanwhile (chmod...): remove that one
                     continue
-                # OK, or NOTFOUND: our own earlier attempt (nobody else passes our tombstone)
+                # OK, or NOTFOUND after a lost reply: our own earlier attempt
                 self._step("rmdir:entry")
                 self._sc("dropgone", own, token)
                 self._step("rmdir:drop")
