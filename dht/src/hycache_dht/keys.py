@@ -8,8 +8,9 @@ Hash-tag policy (Redis Cluster hashes only the part between the first ``{`` and 
   name bytes (``{``, ``}``, non-UTF-8) are safe. Create/lookup/update/CAS/delete/lease of
   an entry and a same-directory rename of a non-directory are single-key operations.
 * Reserved fields of a directory hash start with ``/`` (a name never contains ``/``):
-  ``HEADER`` (``/``) = msgpack ``[dir path, state, intent id]``, state ``live`` |
-  ``moving`` (a rename has frozen the directory) | ``gone`` (an rmdir has claimed it);
+  ``HEADER`` (``/``) = msgpack ``[dir path, state, owner id, since ms, extra]``, state
+  ``live`` | ``moving`` (a rename has frozen the directory) | ``gone`` (an rmdir has
+  claimed it); no header = no such directory (mkdir writes it);
   ``COUNTER`` (``/v``) = the directory's version counter; ``PINS`` (``/p``) = how many
   entries of the directory a rename has pinned.
 * The root's own entry is field ``b""`` of the hash of the pseudo-directory ``b""``.

@@ -19,9 +19,11 @@ Semantics shared by both engines (``tests/dht/test_contract.py`` holds them):
   ``n > 0`` = only if the entry exists with version ``n``.
 * A ``put`` may not turn a directory into a non-directory or back (``IsADirectoryError`` /
   ``NotADirectoryError``); ``delete`` of a non-empty directory raises ``OSError(ENOTEMPTY)``.
-* The store does not check that a path's parent exists (the agent owns the POSIX checks
-  of its own operations and publishes parents first); ``fsck`` reports entries whose
-  directory is missing and, with ``repair=True``, re-creates the missing directories.
+* Writes need their parent directory: ``create``/``put`` under a missing, removed or
+  renamed-away directory (or under a non-directory) raise ``FileNotFoundError``, so a
+  publisher sends parents before children (``apply`` keeps the order).
+
+docs/dht.md has the rest: key layout, protocols, fsck, failover.
 """
 
 from __future__ import annotations
@@ -60,10 +62,6 @@ class EntryMeta:
     version: int = 0  # bumped by the store on every change (CAS token)
     writer: str | None = None  # write flag: node holding the write lease
     lease_until: float = 0.0  # unix time the lease expires (no lock survives a dead holder)
-
-    def same_content(self, other: EntryMeta) -> bool:
-        """Equal in everything but the store-managed fields (version, writer, lease)."""
-        return pack_body(self) == pack_body(other)
 
     def copy(self, **changes) -> EntryMeta:
         changes.setdefault("replicas", list(self.replicas))
