@@ -9,7 +9,8 @@ client, to separate the server's cost from the Python client's) and copies them 
 (cold: ``posix_fadvise(DONTNEED)`` on the source files, no global drop_caches).
 Destinations are fresh files on the same file system, not fsync'd (neither is cp's).
 
-Printed per case: median MB/s over --repeat runs (min–max), CPU seconds per GiB of the
+``httpx>null`` fetches into /dev/null: the network path without the destination's page
+cache and disk.  Printed per case: median MB/s over --repeat runs (min–max), CPU seconds per GiB of the
 server and of this process, and the longest stall of this process's trio loop.
 
 Usage: bench/peer_bench.py [--size 1G] [--streams 4] [--repeat 3] [--dir DIR] [--json FILE]
@@ -131,8 +132,9 @@ class Runner:
             if p.wait() != 0:
                 raise RuntimeError("curl failed")
 
-    def run_client(self, k: int) -> float:
-        """Fetch k files concurrently; returns the longest trio-loop stall in seconds."""
+    def run_client(self, k: int, null: bool = False) -> float:
+        """Fetch k files concurrently (into /dev/null: the network path alone); returns
+        the longest trio-loop stall in seconds."""
         async def main() -> float:
             gaps = [0.0]
             done = trio.Event()
@@ -150,7 +152,7 @@ class Runner:
                 async with trio.open_nursery() as fetches:
                     for s in self.srcs[:k]:
                         fetches.start_soon(c.fetch_to_file, f"127.0.0.1:{self.port}",
-                                           b"/" + s.name.encode(), self.out / s.name)
+                                           b"/" + s.name.encode(), "/dev/null" if null else self.out / s.name)
                 done.set()
             return gaps[0]
 
@@ -171,16 +173,16 @@ class Runner:
         elif tool == "curl":
             self.run_curl(k)
         else:
-            stall = self.run_client(k)
+            stall = self.run_client(k, null=tool == "httpx>null")
         dt = time.perf_counter() - t0
         c1, s1 = self_cpu(), proc_cpu(self.server_pid)
         total = sum(s.stat().st_size for s in srcs)
         for s in srcs:  # all bytes arrived (content checked once per case below)
-            assert (self.out / s.name).stat().st_size == s.stat().st_size, s
+            assert tool == "httpx>null" or (self.out / s.name).stat().st_size == s.stat().st_size, s
         gib = total / (1 << 30)
         return {"seconds": dt, "mbps": total / dt / 1e6,
                 "server_cpu_per_gib": (s1 - s0) / gib if tool != "cp" else None,
-                "client_cpu_per_gib": (c1 - c0) / gib if tool == "httpx" else None,
+                "client_cpu_per_gib": (c1 - c0) / gib if tool.startswith("httpx") else None,
                 "max_loop_stall_ms": stall * 1000 if stall is not None else None}
 
 
@@ -220,18 +222,18 @@ def main() -> None:
         print(f"loopback 127.0.0.1:{port}; {format_size(size)} per stream; {os.cpu_count()} CPUs; "
               f"load average {os.getloadavg()[0]:.1f}; median of {args.repeat}\n")
         cases = [(tool, k, cold) for k in (1, args.streams) for cold in (False, True)
-                 for tool in ("cp", "httpx", "curl")]
+                 for tool in ("cp", "httpx", "curl", *(() if cold else ("httpx>null",)))]
         results: dict[str, list[dict]] = {}
         checked = set()
         for _ in range(args.repeat):  # interleaved, so drifting machine load hits every case
             for tool, k, cold in cases:
                 key = f"{tool} ×{k} {'cold' if cold else 'warm'}"
                 results.setdefault(key, []).append(runner.measure(tool, k, cold))
-                if (tool, k) not in checked:
+                if (tool, k) not in checked and tool != "httpx>null":
                     assert all(same_bytes(s, runner.out / s.name) for s in srcs[:k]), key
                     checked.add((tool, k))
         rows = []
-        print(f"{'case':<18} {'MB/s':>7} {'(min–max)':>13} {'server CPU s/GiB':>17} "
+        print(f"{'case':<22} {'MB/s':>7} {'(min–max)':>13} {'server CPU s/GiB':>17} "
               f"{'client CPU s/GiB':>17} {'loop stall ms':>14}")
         for key, runs in results.items():
             mb = sorted(r["mbps"] for r in runs)
@@ -249,7 +251,7 @@ def main() -> None:
                    "max_loop_stall_ms": max((r["max_loop_stall_ms"] for r in runs
                                              if r["max_loop_stall_ms"] is not None), default=None)}
             rows.append(row)
-            print(f"{key:<18} {row['mbps']:>7.0f} {f'({mb[0]:.0f}–{mb[-1]:.0f})':>13} "
+            print(f"{key:<22} {row['mbps']:>7.0f} {f'({mb[0]:.0f}–{mb[-1]:.0f})':>13} "
                   f"{fmt(row['server_cpu_per_gib'], '.2f'):>17} {fmt(row['client_cpu_per_gib'], '.2f'):>17} "
                   f"{fmt(row['max_loop_stall_ms'], '.0f'):>14}")
         if args.json:

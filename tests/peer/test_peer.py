@@ -106,8 +106,9 @@ async def test_keep_alive_reuses_connections(server, client, files, tmp_path):
     for _ in range(5):
         assert await client.read_range(server.addr, b"/a", 0, 5) == b"hello"
         await client.fetch_to_file(server.addr, b"/a", tmp_path / "a")
+    await client.fetch_to_file(server.addr, b"/a", "/dev/null")  # not a regular file: no truncate
     assert server.server.stats.connections == 1
-    assert server.server.stats.requests == 10
+    assert server.server.stats.requests == 11
 
 
 # --------------------------------------------------------------------------- ranges, HEAD

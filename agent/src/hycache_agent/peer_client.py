@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
@@ -148,6 +149,11 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
             k = os.pwrite(fd, rest, pos)
             rest, pos = rest[k:], pos + k
     return total
+
+
+def _truncate_regular(fd: int, size: int) -> None:
+    if stat.S_ISREG(os.fstat(fd).st_mode):  # not e.g. /dev/null
+        os.ftruncate(fd, size)
 
 
 def _open_src(path: str) -> tuple[int, int]:
@@ -366,7 +372,7 @@ class PeerClient:
         if state["written"] != size:  # pragma: no cover - guarded by the receive loop
             raise PeerError(f"{addr} {path!r}: wrote {state['written']} of {size} bytes",
                             addr=str(addr), path=path)
-        await trio.to_thread.run_sync(os.ftruncate, fd, size)
+        await trio.to_thread.run_sync(_truncate_regular, fd, size)
         return state["etag"]
 
     async def _receive(self, addr: Addr, path: bytes, state: dict[str, Any],
