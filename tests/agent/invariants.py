@@ -31,7 +31,7 @@ def _blob_files(engine) -> dict[str, dict[str, bool]]:
     """tier name -> {path of every file under <tier>/data: is_temp}."""
     out: dict[str, dict[str, bool]] = {}
     for name, tier in engine.tiers.items():
-        out[name] = {path: temp for path, _ino, temp in tier.scan()}
+        out[name] = {path: temp for path, _ino, temp in tier.scan()} if tier.data_dir.is_dir() else {}
     return out
 
 

@@ -842,3 +842,29 @@ def test_concurrent_random_operations(tmp_path, seed):
 
     counters = run_engine(tmp_path, body, fast_capacity=512 * K)
     assert counters.migrations_done > 5 and counters.migrations_failed == 0
+
+
+def test_failing_slow_tier_does_not_kill_the_engine(tmp_path):
+    """The slow tier's directories vanish (an unmounted disk, a lost NFS server): evictions
+    fail, but the engine keeps serving and evicts again once the tier is back."""
+
+    async def body(h):
+        slow = h.engine.tiers[T.SLOW]
+        shutil.rmtree(slow.data_dir)
+        inos = [await h.write_file(b"f%d" % i, data(150 * K, i)) for i in range(6)]  # 900 KiB
+        fh, ino = await h.create(b"trigger")
+        await h.ops.write(fh, 0, data(100 * K, 9))  # above the high watermark: the evictor runs
+        await trio.sleep(0.3)  # it fails (no slow tier) and retries
+        assert await h.ops.read(fh, 0, 10) == data(100 * K, 9)[:10]
+        await h.close(fh)
+        for n, i in enumerate(inos):
+            assert await h.read_file(i) == data(150 * K, n)
+        slow.prepare()  # the slow tier is back
+        h.engine._check_watermark()
+        with trio.fail_after(30):
+            while h.engine.fast_used > 0.7 * h.engine.capacity:
+                await trio.sleep(0.05)
+        await h.check()
+        assert any(h.tier(i) == T.SLOW for i in inos)
+
+    run_engine(tmp_path, body, fast_capacity=M)

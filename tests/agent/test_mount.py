@@ -268,7 +268,7 @@ def test_sparse_file_beyond_4gib_spills(shared_mount, fresh_dir):
 
 
 @pytest.mark.mount
-def test_enospc_only_when_both_tiers_are_full(hycache_mount, tmpfs_dir):
+def test_enospc_only_when_both_tiers_are_full(tmpfs_dir, hycache_mount):  # tmpfs outlives the agent
     m = hycache_mount(fast_capacity="1M", slow=tmpfs_dir)
     m.slow = Path(tmpfs_dir)
     assert status(m)["tiers"]["slow"]["path"] == str(tmpfs_dir)

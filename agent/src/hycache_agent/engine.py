@@ -319,12 +319,21 @@ class TieringEngine:
             await self._evict_wakeup.wait()
             self._evict_wakeup = trio.Event()
             target = self.config.low_watermark * self.capacity
+            failures = 0
             while self.fast_used > target:
                 victim = next(self._victims(), None)
                 if victim is None:
                     break
-                if not await self.migrate(victim, T.SLOW, reason="evict"):
-                    await trio.sleep(0.05)
+                try:
+                    moved = await self.migrate(victim, T.SLOW, reason="evict")
+                except OSError as exc:  # the slow tier failed (EIO, vanished): keep serving
+                    log.error("eviction of inode %d failed: %s", victim.ino, exc)
+                    moved = False
+                if moved:
+                    failures = 0
+                else:  # back off: a full or failing slow tier must not become a busy loop
+                    failures += 1
+                    await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
 
     async def _flusher(self) -> None:
         while True:
