@@ -77,10 +77,19 @@ def _tail(path: Path, n: int = 60) -> str:
 
 def force_unmount(mountpoint: Path) -> None:
     """Lazy-unmount a FUSE mount whatever state its daemon is in."""
-    if os.path.ismount(mountpoint):
+    # Ask the mount table, not stat(): a dead FUSE mount answers stat() with ENOTCONN,
+    # which os.path.ismount() reports as "not a mount point".
+    if _in_mount_table(mountpoint):
         subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-    if os.path.ismount(mountpoint):
+    if _in_mount_table(mountpoint):
         subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+def _in_mount_table(mountpoint: Path) -> bool:
+    target = os.fsencode(os.path.abspath(mountpoint))
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(len(fields) > 4 and fields[4].replace(b"\\040", b" ") == target
+                   for fields in (line.split(b" ") for line in f))
 
 
 def _is_mounted(mountpoint: Path) -> bool:
@@ -221,9 +230,16 @@ def hycache_mount():
         started.append((m, base))
         return m
 
-    def remount(m: HyCacheMount) -> HyCacheMount:
-        rc = m.unmount()
-        assert rc == 0, f"agent exited {rc} on SIGTERM before the remount\n{_tail(m.log)}"
+    def remount(m: HyCacheMount, *, after_kill: bool = False) -> HyCacheMount:
+        """Restart the agent on the same root.  ``after_kill``: the test killed it on
+        purpose (SIGKILL); the dead mount is lazily unmounted instead of expecting exit 0."""
+        if after_kill:
+            m._stopped = True
+            m.killed_on_purpose = True
+            force_unmount(m.mountpoint)
+        else:
+            rc = m.unmount()
+            assert rc == 0, f"agent exited {rc} on SIGTERM before the remount\n{_tail(m.log)}"
         opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
         m2 = start_hycache_mount(m.base, m.fast_capacity, **opts)
         started.append((m2, m.base))
@@ -237,7 +253,9 @@ def hycache_mount():
     for m, base in reversed(started):
         was_killed = not m._stopped and m.proc.poll() is not None
         rc = m.unmount()
-        if was_killed:
+        if getattr(m, "killed_on_purpose", False):
+            pass
+        elif was_killed:
             problems.append(f"agent for {m.mountpoint} died during the test (exit {rc})\n{_tail(m.log)}")
         elif rc != 0:
             problems.append(f"agent for {m.mountpoint} exited {rc} on SIGTERM\n{_tail(m.log)}")

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = m.add_argument_group("global namespace (several nodes)")
     g.add_argument("--redis", help="Redis Cluster nodes HOST:PORT[,HOST:PORT...] holding the global namespace")
     g.add_argument("--meta-store", type=Path, help="a SQLite metadata store shared by agents on one host (instead of Redis)")
+    g.add_argument("--dht-namespace", help="key prefix in Redis Cluster (default hc)")
     g.add_argument("--node-id", help="this node's name in the cluster (default: host name)")
     g.add_argument("--listen", help="HOST:PORT of the agent-to-agent data service (default 0.0.0.0:7070)")
     g.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one (default: --listen)")
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache", "redis", "meta_store", "node_id", "listen", "advertise",
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()

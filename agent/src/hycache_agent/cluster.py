@@ -115,6 +115,7 @@ class ClusterLink:
         self._remote_by_path: dict[bytes, RemoteNode] = {}
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
+        self._count_rows: list = []
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
 
     # ------------------------------------------------------------------ wiring
@@ -123,7 +124,7 @@ class ClusterLink:
         ns = self.engine.ns
         ns.events = []
         ns.journal.outbox_hook = self._outbox_rows
-        ns.journal.on_commit = self._wake
+        ns.journal.on_commit = self._committed
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         for entry in os.scandir(self.cache_dir):  # a remote cache does not survive a restart
             os.unlink(entry.path)
@@ -141,7 +142,11 @@ class ClusterLink:
         backoff = 0.2
         while self._store is None:
             try:
-                self._store = await trio.to_thread.run_sync(self._store_factory)
+                store = await trio.to_thread.run_sync(self._store_factory)
+                # register before publishing anything: a peer that sees one of our names
+                # must be able to find our address
+                await trio.to_thread.run_sync(self._beat, self._node_meta(), store)
+                self._store = store
             except Exception as exc:  # noqa: BLE001 - unreachable at start: keep serving locally
                 self._degraded(exc)
                 await trio.sleep(backoff)
@@ -196,6 +201,7 @@ class ClusterLink:
                     fallback = _pack_row_meta(self.entry_meta(inode)) if inode is not None else None
                     rows.append(("rename", old, new, fallback))
         ns.events.clear()
+        self._count_rows = rows  # counted into the backlog when the commit succeeds
         for ino in dirty:
             if ino in put_now or ino == ROOT_INO:
                 continue
@@ -211,6 +217,11 @@ class ClusterLink:
             for path in ns.paths_of(inode):
                 rows.append(("put", path, None, packed))
         return rows
+
+    def _committed(self) -> None:
+        self.status.backlog += len(self._count_rows)
+        self._count_rows = []
+        self._wakeup.set()
 
     async def _republish_all(self) -> None:
         """At start: queue a put of every local name (idempotent), so the store holds
@@ -237,10 +248,12 @@ class ClusterLink:
     async def _publisher(self) -> None:
         backoff = 0.1
         store_db = self.engine.store
+        first = True
         while True:
             rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
-            self.status.backlog = len(rows) if len(rows) < PUBLISH_BATCH else \
-                await trio.to_thread.run_sync(store_db.outbox_size)
+            if first:  # rows left by the previous run
+                self.status.backlog = await trio.to_thread.run_sync(store_db.outbox_size)
+                first = False
             if self._store is None:
                 with trio.move_on_after(1.0):
                     await self._wakeup.wait()
@@ -262,6 +275,7 @@ class ClusterLink:
                 continue
             backoff = 0.1
             await trio.to_thread.run_sync(store_db.outbox_done, rows[-1][0])
+            self.status.backlog = max(0, self.status.backlog - len(rows))
             self.status.published_ops += len(rows)
             self.status.publish_batches += 1
             self._ok()
@@ -330,20 +344,23 @@ class ClusterLink:
             if self._store is None:
                 await trio.sleep(0.2)
                 continue
-            now = time.time_ns()
-            meta = EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
-                             primary=self.node_id, target=self.advertise.encode())
             try:
-                await trio.to_thread.run_sync(self._beat, meta)
+                await trio.to_thread.run_sync(self._beat, self._node_meta(), self._store)
             except Exception as exc:  # noqa: BLE001
                 self._degraded(exc)
             await trio.sleep(HEARTBEAT_SECONDS)
 
-    def _beat(self, meta: EntryMeta) -> None:
-        if self.store.get(NODES_DIR) is None:
+    def _node_meta(self) -> EntryMeta:
+        now = time.time_ns()
+        return EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
+                         primary=self.node_id, target=self.advertise.encode())
+
+    @staticmethod
+    def _beat(meta: EntryMeta, store: MetaStore) -> None:
+        if store.get(NODES_DIR) is None:
             now = time.time_ns()
-            self.store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
-        self.store.put(join(NODES_DIR, self.node_id.encode()), meta)
+            store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
+        store.put(join(NODES_DIR, meta.primary.encode()), meta)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """(worker thread) live nodes: id -> {addr, age}."""
@@ -370,7 +387,16 @@ class ClusterLink:
             return node.path
         return self.engine.ns.path_of(ino)
 
+    @property
+    def reachable(self) -> bool:
+        """While degraded, the global view is skipped (names held elsewhere are not
+        shown) instead of making every lookup wait for the store's timeout; the
+        publisher finds out when the store is back."""
+        return self._store is not None and self.status.state != "degraded"
+
     async def _store_get(self, path: bytes) -> EntryMeta | None:
+        if not self.reachable:
+            return None
         try:
             return await trio.to_thread.run_sync(self.store.get, path)
         except (DHTError, ConnectionError, TimeoutError) as exc:
@@ -378,8 +404,13 @@ class ClusterLink:
             return None
 
     def _remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
+        """The overlay node for a remote name.  A file gets a new inode number for every
+        version: with the writeback cache the kernel keeps its own idea of a regular
+        file's size and ignores sizes the agent reports later, so a changed file must
+        look like a new inode (the old one lives on until the kernel forgets it)."""
         node = self._remote_by_path.get(path)
-        if node is None:
+        if node is None or (meta.kind != "dir" and node.meta.version != meta.version) \
+                or node.meta.kind != meta.kind:
             node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
             self.remote[node.ino] = node
             self._remote_by_path[path] = node
@@ -399,9 +430,11 @@ class ClusterLink:
         return self._remote_node(path, meta)
 
     async def refresh(self, node: RemoteNode) -> RemoteNode:
+        """Fresh attributes for a directory, or for a file still at the same version
+        (a newer version is a new inode, found by the next lookup)."""
         if time.monotonic() - node.fetched > META_TTL_SECONDS:
             meta = await self._store_get(node.path)
-            if meta is not None:
+            if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
         return node
 
@@ -409,6 +442,8 @@ class ClusterLink:
         def listing() -> list[tuple[bytes, EntryMeta]]:
             return list(self.store.list_dir(path))
 
+        if not self.reachable:
+            return []
         try:
             entries = await trio.to_thread.run_sync(listing)
         except (DHTError, ConnectionError, TimeoutError) as exc:

@@ -40,6 +40,7 @@ class AgentConfig(BaseModel):
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")
     node_id: str | None = None
+    dht_namespace: str = "hc"  # key prefix in Redis: several HyCache clusters can share one Redis Cluster
     listen: str = "0.0.0.0:7070"
     advertise: str | None = None
     cluster_secret_file: Path | None = None

@@ -659,7 +659,10 @@ class TieringEngine:
         created or renamed, its bytes are in its blob as soon as each write returned
         (they survive an agent crash; fsync makes them survive a power failure), and
         the recovery pass takes the size from the blob.  Size and times reach the
-        metadata store with the next group commit (at most a second later)."""
+        metadata store with the next group commit (at most a second later) — at once
+        in a cluster, where the commit also queues their publication to the other nodes."""
+        if self.cluster is not None:
+            await self.ns.journal.sync()
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]

@@ -92,7 +92,10 @@ class HyCacheOperations(pyfuse3.Operations):
         m = node.meta
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
-        a.entry_timeout = a.attr_timeout = self.attr_timeout
+        a.entry_timeout = self.attr_timeout
+        # another node may still be writing a remote file: never let the kernel keep its
+        # size (a stale size would make reads stop early)
+        a.attr_timeout = self.attr_timeout if node.is_dir else 0
         a.st_mode = m.mode
         a.st_nlink = 2 if node.is_dir else 1
         a.st_uid, a.st_gid, a.st_rdev, a.st_size = m.uid, m.gid, m.rdev, m.size
@@ -216,16 +219,20 @@ class HyCacheOperations(pyfuse3.Operations):
     @errno_edge
     async def unlink(self, parent_inode, name, ctx):
         self._not_remote(parent_inode)
+        await self._not_remote_name(parent_inode, name)
         await self.engine.remove(parent_inode, name, rmdir=False)
 
     @errno_edge
     async def rmdir(self, parent_inode, name, ctx):
         self._not_remote(parent_inode)
+        await self._not_remote_name(parent_inode, name)
         await self.engine.remove(parent_inode, name, rmdir=True)
 
     @errno_edge
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._not_remote(parent_inode_old, parent_inode_new)
+        await self._not_remote_name(parent_inode_old, name_old)
+        await self._not_remote_name(parent_inode_new, name_new)
         await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
     # -- directories -----------------------------------------------------------------
@@ -311,6 +318,14 @@ class HyCacheOperations(pyfuse3.Operations):
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache
         return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
+
+    async def _not_remote_name(self, parent: int, name: bytes) -> None:
+        """A name that is not local but held by another node cannot be removed or
+        renamed over from here yet: EROFS rather than a misleading ENOENT."""
+        if self.cluster is None or name in self.ns.children.get(parent, {}):
+            return
+        if await self.cluster.lookup(parent, name) is not None:
+            raise FsError(errno.EROFS)
 
     async def _local_dir(self, ino: int) -> int:
         """A directory's local inode; a directory held only in the global namespace is

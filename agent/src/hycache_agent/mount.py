@@ -61,10 +61,11 @@ def _make_cluster(engine: TieringEngine) -> None:
     if config.redis is not None:
         from hycache_dht.redis_store import RedisClusterStore
 
-        nodes = config.redis_nodes
+        nodes, namespace = config.redis_nodes, config.dht_namespace
 
         def factory():
-            return RedisClusterStore(nodes)
+            # a short deadline: a lookup must not hang for long when Redis is away
+            return RedisClusterStore(nodes, namespace=namespace, op_timeout=5.0)
     else:
         from hycache_dht.local_store import LocalStore
 

@@ -1,0 +1,192 @@
+"""Several agents on one machine sharing one global namespace (HyCache+), against a real
+Redis Cluster (the session's ``redis_cluster``), real FUSE mounts and the real
+authenticated peer service on loopback ports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+
+pytest_plugins = ["hycache_dht.testing"]
+pytestmark = pytest.mark.mount
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def secret_file(tmp_path) -> Path:
+    p = tmp_path / "cluster.secret"
+    p.write_text(os.urandom(32).hex())
+    p.chmod(0o600)
+    return p
+
+
+def redis_addr(cluster: LocalRedisCluster) -> str:
+    return ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+
+
+def start_agents(hycache_mount, redis: str, secret: Path, namespace: str, names=("a", "b"), **opts):
+    return [hycache_mount(fast_capacity="64M", redis=redis, dht_namespace=namespace, node_id=name,
+                          listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret, **opts)
+            for name in names]
+
+
+def cluster_status(m) -> dict:
+    out = subprocess.run([AGENT, "status", str(m.root), "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["cluster"]
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_published(*mounts) -> None:
+    """Until every agent's outbox is empty, plus the kernel's entry timeout (1 s), after
+    which a lookup on another node finds the newest version."""
+    for m in mounts:
+        wait_for(lambda: cluster_status(m)["backlog"] == 0, what=f"{m.mountpoint}'s outbox drained")
+    time.sleep(1.1)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_files_written_on_one_node_are_listed_and_readable_on_another(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "results" / "run1").mkdir(parents=True)
+    big = a.mountpoint / "results" / "run1" / "big.bin"
+    big.write_bytes(os.urandom(5 << 20))
+    (a.mountpoint / "hello.txt").write_text("hello from a\n")
+    odd = os.fsencode(a.mountpoint) + b"/caf\xe9-\xff.txt"  # not UTF-8
+    with open(odd, "wb") as f:
+        f.write(b"latin-1 name")
+
+    wait_for(lambda: (b.mountpoint / "results" / "run1" / "big.bin").exists(), what="a's file on b")
+    wait_published(a)
+    expected = sorted(["hello.txt", "results", os.fsdecode(b"caf\xe9-\xff.txt")])
+    assert sorted(os.listdir(b.mountpoint)) == sorted(os.listdir(a.mountpoint)) == expected
+    assert (b.mountpoint / "hello.txt").read_text() == "hello from a\n"
+    assert sha(b.mountpoint / "results" / "run1" / "big.bin") == sha(big)
+    with open(os.fsencode(b.mountpoint) + b"/caf\xe9-\xff.txt", "rb") as f:
+        assert f.read() == b"latin-1 name"
+    where = subprocess.run([AGENT, "where", str(b.mountpoint / "hello.txt")], capture_output=True, text=True)
+    assert where.stdout.split()[0] == "remote", where.stdout
+    st = cluster_status(b)
+    assert st["state"] == "ok" and st["remote_fetches"] >= 3 and st["remote_bytes"] >= 5 << 20
+
+
+def test_new_names_in_a_remote_directory_are_created_locally_and_seen_by_the_owner(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "shared").mkdir()
+    (a.mountpoint / "shared" / "from-a").write_text("a")
+    wait_for(lambda: (b.mountpoint / "shared").is_dir(), what="a's directory on b")
+    (b.mountpoint / "shared" / "from-b").write_text("b")  # b materialises shared/ locally
+    where = subprocess.run([AGENT, "where", str(b.mountpoint / "shared" / "from-b")], capture_output=True,
+                           text=True)
+    assert where.stdout.split()[0] == "fast"
+    wait_for(lambda: (a.mountpoint / "shared" / "from-b").exists(), what="b's file on a")
+    wait_published(b)
+    assert (a.mountpoint / "shared" / "from-b").read_text() == "b"
+    assert sorted(os.listdir(a.mountpoint / "shared")) == sorted(os.listdir(b.mountpoint / "shared")) == [
+        "from-a", "from-b"]
+
+
+def test_names_held_elsewhere_are_read_only_for_now(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """Write takeover is not built yet: writing, renaming or removing another node's file
+    fails cleanly (EROFS) and loses nothing."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "f").write_text("original")
+    remote = b.mountpoint / "f"
+    wait_for(remote.exists, what="a's file on b")
+    wait_published(a)
+    for attempt in (lambda: remote.write_text("overwrite"), remote.unlink,
+                    lambda: remote.rename(b.mountpoint / "g")):
+        with pytest.raises(OSError) as exc:
+            attempt()
+        assert exc.value.errno == 30  # EROFS
+    assert (a.mountpoint / "f").read_text() == remote.read_text() == "original"
+
+
+def test_agent_keeps_serving_while_redis_is_down_and_publishes_the_backlog_after(
+        hycache_mount, tmp_path, dht_namespace, secret_file):
+    cluster = LocalRedisCluster(tmp_path / "redis", find_free_base(6, start=29100, stop=32000))
+    cluster.start()
+    try:
+        a, b = start_agents(hycache_mount, redis_addr(cluster), secret_file, dht_namespace)
+        (a.mountpoint / "before").write_text("0")
+        wait_for(lambda: (b.mountpoint / "before").exists(), what="publication")
+        cluster.stop()
+        for i in range(20):
+            (a.mountpoint / f"offline-{i}").write_text(str(i))  # local writes go on
+        assert (a.mountpoint / "offline-7").read_text() == "7"
+        st = wait_for(lambda: (s := cluster_status(a))["state"] == "degraded" and s, what="degraded state")
+        assert st["backlog"] >= 20 and st["last_error"]
+        cluster.start()
+        wait_for(lambda: cluster_status(a)["backlog"] == 0 and cluster_status(a)["state"] == "ok", timeout=60,
+                 what="backlog drained")
+        wait_for(lambda: (b.mountpoint / "offline-19").exists(), what="backlog visible on b")
+        wait_published(a)
+        assert all((b.mountpoint / f"offline-{i}").read_text() == str(i) for i in range(20))
+    finally:
+        cluster.stop()
+
+
+def test_killing_a_redis_master_loses_no_published_name(hycache_mount, tmp_path, dht_namespace, secret_file):
+    cluster = LocalRedisCluster(tmp_path / "redis", find_free_base(6, start=32100, stop=35000))
+    cluster.start()
+    try:
+        a, b = start_agents(hycache_mount, redis_addr(cluster), secret_file, dht_namespace)
+        names = [f"n{i:03d}" for i in range(200)]
+        for i, name in enumerate(names):
+            (a.mountpoint / name).write_text(name)
+            if i == 60:
+                cluster.kill_master()
+        wait_for(lambda: sorted(os.listdir(b.mountpoint)) == names, timeout=60, what="every name on b")
+        wait_published(a)
+        assert (b.mountpoint / "n199").read_text() == "n199"
+    finally:
+        cluster.stop()
+
+
+def test_a_dead_holder_is_a_clean_error_and_its_names_stay_listed(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "data").write_bytes(b"x" * 1000)
+    wait_for(lambda: (b.mountpoint / "data").exists(), what="a's file on b")
+    wait_published(a)
+    a.proc.kill()  # kill -9
+    a.proc.wait()
+    assert "data" in os.listdir(b.mountpoint)  # the name lives in the DHT
+    with pytest.raises(OSError) as exc:
+        (b.mountpoint / "data").read_bytes()
+    assert exc.value.errno == 5  # EIO: no replica yet, holder down
+    a2 = hycache_mount.remount(a, after_kill=True)
+    wait_for(lambda: (b.mountpoint / "data").read_bytes() == b"x" * 1000, timeout=30, what="read after restart")
+    assert (a2.mountpoint / "data").read_bytes() == b"x" * 1000
