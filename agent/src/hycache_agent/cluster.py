@@ -48,6 +48,7 @@ HEARTBEAT_SECONDS = 2.0
 NODE_TTL_SECONDS = 10.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
+SMALL_DIR = 1024
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
 
@@ -116,6 +117,7 @@ class ClusterLink:
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
         self._count_rows: list = []
+        self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
 
     # ------------------------------------------------------------------ wiring
@@ -424,10 +426,47 @@ class ClusterLink:
         if parent is None or (parent == b"/" and name in HIDDEN_ROOT_NAMES):
             return None
         path = join(parent, name)
-        meta = await self._store_get(path)
+        listing = await self._small_listing(parent)
+        if listing is not None:
+            meta = listing.get(name)
+        else:
+            meta = await self._store_get(path)
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
             return None  # ours but deleted locally (publication pending) — not there
         return self._remote_node(path, meta)
+
+    async def _small_listing(self, dirpath: bytes) -> dict[bytes, EntryMeta] | None:
+        """The store's entries of a small directory, cached for META_TTL_SECONDS, so that
+        a burst of creates (each preceded by a lookup of the new name) costs one listing
+        per second instead of one store round trip per name.  None for a large directory
+        (more than SMALL_DIR entries: names are looked up one by one) or when the store
+        is unreachable.  The staleness is the same as the kernel's entry cache."""
+        now = time.monotonic()
+        cached = self._listings.get(dirpath)
+        if cached is not None and now - cached[0] < META_TTL_SECONDS:
+            return cached[1]
+        if not self.reachable:
+            return None
+
+        def listing() -> dict[bytes, EntryMeta] | None:
+            out = {}
+            for name, meta in self.store.list_dir(dirpath):
+                if len(out) >= SMALL_DIR:
+                    return None
+                out[name] = meta
+            return out
+
+        try:
+            entries = await trio.to_thread.run_sync(listing)
+        except (FileNotFoundError, NotADirectoryError):
+            entries = {}
+        except (DHTError, ConnectionError, TimeoutError) as exc:
+            self._degraded(exc)
+            return None
+        if len(self._listings) > 4096:
+            self._listings.clear()
+        self._listings[dirpath] = (now, entries)
+        return entries
 
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Global-namespace benchmark: metadata operations through the mount with the DHT on and
+off, with 1, 2 and 4 agents, against raw ``redis-benchmark`` on the same Redis Cluster,
+and cross-node read throughput against a local read.
+
+For every agent count N: N agents (each with its own root and mount, all joined to one
+local Redis Cluster) and N client processes, each creating/stat-ing files in its own
+agent's mount.  The standalone row runs one agent without --redis.
+
+Usage: bench/cluster_bench.py [--files 2000] [--agents 1,2,4] [--read-size 256M] [--json FILE]
+Needs root (FUSE mounts, drop_caches).  Prints a table; writes nothing else unless --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
+sys.path.insert(0, str(REPO / "core" / "src"))
+sys.path.insert(0, str(REPO / "dht" / "src"))
+from hycache_core.sizes import parse_size  # noqa: E402
+from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agent:
+    def __init__(self, base: Path, name: str, redis: str | None, secret: Path) -> None:
+        self.root, self.mnt = base / name, base / name / "mnt"
+        self.mnt.mkdir(parents=True)
+        argv = [AGENT, "mount", str(self.root), str(self.mnt), "--log-level", "WARNING"]
+        if redis:
+            argv += ["--redis", redis, "--node-id", name, "--listen", f"127.0.0.1:{free_port()}",
+                     "--cluster-secret-file", str(secret), "--dht-namespace", f"bench-{os.getpid()}"]
+        self.log = open(self.root / "agent.log", "wb")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(self.mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"agent {name} did not mount; see {self.root / 'agent.log'}")
+            time.sleep(0.05)
+
+    def backlog(self) -> int:
+        out = subprocess.run([AGENT, "status", str(self.root), "--json"], capture_output=True, text=True)
+        cluster = json.loads(out.stdout).get("cluster") if out.returncode == 0 else None
+        return 0 if not cluster else cluster["backlog"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                subprocess.run(["fusermount3", "-uz", str(self.mnt)])
+                self.proc.kill()
+        self.log.close()
+
+
+def _client(args) -> tuple[float, float]:
+    directory, n = args
+    os.makedirs(directory, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(n):
+        fd = os.open(f"{directory}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+    t1 = time.perf_counter()
+    for i in range(n):
+        os.stat(f"{directory}/f{i}")
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+def metadata_run(agents: list[Agent], files: int) -> dict:
+    jobs = [(str(a.mnt / f"client{i}"), files) for i, a in enumerate(agents)]
+    with multiprocessing.Pool(len(jobs)) as pool:
+        t0 = time.perf_counter()
+        results = pool.map(_client, jobs)
+        wall = time.perf_counter() - t0
+    total = files * len(agents)
+    create = max(r[0] for r in results)
+    stat = max(r[1] for r in results)
+    t_pub = time.perf_counter()
+    while any(a.backlog() for a in agents):  # until every create reached the DHT
+        time.sleep(0.1)
+    published = time.perf_counter() - t_pub
+    return {"agents": len(agents), "files": total, "creates_per_s": total / create, "stats_per_s": total / stat,
+            "wall_s": wall, "publish_tail_s": published}
+
+
+def redis_benchmark(cluster: LocalRedisCluster) -> dict:
+    host, port = cluster.nodes[0]
+    out = subprocess.run(["redis-benchmark", "-h", host, "-p", str(port), "--cluster", "-t", "set,get",
+                          "-n", "100000", "-c", "50", "-q"], capture_output=True, text=True, timeout=300)
+    res = {}
+    for line in out.stdout.replace("\r", "\n").splitlines():
+        if ":" in line and "requests per second" in line:
+            name, _, rest = line.partition(":")
+            res[name.strip()] = float(rest.split()[0])
+    return res
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def read_mbps(path: Path) -> float:
+    drop_caches()
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            n += len(chunk)
+    return n / (time.perf_counter() - t0) / 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=2000, help="files per client (default 2000)")
+    p.add_argument("--agents", default="1,2,4")
+    p.add_argument("--read-size", default="256M")
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    if os.geteuid() != 0:
+        print("cluster_bench: needs root", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="hycache-clbench-"))
+    secret = work / "secret"
+    secret.write_text(os.urandom(32).hex())
+    secret.chmod(0o600)
+    cluster = LocalRedisCluster(work / "redis", find_free_base(6, start=36000, stop=40000))
+    cluster.start()
+    redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    rows = []
+    try:
+        print("redis-benchmark (C, 50 connections, the ceiling):", redis_benchmark(cluster), flush=True)
+        agent = Agent(work / "standalone", "solo", None, secret)
+        try:
+            rows.append({"mode": "standalone", **metadata_run([agent], a.files)})
+        finally:
+            agent.stop()
+        for n in [int(x) for x in a.agents.split(",")]:
+            agents = [Agent(work / f"dht{n}", f"n{i}", redis, secret) for i in range(n)]
+            try:
+                rows.append({"mode": "dht", **metadata_run(agents, a.files)})
+            finally:
+                for ag in agents:
+                    ag.stop()
+        for r in rows:
+            print(f"{r['mode']:10s} agents {r['agents']}  creates/s {r['creates_per_s']:8.0f}  "
+                  f"stats/s {r['stats_per_s']:8.0f}  (publication finished {r['publish_tail_s']:.2f} s after "
+                  f"the last create)", flush=True)
+        size = parse_size(a.read_size)
+        x, y = Agent(work / "read", "x", redis, secret), Agent(work / "read", "y", redis, secret)
+        try:
+            path = x.mnt / "big.bin"
+            with open(path, "wb") as f:
+                block = os.urandom(1 << 20)
+                for _ in range(size // (1 << 20)):
+                    f.write(block)
+            while x.backlog():
+                time.sleep(0.1)
+            time.sleep(1.2)
+            local = read_mbps(path)
+            remote_first = read_mbps(y.mnt / "big.bin")  # fetched from x through the peer service
+            remote_cached = read_mbps(y.mnt / "big.bin")  # y's local copy
+            print(f"read {a.read_size}: local {local:.0f} MB/s, cross-node first read {remote_first:.0f} MB/s, "
+                  f"cross-node again (cached copy) {remote_cached:.0f} MB/s", flush=True)
+            rows.append({"mode": "read", "size": size, "local_MBps": local, "remote_first_MBps": remote_first,
+                         "remote_cached_MBps": remote_cached})
+        finally:
+            x.stop()
+            y.stop()
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
