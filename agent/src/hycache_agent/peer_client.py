@@ -181,7 +181,7 @@ class PeerClient:
 
     def __init__(self, node_id: str, secret: bytes, *, retries: int = 5, backoff: float = 0.1,
                  max_backoff: float = 3.0, connect_timeout: float = 5.0, read_timeout: float = 30.0,
-                 chunk_size: int = CHUNK, max_connections: int = 64,
+                 chunk_size: int = CHUNK, max_connections: int = 64, io_threads: int = 2,
                  clock: Callable[[], float] = time.time) -> None:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
@@ -192,6 +192,9 @@ class PeerClient:
         self.chunk_size = chunk_size
         self.clock = clock
         self.stats = ClientStats()
+        # file reads/writes of all transfers share these threads (see docs/peer.md: more
+        # writer threads than cores starve the loop thread without adding throughput)
+        self.limiter = trio.CapacityLimiter(io_threads)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             transport=_transport(max_connections),
@@ -224,6 +227,9 @@ class PeerClient:
                                                          req.url.raw_path, self.clock())
         self.stats.requests += 1
         return req
+
+    async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     async def _sleep_backoff(self, attempt: int) -> None:
         delay = min(self.max_backoff, self.backoff * (2 ** attempt))
@@ -347,7 +353,7 @@ class PeerClient:
         async def writer() -> None:
             async with recv_ch:
                 async for offset, pieces in recv_ch:
-                    n = await trio.to_thread.run_sync(_pwrite_all, fd, pieces, offset)
+                    n = await self._thread(_pwrite_all, fd, pieces, offset)
                     state["written"] += n
                     if progress is not None:
                         progress(state["written"], state["size"] or 0)
@@ -468,7 +474,7 @@ class PeerClient:
             pos = 0
             while pos < size:
                 n = min(self.chunk_size, size - pos)
-                data = await trio.to_thread.run_sync(_read_exact, fd, n, pos)
+                data = await self._thread(_read_exact, fd, n, pos)
                 if len(data) < n:
                     raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
                 pos += n
