@@ -73,6 +73,51 @@ end
 local function pins(k, d) redis.call('HINCRBY', k, '/p', d) end
 local dec = cmsgpack.unpack
 local enc = cmsgpack.pack
+-- a header step found already done: {0} if token did it (a replay), else {code}
+local function mine(id, token, code)
+  if id == token then return {0} end
+  return {code}
+end
+-- undo the header state ('gone' or 'moving') that token set: the directory is live again
+local function relive(k, state, token)
+  local st, id, path = hdr(k)
+  if st == state and id == token then set_hdr(k, path, 'live', '') end
+  touch(k)
+  return {0}
+end
+-- claim the empty directory k for removal (header 'gone' owned by token); with
+-- frozen, a 'moving' header of token counts as claimed too
+local function tombstone(k, path, token, extra, frozen)
+  local st, id = hdr(k)
+  if st == 'gone' then return mine(id, token, 5) end
+  if st == 'moving' then
+    if frozen then return mine(id, token, 4) end
+    return {4}
+  end
+  if children(k) > 0 then return {8} end
+  set_hdr(k, path, 'gone', token, extra)
+  return {0}
+end
+-- drop the hash k when ok ({0, 1}); else write nothing but the replay touch ({0, 0})
+local function drop(k, ok)
+  if ok then redis.call('DEL', k); return {0, 1} end
+  touch(k)
+  return {0, 0}
+end
+-- remove the entry name of k at version expect ('' = any): a directory's entry
+-- (dir = true, rmdir) or any other (dir = false)
+local function remove(k, name, expect, dir)
+  if hdr(k) == 'moving' then return {4} end
+  local cur = redis.call('HGET', k, name)
+  if not cur then touch(k); return {2} end
+  local t = dec(cur)
+  if t[7] ~= '' then return {4} end
+  if dir and t[4] ~= 'dir' then return {7} end
+  if expect ~= '' and tonumber(expect) ~= t[1] then return {3, t[1]} end
+  if (not dir) and t[4] == 'dir' then return {6, t[1]} end
+  redis.call('HDEL', k, name)
+  return {0}
+end
 """
 
 SOURCES: dict[str, str] = {}
@@ -137,61 +182,29 @@ return {0}
 
 # ARGV: name, expect -> {0} | {2} | {3, v} | {4} | {6, v} (a directory: use rmdir)
 _script("delete", r"""
-if hdr(K) == 'moving' then return {4} end
-local cur = redis.call('HGET', K, ARGV[1])
-if not cur then touch(K); return {2} end
-local t = dec(cur)
-if t[7] ~= '' then return {4} end
-if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= t[1] then return {3, t[1]} end
-if t[4] == 'dir' then return {6, t[1]} end
-redis.call('HDEL', K, ARGV[1])
-return {0}
+return remove(K, ARGV[1], ARGV[2], false)
 """)
 
 # rmdir step 1, on the directory's own hash: atomic emptiness check, refuse creates from
 # now on. ARGV: dir path, token, version of the directory's entry
 _script("tomb", r"""
-local st, id = hdr(K)
-if st == 'gone' then
-  if id == ARGV[2] then return {0} end
-  return {5}
-end
-if st == 'moving' then return {4} end
-if children(K) > 0 then return {8} end
-set_hdr(K, ARGV[1], 'gone', ARGV[2], tonumber(ARGV[3]))
-return {0}
+return tombstone(K, ARGV[1], ARGV[2], tonumber(ARGV[3]), false)
 """)
 
 # rmdir step 2, on the parent's hash. ARGV: name, expect
 _script("deldir", r"""
-if hdr(K) == 'moving' then return {4} end
-local cur = redis.call('HGET', K, ARGV[1])
-if not cur then touch(K); return {2} end
-local t = dec(cur)
-if t[7] ~= '' then return {4} end
-if t[4] ~= 'dir' then return {7} end
-if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= t[1] then return {3, t[1]} end
-redis.call('HDEL', K, ARGV[1])
-return {0}
+return remove(K, ARGV[1], ARGV[2], true)
 """)
 
 # undo a tombstone. ARGV: token
 _script("untomb", r"""
-local st, id, path = hdr(K)
-if st == 'gone' and id == ARGV[1] then set_hdr(K, path, 'live', '') end
-touch(K)
-return {0}
+return relive(K, 'gone', ARGV[1])
 """)
 
 # rmdir step 3: drop the (empty) tombstoned hash. ARGV: token ('' = whoever set it)
 _script("dropgone", r"""
 local st, id = hdr(K)
-if st == 'gone' and (ARGV[1] == '' or id == ARGV[1]) and children(K) == 0 then
-  redis.call('DEL', K)
-  return {0, 1}
-end
-touch(K)
-return {0, 0}
+return drop(K, st == 'gone' and (ARGV[1] == '' or id == ARGV[1]) and children(K) == 0)
 """)
 
 # ARGV: name, node, lease_ms -> {0, lease_until_ms} | {9, writer, lease_until_ms}
@@ -291,10 +304,7 @@ return {0, 0}
 # in it). ARGV: dir path, intent id
 _script("freeze", r"""
 local st, id = hdr(K)
-if st == 'moving' then
-  if id == ARGV[2] then return {0} end
-  return {4}
-end
+if st == 'moving' then return mine(id, ARGV[2], 4) end
 if st == 'gone' then return {5} end
 if tonumber(redis.call('HGET', K, '/p') or '0') > 0 then return {4} end
 set_hdr(K, ARGV[1], 'moving', ARGV[2])
@@ -303,26 +313,12 @@ return {0}
 
 # ARGV: intent id
 _script("unfreeze", r"""
-local st, id, path = hdr(K)
-if st == 'moving' and id == ARGV[1] then set_hdr(K, path, 'live', '') end
-touch(K)
-return {0}
+return relive(K, 'moving', ARGV[1])
 """)
 
 # claim the (empty) directory a directory rename replaces. ARGV: dir path, intent id
 _script("tombdst", r"""
-local st, id = hdr(K)
-if st == 'gone' then
-  if id == ARGV[2] then return {0} end
-  return {5}
-end
-if st == 'moving' then
-  if id == ARGV[2] then return {0} end
-  return {4}
-end
-if children(K) > 0 then return {8} end
-set_hdr(K, ARGV[1], 'gone', ARGV[2])
-return {0}
+return tombstone(K, ARGV[1], ARGV[2], nil, true)
 """)
 
 # prepare (freeze) a target hash of a directory move, before the destination entry is
@@ -330,10 +326,7 @@ return {0}
 # directory this rename replaces) and is taken over. ARGV: dir path, intent id
 _script("preptgt", r"""
 local st, id = hdr(K)
-if st == 'moving' then
-  if id == ARGV[2] then return {0} end
-  return {4}
-end
+if st == 'moving' then return mine(id, ARGV[2], 4) end
 set_hdr(K, ARGV[1], 'moving', ARGV[2])
 return {0}
 """)
@@ -400,9 +393,7 @@ return {0}
 # drop a moved-away hash (its entries live on under the new path). ARGV: intent id
 _script("dropold", r"""
 local st, id = hdr(K)
-if st == 'moving' and id == ARGV[1] then redis.call('DEL', K); return {0, 1} end
-touch(K)
-return {0, 0}
+return drop(K, st == 'moving' and id == ARGV[1])
 """)
 
 # -- intent log (KEYS[1] = records, KEYS[2] = owners) ------------------------------------
