@@ -19,8 +19,8 @@ from pathlib import Path
 
 from . import paths
 from .meta import (
-    PROBLEMS, EntryMeta, MetaStore, Op, check_meta, dir_meta, invalid, new_report, not_empty,
-    pack_body, root_meta, unpack_body,
+    PROBLEMS, EntryMeta, MetaStore, Op, check_destination, check_meta, dir_meta, invalid,
+    new_report, not_empty, pack_body, root_meta, unpack_body,
 )
 
 SCHEMA = """
@@ -210,15 +210,7 @@ class LocalStore(MetaStore):
         with self._tx() as c:
             return self._delete(c, path, expect_version)
 
-    def list_dir(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
-        m = self.get(path)
-        if m is None:
-            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
-        if m.kind != "dir":
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
-        return self._pages(path)
-
-    def _pages(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+    def _entries(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
         after = None
         while True:
             c = self._conn()
@@ -282,15 +274,9 @@ class LocalStore(MetaStore):
             if paths.is_within(dst, src):
                 raise invalid(src, "cannot move a directory into itself")
             d = self._meta(c, dst)
-            if d is not None:
-                if not replace:
-                    raise FileExistsError(errno.EEXIST, "destination exists", dst)
-                if s.kind == "dir" and d.kind != "dir":
-                    raise NotADirectoryError(errno.ENOTDIR, "destination is not a directory", dst)
-                if s.kind != "dir" and d.kind == "dir":
-                    raise IsADirectoryError(errno.EISDIR, "destination is a directory", dst)
-                if d.kind == "dir" and self._has_children(c, dst):
-                    raise not_empty(dst)
+            check_destination(s, d, dst, replace)
+            if d is not None and d.kind == "dir" and self._has_children(c, dst):
+                raise not_empty(dst)
             dp = paths.split(dst)[0]
             pm = self._meta(c, dp)
             if pm is None or pm.kind != "dir":

@@ -176,6 +176,18 @@ def invalid(path: bytes, why: str) -> OSError:
     return OSError(errno.EINVAL, why, path)
 
 
+def check_destination(s: EntryMeta, d: EntryMeta | None, dst: bytes, replace: bool) -> None:
+    """POSIX rules for a rename of ``s`` onto an existing ``d`` (None: ``dst`` is free)."""
+    if d is None:
+        return
+    if not replace:
+        raise FileExistsError(errno.EEXIST, "destination exists", dst)
+    if s.kind == "dir" and d.kind != "dir":
+        raise NotADirectoryError(errno.ENOTDIR, "destination is not a directory", dst)
+    if s.kind != "dir" and d.kind == "dir":
+        raise IsADirectoryError(errno.EISDIR, "destination is a directory", dst)
+
+
 # -- fsck report ---------------------------------------------------------------------------
 
 #: report keys that count problems found (``report["problems"]`` is their sum)
@@ -226,9 +238,18 @@ class MetaStore(abc.ABC):
     def delete(self, path: bytes, expect_version: int | None = None) -> bool:
         """Remove the entry; False if absent (or CAS failed). ENOTEMPTY for a full directory."""
 
-    @abc.abstractmethod
     def list_dir(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
         """Stream ``(name, meta)`` of a directory in pages (never O(n) in one call)."""
+        m = self.get(path)
+        if m is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        if m.kind != "dir":
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        return self._entries(path)
+
+    @abc.abstractmethod
+    def _entries(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+        """The ``(name, meta)`` stream of ``list_dir`` (``path`` is a directory)."""
 
     @abc.abstractmethod
     def rename(self, src: bytes, dst: bytes, *, replace: bool = True) -> None:

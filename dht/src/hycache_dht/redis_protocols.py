@@ -29,8 +29,8 @@ from .lua import (
     ST_CASFAIL, ST_GONE, ST_NOTDIR, ST_NOTEMPTY, ST_NOTFOUND, ST_OK,
 )
 from .meta import (
-    PROBLEMS, DHTBusy, EntryMeta, MetaStore, RenameAborted, dir_meta, invalid, new_report,
-    not_empty, unpack_body,
+    PROBLEMS, DHTBusy, EntryMeta, MetaStore, RenameAborted, check_destination, dir_meta, invalid,
+    new_report, not_empty, unpack_body,
 )
 
 # positions in a stored entry (lua.py)
@@ -177,13 +177,7 @@ class CrossSlotProtocols(MetaStore):
         s, d, pm = self.get_many([src, dst, dp])
         if s is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", src)
-        if d is not None:
-            if not replace:
-                raise FileExistsError(errno.EEXIST, "destination exists", dst)
-            if s.kind == "dir" and d.kind != "dir":
-                raise NotADirectoryError(errno.ENOTDIR, "destination is not a directory", dst)
-            if s.kind != "dir" and d.kind == "dir":
-                raise IsADirectoryError(errno.EISDIR, "destination is a directory", dst)
+        check_destination(s, d, dst, replace)
         if pm is None or pm.kind != "dir":
             raise FileNotFoundError(errno.ENOENT, "destination directory missing", dp)
         iid = new_id()

@@ -204,15 +204,7 @@ class RedisClusterStore(CrossSlotProtocols):
             return self._rmdir(path, int(r[1]), expect_version)
         return self._raise(r[0], path)
 
-    def list_dir(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
-        m = self.get(path)
-        if m is None:
-            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
-        if m.kind != "dir":
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
-        return self._list(path)
-
-    def _list(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
+    def _entries(self, path: bytes) -> Iterator[tuple[bytes, EntryMeta]]:
         for name, raw in self._hscan(self._dkey(path)):
             yield name, decode_entry(raw)
 
