@@ -4,6 +4,7 @@ a real local Redis Cluster): each test runs once per engine (the ``engine`` fixt
 from __future__ import annotations
 
 import errno
+import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -510,6 +511,31 @@ class Crash(BaseException):
     cleanup code that catches Exception runs)."""
 
 
+def _dry_run(store, op):
+    """Run ``op()`` recording the protocol steps it reports: (steps, op's result)."""
+    steps: list[str] = []
+    store.step_hook = steps.append
+    result = op()
+    store.step_hook = None
+    return steps, result
+
+
+def _crash_at(store, i: int, op) -> dict:
+    """Run ``op()`` until its protocol step ``i`` (from 0), where the process 'dies'; then
+    repair with ``fsck`` and return its report."""
+    calls = itertools.count()
+
+    def hook(name):
+        if next(calls) == i:
+            raise Crash(name)
+
+    store.step_hook = hook
+    with pytest.raises(Crash):
+        op()
+    store.step_hook = None
+    return store.fsck(repair=True)
+
+
 RENAME_CASES = {
     # name: (make source, make destination or None, src, dst)
     "file-across": ("file", None),
@@ -542,27 +568,14 @@ def _setup_rename(store, base: bytes, case: str) -> tuple[bytes, bytes, dict | N
 def test_rename_crash_at_every_step_then_fsck(open_store, case):
     store = open_store()
     src, dst, _ = _setup_rename(store, b"/dry", case)
-    steps: list[str] = []
-    store.step_hook = steps.append
-    store.rename(src, dst)
-    store.step_hook = None
+    steps, _ = _dry_run(store, lambda: store.rename(src, dst))
     assert steps, "the engine reports no protocol steps"
     outcomes = set()
     for i, step in enumerate(steps):
         base = b"/crash%d" % i
         src, dst, dst_before = _setup_rename(store, base, case)
         src_before = tree(store, src)
-        calls = iter(range(len(steps) + 1))
-
-        def hook(name, i=i, calls=calls):
-            if next(calls) == i:
-                raise Crash(name)
-
-        store.step_hook = hook
-        with pytest.raises(Crash):
-            store.rename(src, dst)
-        store.step_hook = None
-        rep = store.fsck(repair=True)
+        rep = _crash_at(store, i, lambda: store.rename(src, dst))
         at_src, at_dst = tree(store, src), tree(store, dst)
         if at_src is not None:  # rolled back: both names as before
             assert at_src == src_before, (step, rep)
@@ -587,24 +600,12 @@ def test_rmdir_crash_at_every_step_then_fsck(open_store):
     store.create(b"/rm/dry", D)
     store.create(b"/rm/dry/x", F())
     store.delete(b"/rm/dry/x")
-    steps: list[str] = []
-    store.step_hook = steps.append
-    assert store.delete(b"/rm/dry")
-    store.step_hook = None
+    steps, removed = _dry_run(store, lambda: store.delete(b"/rm/dry"))
+    assert removed
     for i in range(len(steps)):
         d = b"/rm/d%d" % i
         store.create(d, D)
-        calls = iter(range(len(steps) + 1))
-
-        def hook(name, i=i, calls=calls):
-            if next(calls) == i:
-                raise Crash(name)
-
-        store.step_hook = hook
-        with pytest.raises(Crash):
-            store.delete(d)
-        store.step_hook = None
-        store.fsck(repair=True)
+        _crash_at(store, i, lambda: store.delete(d))
         assert store.fsck()["problems"] == 0
         if store.get(d) is not None:  # kept: still a working directory
             assert store.create(d + b"/y", F()) and store.delete(d + b"/y")
@@ -614,23 +615,11 @@ def test_rmdir_crash_at_every_step_then_fsck(open_store):
 
 def test_mkdir_crash_at_every_step_then_fsck(open_store):
     store = open_store()
-    steps: list[str] = []
-    store.step_hook = steps.append
-    assert store.create(b"/dry", D)
-    store.step_hook = None
+    steps, created = _dry_run(store, lambda: store.create(b"/dry", D))
+    assert created
     for i in range(len(steps)):
         d = b"/mk%d" % i
-        calls = iter(range(len(steps) + 1))
-
-        def hook(name, i=i, calls=calls):
-            if next(calls) == i:
-                raise Crash(name)
-
-        store.step_hook = hook
-        with pytest.raises(Crash):
-            store.create(d, D)
-        store.step_hook = None
-        store.fsck(repair=True)
+        _crash_at(store, i, lambda: store.create(d, D))
         assert store.fsck()["problems"] == 0
         assert store.get(d) is not None  # the entry was written first: it stays a directory
         assert store.create(d + b"/x", F()) and [n for n, _ in store.list_dir(d)] == [b"x"]
