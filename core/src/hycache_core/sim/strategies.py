@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 from ..policies._heap import iter_sorted
 from ..policies.base import OnlinePolicy
 from ..policies.heuristic import HeuristicPolicy
 from .driver import CacheDriver, Strategy
+
+
+def _victims(d: CacheDriver, size: int,
+             order: Callable[[], Iterable[Hashable]]) -> list[Hashable] | None:
+    """The resident files to evict, in ``order()``'s order (pinned ones skipped), so that
+    ``size`` more bytes fit; ``[]`` if they fit already (``order`` is then not called),
+    None if they never fit or ``order()`` ends before there is room."""
+    if size > d.capacity:
+        return None
+    need = d.used + size - d.capacity
+    victims: list[Hashable] = []
+    if need <= 0:
+        return victims
+    pinned, resident = d.pinned, d.resident
+    for v in order():
+        if v in pinned:
+            continue
+        victims.append(v)
+        need -= resident[v]
+        if need <= 0:
+            return victims
+    return None
 
 
 class OnlineStrategy(Strategy):
@@ -25,27 +47,18 @@ class OnlineStrategy(Strategy):
         self.policy.touch(key, size)
 
     def miss(self, pos: int, key: Hashable, size: int) -> None:
-        d = self.driver
-        need = d.used + size - d.capacity
-        if size > d.capacity:
-            return
-        policy = self.policy
-        if need > 0:
+        d, policy = self.driver, self.policy
+
+        def order() -> Iterable[Hashable]:
             policy.will_admit(key, size)
-            victims = []
-            pinned, resident = d.pinned, d.resident
-            for v in policy.eviction_order():
-                if v in pinned:
-                    continue
-                victims.append(v)
-                need -= resident[v]
-                if need <= 0:
-                    break
-            if need > 0:
-                return
-            for v in victims:
-                d.evict(v)
-                policy.remove(v)
+            return policy.eviction_order()
+
+        victims = _victims(d, size, order)
+        if victims is None:
+            return
+        for v in victims:
+            d.evict(v)
+            policy.remove(v)
         d.admit(key, size)
         policy.admit(key, size)
 
@@ -105,12 +118,10 @@ class BeladyStrategy(Strategy):
         if mine >= self.never:
             return
         d = self.driver
-        need = d.used + size - d.capacity
-        if size > d.capacity:
-            return
-        if need > 0:
-            victims = []
-            entry, pinned, resident, heap = self._entry, d.pinned, d.resident, self._heap
+
+        def order() -> Iterator[Hashable]:
+            """Resident files, furthest next use first, while that is after ``mine``."""
+            entry, pinned, heap = self._entry, d.pinned, self._heap
             while heap and entry.get(heap[0][2]) is not heap[0]:
                 heapq.heappop(heap)  # victims' items gather at the top: drop them
             for item in iter_sorted(heap):
@@ -119,15 +130,14 @@ class BeladyStrategy(Strategy):
                     continue
                 if -item[0] <= mine:
                     return  # the incoming file is needed later than every candidate
-                victims.append(v)
-                need -= resident[v]
-                if need <= 0:
-                    break
-            if need > 0:
-                return
-            for v in victims:
-                d.evict(v)
-                del self._entry[v]
+                yield v
+
+        victims = _victims(d, size, order)
+        if victims is None:
+            return
+        for v in victims:
+            d.evict(v)
+            del self._entry[v]
         d.admit(key, size)
         self._set(key, mine)
 
