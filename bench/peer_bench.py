@@ -31,10 +31,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles, the directory-backed PeerFiles
+sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles (directory-backed PeerFiles), loop_gaps
 
 import trio
 from dirfiles import DirFiles
+from loopwatch import loop_gaps
 from hycache_agent.peer import PeerServer, authorization, files_target, load_secret
 from hycache_agent.peer_client import PeerClient
 from hycache_core.sizes import format_size, parse_size
@@ -136,25 +137,12 @@ class Runner:
         """Fetch k files concurrently (into /dev/null: the network path alone); returns
         the longest trio-loop stall in seconds."""
         async def main() -> float:
-            gaps = [0.0]
-            done = trio.Event()
-
-            async def ticker() -> None:
-                last = trio.current_time()
-                while not done.is_set():
-                    await trio.sleep(0.01)
-                    now = trio.current_time()
-                    gaps[0] = max(gaps[0], now - last)
-                    last = now
-
-            async with PeerClient("bench-client", self.secret) as c, trio.open_nursery() as n:
-                n.start_soon(ticker)
+            async with PeerClient("bench-client", self.secret) as c, loop_gaps() as gaps:
                 async with trio.open_nursery() as fetches:
                     for s in self.srcs[:k]:
                         fetches.start_soon(c.fetch_to_file, f"127.0.0.1:{self.port}",
                                            b"/" + s.name.encode(), "/dev/null" if null else self.out / s.name)
-                done.set()
-            return gaps[0]
+            return max(gaps, default=0.0)
 
         return trio.run(main)
 

@@ -24,6 +24,7 @@ from hycache_agent.peer_client import (
 )
 
 from .conftest import SECRET, ServerHandle, make_sparse, sha256_file, write_file
+from .loopwatch import loop_gaps
 
 pytestmark = pytest.mark.trio
 
@@ -437,25 +438,12 @@ async def test_loop_stays_responsive_during_300mib_transfers(server, client, fil
     src, digest = big_file
     os.makedirs(files.root + "/big", exist_ok=True)
     os.link(src, files.root + "/big/file")
-    gaps: list[float] = []
-    done = trio.Event()
-
-    async def ticker() -> None:
-        last = trio.current_time()
-        while not done.is_set():
-            await trio.sleep(0.01)
-            now = trio.current_time()
-            gaps.append(now - last)
-            last = now
-
-    async with trio.open_nursery() as n:
-        n.start_soon(ticker)
+    async with loop_gaps() as gaps:
         t = time.perf_counter()
         await client.fetch_to_file(server.addr, b"/big/file", tmp_path / "copy")
         t_fetch = time.perf_counter() - t
         await client.push_replica(server.addr, b"/big/pushed", tmp_path / "copy")
         t_push = time.perf_counter() - t - t_fetch
-        done.set()
     gaps.sort()
     p99 = gaps[int(len(gaps) * 0.99)]
     print(f"\nfetch {t_fetch:.2f} s, push {t_push:.2f} s; {len(gaps)} ticks of 10 ms: "
