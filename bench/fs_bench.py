@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fusemount import force_unmount, is_mounted, stop_daemon  # bench/fusemount.py, shared with tests/conftest.py
+
 REPO = Path(__file__).resolve().parent.parent
 AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
 
@@ -97,13 +99,6 @@ class Caches:
                 f.write("3\n")
 
 
-def is_mounted(path: Path) -> bool:
-    try:
-        return os.path.ismount(path)
-    except OSError:  # ENOTCONN: a dead FUSE mount is still a mount
-        return True
-
-
 def mounts_under(root: Path) -> list[Path]:
     out = []
     with open("/proc/self/mounts") as f:
@@ -112,13 +107,6 @@ def mounts_under(root: Path) -> list[Path]:
             if mp == root or root in mp.parents:
                 out.append(mp)
     return out
-
-
-def force_unmount(mp: Path) -> None:
-    for cmd in (["fusermount3", "-uz", str(mp)], ["umount", "-l", str(mp)]):
-        if not is_mounted(mp):
-            return
-        run(cmd)
 
 
 # ============================================================================ targets
@@ -178,18 +166,7 @@ class Target:
     # ------------------------------------------------------------------ tear down
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                if self.mountpoint:
-                    force_unmount(self.mountpoint)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            if self.proc.returncode != 0:
+            if stop_daemon(self.proc, self.mountpoint, timeout=30) != 0:
                 log(f"{self.name} exited {self.proc.returncode} (log: {self.logfile})")
         if self.mountpoint is not None:
             force_unmount(self.mountpoint)

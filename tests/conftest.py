@@ -20,9 +20,9 @@ when /dev/fuse cannot be used on this machine.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
+
+
+def _load_fusemount():
+    """bench/fusemount.py (stopping FUSE daemons, shared with bench/fs_bench.py), by path."""
+    spec = importlib.util.spec_from_file_location("hycache_bench_fusemount", REPO / "bench" / "fusemount.py")
+    mod = sys.modules.get(spec.name)
+    if mod is None:
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+_fusemount = _load_fusemount()
+force_unmount = _fusemount.force_unmount
+stop_daemon = _fusemount.stop_daemon
+_is_mounted = _fusemount.is_mounted
 
 MOUNT_TIMEOUT = float(os.environ.get("HYCACHE_MOUNT_TIMEOUT", "30"))
 UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
@@ -75,30 +92,6 @@ def _tail(path: Path, n: int = 60) -> str:
     return "\n".join(lines[-n:]) or "<empty>"
 
 
-def force_unmount(mountpoint: Path) -> None:
-    """Lazy-unmount a FUSE mount whatever state its daemon is in."""
-    # Ask the mount table, not stat(): a dead FUSE mount answers stat() with ENOTCONN,
-    # which os.path.ismount() reports as "not a mount point".
-    if _in_mount_table(mountpoint):
-        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-    if _in_mount_table(mountpoint):
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
-
-
-def _in_mount_table(mountpoint: Path) -> bool:
-    target = os.fsencode(os.path.abspath(mountpoint))
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(len(fields) > 4 and fields[4].replace(b"\\040", b" ") == target
-                   for fields in (line.split(b" ") for line in f))
-
-
-def _is_mounted(mountpoint: Path) -> bool:
-    try:
-        return os.path.ismount(mountpoint)
-    except OSError:  # ENOTCONN on a dead FUSE mount still means "mounted"
-        return True
-
-
 def make_shared_tmpdir(prefix: str) -> Path:
     """A temp dir that every user can traverse (pytest's tmp_path is 0700 root-only,
     which would hide a mount from other users, e.g. pjdfstest's dummy users)."""
@@ -132,17 +125,7 @@ class HyCacheMount:
         if self._stopped:
             return self.proc.returncode
         self._stopped = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=UNMOUNT_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                force_unmount(self.mountpoint)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+        stop_daemon(self.proc, self.mountpoint, UNMOUNT_TIMEOUT)
         force_unmount(self.mountpoint)
         return self.proc.returncode
 
