@@ -592,8 +592,12 @@ class LocalPeerFiles:
     async def open_for_peer(self, path: bytes):
         inode = self._resolve(path)
         inode.open_count += 1  # keeps the blob from being freed; evictions skip open files
-        while inode.migration is not None:  # wait for a switch in flight, then read the winner
-            await inode.migration.done.wait()
+        try:
+            while inode.migration is not None:  # wait for a switch in flight, then read the winner
+                await inode.migration.done.wait()
+        except BaseException:  # cancelled: give the count back
+            inode.open_count -= 1
+            raise
         return _OpenedForPeer(self.engine.blob(inode), inode.size,
                               f"{inode.ino}-{inode.data_gen}-{inode.size}", inode, self.engine)
 
