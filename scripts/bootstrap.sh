@@ -100,7 +100,7 @@ if ! UV="$(find_uv)"; then
     command -v pyenv >/dev/null && pyenv rehash >/dev/null 2>&1 || true
     UV="$(find_uv)" || die "uv $UV_VERSION installed but not found on PATH"
 fi
-echo "$UV" >"$REPO/.work/uv-path"   # scripts/test.sh and demo.sh read this
+echo "$UV" >"$REPO/.work/uv-path"   # scripts/lib.sh reads this (test.sh, demo.sh)
 
 # ---------------------------------------------------------------- 4. Python env
 cd "$REPO"

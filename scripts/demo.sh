@@ -4,9 +4,7 @@
 #
 #   bash scripts/demo.sh [extra args for `hycache-agent demo`]
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$REPO"
-bash scripts/bootstrap.sh
-UV="$(cat .work/uv-path)"
-export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bootstrapped
 exec "$UV" run --frozen --all-packages hycache-agent demo "$@"

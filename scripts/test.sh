@@ -7,11 +7,9 @@
 #
 # Exit status is pytest's (non-zero on any failure or error).
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$REPO"
-bash scripts/bootstrap.sh
-UV="$(cat .work/uv-path)"
-export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bootstrapped
 start=$SECONDS
 rc=0
 "$UV" run --frozen --all-packages pytest "$@" || rc=$?
