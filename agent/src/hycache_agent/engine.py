@@ -463,13 +463,24 @@ class TieringEngine:
 
     def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
         """Start a migration in the background (promotion on open, xattr/CLI requests)."""
-        if not inode.is_reg or inode.tier == dst or inode.migration is not None or self._nursery is None:
+        if not inode.is_reg or self._nursery is None:
+            return False
+        if inode.migration is not None:
+            if inode.migration.dst == dst:
+                return True  # already on its way
+        elif inode.tier == dst:
             return False
         self._nursery.start_soon(self._background_migration, inode, dst, reason)
         return True
 
     async def _background_migration(self, inode: Inode, dst: str, reason: str) -> None:
         try:
+            # a migration in flight the other way (e.g. the tail of a demotion when the
+            # file is opened again) finishes first; then this one decides afresh
+            while inode.migration is not None:
+                await inode.migration.done.wait()
+            if inode.tier == dst or self.ns.inodes.get(inode.ino) is not inode:
+                return
             if dst == T.FAST and not await self._room_for(inode.size, inode):
                 log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
                          format_size(inode.size))
