@@ -11,8 +11,26 @@ Keys are opaque hashables (the agent uses inode numbers, the simulator file name
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import ClassVar
+
+
+def make_room(need: int, order: Iterable[Hashable], is_pinned: Callable[[Hashable], bool],
+              sizes: Mapping[Hashable, int]) -> list[Hashable] | None:
+    """The victims that free ``need`` bytes: the first keys of ``order`` (pinned ones
+    skipped) whose ``sizes`` add up to it; ``[]`` if ``need <= 0`` (``order`` is then not
+    iterated: a generator's side effects do not happen), None if ``order`` ends first."""
+    victims: list[Hashable] = []
+    if need <= 0:
+        return victims
+    for key in order:
+        if is_pinned(key):
+            continue
+        victims.append(key)
+        need -= sizes[key]
+        if need <= 0:
+            return victims
+    return None
 
 
 class OnlinePolicy(abc.ABC):

@@ -52,7 +52,7 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .base import OnlinePolicy
+from .base import OnlinePolicy, make_room
 from .online import LRUPolicy
 
 
@@ -263,12 +263,6 @@ class HeuristicPolicy:
         return None  # pinned (or foreign) files leave no room
 
     def _unplanned_victims(self, size: int, cache: CacheView) -> list[Hashable] | None:
-        need = cache.used + size - cache.capacity
-        if need <= 0:
-            return []
-        is_pinned, sizes = cache.is_pinned, self._size
-        victims: list[Hashable] = []
-
         def candidates() -> Iterator[Hashable]:
             yield from self.fallback.eviction_order()
             for key, cost in self._planned_order():
@@ -276,14 +270,8 @@ class HeuristicPolicy:
                     return
                 yield key
 
-        for key in candidates():
-            if is_pinned(key):
-                continue
-            victims.append(key)
-            need -= sizes[key]
-            if need <= 0:
-                return victims
-        return None
+        # pinned (or foreign) files may leave no room: None
+        return make_room(cache.used + size - cache.capacity, candidates(), cache.is_pinned, self._size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 from ..policies._heap import iter_sorted
-from ..policies.base import OnlinePolicy
+from ..policies.base import OnlinePolicy, make_room
 from ..policies.heuristic import HeuristicPolicy
 from .driver import CacheDriver, Strategy
 
 
-def _victims(d: CacheDriver, size: int,
-             order: Callable[[], Iterable[Hashable]]) -> list[Hashable] | None:
-    """The resident files to evict, in ``order()``'s order (pinned ones skipped), so that
-    ``size`` more bytes fit; ``[]`` if they fit already (``order`` is then not called),
-    None if they never fit or ``order()`` ends before there is room."""
+def _victims(d: CacheDriver, size: int, order: Iterable[Hashable]) -> list[Hashable] | None:
+    """What to evict from ``d``, in ``order``, so that ``size`` more bytes fit
+    (:func:`make_room`); None if they never fit."""
     if size > d.capacity:
         return None
-    need = d.used + size - d.capacity
-    victims: list[Hashable] = []
-    if need <= 0:
-        return victims
-    pinned, resident = d.pinned, d.resident
-    for v in order():
-        if v in pinned:
-            continue
-        victims.append(v)
-        need -= resident[v]
-        if need <= 0:
-            return victims
-    return None
+    return make_room(d.used + size - d.capacity, order, d.is_pinned, d.resident)
 
 
 class OnlineStrategy(Strategy):
@@ -49,11 +35,11 @@ class OnlineStrategy(Strategy):
     def miss(self, pos: int, key: Hashable, size: int) -> None:
         d, policy = self.driver, self.policy
 
-        def order() -> Iterable[Hashable]:
+        def order() -> Iterator[Hashable]:  # runs only when room must be made
             policy.will_admit(key, size)
-            return policy.eviction_order()
+            yield from policy.eviction_order()
 
-        victims = _victims(d, size, order)
+        victims = _victims(d, size, order())
         if victims is None:
             return
         for v in victims:
@@ -132,7 +118,7 @@ class BeladyStrategy(Strategy):
                     return  # the incoming file is needed later than every candidate
                 yield v
 
-        victims = _victims(d, size, order)
+        victims = _victims(d, size, order())
         if victims is None:
             return
         for v in victims:
