@@ -20,7 +20,6 @@ when /dev/fuse cannot be used on this machine.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -34,23 +33,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
-
-
-def _load_fusemount():
-    """bench/fusemount.py (stopping FUSE daemons, shared with bench/fs_bench.py), by path."""
-    spec = importlib.util.spec_from_file_location("hycache_bench_fusemount", REPO / "bench" / "fusemount.py")
-    mod = sys.modules.get(spec.name)
-    if mod is None:
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-_fusemount = _load_fusemount()
-force_unmount = _fusemount.force_unmount
-stop_daemon = _fusemount.stop_daemon
-_is_mounted = _fusemount.is_mounted
+sys.path.insert(0, str(REPO / "bench"))  # fusemount.py: shared with bench/fs_bench.py
+from fusemount import force_unmount, stop_daemon  # noqa: E402
+from fusemount import is_mounted as _is_mounted  # noqa: E402
 
 MOUNT_TIMEOUT = float(os.environ.get("HYCACHE_MOUNT_TIMEOUT", "30"))
 UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
