@@ -43,6 +43,8 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 import h11
 import trio
 
+from .tiers import remove_blob
+
 log = logging.getLogger(__name__)
 
 API = "v1"
@@ -299,11 +301,7 @@ def _fsync_close(fd: int) -> None:
         os.close(fd)
 
 
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+_unlink_quiet = remove_blob  # the tiers' "unlink if present"
 
 
 def _make_temp(staging_dir: str, sender: str) -> tuple[int, str]:
