@@ -1,0 +1,592 @@
+"""docker-compose.yml and deploy/, checked without a Docker engine.
+
+The file is parsed the way Compose would (YAML with merge keys, ``${VAR:-default}``
+interpolation with an empty environment, i.e. the shipped defaults) and every property
+the demo relies on is checked against the real thing it names: the repository's files,
+the agent's own argument parser and configuration loader, redis.conf's port, the
+Dockerfile's COPY sources and its .dockerignore. The build stage's ``uv sync`` steps are
+replayed on the files the Dockerfile copies (tests/deploy/test_compose_runtime.py runs
+the init script and the entry point for real).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+from hycache_agent.cli import build_parser
+from hycache_agent.config import AgentConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+AGENT_DOCKERFILE = "deploy/agent.Dockerfile"
+
+
+# --------------------------------------------------------------------------- loading
+_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's variable substitution on every string of a loaded file."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(5)
+        op, arg = m.group(3), m.group(4)
+        have = name in env and (env[name] != "" or op not in (":-", ":?"))
+        if have:
+            return env[name]
+        if op in (":-", "-"):
+            return arg
+        raise AssertionError(f"${{{name}}} has no value and no default in {value!r}")
+
+    return _VAR.sub(sub, value)
+
+
+def load_compose(path: Path = COMPOSE_FILE, env: dict[str, str] | None = None) -> dict:
+    with open(path) as f:
+        data = yaml.safe_load(f)  # SafeLoader resolves `<<: *anchor` merge keys
+    return interpolate(data, env or {})
+
+
+COMPOSE = load_compose()
+SERVICES: dict[str, dict] = COMPOSE["services"]
+
+
+def agent_services() -> list[str]:
+    return [n for n, s in SERVICES.items()
+            if isinstance(s.get("build"), dict) and s["build"].get("dockerfile") == AGENT_DOCKERFILE]
+
+
+def redis_services() -> list[str]:
+    return [n for n, s in SERVICES.items() if as_argv(s.get("command"))[:1] == ["redis-server"]]
+
+
+def as_argv(command) -> list[str]:
+    if command is None:
+        return []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def repo_file(relative: str) -> Path:
+    p = (REPO / relative).resolve()
+    assert p.is_relative_to(REPO), f"{relative} points outside the repository"
+    return p
+
+
+def service_files(name: str) -> dict[str, Path]:
+    """Container path -> repository file for a service's configs, secrets and bind mounts."""
+    svc, out = SERVICES[name], {}
+    for item in svc.get("configs", []):
+        item = {"source": item} if isinstance(item, str) else item
+        target = item.get("target", "/" + item["source"])
+        out[target] = repo_file(COMPOSE["configs"][item["source"]]["file"])
+    for item in svc.get("secrets", []):
+        item = {"source": item} if isinstance(item, str) else item
+        target = item.get("target", item["source"])
+        target = target if target.startswith("/") else f"/run/secrets/{target}"
+        out[target] = repo_file(COMPOSE["secrets"][item["source"]]["file"])
+    for v in volumes_of(name):
+        if v["type"] == "bind":
+            out[v["target"]] = repo_file(v["source"])
+    return out
+
+
+def volumes_of(name: str) -> list[dict]:
+    """A service's volumes in long syntax."""
+    out = []
+    for v in SERVICES[name].get("volumes", []):
+        if isinstance(v, dict):
+            out.append(v)
+            continue
+        parts = v.split(":")
+        source, target = (parts[0], parts[1]) if len(parts) > 1 else (None, parts[0])
+        kind = "volume" if source is None or not source.startswith((".", "/", "~")) else "bind"
+        out.append({"type": kind, "source": source, "target": target})
+    return out
+
+
+def redis_conf_port(name: str) -> int:
+    argv = as_argv(SERVICES[name]["command"])
+    conf = service_files(name)[argv[1]]
+    ports = re.findall(r"^port\s+(\d+)\s*$", conf.read_text(), re.MULTILINE)
+    assert len(ports) == 1, f"{conf}: expected one `port` line"
+    if "--port" in argv:
+        return int(argv[argv.index("--port") + 1])
+    return int(ports[0])
+
+
+def effective_agent_config(name: str) -> tuple[object, AgentConfig]:
+    """What `hycache-agent mount` would run with in the container: the service's command
+    parsed by the agent's own parser, merged with the TOML file compose mounts, by the
+    agent's own loader (as cli.main does)."""
+    args = build_parser().parse_args(as_argv(SERVICES[name]["command"]))
+    assert args.command == "mount"
+    overrides = {k: v for k, v in vars(args).items() if k in AgentConfig.model_fields}
+    config_file = None
+    if args.config is not None:
+        files = service_files(name)
+        assert str(args.config) in files, f"{name}: --config {args.config} is not mounted into the container"
+        config_file = files[str(args.config)]
+    return args, load_config(config_file, overrides)
+
+
+AGENTS = agent_services()
+REDIS = redis_services()
+
+
+# --------------------------------------------------------------------------- the file
+def test_the_demo_has_a_redis_cluster_and_agents():
+    assert len(REDIS) == 6, REDIS
+    assert "redis-cluster-init" in SERVICES
+    assert 2 <= len(AGENTS) <= 3, AGENTS
+
+
+def test_interpolation_follows_compose_rules():
+    env = {"A": "x", "E": ""}
+    assert interpolate("${A:-d} ${E:-d} ${E-d} ${U:-d} ${U-d} $$A $A", env) == "x d  d d $A x"
+    with pytest.raises(AssertionError):
+        interpolate("${U}", env)
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_image_or_build_context_exists(name):
+    svc = SERVICES[name]
+    assert "image" in svc or "build" in svc, f"{name}: neither image nor build"
+    if "build" in svc:
+        build = svc["build"] if isinstance(svc["build"], dict) else {"context": svc["build"]}
+        context = repo_file(build.get("context", "."))
+        assert context.is_dir(), f"{name}: build context {context} missing"
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
+    else:
+        image = svc["image"]
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), \
+            f"{name}: image {image!r} should name a tag"
+
+
+@pytest.mark.parametrize("name", list(SERVICES))
+def test_references_are_defined(name):
+    svc = SERVICES[name]
+    for v in volumes_of(name):
+        if v["type"] == "volume":
+            assert v["source"] in (COMPOSE.get("volumes") or {}), f"{name}: volume {v['source']} not defined"
+        elif v["type"] == "bind":
+            src = repo_file(v["source"])
+            assert src.exists() or v.get("bind", {}).get("create_host_path"), f"{name}: bind source {src} missing"
+    for kind in ("configs", "secrets"):
+        for item in svc.get(kind, []):
+            source = item if isinstance(item, str) else item["source"]
+            assert source in (COMPOSE.get(kind) or {}), f"{name}: {kind[:-1]} {source} not defined"
+    nets = svc.get("networks", [])
+    for net in (nets if isinstance(nets, list) else list(nets)):
+        assert net in (COMPOSE.get("networks") or {}), f"{name}: network {net} not defined"
+    deps = svc.get("depends_on", {})
+    deps = {d: {"condition": "service_started"} for d in deps} if isinstance(deps, list) else deps
+    for dep, spec in deps.items():
+        assert dep in SERVICES, f"{name} depends on unknown service {dep}"
+        cond = spec.get("condition", "service_started")
+        assert cond in ("service_started", "service_healthy", "service_completed_successfully"), cond
+        if cond == "service_healthy":
+            assert "healthcheck" in SERVICES[dep], f"{name} waits for {dep} to be healthy: it has no healthcheck"
+        if cond == "service_completed_successfully":
+            assert str(SERVICES[dep].get("restart", "no")) == "no", f"{dep} is one-shot: restart must be 'no'"
+
+
+def test_top_level_definitions_are_used_and_their_files_exist():
+    used: dict[str, set] = {"volumes": set(), "configs": set(), "secrets": set(), "networks": set()}
+    for name, svc in SERVICES.items():
+        used["volumes"] |= {v["source"] for v in volumes_of(name) if v["type"] == "volume"}
+        for kind in ("configs", "secrets"):
+            used[kind] |= {i if isinstance(i, str) else i["source"] for i in svc.get(kind, [])}
+        nets = svc.get("networks", [])
+        used["networks"] |= set(nets)  # a list or a mapping: the names either way
+    for kind, names in used.items():
+        assert set(COMPOSE.get(kind) or {}) == names, f"top-level {kind} defined but unused (or the reverse)"
+    for name, spec in COMPOSE["configs"].items():
+        assert repo_file(spec["file"]).is_file(), f"config {name}: {spec['file']} missing"
+
+
+def test_secret_file_is_generated_ignored_by_git_and_accepted_by_the_agent(tmp_path):
+    """The secret is not in git: deploy/gen-secret.sh writes it where compose reads it,
+    git ignores it, and the agent's own load_secret accepts what the script writes."""
+    from hycache_agent.peer import load_secret
+
+    (spec,) = COMPOSE["secrets"].values()
+    rel = PurePosixPath(os.path.normpath(spec["file"]))
+    assert rel.parts[:2] == ("deploy", "secrets"), rel
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)])
+    assert ignored.returncode == 0, f"{rel} is not ignored by git: a generated secret could be committed"
+    # run a copy of the script from a fake repository: its default output path must be
+    # the file compose reads
+    fake = tmp_path / "repo"
+    (fake / "deploy").mkdir(parents=True)
+    shutil.copy(REPO / "deploy" / "gen-secret.sh", fake / "deploy" / "gen-secret.sh")
+    subprocess.run(["sh", str(fake / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
+    out = fake / rel
+    assert out.is_file(), f"gen-secret.sh did not write {rel}"
+    assert out.stat().st_mode & 0o777 == 0o600
+    secret = load_secret(out)
+    assert len(secret) >= 32
+    subprocess.run(["sh", str(fake / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
+    assert load_secret(out) == secret, "a second run must keep the existing secret"
+    for agent in AGENTS:
+        bind = next(v for v in volumes_of(agent) if v["type"] == "bind")
+        assert subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q",
+                               os.path.normpath(bind["source"])]).returncode == 0, \
+            f"{agent}: the host mount directory {bind['source']} should be ignored by git"
+
+
+def test_redis_nodes_have_fixed_unique_addresses_in_the_subnet():
+    (net,) = COMPOSE["networks"].values()
+    subnet = ipaddress.ip_network(net["ipam"]["config"][0]["subnet"])
+    seen = set()
+    for name in REDIS:
+        nets = SERVICES[name]["networks"]
+        assert isinstance(nets, dict), f"{name}: needs a fixed ipv4_address (nodes.conf keeps IPs)"
+        (spec,) = nets.values()
+        ip = ipaddress.ip_address(spec["ipv4_address"])
+        assert ip in subnet and ip not in (subnet.network_address, subnet.broadcast_address), (name, ip)
+        assert ip not in seen, f"{name}: {ip} used twice"
+        seen.add(ip)
+
+
+def test_the_subnet_can_be_moved_with_one_variable():
+    moved = load_compose(env={"HYCACHE_NET_PREFIX": "10.99.0"})
+    (net,) = moved["networks"].values()
+    assert net["ipam"]["config"][0]["subnet"] == "10.99.0.0/24"
+    assert all(next(iter(moved["services"][n]["networks"].values()))["ipv4_address"].startswith("10.99.0.")
+               for n in REDIS)
+
+
+@pytest.mark.parametrize("name", REDIS)
+def test_redis_node(name):
+    svc = SERVICES[name]
+    argv = as_argv(svc["command"])
+    files = service_files(name)
+    assert argv[1] in files, f"{name}: {argv[1]} is not mounted"
+    conf = files[argv[1]].read_text()
+    assert re.search(r"^cluster-enabled\s+yes\s*$", conf, re.MULTILINE)
+    assert re.search(r"^appendonly\s+yes\s*$", conf, re.MULTILINE)
+    data_dir = re.search(r"^dir\s+(\S+)", conf, re.MULTILINE).group(1)
+    assert any(v["type"] == "volume" and v["target"] == data_dir for v in volumes_of(name)), \
+        f"{name}: redis.conf's dir {data_dir} must be a named volume (nodes.conf, AOF)"
+    health = as_argv(svc["healthcheck"]["test"])
+    assert health[:2] == ["CMD", "redis-cli"] and health[health.index("-p") + 1] == str(redis_conf_port(name))
+
+
+def test_cluster_init_forms_the_cluster_from_every_node():
+    svc = SERVICES["redis-cluster-init"]
+    entry = as_argv(svc["entrypoint"])
+    assert entry[0] == "sh"
+    files = service_files("redis-cluster-init")
+    assert files[entry[1]] == REPO / "deploy" / "redis" / "cluster-init.sh"
+    nodes = as_argv(svc["command"])
+    hosts = [n.rsplit(":", 1)[0] for n in nodes]
+    assert sorted(hosts) == sorted(REDIS), "the init service must name every redis node once"
+    for node in nodes:
+        host, port = node.rsplit(":", 1)
+        assert int(port) == redis_conf_port(host), f"{node}: {host} listens on {redis_conf_port(host)}"
+    replicas = int(svc.get("environment", {}).get("REPLICAS", 1))
+    assert len(nodes) >= 3 * (1 + replicas), "Redis Cluster needs 3 masters, each with its replicas"
+    assert svc["depends_on"] == {n: {"condition": "service_healthy"} for n in REDIS}
+    assert str(svc.get("restart")) == "no"
+
+
+# --------------------------------------------------------------------------- agents
+@pytest.mark.parametrize("name", AGENTS)
+def test_agent_command_and_config_are_what_the_agent_accepts(name):
+    args, config = effective_agent_config(name)
+    svc = SERVICES[name]
+    vols = volumes_of(name)
+    # ROOT on the agent's own named volume, the mount point exported with rshared
+    assert any(v["type"] == "volume" and v["target"] == str(args.root) for v in vols), \
+        f"{name}: ROOT {args.root} is not a named volume"
+    bind = [v for v in vols if v["type"] == "bind" and v["target"] == str(args.mountpoint)]
+    assert bind, f"{name}: the mount point {args.mountpoint} is not exported"
+    assert bind[0].get("bind", {}).get("propagation") == "rshared", \
+        "without rshared the FUSE mount made inside the container never reaches the host"
+    # the global namespace: every startup node is a redis service on its port
+    assert config.clustered and config.redis is not None
+    for host, port in config.redis_nodes:
+        assert host in REDIS, f"{name}: --redis names {host}, not a redis service"
+        assert port == redis_conf_port(host), f"{name}: {host}:{port}, but redis.conf says {redis_conf_port(host)}"
+    assert {h for h, _ in config.redis_nodes} == set(REDIS), f"{name}: give the agent every node"
+    # the secret is the compose secret
+    secrets = {t: p for t, p in service_files(name).items() if t.startswith("/run/secrets/")}
+    assert str(config.cluster_secret_file) in secrets, \
+        f"{name}: cluster_secret_file {config.cluster_secret_file} is not a secret of the service"
+    # peers reach it by its service name on its listen port
+    adv_host, _, adv_port = config.advertise.rpartition(":")
+    assert adv_host in (name, svc.get("hostname")), f"{name}: advertises {config.advertise}"
+    assert adv_port == config.listen.rpartition(":")[2], f"{name}: advertise and listen ports differ"
+    # the healthcheck asks this agent
+    health = as_argv(svc["healthcheck"]["test"])
+    assert health[:2] == ["CMD", "hycache-agent"], health
+    hargs = build_parser().parse_args(health[2:])
+    assert hargs.command == "status" and hargs.json
+    assert hargs.root == args.root, f"{name}: the healthcheck asks {hargs.root}, the agent's ROOT is {args.root}"
+    assert svc["depends_on"].get("redis-cluster-init") == {"condition": "service_completed_successfully"}
+
+
+def test_agents_have_unique_node_ids_and_ports():
+    configs = {name: effective_agent_config(name)[1] for name in AGENTS}
+    ids = [c.node_id for c in configs.values()]
+    assert all(i is not None for i in ids) and len(set(ids)) == len(ids), ids
+    listen = [c.listen.rpartition(":")[2] for c in configs.values()]
+    assert len(set(listen)) == len(listen), listen
+    advertise = [c.advertise for c in configs.values()]
+    assert len(set(advertise)) == len(advertise), advertise
+
+
+@pytest.mark.parametrize("name", AGENTS)
+def test_agent_can_mount_fuse_and_stop_cleanly(name):
+    from hycache_agent.mount import SHUTDOWN_GRACE
+
+    svc = SERVICES[name]
+    assert svc.get("privileged") or (
+        "SYS_ADMIN" in svc.get("cap_add", []) and any(d.split(":")[0] == "/dev/fuse" for d in svc.get("devices", []))
+    ), f"{name}: FUSE needs /dev/fuse and CAP_SYS_ADMIN (or privileged)"
+    grace = svc.get("stop_grace_period", "10s")
+    seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))
+    assert seconds > SHUTDOWN_GRACE, f"{name}: the agent may take {SHUTDOWN_GRACE} s after SIGTERM; compose kills at {grace}"
+    assert svc.get("init") is True, f"{name}: tini forwards SIGTERM to the agent and reaps children"
+
+
+# --------------------------------------------------------------------------- Dockerfile
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    lines, out, cur = path.read_text().splitlines(), [], ""
+    for line in lines:
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if cur and line.lstrip().startswith("#"):
+            continue
+        cur += line.rstrip()
+        if cur.endswith("\\"):
+            cur = cur[:-1] + " "
+            continue
+        word, _, rest = cur.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        cur = ""
+    return out
+
+
+def split_flags(rest: str) -> tuple[dict[str, str], list[str]]:
+    words = shlex.split(rest) if not rest.startswith("[") else __import__("json").loads(rest)
+    flags = {}
+    while words and words[0].startswith("--"):
+        k, _, v = words.pop(0)[2:].partition("=")
+        flags[k] = v
+    return flags, words
+
+
+class DockerIgnore:
+    """Docker's .dockerignore rules: the last matching pattern wins, `!` re-includes, a
+    pattern matching a directory covers what is inside it."""
+
+    def __init__(self, path: Path):
+        self.rules = []
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            neg = line.startswith("!")
+            pat = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+            rx = re.escape(pat).replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*") \
+                .replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+            self.rules.append((re.compile(rx + r"\Z"), neg))
+
+    def excluded(self, rel: str) -> bool:
+        parts = PurePosixPath(rel).parts
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        result = False
+        for rx, neg in self.rules:
+            if any(rx.match(p) for p in prefixes):
+                result = not neg
+        return result
+
+
+DOCKERFILE = REPO / AGENT_DOCKERFILE
+DOCKERIGNORE = DockerIgnore(REPO / (AGENT_DOCKERFILE + ".dockerignore"))
+
+
+def test_dockerignore_matcher():
+    ig = DOCKERIGNORE
+    assert ig.excluded(".venv/bin/python") and ig.excluded("tests/agent/test_mount.py")
+    assert ig.excluded("deploy/secrets/cluster-secret"), "the secret must never enter the build context"
+    assert not ig.excluded("agent/src/hycache_agent/cli.py")
+    assert ig.excluded("agent/src/hycache_agent/__pycache__/cli.cpython-311.pyc")
+
+
+def test_dockerfile_copy_sources_exist_and_are_in_the_context():
+    copies = 0
+    for word, rest in dockerfile_instructions(DOCKERFILE):
+        if word not in ("COPY", "ADD"):
+            continue
+        flags, words = split_flags(rest)
+        if "from" in flags:
+            continue
+        for src in words[:-1]:
+            path = repo_file(src)
+            assert path.exists(), f"COPY {src}: missing from the repository"
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            kept = [p for p in files if not DOCKERIGNORE.excluded(str(p.relative_to(REPO)))]
+            assert kept, f"COPY {src}: everything is excluded by the .dockerignore"
+            if path.is_file():
+                assert kept == files, f"COPY {src}: excluded by the .dockerignore"
+            copies += 1
+    assert copies >= 5
+
+
+def test_dockerfile_pins_uv_as_scripts_versions_env_and_runs_the_entrypoint():
+    versions = dict(line.split("=", 1) for line in (REPO / "scripts" / "versions.env").read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    instrs = dockerfile_instructions(DOCKERFILE)
+    args = dict(r.split("=", 1) for w, r in instrs if w == "ARG" and "=" in r)
+    assert args["UV_VERSION"] == versions["UV_VERSION"]
+    froms = [r for w, r in instrs if w == "FROM"]
+    assert any(f.startswith("ghcr.io/astral-sh/uv:${UV_VERSION}") for f in froms)
+    assert all(":" in f.split()[0] and ":latest" not in f for f in froms), froms
+    assert "debian:bookworm-slim" in froms[-1], "the runtime stage is Debian bookworm-slim"
+    entry = [r for w, r in instrs if w == "ENTRYPOINT"][-1]
+    import json
+
+    entry_path = json.loads(entry)[0]
+    copied = {split_flags(r)[1][-1]: split_flags(r)[1][0] for w, r in instrs if w == "COPY"}
+    assert copied.get(entry_path) == "deploy/agent-entrypoint.sh"
+    script = (REPO / "deploy" / "agent-entrypoint.sh").read_text()
+    assert script.rstrip().splitlines()[-1] == 'exec hycache-agent "$@"', \
+        "the entry point must exec the agent (PID 1's signals go to the agent)"
+    # the runtime stage has the venv where the build stage made it, on PATH
+    env_text = " ".join(r for w, r in instrs if w == "ENV")
+    venv = re.search(r"UV_PROJECT_ENVIRONMENT=(\S+)", env_text).group(1)
+    assert any(w == "COPY" and split_flags(r)[0].get("from") == "build" and split_flags(r)[1] == [venv, venv]
+               for w, r in instrs), "the runtime stage must copy the build stage's venv"
+    assert f"PATH={venv}/bin:" in env_text
+
+
+def _uv() -> str | None:
+    hint = REPO / ".work" / "uv-path"
+    if hint.exists() and os.access(hint.read_text().strip(), os.X_OK):
+        return hint.read_text().strip()
+    return shutil.which("uv")
+
+
+def test_dockerfile_build_stage_installs_the_agent(tmp_path):
+    """Replay the build stage on the files it copies: its COPY steps (through the
+    .dockerignore) into a scratch image root, and its `uv sync` RUN steps with its ENV
+    (offline, from uv's cache; bytecode compilation off). Catches a workspace file the
+    build needs but does not copy, and a broken lock."""
+    uv = _uv()
+    if uv is None:
+        pytest.skip("uv is not installed (scripts/bootstrap.sh installs it)")
+    instrs = dockerfile_instructions(DOCKERFILE)
+    stages, cur = [], None
+    for w, r in instrs:
+        if w == "FROM":
+            cur = {"name": r.split()[-1] if " AS " in r.upper() else None, "steps": []}
+            stages.append(cur)
+        elif cur is not None:
+            cur["steps"].append((w, r))
+    (build,) = [s for s in stages if s["name"] == "build"]
+    root = tmp_path / "image"
+    workdir, env = PurePosixPath("/"), {}
+
+    def host(p: str) -> Path:
+        pp = PurePosixPath(p) if p.startswith("/") else workdir / p
+        return root / str(pp).lstrip("/")
+
+    ran = 0
+    for w, r in build["steps"]:
+        if w == "WORKDIR":
+            workdir = PurePosixPath(r)
+            host(r).mkdir(parents=True, exist_ok=True)
+        elif w == "ENV":
+            for item in shlex.split(r):
+                k, _, v = item.partition("=")
+                env[k] = v
+        elif w == "COPY":
+            flags, words = split_flags(r)
+            if "from" in flags:
+                continue
+            *srcs, dest = words
+            for src in srcs:
+                s = REPO / src
+                files = [s] if s.is_file() else sorted(p for p in s.rglob("*") if p.is_file())
+                for f in files:
+                    rel = str(f.relative_to(REPO))
+                    if DOCKERIGNORE.excluded(rel):
+                        continue
+                    if s.is_file():
+                        target = host(dest) / f.name if dest.endswith("/") or len(srcs) > 1 else host(dest)
+                    else:
+                        target = host(dest) / f.relative_to(s)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, target)
+        elif w == "RUN":
+            _, words = split_flags(r)
+            if words[:1] != ["uv"]:
+                continue  # apt-get: the image's business
+            run_env = dict(os.environ)
+            run_env.update(env)
+            run_env.update({
+                "UV_PROJECT_ENVIRONMENT": str(host(env["UV_PROJECT_ENVIRONMENT"])),
+                "UV_PYTHON": sys.executable,      # the image's /usr/bin/python3.11 is not ours
+                "UV_COMPILE_BYTECODE": "0",       # speed
+                "UV_LINK_MODE": "hardlink",       # speed
+                "UV_OFFLINE": "1",
+            })
+            run_env.pop("VIRTUAL_ENV", None)
+            out = subprocess.run([uv, *words[1:]], cwd=host(str(workdir)), env=run_env,
+                                 capture_output=True, text=True, timeout=120)
+            if out.returncode != 0 and "Network connectivity is disabled" in out.stderr:
+                pytest.skip(f"uv's cache lacks a package for the offline replay: {out.stderr.strip()[-300:]}")
+            assert out.returncode == 0, f"RUN {r}\n{out.stderr}"
+            ran += 1
+    assert ran == 2, "expected the two uv sync steps (dependencies, then the workspace)"
+    venv = host(env["UV_PROJECT_ENVIRONMENT"])
+    agent = venv / "bin" / "hycache-agent"
+    assert agent.exists()
+    out = subprocess.run([str(agent), "mount", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--cluster-secret-file" in out.stdout
+    # non-editable: the packages are in the venv (the runtime stage copies only the venv)
+    for pkg in ("hycache_agent", "hycache_dht", "hycache_core"):
+        assert list(venv.glob(f"lib/python*/site-packages/{pkg}/__init__.py")), f"{pkg} not installed as a wheel"
+
+
+# --------------------------------------------------------------------------- docker compose
+def test_docker_compose_config():
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("docker is not installed: `docker compose config` not run (static checks above only)")
+    probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        why = " ".join((probe.stderr or probe.stdout).split())
+        pytest.skip(f"the docker compose plugin is not installed ({why}): "
+                    "`docker compose config` not run (static checks above only)")
+    secret = REPO / next(iter(COMPOSE["secrets"].values()))["file"]
+    made = not secret.exists()
+    if made:  # compose wants the file to exist; it is git-ignored
+        subprocess.run(["sh", str(REPO / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
+    try:
+        out = subprocess.run([docker, "compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+                             capture_output=True, text=True, cwd=REPO)
+    finally:
+        if made:
+            secret.unlink()
+    assert out.returncode == 0, out.stderr
