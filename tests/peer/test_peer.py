@@ -285,7 +285,7 @@ async def test_push_replica_rejected_cleans_up(server, client, files, tmp_path):
     with pytest.raises(PeerError) as e:
         await client.push_replica(server.addr, b"/bad", src, {"X-HyCache-Mode": "not-octal"})
     assert e.value.status == 400
-    assert os.listdir(files.staging_dir) == []
+    await wait_for(lambda: os.listdir(files.staging_dir) == [])  # removed right after the reply
     assert not os.path.exists(files.local(b"/bad"))
     # a body cut short: the connection breaks, nothing lands, the temp file is removed
     with trio.socket.socket() as s:
