@@ -215,6 +215,13 @@ def _status(root: Path, as_json: bool) -> int:
     for m in mig["active"]:
         console.print(f"  migrating inode {m['ino']} {m['from']}→{m['to']} ({m['reason']}): "
                       f"{format_size(m['copied'])} / {format_size(m['total'])}")
+    cl = st.get("cluster")
+    if cl:
+        colour = "green" if cl["state"] == "ok" else "red"
+        console.print(f"cluster: node {cl['node_id']} ({cl['advertise']}) [{colour}]{cl['state']}[/], "
+                      f"backlog {cl['backlog']}, published {cl['published_ops']}, conflicts {cl['conflicts']}, "
+                      f"remote fetches {cl['remote_fetches']} ({format_size(cl['remote_bytes'])})"
+                      + (f"; last error: {cl['last_error']}" if cl["state"] != "ok" and cl["last_error"] else ""))
     console.print(f"directories {st['directories']}, open handles {st['open_handles']}, "
                   f"metadata commits {st['metadata']['commits']}"
                   + (f", METADATA ERROR: {st['metadata']['error']}" if st["metadata"]["error"] else ""))
