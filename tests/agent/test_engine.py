@@ -91,7 +91,7 @@ def test_names_and_directories(tmp_path):
         await h.rmdir(b"d")
         assert h.ns.get(ROOT_INO).nlink == 2
         assert sub not in h.ns.inodes and d not in h.ns.inodes
-        total, free, files, ffree = h.engine.statfs()
+        total, free, files, ffree = await h.engine.statfs()
         assert total >= M and 0 < free <= total and ffree < files
 
     run_engine(tmp_path, body, fast_capacity=M)

@@ -38,6 +38,7 @@ from hycache_dht.meta import DHTError, DHTUnavailable, EntryMeta, MetaStore, Op,
 
 from . import tiers as T
 from .namespace import ROOT_INO, FsError, Inode
+from .namespace import join_path as join
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,13 @@ NODE_TTL_SECONDS = 10.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
 SMALL_DIR = 1024
+UNREACHABLE = object()  # what ClusterLink._query answers when the store cannot be asked
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
 
 
 def kind_of(mode: int) -> str:
     return KIND_OF_MODE.get(stat.S_IFMT(mode), "special")
-
-
-def join(parent: bytes, name: bytes) -> bytes:
-    return parent.rstrip(b"/") + b"/" + name
 
 
 def _pack_row_meta(meta: EntryMeta) -> bytes:
@@ -102,8 +100,10 @@ class LinkStatus:
 
 
 class ClusterLink:
-    def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client) -> None:
+    def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
+                 secret: bytes) -> None:
         self.engine = engine
+        self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
         self._store: MetaStore | None = None
         self.node_id = node_id
@@ -396,14 +396,23 @@ class ClusterLink:
         publisher finds out when the store is back."""
         return self._store is not None and self.status.state != "degraded"
 
-    async def _store_get(self, path: bytes) -> EntryMeta | None:
+    async def _query(self, fn, *args, missing):
+        """One read of the store in a worker thread.  ``missing`` when the path is not
+        there; UNREACHABLE while the link is degraded (no call is made) or when the call
+        fails (which marks the link degraded)."""
         if not self.reachable:
-            return None
+            return UNREACHABLE
         try:
-            return await trio.to_thread.run_sync(self.store.get, path)
+            return await trio.to_thread.run_sync(fn, *args)
+        except (FileNotFoundError, NotADirectoryError):
+            return missing
         except (DHTError, ConnectionError, TimeoutError) as exc:
             self._degraded(exc)
-            return None
+            return UNREACHABLE
+
+    async def _store_get(self, path: bytes) -> EntryMeta | None:
+        meta = await self._query(self.store.get, path, missing=None)
+        return None if meta is UNREACHABLE else meta
 
     def _remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
         """The overlay node for a remote name.  A file gets a new inode number for every
@@ -445,9 +454,6 @@ class ClusterLink:
         cached = self._listings.get(dirpath)
         if cached is not None and now - cached[0] < META_TTL_SECONDS:
             return cached[1]
-        if not self.reachable:
-            return None
-
         def listing() -> dict[bytes, EntryMeta] | None:
             out = {}
             for name, meta in self.store.list_dir(dirpath):
@@ -456,12 +462,8 @@ class ClusterLink:
                 out[name] = meta
             return out
 
-        try:
-            entries = await trio.to_thread.run_sync(listing)
-        except (FileNotFoundError, NotADirectoryError):
-            entries = {}
-        except (DHTError, ConnectionError, TimeoutError) as exc:
-            self._degraded(exc)
+        entries = await self._query(listing, missing={})
+        if entries is UNREACHABLE:
             return None
         if len(self._listings) > 4096:
             self._listings.clear()
@@ -478,17 +480,8 @@ class ClusterLink:
         return node
 
     async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
-        def listing() -> list[tuple[bytes, EntryMeta]]:
-            return list(self.store.list_dir(path))
-
-        if not self.reachable:
-            return []
-        try:
-            entries = await trio.to_thread.run_sync(listing)
-        except (DHTError, ConnectionError, TimeoutError) as exc:
-            self._degraded(exc)
-            return []
-        except (FileNotFoundError, NotADirectoryError):
+        entries = await self._query(lambda: list(self.store.list_dir(path)), missing=[])
+        if entries is UNREACHABLE:
             return []
         out = []
         for name, meta in entries:
@@ -497,7 +490,7 @@ class ClusterLink:
             out.append((name, self._remote_node(join(path, name), meta)))
         return out
 
-    def forget(self, ino: int, n: int) -> bool:
+    async def forget(self, ino: int, n: int) -> bool:
         node = self.remote.get(ino)
         if node is None:
             return False
@@ -506,8 +499,11 @@ class ClusterLink:
             del self.remote[ino]
             if self._remote_by_path.get(node.path) is node:
                 del self._remote_by_path[node.path]
+                lock = self._fetch_locks.get(node.path)
+                if lock is not None and not lock.locked():
+                    del self._fetch_locks[node.path]
             if node.cache_blob:
-                T.remove_blob(node.cache_blob)
+                await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
         return True
 
     # ------------------------------------------------------------------ remote reads
@@ -532,12 +528,12 @@ class ClusterLink:
                     last = exc
                     log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
                     continue
-                size = os.stat(dest).st_size
+                size = (await trio.to_thread.run_sync(os.stat, dest)).st_size
                 self.status.remote_fetches += 1
                 self.status.remote_bytes += size
                 log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
                 if node.cache_blob and node.cache_blob != dest:
-                    T.remove_blob(node.cache_blob)
+                    await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
                 node.cache_blob, node.cache_version = dest, node.meta.version
                 return dest
             log.error("no holder of %r could serve it (%s)", node.path, last)
@@ -573,16 +569,12 @@ class LocalPeerFiles:
         os.makedirs(self.staging_dir, exist_ok=True)
 
     def _resolve(self, path: bytes) -> Inode:
-        ns = self.engine.ns
-        ino = ROOT_INO
-        for part in [p for p in path.split(b"/") if p]:
-            try:
-                ino = ns.lookup(ino, part).ino
-            except FsError as exc:
-                if exc.errno == errno.ENOTDIR:
-                    raise NotADirectoryError(path) from None
-                raise FileNotFoundError(path) from None
-        inode = ns.inodes[ino]
+        try:
+            inode = self.engine.ns.resolve(path)
+        except FsError as exc:
+            if exc.errno == errno.ENOTDIR:
+                raise NotADirectoryError(path) from None
+            raise FileNotFoundError(path) from None
         if inode.is_dir:
             raise IsADirectoryError(path)
         if not inode.is_reg:

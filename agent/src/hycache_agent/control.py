@@ -63,15 +63,15 @@ class ControlServer:
                     return
             try:
                 request = json.loads(buf.split(b"\n", 1)[0])
-                reply = self.dispatch(request)
+                reply = await self.dispatch(request)
             except Exception as exc:  # a bad request gets an error, never kills the agent
                 reply = {"error": str(exc)}
             await stream.send_all(json.dumps(reply).encode() + b"\n")
 
-    def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "status":
-            return self.engine.status()
+            return await self.engine.status()
         raise ValueError(f"unknown control op {op!r}")
 
 

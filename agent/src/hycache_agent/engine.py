@@ -702,8 +702,8 @@ class TieringEngine:
             if inode.tier == T.FAST:
                 self.fast_used -= inode.size
             self.policy.remove(inode.ino)
-            for tier in self.tiers.values():
-                await trio.to_thread.run_sync(T.remove_blob, tier.blob(inode.ino))
+            blobs = [tier.blob(inode.ino) for tier in self.tiers.values()]
+            await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in blobs])
 
     async def forget(self, ino: int, n: int) -> None:
         inode = self.ns.inodes.get(ino)
@@ -741,7 +741,13 @@ class TieringEngine:
             info["migration"] = inode.migration.as_dict()
         return info
 
-    def status(self) -> dict[str, Any]:
+    def _tier_vfs(self) -> tuple[os.statvfs_result, os.statvfs_result]:
+        """(worker thread) statvfs of the fast and slow tiers: a hung slow tier (a lost NFS
+        server) must never block the event loop."""
+        return self.tiers[T.FAST].statvfs(), self.tiers[T.SLOW].statvfs()
+
+    async def status(self) -> dict[str, Any]:
+        fast_vfs, slow_vfs = await trio.to_thread.run_sync(self._tier_vfs)
         counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
         dirs = others = 0
         for inode in self.ns.inodes.values():
@@ -753,8 +759,6 @@ class TieringEngine:
                 dirs += 1
             else:
                 others += 1
-        slow_vfs = self.tiers[T.SLOW].statvfs()
-        fast_vfs = self.tiers[T.FAST].statvfs()
         return {
             "pid": os.getpid(),
             "mountpoint": str(self.config.mountpoint),
@@ -780,9 +784,9 @@ class TieringEngine:
                          "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
         }
 
-    def statfs(self) -> tuple[int, int, int, int]:
+    async def statfs(self) -> tuple[int, int, int, int]:
         """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
-        slow = self.tiers[T.SLOW].statvfs()
+        slow = await trio.to_thread.run_sync(self.tiers[T.SLOW].statvfs)
         fast_free = max(0, self.capacity - self.fast_used)
         total = self.capacity + slow.f_blocks * slow.f_frsize
         free = fast_free + slow.f_bavail * slow.f_frsize

@@ -65,44 +65,32 @@ class HyCacheOperations(pyfuse3.Operations):
         self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd)
 
     # -- attributes ------------------------------------------------------------------
-    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
+    def _stat(self, ino: int, src, nlink: int, attr_timeout: float) -> pyfuse3.EntryAttributes:
+        """Attributes from a local Inode or a remote EntryMeta (same field names)."""
         a = pyfuse3.EntryAttributes()
-        a.st_ino = inode.ino
+        a.st_ino = ino
         a.generation = 0
         a.entry_timeout = self.attr_timeout
-        a.attr_timeout = self.attr_timeout
-        a.st_mode = inode.mode
-        a.st_nlink = inode.nlink
-        a.st_uid = inode.uid
-        a.st_gid = inode.gid
-        a.st_rdev = inode.rdev
-        a.st_size = inode.size
+        a.attr_timeout = attr_timeout
+        a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev = src.mode, nlink, src.uid, src.gid, src.rdev
+        a.st_size = src.size
         a.st_blksize = 4096
-        a.st_blocks = (inode.size + 511) // 512
-        a.st_atime_ns = inode.atime_ns
-        a.st_mtime_ns = inode.mtime_ns
-        a.st_ctime_ns = inode.ctime_ns
+        a.st_blocks = (src.size + 511) // 512
+        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = src.atime_ns, src.mtime_ns, src.ctime_ns
         return a
+
+    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        return self._stat(inode.ino, inode, inode.nlink, self.attr_timeout)
 
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         inode.lookups += 1
         return self._attrs(inode)
 
     def _remote_attrs(self, node) -> pyfuse3.EntryAttributes:
-        m = node.meta
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
-        a.entry_timeout = self.attr_timeout
         # another node may still be writing a remote file: never let the kernel keep its
         # size (a stale size would make reads stop early)
-        a.attr_timeout = self.attr_timeout if node.is_dir else 0
-        a.st_mode = m.mode
-        a.st_nlink = 2 if node.is_dir else 1
-        a.st_uid, a.st_gid, a.st_rdev, a.st_size = m.uid, m.gid, m.rdev, m.size
-        a.st_blksize = 4096
-        a.st_blocks = (m.size + 511) // 512
-        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = m.atime_ns, m.mtime_ns, m.ctime_ns
-        return a
+        return self._stat(node.ino, node.meta, 2 if node.is_dir else 1,
+                          self.attr_timeout if node.is_dir else 0)
 
     def _remote(self, ino: int):
         return self.cluster.remote.get(ino) if self.cluster is not None else None
@@ -130,7 +118,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @errno_edge
     async def forget(self, inode_list):
         for ino, n in inode_list:
-            if self.cluster is not None and self.cluster.forget(ino, n):
+            if self.cluster is not None and await self.cluster.forget(ino, n):
                 continue
             await self.engine.forget(ino, n)
 
@@ -385,7 +373,7 @@ class HyCacheOperations(pyfuse3.Operations):
     # -- file system -----------------------------------------------------------------
     @errno_edge
     async def statfs(self, ctx):
-        total, free, files, ffree = self.engine.statfs()
+        total, free, files, ffree = await self.engine.statfs()
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = 4096
         s.f_blocks = total // 4096

@@ -77,8 +77,7 @@ def _make_cluster(engine: TieringEngine) -> None:
     host, port = parse_addr(config.listen)
     advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
-                                 peer_client=PeerClient(config.node_id, secret))
-    engine.cluster.secret = secret
+                                 peer_client=PeerClient(config.node_id, secret), secret=secret)
     engine.cluster.attach()
 
 

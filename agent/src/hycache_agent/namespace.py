@@ -70,6 +70,10 @@ class Inode:
                 self.hits, self.last_access)
 
 
+def join_path(parent: bytes, name: bytes) -> bytes:
+    return parent.rstrip(b"/") + b"/" + name
+
+
 def check_name(name: bytes) -> None:
     if len(name) > NAME_MAX:
         raise FsError(errno.ENAMETOOLONG)
@@ -93,7 +97,7 @@ class Namespace:
 
     def _child_path(self, parent: int, name: bytes) -> bytes | None:
         base = self.path_of(parent)
-        return None if base is None else base.rstrip(b"/") + b"/" + name
+        return None if base is None else join_path(base, name)
 
     def _row(self, ino: int):
         inode = self.inodes.get(ino)
@@ -172,10 +176,18 @@ class Namespace:
         """Every path of an inode (hard links have several)."""
         out = []
         for parent, name in sorted(inode.links):
-            base = self.path_of(parent)
-            if base is not None:
-                out.append(base.rstrip(b"/") + b"/" + name)
+            path = self._child_path(parent, name)
+            if path is not None:
+                out.append(path)
         return out
+
+    def resolve(self, path: bytes) -> Inode:
+        """The inode at an absolute path (FsError ENOENT/ENOTDIR as a lookup would)."""
+        inode = self.inodes[ROOT_INO]
+        for part in path.split(b"/"):
+            if part:
+                inode = self.lookup(inode.ino, part)
+        return inode
 
     def touch_access(self, inode: Inode) -> None:
         self.access_seq += 1

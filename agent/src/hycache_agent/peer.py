@@ -301,7 +301,6 @@ def _fsync_close(fd: int) -> None:
         os.close(fd)
 
 
-_unlink_quiet = remove_blob  # the tiers' "unlink if present"
 
 
 def _make_temp(staging_dir: str, sender: str) -> tuple[int, str]:
@@ -720,4 +719,4 @@ class PeerServer:
                 if fd >= 0:
                     await self._thread(os.close, fd)
                 if not adopted:
-                    await self._thread(_unlink_quiet, temp)
+                    await self._thread(remove_blob, temp)
