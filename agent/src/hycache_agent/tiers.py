@@ -94,7 +94,12 @@ def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
                 yield off, size - off
                 return
             raise
-        end = os.lseek(fd, start, os.SEEK_HOLE)
+        try:
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # truncated under the copy: the generation check abandons it
+                return
+            raise
         end = min(end, size)
         if end > start:
             yield start, end - start
