@@ -4,77 +4,14 @@ authenticated peer service on loopback ports."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import socket
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
+from clusterkit import AGENT, cluster_status, redis_addr, sha, start_agents, wait_for, wait_published
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 
-pytest_plugins = ["hycache_dht.testing"]
 pytestmark = pytest.mark.mount
-
-REPO = Path(__file__).resolve().parents[2]
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def secret_file(tmp_path) -> Path:
-    p = tmp_path / "cluster.secret"
-    p.write_text(os.urandom(32).hex())
-    p.chmod(0o600)
-    return p
-
-
-def redis_addr(cluster: LocalRedisCluster) -> str:
-    return ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
-
-
-def start_agents(hycache_mount, redis: str, secret: Path, namespace: str, names=("a", "b"), **opts):
-    return [hycache_mount(fast_capacity="64M", redis=redis, dht_namespace=namespace, node_id=name,
-                          listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret, **opts)
-            for name in names]
-
-
-def cluster_status(m) -> dict:
-    out = subprocess.run([AGENT, "status", str(m.root), "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)["cluster"]
-
-
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def wait_published(*mounts, timeout: float = 30.0) -> None:
-    """Until every agent's outbox is empty, plus the kernel's entry timeout (1 s), after
-    which a lookup on another node finds the newest version."""
-    for m in mounts:
-        wait_for(lambda: cluster_status(m)["backlog"] == 0, timeout=timeout,
-                 what=f"{m.mountpoint}'s outbox drained (status: {cluster_status(m)})")
-    time.sleep(1.1)
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_files_written_on_one_node_are_listed_and_readable_on_another(
@@ -117,22 +54,6 @@ def test_new_names_in_a_remote_directory_are_created_locally_and_seen_by_the_own
     assert (a.mountpoint / "shared" / "from-b").read_text() == "b"
     assert sorted(os.listdir(a.mountpoint / "shared")) == sorted(os.listdir(b.mountpoint / "shared")) == [
         "from-a", "from-b"]
-
-
-def test_names_held_elsewhere_are_read_only_for_now(hycache_mount, redis_cluster, dht_namespace, secret_file):
-    """Write takeover is not built yet: writing, renaming or removing another node's file
-    fails cleanly (EROFS) and loses nothing."""
-    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
-    (a.mountpoint / "f").write_text("original")
-    remote = b.mountpoint / "f"
-    wait_for(remote.exists, what="a's file on b")
-    wait_published(a)
-    for attempt in (lambda: remote.write_text("overwrite"), remote.unlink,
-                    lambda: remote.rename(b.mountpoint / "g")):
-        with pytest.raises(OSError) as exc:
-            attempt()
-        assert exc.value.errno == 30  # EROFS
-    assert (a.mountpoint / "f").read_text() == remote.read_text() == "original"
 
 
 def test_agent_keeps_serving_while_redis_is_down_and_publishes_the_backlog_after(

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hycache_dht.meta import DHTError, EntryMeta, Op, dir_meta, pack_body
+from hycache_dht.meta import DHTError, EntryMeta, NotPrimary, Op, dir_meta, pack_body
 
 pytest_plugins = ["hycache_dht.testing"]
 
@@ -114,6 +114,28 @@ def test_put_upsert_and_cas(store):
     with pytest.raises(NotADirectoryError):
         store.put(b"/p", D)
     assert store.put(b"/p", F(kind="symlink", target=b"t")) > v2  # file <-> symlink is fine
+
+
+def test_put_owner_guard_refuses_a_file_taken_over_by_another_node(store):
+    """A node publishing its own file passes owners=(itself,): once another node has
+    taken the file over (it is the primary now), the old holder's put changes nothing."""
+    v1 = store.put(b"/o", F(primary="a", size=1), owners=("a",))
+    assert v1 and store.put(b"/o", F(primary="a", size=2), owners=("a",)) > v1
+    v2 = store.put(b"/o", F(primary="b", size=3), owners=("b", "a"))  # b takes over from a
+    with pytest.raises(NotPrimary) as e:
+        store.put(b"/o", F(primary="a", size=4), owners=("a",))
+    assert e.value.primary == "b" and e.value.version == v2 and e.value.errno == errno.EPERM
+    got = store.get(b"/o")
+    assert (got.primary, got.size, got.version) == ("b", 3, v2)
+    assert store.put(b"/new", F(primary="a"), owners=("a",))  # a missing entry: no guard
+    store.create(b"/gd", D)
+    assert store.put(b"/gd", D, owners=("z",))  # directories have no primary: no guard
+    [res] = store.apply([Op.put(b"/o", F(primary="a", size=5), owners=("a",))])
+    assert isinstance(res, NotPrimary) and res.primary == "b"
+    [ok] = store.apply([Op.put(b"/o", F(primary="a", size=6), owners=("a", "b"))])
+    assert ok > v2 and store.get(b"/o").primary == "a"
+    with pytest.raises(ValueError):
+        store.put(b"/o", F(), owners=("a|b",))
 
 
 def test_delete_and_cas(store):

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--listen", help="HOST:PORT of the agent-to-agent data service (default 0.0.0.0:7070)")
     g.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one (default: --listen)")
     g.add_argument("--cluster-secret-file", type=Path, help="shared secret authenticating agents (mode 0600)")
+    g.add_argument("--write-lease-seconds", type=float,
+                   help="lease of a file's write flag, renewed while it is open for writing (default 10)")
+    g.add_argument("--write-lease-wait", type=float,
+                   help="seconds an open for writing waits for another node's lease before EBUSY (default 30)")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -240,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file")}
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
+                "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "cluster_secret_file", "write_lease_seconds", "write_lease_wait")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

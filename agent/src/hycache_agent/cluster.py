@@ -34,16 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-from hycache_dht.meta import DHTError, DHTUnavailable, EntryMeta, MetaStore, Op, pack_body, unpack_body
+from hycache_dht.meta import (
+    DHTError, DHTUnavailable, EntryMeta, MetaStore, NotPrimary, Op, pack_body, unpack_body,
+)
 
 from . import tiers as T
 from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
+from .ownership import INBOX_DIR, INBOX_POLL_SECONDS, Ownership
 
 log = logging.getLogger(__name__)
 
 NODES_DIR = b"/.hycache-nodes"
-HIDDEN_ROOT_NAMES = {NODES_DIR[1:]}
+HIDDEN_ROOT_NAMES = {NODES_DIR[1:], INBOX_DIR[1:]}
 REMOTE_INO_BASE = 1 << 48
 HEARTBEAT_SECONDS = 2.0
 NODE_TTL_SECONDS = 10.0
@@ -80,6 +83,7 @@ class RemoteNode:
     cache_blob: str | None = None  # local copy of a remote file's bytes
     cache_version: int = -1
     open_count: int = 0
+    local: Inode | None = None  # taken over by this node: the local inode now holding it
 
     @property
     def is_dir(self) -> bool:
@@ -100,8 +104,10 @@ class LinkStatus:
 
 
 class ClusterLink:
+    UNREACHABLE = UNREACHABLE
+
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
-                 secret: bytes) -> None:
+                 secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -119,6 +125,9 @@ class ClusterLink:
         self._count_rows: list = []
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
+        self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
+        self.rebalancer = None
+        self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:
@@ -163,6 +172,8 @@ class ClusterLink:
         nursery.start_soon(self._connect)
         nursery.start_soon(self._publisher)
         nursery.start_soon(self._heartbeat)
+        nursery.start_soon(self._inbox_loop)
+        nursery.start_soon(self.ownership.renew_leases)
         nursery.start_soon(self._republish_all)
 
     # ------------------------------------------------------------------ publication
@@ -183,16 +194,23 @@ class ClusterLink:
         """(trio thread, inside a group commit) this batch's changes as outbox rows."""
         ns = self.engine.ns
         rows: list[tuple[str, bytes, bytes | None, bytes | None]] = []
+        tail: list[tuple[str, bytes, bytes | None, bytes | None]] = []  # after this batch's puts
         put_now: set[int] = set()
         for event in ns.events:
             op = event[0]
-            if op == "put":
-                _, ino, path = event
+            if op in ("put", "take"):
+                ino, path = event[1], event[2]
                 inode = ns.inodes.get(ino)
                 if inode is not None and path is not None:
-                    rows.append(("put", path, None, _pack_row_meta(self.entry_meta(inode))))
+                    # a takeover's put admits the old holder in the owner guard
+                    extra = event[3].encode() if op == "take" and event[3] else None
+                    rows.append(("put", path, extra, _pack_row_meta(self.entry_meta(inode))))
                     self._published_sig[ino] = self._signature(inode)
                     put_now.add(ino)
+                    if not inode.published:
+                        self._unacked[path] = ino
+            elif op in ("release", "notify"):
+                tail.append((op, event[1], event[2], event[3]))
             elif op == "delete":
                 if event[2] is not None:
                     rows.append(("delete", event[2], None, None))
@@ -218,7 +236,7 @@ class ClusterLink:
             packed = _pack_row_meta(self.entry_meta(inode))
             for path in ns.paths_of(inode):
                 rows.append(("put", path, None, packed))
-        return rows
+        return rows + tail
 
     def _committed(self) -> None:
         self.status.backlog += len(self._count_rows)
@@ -269,7 +287,7 @@ class ClusterLink:
                 self._wakeup = trio.Event()
                 continue
             try:
-                await trio.to_thread.run_sync(self._apply_rows, rows)
+                acked, superseded = await trio.to_thread.run_sync(self._apply_rows, rows)
             except (DHTError, ConnectionError, TimeoutError, OSError) as exc:
                 self._degraded(exc)
                 await trio.sleep(backoff)
@@ -281,29 +299,66 @@ class ClusterLink:
             self.status.published_ops += len(rows)
             self.status.publish_batches += 1
             self._ok()
+            for path in acked:
+                ino = self._unacked.pop(path, None)
+                inode = self.engine.ns.inodes.get(ino) if ino is not None else None
+                if inode is not None:
+                    inode.published = True
+            for path, exc in superseded:
+                try:
+                    await self.ownership.superseded(path, f"taken by {exc.primary}")
+                except FsError as err:
+                    log.warning("%r: held by %s, local copy not reconciled yet: %s", path, exc.primary, err)
 
-    def _apply_rows(self, rows) -> None:
+    def _apply_rows(self, rows) -> tuple[list[bytes], list[tuple[bytes, NotPrimary]]]:
         """(worker thread) Apply outbox rows in order: runs of put/delete as one pipelined
-        batch, renames one by one."""
+        batch, renames, lease releases and inbox messages one by one.  Returns the paths
+        whose puts were applied, and those refused because another node holds them now.
+        Puts carry the owner guard: this node (and, for a takeover, the old holder)."""
         run: list[Op] = []
+        acked: list[bytes] = []
+        superseded: list[tuple[bytes, NotPrimary]] = []
+        messages: list[tuple[bytes, bytes, bytes]] = []
+        me = self.node_id
 
         def flush() -> None:
             if run:
                 results = self.store.apply(run)
                 for op, result in zip(run, results):
-                    if isinstance(result, BaseException):
+                    if isinstance(result, NotPrimary):
+                        superseded.append((op.path, result))
+                    elif isinstance(result, BaseException):
                         if isinstance(result, (DHTError, ConnectionError, TimeoutError)):
                             raise result
                         self.status.conflicts += 1
                         log.warning("global namespace: %s %r not applied: %s", op.op, op.path, result)
+                    elif op.op == "put":
+                        acked.append(op.path)
                 run.clear()
+            if messages:
+                self.ownership.send_messages(self.store, messages)
+                messages.clear()
 
         for _seq, op, path, path2, meta in rows:
             path = bytes(path)
+            if op == "notify":
+                if run:
+                    flush()
+                messages.append((path, bytes(path2), bytes(meta)))
+                continue
+            if messages:
+                flush()
             if op == "put":
-                run.append(Op.put(path, _unpack_row_meta(bytes(meta))))
+                owners = (me,) if path2 is None else (me, bytes(path2).decode())
+                run.append(Op.put(path, _unpack_row_meta(bytes(meta)), owners=owners))
             elif op == "delete":
                 run.append(Op.delete(path))
+            elif op == "release":
+                flush()
+                try:
+                    self.store.release_write(path, me)
+                except FileNotFoundError:
+                    pass
             elif op == "rename":
                 flush()
                 try:
@@ -317,6 +372,7 @@ class ClusterLink:
                     self.status.conflicts += 1
                     log.warning("global namespace: rename %r → %r not applied: %s", path, path2, exc)
         flush()
+        return acked, superseded
 
     def _degraded(self, exc: BaseException) -> None:
         if self.status.state != "degraded":
@@ -352,6 +408,12 @@ class ClusterLink:
                 self._degraded(exc)
             await trio.sleep(HEARTBEAT_SECONDS)
 
+    async def _inbox_loop(self) -> None:
+        while True:
+            await trio.sleep(INBOX_POLL_SECONDS)
+            if self.reachable:
+                await self.ownership.drain_inbox()
+
     def _node_meta(self) -> EntryMeta:
         now = time.time_ns()
         return EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
@@ -365,10 +427,14 @@ class ClusterLink:
         store.put(join(NODES_DIR, meta.primary.encode()), meta)
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """(worker thread) live nodes: id -> {addr, age}."""
+        """(worker thread) registered nodes: id -> {addr, age, alive}."""
+        return self.nodes_blocking(self.store)
+
+    @staticmethod
+    def nodes_blocking(store: MetaStore) -> dict[str, dict[str, Any]]:
         out = {}
         now = time.time()
-        for name, meta in self.store.list_dir(NODES_DIR):
+        for name, meta in store.list_dir(NODES_DIR):
             age = now - meta.mtime_ns / 1e9
             out[name.decode()] = {"addr": (meta.target or b"").decode(), "age": round(age, 1),
                                   "alive": age < NODE_TTL_SECONDS}
@@ -396,13 +462,16 @@ class ClusterLink:
         publisher finds out when the store is back."""
         return self._store is not None and self.status.state != "degraded"
 
-    async def _query(self, fn, *args, missing):
-        """One read of the store in a worker thread.  ``missing`` when the path is not
+    async def _query(self, fn, *args, missing, kwargs=None):
+        """One call of the store in a worker thread.  ``missing`` when the path is not
         there; UNREACHABLE while the link is degraded (no call is made) or when the call
-        fails (which marks the link degraded)."""
+        fails (which marks the link degraded).  Other errors (EEXIST, ENOTEMPTY, ...)
+        propagate."""
         if not self.reachable:
             return UNREACHABLE
         try:
+            if kwargs:
+                return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
             return await trio.to_thread.run_sync(fn, *args)
         except (FileNotFoundError, NotADirectoryError):
             return missing
@@ -470,6 +539,38 @@ class ClusterLink:
         self._listings[dirpath] = (now, entries)
         return entries
 
+    async def dir_has_entries(self, path: bytes) -> bool:
+        """Whether the store lists any name in directory ``path`` once our own queued
+        changes are published (rmdir of a directory other nodes hold names in)."""
+        def first() -> bool:
+            return next(iter(self.store.list_dir(path)), None) is not None
+
+        has = await self._query(first, missing=False)
+        if has is True:  # maybe only our own removals, not published yet
+            await self.drain_outbox()
+            has = await self._query(first, missing=False)
+        return has is True  # unreachable: local rules only (the store refuses it later)
+
+    def forget_listing(self, dirpath: bytes | None) -> None:
+        """Our view of a directory changed: the next lookup asks the store again."""
+        if dirpath is not None:
+            self._listings.pop(dirpath, None)
+
+    async def drain_outbox(self, timeout: float = 10.0) -> None:
+        """Wait until everything queued so far is published (before changing names held
+        by other nodes directly in the store: our own changes must be there first)."""
+        await self.engine.ns.journal.sync()
+        with trio.move_on_after(timeout):
+            while self.status.backlog > 0 and self.reachable:
+                self._wakeup.set()
+                await trio.sleep(0.01)
+            if self.reachable:
+                return
+        raise FsError(errno.EIO, "the metadata store is unreachable")
+
+    def fetch_lock(self, path: bytes) -> trio.Lock:
+        return self._fetch_locks.setdefault(path, trio.Lock())
+
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
@@ -512,38 +613,42 @@ class ClusterLink:
         if node.meta.kind != "file":
             raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
         await self.refresh(node)
-        lock = self._fetch_locks.setdefault(node.path, trio.Lock())
-        async with lock:
-            if node.cache_blob and node.cache_version == node.meta.version:
-                return node.cache_blob
-            holders = [node.meta.primary, *node.meta.replicas]
-            dest = str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
-            last: BaseException | None = None
-            for holder in [h for h in holders if h]:
-                try:
-                    addr = await self.address_of(holder)
-                    t0 = time.monotonic()
-                    await self.peers.fetch_to_file(addr, node.path, dest)
-                except Exception as exc:  # noqa: BLE001 - try the next holder
-                    last = exc
-                    log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
-                    continue
-                size = (await trio.to_thread.run_sync(os.stat, dest)).st_size
-                self.status.remote_fetches += 1
-                self.status.remote_bytes += size
-                log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
-                if node.cache_blob and node.cache_blob != dest:
-                    await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
-                node.cache_blob, node.cache_version = dest, node.meta.version
-                return dest
-            log.error("no holder of %r could serve it (%s)", node.path, last)
-            raise FsError(errno.EIO)
+        async with self.fetch_lock(node.path):
+            return await self.fetch_locked(node)
+
+    async def fetch_locked(self, node: RemoteNode) -> str:
+        """(holding the path's fetch lock) the local copy of ``node.meta``'s version."""
+        if node.cache_blob and node.cache_version == node.meta.version:
+            return node.cache_blob
+        holders = [node.meta.primary, *node.meta.replicas]
+        dest = str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        last: BaseException | None = None
+        for holder in [h for h in holders if h]:
+            try:
+                addr = await self.address_of(holder)
+                t0 = time.monotonic()
+                await self.peers.fetch_to_file(addr, node.path, dest)
+            except Exception as exc:  # noqa: BLE001 - try the next holder
+                last = exc
+                log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
+                continue
+            size = (await trio.to_thread.run_sync(os.stat, dest)).st_size
+            self.status.remote_fetches += 1
+            self.status.remote_bytes += size
+            log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
+            if node.cache_blob and node.cache_blob != dest:
+                await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
+            node.cache_blob, node.cache_version = dest, node.meta.version
+            return dest
+        log.error("no holder of %r could serve it (%s)", node.path, last)
+        raise FsError(errno.EIO)
 
     def status_dict(self) -> dict[str, Any]:
         d = dict(self.status.__dict__)
         d["node_id"] = self.node_id
         d["advertise"] = self.advertise
         d["remote_nodes_cached"] = len(self.remote)
+        d["ownership"] = self.ownership.status()
         return d
 
 

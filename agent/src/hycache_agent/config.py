@@ -44,6 +44,8 @@ class AgentConfig(BaseModel):
     listen: str = "0.0.0.0:7070"
     advertise: str | None = None
     cluster_secret_file: Path | None = None
+    write_lease_seconds: float = Field(default=10.0, gt=0, description="write flag lease, renewed while open")
+    write_lease_wait: float = Field(default=30.0, ge=0, description="how long an open waits for another node's lease")
 
     @property
     def clustered(self) -> bool:

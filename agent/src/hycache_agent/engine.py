@@ -558,6 +558,32 @@ class TieringEngine:
         await ns.journal.sync()
         return inode
 
+    async def adopt_file(self, parent: int, name: bytes, attrs, src: str | None) -> Inode:
+        """A new local file whose bytes already exist (a file taken over from another
+        node): ``src`` (a file on the fast tier's file system, or None for an empty file)
+        becomes its blob; owner, mode and times come from ``attrs``.  The name is queued
+        last (the caller may rewrite that event) and nothing is committed here."""
+        check_name(name)
+        if name in self.ns.dir(parent):
+            raise FsError(errno.EEXIST)
+        ino = self.ns.allocate_ino()
+        if src is None:
+            tier = await self._new_blob(ino)
+            size = 0
+        else:
+            tier = T.FAST
+            size = (await trio.to_thread.run_sync(os.stat, src)).st_size
+            await trio.to_thread.run_sync(os.rename, src, self.tiers[T.FAST].blob(ino))
+        inode = self.ns.new_inode(parent, name, stat.S_IFREG | stat.S_IMODE(attrs.mode), attrs.uid, attrs.gid,
+                                  tier=tier, ino=ino)
+        inode.size = size
+        inode.atime_ns, inode.mtime_ns, inode.ctime_ns = attrs.atime_ns, attrs.mtime_ns, attrs.ctime_ns
+        if tier == T.FAST:
+            self.fast_used += size
+            self.policy.admit(inode.ino, size)
+        self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
+        return inode
+
     async def open(self, inode: Inode, flags: int, uid: int) -> int:
         if inode.is_dir:
             raise FsError(errno.EISDIR)

@@ -16,7 +16,7 @@ import trio
 
 from . import tiers as T
 from .engine import TieringEngine
-from .namespace import ROOT_INO, FsError, Inode, now_ns
+from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,16 @@ class HyCacheOperations(pyfuse3.Operations):
         self._next_dir_fh = 1
         self.cluster = engine.cluster  # None when standalone
         self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd)
+        self._leased: dict[int, int] = {}  # fh -> ino of a write handle holding the write lease
+        self.own = engine.cluster.ownership if engine.cluster is not None else None
+        if self.own is not None:
+            self.own.on_invalidate = self._invalidate_entry
+
+    def _invalidate_entry(self, parent: int, name: bytes) -> None:
+        try:
+            pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+        except Exception:  # noqa: BLE001 - not mounted yet (start-up): nothing cached
+            pass
 
     # -- attributes ------------------------------------------------------------------
     def _stat(self, ino: int, src, nlink: int, attr_timeout: float) -> pyfuse3.EntryAttributes:
@@ -95,11 +105,32 @@ class HyCacheOperations(pyfuse3.Operations):
     def _remote(self, ino: int):
         return self.cluster.remote.get(ino) if self.cluster is not None else None
 
-    def _not_remote(self, *inos: int) -> None:
-        """Changing names held by another node is not supported yet: fail cleanly."""
-        for ino in inos:
-            if self._remote(ino) is not None:
-                raise FsError(errno.EROFS)
+    def _local(self, ino: int) -> Inode | None:
+        """The local inode behind a kernel inode number: a local one, or a remote file
+        this node has taken over since the kernel looked it up."""
+        node = self.ns.inodes.get(ino)
+        if node is not None:
+            return node
+        remote = self._remote(ino)
+        if remote is not None and remote.local is not None and remote.local.nlink > 0:
+            return remote.local
+        return None
+
+    async def _writable(self, ino: int, *, truncate: bool = False) -> tuple[Inode, bool]:
+        """The local inode to change for ``ino``: a file held by another node is taken
+        over first (True: the caller holds its write lease and calls write_done), a
+        directory held only elsewhere is made locally."""
+        local = self._local(ino)
+        if local is not None:
+            return local, False
+        remote = self._remote(ino)
+        if remote is None:
+            return self.ns.get(ino), False  # ENOENT
+        if remote.is_dir:
+            return self.ns.get(await self.own.local_dir(remote.path)), False
+        if remote.meta.kind != "file":
+            raise FsError(errno.EROFS)  # symlinks and devices held elsewhere: read-only here
+        return await self.own.take_over(remote, truncate=truncate), True
 
     @errno_edge
     async def lookup(self, parent_inode, name, ctx=None):
@@ -126,20 +157,36 @@ class HyCacheOperations(pyfuse3.Operations):
     async def getattr(self, inode, ctx=None):
         node = self._remote(inode)
         if node is not None:
+            if node.local is not None and node.local.nlink > 0:  # taken over
+                return self._stat(inode, node.local, node.local.nlink, self.attr_timeout)
             return self._remote_attrs(await self.cluster.refresh(node))
         return self._attrs(self.ns.get(inode))
 
     @errno_edge
     async def setattr(self, inode, attr, fields, fh, ctx):
-        self._not_remote(inode)
-        node = self.ns.get(inode)
+        node, leased = await self._writable(inode, truncate=fields.update_size and attr.st_size == 0)
+        try:
+            return await self._setattr(inode, node, attr, fields, ctx, leased)
+        finally:
+            if leased:
+                await self.own.write_done(node.ino)
+
+    async def _setattr(self, inode, node, attr, fields, ctx, leased):
         t = now_ns()
         if fields.update_size:
             if node.is_dir:
                 raise FsError(errno.EISDIR)
             if not node.is_reg:
                 raise FsError(errno.EINVAL)
-            await self.engine.truncate(node, attr.st_size, ctx.uid)
+            if self.own is not None and not leased:
+                await self.own.lease_for_write(node)
+                leased = True
+                try:
+                    await self.engine.truncate(node, attr.st_size, ctx.uid)
+                finally:
+                    await self.own.write_done(node.ino)
+            else:
+                await self.engine.truncate(node, attr.st_size, ctx.uid)
         if fields.update_mode:
             node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(attr.st_mode)
         if fields.update_uid or fields.update_gid:
@@ -156,12 +203,12 @@ class HyCacheOperations(pyfuse3.Operations):
         if fields.update_mtime:
             node.mtime_ns = attr.st_mtime_ns
         node.ctime_ns = attr.st_ctime_ns if fields.update_ctime else t
-        self.ns.journal.inode(inode)
+        self.ns.journal.inode(node.ino)
         if fields.update_mode or fields.update_uid or fields.update_gid or fields.update_size:
             await self.ns.journal.sync()
         # times alone (the writeback cache sends them at every close) ride on the next
         # group commit, within a second
-        return self._attrs(node)
+        return self._stat(inode, node, node.nlink, self.attr_timeout)
 
     # -- names -----------------------------------------------------------------------
     @errno_edge
@@ -198,30 +245,102 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        self._not_remote(inode)
-        new_parent_inode = await self._local_dir(new_parent_inode)
-        node = self.ns.link(inode, new_parent_inode, new_name)
-        await self.ns.journal.sync()
+        node, leased = await self._writable(inode)
+        try:
+            new_parent_inode = await self._local_dir(new_parent_inode)
+            node = self.ns.link(node.ino, new_parent_inode, new_name)
+            await self.ns.journal.sync()
+        finally:
+            if leased:
+                await self.own.write_done(node.ino)
         return self._entry(node)
+
+    def _has_local(self, parent_ino: int, name: bytes) -> bool:
+        parent = self._local(parent_ino)
+        return parent is not None and name in self.ns.children.get(parent.ino, {})
 
     @errno_edge
     async def unlink(self, parent_inode, name, ctx):
-        self._not_remote(parent_inode)
-        await self._not_remote_name(parent_inode, name)
-        await self.engine.remove(parent_inode, name, rmdir=False)
+        await self._remove(parent_inode, name, rmdir=False)
 
     @errno_edge
     async def rmdir(self, parent_inode, name, ctx):
-        self._not_remote(parent_inode)
-        await self._not_remote_name(parent_inode, name)
-        await self.engine.remove(parent_inode, name, rmdir=True)
+        await self._remove(parent_inode, name, rmdir=True)
+
+    async def _remove(self, parent_inode: int, name: bytes, *, rmdir: bool) -> None:
+        if self.cluster is None:
+            await self.engine.remove(parent_inode, name, rmdir=rmdir)
+            return
+        if not self._has_local(parent_inode, name):
+            node = await self.cluster.lookup(parent_inode, name)
+            if node is None:
+                raise FsError(errno.ENOENT)
+            await self.own.remove_remote(node, rmdir=rmdir)
+            return
+        parent = self._local(parent_inode).ino
+        if rmdir:  # other nodes may hold names in it (a directory is the union of the nodes')
+            path = self.ns._child_path(parent, name)
+            if await self.cluster.dir_has_entries(path):
+                raise FsError(errno.ENOTEMPTY)
+            await self.engine.remove(parent, name, rmdir=True)
+            self.own.notify(None, "drop", path)
+            await self.ns.journal.sync()
+        else:
+            await self.engine.remove(parent, name, rmdir=False)
 
     @errno_edge
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        self._not_remote(parent_inode_old, parent_inode_new)
-        await self._not_remote_name(parent_inode_old, name_old)
-        await self._not_remote_name(parent_inode_new, name_new)
-        await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        if self.cluster is None:
+            await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+            return
+        dst_path = join_path(self.cluster.path_of(parent_inode_new) or b"/", name_new)
+        dst_is_local = self._has_local(parent_inode_new, name_new)
+        if not self._has_local(parent_inode_old, name_old):  # the source is held elsewhere
+            src = await self.cluster.lookup(parent_inode_old, name_old)
+            if src is None:
+                raise FsError(errno.ENOENT)
+            if flags & RENAME_EXCHANGE:
+                raise FsError(errno.EINVAL)  # no exchange across nodes
+            dst_local = None
+            if dst_is_local:
+                dst_parent = self._local(parent_inode_new).ino
+                dst = self.ns.lookup(dst_parent, name_new)
+                if flags & RENAME_NOREPLACE:
+                    raise FsError(errno.EEXIST)
+                if dst.is_dir != src.is_dir:
+                    raise FsError(errno.EISDIR if dst.is_dir else errno.ENOTDIR)
+                if dst.is_dir and self.ns.children[dst.ino]:
+                    raise FsError(errno.ENOTEMPTY)
+                dst_local = (dst_parent, name_new)
+            await self.own.rename_remote(src.path, dst_path, src.meta, noreplace=bool(flags & RENAME_NOREPLACE),
+                                         dst_local=dst_local)
+            return
+        old_parent = self._local(parent_inode_old).ino
+        src = self.ns.lookup(old_parent, name_old)
+        replaced = None
+        if not dst_is_local:
+            replaced = await self.cluster.lookup(parent_inode_new, name_new)
+            if replaced is not None:
+                if flags & RENAME_NOREPLACE:
+                    raise FsError(errno.EEXIST)
+                if flags & RENAME_EXCHANGE:
+                    raise FsError(errno.EINVAL)
+                if replaced.is_dir != src.is_dir:
+                    raise FsError(errno.EISDIR if replaced.is_dir else errno.ENOTDIR)
+                if replaced.is_dir and await self.cluster.dir_has_entries(replaced.path):
+                    raise FsError(errno.ENOTEMPTY)
+        src_path = self.ns._child_path(old_parent, name_old)
+        new_parent = await self._local_dir(parent_inode_new)
+        await self.engine.rename(old_parent, name_old, new_parent, name_new, flags)
+        if replaced is not None:  # the store's rename replaced another node's name
+            if replaced.is_dir:
+                self.own.notify(None, "drop", dst_path)
+            for holder in {replaced.meta.primary, *replaced.meta.replicas} - {None}:
+                self.own.notify(holder, "drop", dst_path)
+        if src.is_dir:  # other nodes move their parts of the directory
+            self.own.notify(None, "rename", src_path, dst_path)
+        if replaced is not None or src.is_dir:
+            await self.ns.journal.sync()
 
     # -- directories -----------------------------------------------------------------
     @errno_edge
@@ -288,17 +407,36 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def open(self, inode, flags, ctx):
-        remote = self._remote(inode)
-        if remote is not None:
-            return await self._open_remote(remote, flags)
-        fh = await self.engine.open(self.ns.get(inode), flags, ctx.uid)
+        writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        nonblocking = bool(flags & os.O_NONBLOCK)
+        local = self._local(inode)
+        leased = False
+        if inode not in self.ns.inodes and self.cluster is not None:
+            remote = self._remote(inode)
+            if remote is None:
+                raise FsError(errno.ENOENT)
+            if local is None and not writing:
+                return await self._open_remote(remote)
+            if local is None:  # writes are always local: this node becomes the file's primary
+                await self.own.take_over(remote, truncate=bool(flags & os.O_TRUNC), nonblocking=nonblocking)
+            # The kernel knows this name as the remote inode, whose size it keeps to itself
+            # (writeback cache): ESTALE makes it walk the path again with LOOKUP_REVAL, find
+            # the local inode and open that (the lease stays held for the retried open).
+            raise FsError(errno.ESTALE)
+        if writing and self.own is not None and local.is_reg:
+            await self.own.lease_for_write(local, nonblocking)
+            leased = True
+        try:
+            fh = await self.engine.open(local, flags, ctx.uid)
+        except BaseException:
+            if leased:
+                await self.own.write_done(local.ino)
+            raise
+        if leased:
+            self._leased[fh] = local.ino
         return self._file_info(fh)
 
-    async def _open_remote(self, remote, flags):
-        if (flags & os.O_ACCMODE) != os.O_RDONLY or flags & os.O_TRUNC:
-            log.warning("write to %r refused: taking over files held by another node is not supported yet",
-                        remote.path)
-            raise FsError(errno.EROFS)
+    async def _open_remote(self, remote):
         blob = await self.cluster.open_remote(remote)
         fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
@@ -306,14 +444,6 @@ class HyCacheOperations(pyfuse3.Operations):
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache
         return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
-
-    async def _not_remote_name(self, parent: int, name: bytes) -> None:
-        """A name that is not local but held by another node cannot be removed or
-        renamed over from here yet: EROFS rather than a misleading ENOENT."""
-        if self.cluster is None or name in self.ns.children.get(parent, {}):
-            return
-        if await self.cluster.lookup(parent, name) is not None:
-            raise FsError(errno.EROFS)
 
     async def _local_dir(self, ino: int) -> int:
         """A directory's local inode; a directory held only in the global namespace is
@@ -323,21 +453,7 @@ class HyCacheOperations(pyfuse3.Operations):
             return ino
         if not remote.is_dir:
             raise FsError(errno.ENOTDIR)
-        parent = ROOT_INO
-        path = b""
-        for part in [p for p in remote.path.split(b"/") if p]:
-            path += b"/" + part
-            try:
-                child = self.ns.lookup(parent, part)
-            except FsError as exc:
-                if exc.errno != errno.ENOENT:
-                    raise
-                meta = await self.cluster._store_get(path)
-                mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (stat.S_IFDIR | 0o755, 0, 0)
-                child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
-                await self.ns.journal.sync()
-            parent = child.ino
-        return parent
+        return await self.own.local_dir(remote.path)
 
     @errno_edge
     async def read(self, fh, off, size):
@@ -365,6 +481,9 @@ class HyCacheOperations(pyfuse3.Operations):
             await trio.to_thread.run_sync(os.close, fd)
             return
         await self.engine.release(fh)
+        ino = self._leased.pop(fh, None)
+        if ino is not None:
+            await self.own.write_done(ino)
 
     @errno_edge
     async def fsync(self, fh, datasync):
@@ -399,7 +518,7 @@ class HyCacheOperations(pyfuse3.Operations):
     # -- extended attributes (user.hycache.* are the agent's controls) -----------------
     @errno_edge
     async def getxattr(self, inode, name, ctx):
-        remote = self._remote(inode)
+        remote = self._remote(inode) if self._local(inode) is None else None
         if remote is not None:
             if name == XATTR_INFO:
                 m = remote.meta
@@ -411,7 +530,7 @@ class HyCacheOperations(pyfuse3.Operations):
             if name == XATTR_TIER and remote.meta.kind == "file":
                 return b"remote"
             raise FsError(errno.ENODATA)
-        node = self.ns.get(inode)
+        node = self._local(inode) or self.ns.get(inode)
         if name == XATTR_INFO:
             return json.dumps(self.engine.file_info(node)).encode()
         if name == XATTR_TIER:
@@ -427,8 +546,15 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def setxattr(self, inode, name, value, ctx):
-        self._not_remote(inode)
-        node = self.ns.get(inode)
+        node, leased = await self._writable(inode)
+        try:
+            await self._setxattr(node, name, value)
+        finally:
+            if leased:
+                await self.own.write_done(node.ino)
+
+    async def _setxattr(self, node: Inode, name: bytes, value: bytes) -> None:
+        inode = node.ino
         if name == XATTR_TIER:
             wanted = value.strip().decode(errors="replace")
             if wanted not in T.TIER_NAMES or not node.is_reg:
@@ -454,14 +580,20 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def listxattr(self, inode, ctx):
-        if self._remote(inode) is not None:
-            return []
-        return list(self.ns.get(inode).xattrs)
+        node = self._local(inode)
+        return [] if node is None else list(node.xattrs)
 
     @errno_edge
     async def removexattr(self, inode, name, ctx):
-        self._not_remote(inode)
-        node = self.ns.get(inode)
+        node, leased = await self._writable(inode)
+        try:
+            await self._removexattr(node, name)
+        finally:
+            if leased:
+                await self.own.write_done(node.ino)
+
+    async def _removexattr(self, node: Inode, name: bytes) -> None:
+        inode = node.ino
         if name.startswith(XATTR_PREFIX):
             raise FsError(errno.EPERM)
         if name not in node.xattrs:

@@ -77,7 +77,8 @@ def _make_cluster(engine: TieringEngine) -> None:
     host, port = parse_addr(config.listen)
     advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
-                                 peer_client=PeerClient(config.node_id, secret), secret=secret)
+                                 peer_client=PeerClient(config.node_id, secret), secret=secret,
+                                 lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait)
     engine.cluster.attach()
 
 

@@ -55,6 +55,9 @@ class Inode:
     open_count: int = 0
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
     migration: Any = None
+    # in a cluster: the global namespace has acknowledged this inode's name (inodes loaded
+    # at start count as published; a new one is not until its first put is applied)
+    published: bool = False
 
     @property
     def is_dir(self) -> bool:
@@ -108,7 +111,7 @@ class Namespace:
         for row in snap.inodes:
             (ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier, pinned, hits, last) = row
             self.inodes[ino] = Inode(ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier,
-                                     bool(pinned), hits, last)
+                                     bool(pinned), hits, last, published=True)
             if stat.S_ISDIR(mode):
                 self.children[ino] = {}
         for parent, name, ino in snap.dentries:

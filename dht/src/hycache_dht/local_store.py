@@ -19,8 +19,8 @@ from pathlib import Path
 
 from . import paths
 from .meta import (
-    PROBLEMS, EntryMeta, MetaStore, Op, check_destination, check_meta, dir_meta, invalid,
-    new_report, not_empty, pack_body, root_meta, unpack_body,
+    PROBLEMS, EntryMeta, MetaStore, NotPrimary, Op, check_destination, check_meta, dir_meta, invalid,
+    new_report, not_empty, owners_arg, pack_body, root_meta, unpack_body,
 )
 
 SCHEMA = """
@@ -152,7 +152,8 @@ class LocalStore(MetaStore):
         self._insert(c, path, meta, self._next_version(c), "", 0.0)
         return True
 
-    def _put(self, c, path: bytes, meta: EntryMeta, expect_version: int | None) -> int | None:
+    def _put(self, c, path: bytes, meta: EntryMeta, expect_version: int | None,
+             owners: tuple[str, ...] | None = None) -> int | None:
         check_meta(meta)
         row = self._row(c, paths.check(path))
         if path == paths.ROOT and meta.kind != "dir":
@@ -165,6 +166,10 @@ class LocalStore(MetaStore):
         else:
             if expect_version is not None and expect_version != row[1]:
                 return None
+            if owners_arg(owners) and row[0] != "dir":
+                primary = _row_meta(row).primary
+                if primary and primary not in owners:
+                    raise NotPrimary(path, primary, row[1])
             if (row[0] == "dir") != (meta.kind == "dir"):
                 if row[0] == "dir":
                     raise IsADirectoryError(errno.EISDIR, "is a directory", path)
@@ -190,7 +195,7 @@ class LocalStore(MetaStore):
         if op.op == "create":
             return self._create(c, op.path, op.meta)
         if op.op == "put":
-            return self._put(c, op.path, op.meta, op.expect_version)
+            return self._put(c, op.path, op.meta, op.expect_version, op.owners)
         return self._delete(c, op.path, op.expect_version)
 
     # -- the API --------------------------------------------------------------------------
@@ -202,9 +207,10 @@ class LocalStore(MetaStore):
         with self._tx() as c:
             return self._create(c, path, meta)
 
-    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> int | None:
+    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None,
+            owners: tuple[str, ...] | None = None) -> int | None:
         with self._tx() as c:
-            return self._put(c, path, meta, expect_version)
+            return self._put(c, path, meta, expect_version, owners)
 
     def delete(self, path: bytes, expect_version: int | None = None) -> bool:
         with self._tx() as c:

@@ -31,6 +31,7 @@ ST_NOTEMPTY = 8
 ST_HELD = 9  # write lease held by another node
 ST_SRCDIR = 11  # same-directory fast path refused: the source is a directory
 ST_NOPARENT = 12  # the directory has no header: it does not exist (or is not a directory)
+ST_NOTPRIMARY = 13  # put with an owner guard: the entry's primary is another node
 
 _PRELUDE = r"""
 local K = KEYS[1]
@@ -142,8 +143,9 @@ redis.call('HSET', K, ARGV[2], enc({v, '', 0, ARGV[3], ARGV[4], ARGV[5], ''}))
 return {0, v}
 """)
 
-# ARGV: dir path, name, kind, rid, body, expect ('' | '0' | version)
-# -> {0, version, 1 if a directory entry was created}
+# ARGV: dir path, name, kind, rid, body, expect ('' | '0' | version),
+#       owners ('' = no guard | '|node|node|': the existing entry's primary must be one of them)
+# -> {0, version, 1 if a directory entry was created} | {13, version, primary}
 _script("put", r"""
 local st = writable(K, ARGV[1])
 if st ~= 'live' then return refuse(st) end
@@ -154,6 +156,13 @@ if cur then
   if t[5] == ARGV[4] then touch(K); return {0, t[1], 0} end
   if t[7] ~= '' then return {4} end
   if ARGV[6] ~= '' and tonumber(ARGV[6]) ~= t[1] then return {3, t[1]} end
+  if ARGV[7] and ARGV[7] ~= '' and t[4] ~= 'dir' then
+    -- the body is the client's msgpack array; field 9 is the primary node id
+    local p = dec(t[6])[9]
+    if type(p) == 'string' and p ~= '' and not string.find(ARGV[7], '|' .. p .. '|', 1, true) then
+      return {13, t[1], p}
+    end
+  end
   if (t[4] == 'dir') ~= (ARGV[3] == 'dir') then
     if t[4] == 'dir' then return {6} end
     return {7}

@@ -120,10 +120,12 @@ class Op:
     path: bytes
     meta: EntryMeta | None = None
     expect_version: int | None = None
+    owners: tuple[str, ...] | None = None  # put: the owner guard (see MetaStore.put)
 
     @classmethod
-    def put(cls, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> Op:
-        return cls("put", path, meta, expect_version)
+    def put(cls, path: bytes, meta: EntryMeta, expect_version: int | None = None,
+            owners: tuple[str, ...] | None = None) -> Op:
+        return cls("put", path, meta, expect_version, owners)
 
     @classmethod
     def create(cls, path: bytes, meta: EntryMeta) -> Op:
@@ -155,6 +157,26 @@ class DHTUnavailable(DHTError, ConnectionError):
 
 class NotDurable(DHTUnavailable):
     """The write was applied on a master but no replica confirmed it within the deadline."""
+
+
+class NotPrimary(PermissionError):
+    """A guarded ``put`` found the entry held by another node (``primary``): someone took
+    the file over."""
+
+    def __init__(self, path: bytes, primary: str, version: int) -> None:
+        super().__init__(errno.EPERM, f"held by node {primary}", path)
+        self.primary = primary
+        self.version = version
+
+
+def owners_arg(owners: tuple[str, ...] | list[str] | None) -> str:
+    """The owner guard as the engines store it: '' = none, else '|a|b|'."""
+    if owners is None:
+        return ""
+    for node in owners:
+        if not node or "|" in node:
+            raise ValueError(f"bad node id {node!r}")
+    return "|" + "|".join(owners) + "|"
 
 
 class DHTBusy(DHTError, BlockingIOError):
@@ -231,8 +253,13 @@ class MetaStore(abc.ABC):
         """Atomic O(1) insert into the parent directory; False if the name exists."""
 
     @abc.abstractmethod
-    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> int | None:
-        """Upsert (or CAS on version); the new version, None if the CAS failed."""
+    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None,
+            owners: tuple[str, ...] | None = None) -> int | None:
+        """Upsert (or CAS on version); the new version, None if the CAS failed.
+
+        ``owners`` is the owner guard of a node publishing its own files: if the entry
+        exists, is not a directory and names a primary that is not in ``owners``, nothing
+        is written and :class:`NotPrimary` is raised (another node took the file over)."""
 
     @abc.abstractmethod
     def delete(self, path: bytes, expect_version: int | None = None) -> bool:

@@ -18,10 +18,16 @@ from . import keys, lua, paths
 from .cluster_client import ClientConfig, ClusterClient, Item
 from .lua import (
     ST_BUSY, ST_CASFAIL, ST_EXISTS, ST_GONE, ST_HELD, ST_ISDIR, ST_NOPARENT, ST_NOTDIR,
-    ST_NOTEMPTY, ST_NOTFOUND, ST_OK,
+    ST_NOTEMPTY, ST_NOTFOUND, ST_NOTPRIMARY, ST_OK,
 )
-from .meta import DHTBusy, EntryMeta, Op, check_meta, not_empty, pack_body, root_meta
+from .meta import (
+    DHTBusy, EntryMeta, NotPrimary, Op, check_meta, not_empty, owners_arg, pack_body, root_meta,
+)
 from .redis_protocols import CrossSlotProtocols, decode_entry, header, new_id
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _exp(expect_version: int | None) -> str:
@@ -117,7 +123,9 @@ class RedisClusterStore(CrossSlotProtocols):
         raw, h = self._read(key, "HMGET", key, name, keys.HEADER)
         return raw, header(h)[1]
 
-    def _raise(self, status: int, path: bytes):
+    def _raise(self, status: int, path: bytes, reply=None):
+        if status == ST_NOTPRIMARY:
+            raise NotPrimary(path, _text(reply[2]), int(reply[1]))
         if status in (ST_GONE, ST_NOTFOUND, ST_NOPARENT):
             raise FileNotFoundError(errno.ENOENT, "no such directory", path)
         if status == ST_ISDIR:
@@ -130,9 +138,9 @@ class RedisClusterStore(CrossSlotProtocols):
             raise DHTBusy()
         raise RuntimeError(f"unexpected script status {status} for {path!r}")
 
-    def _error(self, status: int, path: bytes) -> BaseException:
+    def _error(self, status: int, path: bytes, reply=None) -> BaseException:
         try:
-            self._raise(status, path)
+            self._raise(status, path, reply)
         except Exception as e:  # noqa: BLE001 - turned into a value on purpose
             return e
         raise AssertionError("unreachable")
@@ -174,20 +182,21 @@ class RedisClusterStore(CrossSlotProtocols):
             return False
         return self._raise(r[0], path)
 
-    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None) -> int | None:
+    def put(self, path: bytes, meta: EntryMeta, expect_version: int | None = None,
+            owners: tuple[str, ...] | None = None) -> int | None:
         check_meta(meta)
         key, name, parent = self._loc(path)
         if path == paths.ROOT and meta.kind != "dir":
             raise NotADirectoryError(errno.ENOTDIR, "the root is a directory", path)
         r, _ = self._sc("put", key, parent, name, meta.kind, new_id(), pack_body(meta),
-                        _exp(expect_version))
+                        _exp(expect_version), owners_arg(owners))
         if r[0] == ST_OK:
             if r[2]:
                 self._mkhdr(path)
             return int(r[1])
         if r[0] == ST_CASFAIL:
             return None
-        return self._raise(r[0], path)
+        return self._raise(r[0], path, r)
 
     def delete(self, path: bytes, expect_version: int | None = None) -> bool:
         key, name, _ = self._loc(path)
@@ -253,7 +262,7 @@ class RedisClusterStore(CrossSlotProtocols):
                 m = op.meta
                 argv = [parent, name, m.kind, new_id(), pack_body(m)]
                 if op.op == "put":
-                    argv.append(_exp(op.expect_version))
+                    argv += [_exp(op.expect_version), owners_arg(op.owners)]
                 args = self.c.script_args(op.op, key, *argv)
                 if m.kind == "dir":
                     new_dirs.add(op.path)
@@ -285,7 +294,7 @@ class RedisClusterStore(CrossSlotProtocols):
                     if r[2]:
                         made.append(op.path)
                 else:
-                    results[i] = None if r[0] == ST_CASFAIL else self._error(r[0], op.path)
+                    results[i] = None if r[0] == ST_CASFAIL else self._error(r[0], op.path, r)
             else:
                 results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and it.ambiguous)
                 if r[0] not in (ST_OK, ST_NOTFOUND, ST_CASFAIL):
@@ -305,7 +314,7 @@ class RedisClusterStore(CrossSlotProtocols):
             if op.op == "create":
                 return self.create(op.path, op.meta)
             if op.op == "put":
-                return self.put(op.path, op.meta, op.expect_version)
+                return self.put(op.path, op.meta, op.expect_version, op.owners)
             return self.delete(op.path, op.expect_version)
         except (OSError, ValueError) as e:
             if isinstance(e, ConnectionError):

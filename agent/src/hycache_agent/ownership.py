@@ -1,0 +1,504 @@
+"""Who holds a file, and changing that (HyCache+ "writes are always local").
+
+* **Write leases.** Opening a published file for writing (or truncating it) first takes
+  its write flag in the DHT (``acquire_write``, a compare-and-swap with a lease, renewed
+  every third of the lease while the file is open). A second writer on another node waits
+  until the flag is free or its lease has expired (a dead holder's lease runs out: no lock
+  survives it), then gets EBUSY; with O_NONBLOCK it gets EAGAIN at once. The flag is
+  released through the outbox, *after* the file's last size and times are published.
+  While the store is unreachable, local files are written without a lease (the agent keeps
+  serving); such files are marked, and if another node took one over meanwhile the local
+  bytes are kept as a conflict copy instead of being dropped.
+* **Takeover.** Writing a file held by another node makes this node the primary: take the
+  lease, fetch the current bytes from the holder (nothing with O_TRUNC), make a local inode
+  at the same path with the same owner, mode and times, and publish it with an owner guard
+  that admits the old holder (``owners=(me, old)``). The bytes are never sent back.
+* **The old holder learns** in two ways: the new primary drops a message in its *inbox*
+  (``/.hycache-inbox/<node>/``, entries in the DHT, read every second), and any later put
+  of its own for that path fails the owner guard (:class:`~hycache_dht.meta.NotPrimary`).
+  Either way it drops its local name without publishing anything (the store is already
+  right), or keeps a conflict copy as said above. A node that was down learns at start-up:
+  its inbox waited for it, and its re-publication of every local name meets the guard.
+* **Names held elsewhere** are removed or renamed in the store directly (CAS on the version
+  for a file), and the holder (or, for a directory, every node: directories are the union
+  of what the nodes hold) is told through its inbox to do the same locally.
+
+Every store call runs in a worker thread (through :meth:`ClusterLink._query`).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import stat
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import msgpack
+import trio
+from hycache_dht.meta import EntryMeta
+
+from .namespace import ROOT_INO, FsError, Inode
+from .namespace import join_path as join
+
+log = logging.getLogger(__name__)
+
+INBOX_DIR = b"/.hycache-inbox"
+INBOX_POLL_SECONDS = 1.0
+BROADCAST = b"*"
+
+
+def split_path(path: bytes) -> tuple[bytes, bytes]:
+    parent, _, name = path.rpartition(b"/")
+    return parent or b"/", name
+
+
+@dataclass
+class OwnershipStats:
+    takeovers: int = 0  # files this node took over from another
+    taken_from_us: int = 0  # local names dropped because another node took them over / removed them
+    conflict_copies: int = 0
+    lease_waits: int = 0  # opens that had to wait for another node's write lease
+    leases_lost: int = 0  # renewals that found another holder
+    inbox_messages: int = 0
+    remote_removes: int = 0
+    remote_renames: int = 0
+
+
+class Ownership:
+    def __init__(self, link, *, lease_seconds: float, lease_wait: float) -> None:
+        self.link = link
+        self.engine = link.engine
+        self.ns = link.engine.ns
+        self.node_id: str = link.node_id
+        self.lease_seconds = lease_seconds
+        self.lease_wait = lease_wait
+        self.leases: dict[int, list] = {}  # ino -> [open writers, path when acquired, held, since]
+        self.unleased: set[int] = set()  # written without the lease (degraded / lease lost)
+        self.stats = OwnershipStats()
+        self.on_invalidate = None  # set by the FUSE layer: forget the kernel's entry (parent ino, name)
+        self._seq = itertools.count()
+        self._warned_unleased = False
+        self._boxes: set[bytes] = set()  # inboxes known to exist in the store
+
+    # ------------------------------------------------------------------ helpers
+    @contextmanager
+    def quiet(self):
+        """Local namespace changes that must not be published (the store already has
+        them, or has something newer)."""
+        saved = self.ns.events
+        self.ns.events = None
+        try:
+            yield
+        finally:
+            self.ns.events = saved
+
+    def _event(self, *event) -> None:
+        self.ns.events.append(event)
+        self.ns.journal.touch()
+
+    def notify(self, node: str | None, act: str, path: bytes, path2: bytes | None = None) -> None:
+        """Queue a message for ``node``'s inbox (``None``/``"*"``: every other node),
+        sent by the publisher after everything queued before it."""
+        target = BROADCAST if node in (None, "*") else node.encode()
+        if target == self.node_id.encode():
+            return
+        self._event("notify", path, target, msgpack.packb([act, path2], use_bin_type=True))
+
+    def _invalidate(self, parent: int, name: bytes) -> None:
+        self.link.forget_listing(self.ns.path_of(parent))
+        if self.on_invalidate is not None:
+            self.on_invalidate(parent, name)
+
+    async def _get(self, path: bytes) -> EntryMeta | None:
+        """The store's entry; EIO when the store cannot be asked."""
+        meta = await self.link._query(self.link.store.get, path, missing=None)
+        if meta is self.link.UNREACHABLE:
+            raise FsError(errno.EIO, "the metadata store is unreachable")
+        return meta
+
+    # ------------------------------------------------------------------ write leases
+    async def _acquire(self, path: bytes, nonblocking: bool) -> bool | None:
+        """Take the write flag of ``path``, waiting for another holder.  True: held;
+        None: the path is not in the store (not published yet: nobody else can know it);
+        False: the store is unreachable."""
+        deadline = time.monotonic() + self.lease_wait
+        delay, waited = 0.05, False
+        while True:
+            got = await self.link._query(self.link.store.acquire_write, path, self.node_id, self.lease_seconds,
+                                         missing=None)
+            if got is self.link.UNREACHABLE:
+                return False
+            if got is None or got:
+                return got
+            if nonblocking:
+                raise FsError(errno.EAGAIN)
+            if not waited:
+                waited = True
+                self.stats.lease_waits += 1
+                log.info("waiting for the write lease on %r (held by another node)", path)
+            if time.monotonic() > deadline:
+                raise FsError(errno.EBUSY)
+            await trio.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+    async def lease_for_write(self, inode: Inode, nonblocking: bool = False) -> None:
+        """Before a local write handle opens (or a truncate): hold ``inode``'s lease."""
+        entry = self.leases.get(inode.ino)
+        if entry is None:
+            path = self.ns.path_of(inode.ino)
+            if path is None:
+                return
+            got = await self._acquire(path, nonblocking)
+            entry = self.leases.get(inode.ino)  # another opener may have got it meanwhile
+            if entry is None:
+                if got is False:
+                    self.unleased.add(inode.ino)
+                    if not self._warned_unleased:
+                        self._warned_unleased = True
+                        log.warning("metadata store unreachable: writing local files without a write lease")
+                entry = self.leases[inode.ino] = [0, path, bool(got), time.monotonic()]
+        entry[0] += 1
+
+    async def write_done(self, ino: int) -> None:
+        """A write handle closed (or a truncate finished): release the lease after the
+        file's last change is published."""
+        entry = self.leases.get(ino)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] > 0:
+            return
+        await self._release(ino, entry)
+
+    async def _release(self, ino: int, entry: list) -> None:
+        del self.leases[ino]
+        if entry[2]:
+            self._event("release", self.ns.path_of(ino) or entry[1], None, None)
+            await self.ns.journal.sync()
+
+    async def renew_leases(self) -> None:
+        while True:
+            await trio.sleep(self.lease_seconds / 3)
+            now = time.monotonic()
+            for ino, entry in list(self.leases.items()):
+                if entry[0] <= 0 and now - entry[3] > self.lease_seconds:
+                    await self._release(ino, entry)  # a takeover whose open never came
+            held = [(ino, self.ns.path_of(ino) or e[1]) for ino, e in self.leases.items() if e[2]]
+            if not held or not self.link.reachable:
+                continue
+            store, node, lease = self.link.store, self.node_id, self.lease_seconds
+
+            def renew():
+                out = []
+                for ino, path in held:
+                    try:
+                        out.append((ino, path, store.acquire_write(path, node, lease)))
+                    except FileNotFoundError:
+                        out.append((ino, path, True))
+                return out
+
+            results = await self.link._query(renew, missing=[])
+            if results is self.link.UNREACHABLE:
+                continue
+            for ino, path, ok in results:
+                if not ok and ino in self.leases:
+                    self.stats.leases_lost += 1
+                    self.leases[ino][2] = False
+                    self.unleased.add(ino)
+                    log.error("lost the write lease on %r to another node (our lease ran out): "
+                              "if it takes the file over, our bytes are kept as a conflict copy", path)
+
+    # ------------------------------------------------------------------ takeover
+    async def take_over(self, node, *, truncate: bool, nonblocking: bool = False) -> Inode:
+        """Make this node the primary of the remote file ``node`` (a RemoteNode); returns
+        the local inode that now holds it (also remembered as ``node.local``)."""
+        path = node.path
+        async with self.link.fetch_lock(path):
+            if node.local is not None and node.local.nlink > 0:
+                return node.local
+            try:
+                local = self.ns.resolve(path)
+            except FsError:
+                local = None
+            if local is not None and local.is_reg:
+                node.local = local
+                return local
+            got = await self._acquire(path, nonblocking)
+            if got is None:
+                raise FsError(errno.ENOENT)
+            if got is False:
+                raise FsError(errno.EIO, "the metadata store is unreachable")
+            try:
+                meta = await self._get(path)
+                if meta is None:
+                    raise FsError(errno.ENOENT)
+                if meta.kind != "file":
+                    raise FsError(errno.EISDIR if meta.kind == "dir" else errno.EPERM)
+                node.meta = meta
+                src = None
+                t0 = time.monotonic()
+                if not truncate and meta.size:
+                    src = await self.link.fetch_locked(node)
+                    node.cache_blob = None  # the copy becomes our blob
+                parent_path, name = split_path(path)
+                parent = await self.local_dir(parent_path)
+                inode = await self.engine.adopt_file(parent, name, meta, src)
+                # adopt_file's last step queued ("put", ino, path): publish it as a takeover
+                assert self.ns.events[-1][:2] == ("put", inode.ino), self.ns.events[-1]
+                self.ns.events[-1] = ("take", inode.ino, path, meta.primary)
+                for holder in {meta.primary, *meta.replicas} - {None, self.node_id}:
+                    self.notify(holder, "drop", path)
+                await self.ns.journal.sync()
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self.link._query(self.link.store.release_write, path, self.node_id, missing=None)
+                raise
+            # held for the open that follows (the kernel retries it on the local inode);
+            # if none comes, renew_leases lets it go after one lease period
+            self.leases[inode.ino] = [0, path, True, time.monotonic()]
+            node.local = inode
+            self.stats.takeovers += 1
+            log.info("took over %r from %s (%d bytes fetched in %.3f s)", path, meta.primary,
+                     0 if src is None else meta.size, time.monotonic() - t0)
+            return inode
+
+    async def local_dir(self, path: bytes, *, quiet: bool = False) -> int:
+        """The local inode of directory ``path``: directories held only in the global
+        namespace are created locally first, with the owner and mode the store gives them
+        (the namespace is the union of what the nodes hold)."""
+        parent = ROOT_INO
+        sub = b""
+        for part in [p for p in path.split(b"/") if p]:
+            sub += b"/" + part
+            try:
+                child = self.ns.lookup(parent, part)
+            except FsError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                meta = await self.link._store_get(sub)
+                if meta is not None and meta.kind != "dir":
+                    raise FsError(errno.ENOTDIR) from None
+                mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (stat.S_IFDIR | 0o755, 0, 0)
+                try:
+                    child = self.ns.lookup(parent, part)  # made meanwhile
+                except FsError:
+                    if quiet:
+                        with self.quiet():
+                            child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+                    else:
+                        child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
+                    await self.ns.journal.sync()
+            if not child.is_dir:
+                raise FsError(errno.ENOTDIR)
+            parent = child.ino
+        return parent
+
+    # ------------------------------------------------------------------ names held elsewhere
+    async def remove_remote(self, node, *, rmdir: bool) -> None:
+        """unlink/rmdir of a name another node holds: remove it from the store (a file:
+        CAS on the version we saw, retried with a fresh one), tell the holder(s)."""
+        path = node.path
+        await self.link.drain_outbox()
+        meta = node.meta
+        for _ in range(5):
+            if rmdir and meta.kind != "dir":
+                raise FsError(errno.ENOTDIR)
+            if not rmdir and meta.kind == "dir":
+                raise FsError(errno.EISDIR)
+            try:
+                done = await self.link._query(self.link.store.delete, path,
+                                              None if rmdir else meta.version, missing=False)
+            except OSError as exc:
+                raise FsError(exc.errno or errno.EIO) from exc
+            if done is self.link.UNREACHABLE:
+                raise FsError(errno.EIO)
+            if done:
+                break
+            meta = await self._get(path)
+            if meta is None:
+                raise FsError(errno.ENOENT)
+        else:
+            raise FsError(errno.EBUSY)
+        self.stats.remote_removes += 1
+        if rmdir:
+            self.notify(None, "drop", path)
+        else:
+            for holder in {meta.primary, *meta.replicas} - {None}:
+                self.notify(holder, "drop", path)
+        await self.ns.journal.sync()
+        self.link.forget_listing(split_path(path)[0])
+
+    async def rename_remote(self, src_path: bytes, dst_path: bytes, src_meta: EntryMeta, *,
+                            noreplace: bool, dst_local: tuple[int, bytes] | None) -> None:
+        """rename whose source is held by another node: rename in the store (the holder
+        stays the primary: no bytes move), tell the holder(s) — every node for a directory
+        — and drop a local name the rename replaced."""
+        await self.link.drain_outbox()
+        try:
+            done = await self.link._query(self.link.store.rename, src_path, dst_path, missing=False,
+                                          kwargs={"replace": not noreplace})
+        except OSError as exc:
+            raise FsError(exc.errno or errno.EIO) from exc
+        if done is self.link.UNREACHABLE:
+            raise FsError(errno.EIO)
+        if done is False:
+            raise FsError(errno.ENOENT)
+        self.stats.remote_renames += 1
+        if dst_local is not None:  # our name at the destination was replaced in the store
+            parent, name = dst_local
+            with self.quiet():
+                try:
+                    inode = self.ns.unlink(parent, name, rmdir=self.ns.lookup(parent, name).is_dir)
+                except FsError:
+                    inode = None
+            if inode is not None:
+                await self.engine.maybe_free(inode)
+            self._invalidate(parent, name)
+        if src_meta.kind == "dir":
+            self.notify(None, "rename", src_path, dst_path)
+        else:
+            for holder in {src_meta.primary, *src_meta.replicas} - {None}:
+                self.notify(holder, "rename", src_path, dst_path)
+        await self.ns.journal.sync()
+        for p in (src_path, dst_path):
+            self.link.forget_listing(split_path(p)[0])
+
+    # ------------------------------------------------------------------ the inbox
+    def inbox(self, node: str | bytes) -> bytes:
+        return join(INBOX_DIR, node if isinstance(node, bytes) else node.encode())
+
+    def send_messages(self, store, messages: list[tuple[bytes, bytes, bytes]]) -> None:
+        """(worker thread, publisher) Write ``(path, target, packed)`` messages into the
+        targets' inboxes (``*``: every registered node but this one)."""
+        nodes = None
+        for path, target, packed in messages:
+            if target == BROADCAST:
+                if nodes is None:
+                    nodes = [n for n in self.link.nodes_blocking(store) if n != self.node_id]
+                targets = nodes
+            else:
+                targets = [target.decode()]
+            act, path2 = msgpack.unpackb(packed, raw=False)
+            body = msgpack.packb([act, path, path2, self.node_id], use_bin_type=True)
+            now = time.time_ns()
+            for node in targets:
+                box = self.inbox(node)
+                if box not in self._boxes:
+                    ensure_dir(store, INBOX_DIR)
+                    ensure_dir(store, box)
+                    self._boxes.add(box)
+                name = b"%020d-%s-%d" % (now, self.node_id.encode(), next(self._seq))
+                store.put(join(box, name), EntryMeta("special", stat.S_IFREG | 0o400, 0, 0, len(body), now, now, now,
+                                                     primary=self.node_id, target=body))
+
+    async def drain_inbox(self) -> None:
+        """Act on the messages other nodes left for us, oldest first."""
+        box = self.inbox(self.node_id)
+        msgs = await self.link._query(lambda: sorted(self.link.store.list_dir(box)), missing=[])
+        if msgs is self.link.UNREACHABLE or not msgs:
+            return
+        for name, meta in msgs:
+            try:
+                act, path, path2, sender = msgpack.unpackb(meta.target or b"", raw=False)
+            except Exception:  # noqa: BLE001 - a malformed message must not block the others
+                log.error("inbox: malformed message %r dropped", name)
+                act = None
+            if act is not None:
+                self.stats.inbox_messages += 1
+                try:
+                    if act == "drop":
+                        await self.superseded(path, f"{act} from {sender}")
+                    elif act == "rename":
+                        await self.renamed_elsewhere(path, path2, sender)
+                    elif act == "adopt" and self.link.rebalancer is not None:
+                        await self.link.rebalancer.adopt(path, sender)
+                    else:
+                        log.warning("inbox: unknown message %r from %s", act, sender)
+                except FsError as exc:
+                    if exc.errno == errno.EIO:  # the store went away: keep the message
+                        return
+                    log.warning("inbox: %s %r from %s not applied: %s", act, path, sender, exc)
+                except Exception:  # noqa: BLE001
+                    log.exception("inbox: %s %r from %s failed", act, path, sender)
+            await self.link._query(self.link.store.delete, join(box, name), missing=False)
+
+    async def superseded(self, path: bytes, why: str, current: EntryMeta | None | bool = False) -> None:
+        """Another node took ``path`` over or removed it: drop our local name (quietly:
+        the store is already right), or keep our bytes under a conflict name when they
+        may hold writes the new primary has not seen.  ``current``: the store's entry if
+        the caller already knows it."""
+        try:
+            inode = self.ns.resolve(path)
+        except FsError:
+            return
+        if current is False:
+            current = await self._get(path)
+        if current is not None and (current.primary == self.node_id or
+                                    (inode.is_dir and current.kind == "dir")):
+            return  # still ours (or a directory that still exists)
+        if inode.ino == ROOT_INO or (inode.is_dir and self.ns.children.get(inode.ino)):
+            return
+        parent, name = self._link_at(inode, path)
+        if inode.is_reg and (not inode.published or inode.ino in self.unleased
+                             or self.leases.get(inode.ino, [0])[0] > 0):
+            new = name + b".hycache-conflict-%s-%d" % (self.node_id.encode(), time.time_ns() // 10**6)
+            with self.quiet():
+                self.ns.rename(parent, name, parent, new, 0)
+            self._event("put", inode.ino, join(split_path(path)[0], new))
+            self.unleased.discard(inode.ino)
+            self.stats.conflict_copies += 1
+            log.warning("%r: %s while this node held writes the new holder may not have: "
+                        "our bytes are kept as %r", path, why, new)
+        else:
+            with self.quiet():
+                self.ns.unlink(parent, name, rmdir=inode.is_dir)
+            await self.engine.maybe_free(inode)
+            self.stats.taken_from_us += 1
+            log.info("%r: %s; local copy dropped", path, why)
+        await self.ns.journal.sync()
+        self._invalidate(parent, name)
+
+    async def renamed_elsewhere(self, src: bytes, dst: bytes, sender: str) -> None:
+        """Another node renamed ``src`` to ``dst`` in the store: move our local part."""
+        try:
+            inode = self.ns.resolve(src)
+        except FsError:
+            return
+        meta = await self._get(dst)
+        if meta is None or (await self._get(src)) is not None:
+            return  # not (or no longer) what the message says
+        src_parent, src_name = self._link_at(inode, src)
+        dst_parent = await self.local_dir(split_path(dst)[0], quiet=True)
+        dst_name = split_path(dst)[1]
+        with self.quiet():
+            replaced = self.ns.rename(src_parent, src_name, dst_parent, dst_name, 0)
+        if replaced is not None:
+            await self.engine.maybe_free(replaced)
+        await self.ns.journal.sync()
+        self._invalidate(src_parent, src_name)
+        self._invalidate(dst_parent, dst_name)
+        log.info("%r renamed to %r by %s: local name moved", src, dst, sender)
+
+    def _link_at(self, inode: Inode, path: bytes) -> tuple[int, bytes]:
+        for parent, name in inode.links:
+            base = self.ns.path_of(parent)
+            if base is not None and join(base, name) == path:
+                return parent, name
+        raise FsError(errno.ENOENT)
+
+    def status(self) -> dict:
+        d = dict(self.stats.__dict__)
+        d["write_leases_held"] = sum(1 for e in self.leases.values() if e[2])
+        d["unleased_files"] = len(self.unleased)
+        return d
+
+
+def ensure_dir(store, path: bytes) -> None:
+    """(worker thread) Create a directory entry in the store if it is missing."""
+    if store.get(path) is None:
+        now = time.time_ns()
+        store.create(path, EntryMeta("dir", stat.S_IFDIR | 0o700, 0, 0, 0, now, now, now))
+

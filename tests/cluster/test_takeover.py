@@ -1,0 +1,158 @@
+"""Writes are always local (HyCache+): writing, truncating, removing or renaming a name
+held by another node, and two nodes writing one file. Real agents, real mounts, the
+session's real Redis Cluster."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import pytest
+from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
+
+pytestmark = pytest.mark.mount
+
+
+def ownership(m) -> dict:
+    return cluster_status(m)["ownership"]
+
+
+@pytest.fixture
+def two(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    return start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        write_lease_seconds=3)
+
+
+def published_on(m, path, timeout=20.0):
+    wait_for(lambda: os.path.exists(m.mountpoint / path), timeout=timeout, what=f"{path} on {m.mountpoint}")
+
+
+def test_writing_a_file_held_elsewhere_makes_this_node_its_primary(two):
+    a, b = two
+    data = os.urandom(3 << 20)
+    (a.mountpoint / "d").mkdir()
+    (a.mountpoint / "d" / "f").write_bytes(data)
+    published_on(b, "d/f")
+    wait_published(a)
+    fetched_before = cluster_status(b)["remote_bytes"]
+    with open(b.mountpoint / "d" / "f", "ab") as f:  # append: the current bytes are fetched once
+        f.write(b"+tail from b")
+    assert (b.mountpoint / "d" / "f").read_bytes() == data + b"+tail from b"
+    mine = info(b.mountpoint / "d" / "f")
+    assert mine["tier"] in ("fast", "slow") and ownership(b)["takeovers"] == 1
+    assert cluster_status(b)["remote_bytes"] - fetched_before == len(data)
+    wait_published(b)
+    # the old holder learns (inbox) and drops its copy; the bytes were never sent back
+    wait_for(lambda: ownership(a)["taken_from_us"] == 1, what="a dropped its copy")
+    wait_for(lambda: info(a.mountpoint / "d" / "f").get("primary") == "b", what="a sees b as primary")
+    assert (a.mountpoint / "d" / "f").read_bytes() == data + b"+tail from b"
+    assert cluster_status(b)["ownership"]["write_leases_held"] == 0  # released after close
+    # writing it again on a goes back the other way (a takes it over from b)
+    (a.mountpoint / "d" / "f").write_text("a again")  # O_TRUNC: nothing to fetch
+    assert (a.mountpoint / "d" / "f").read_text() == "a again"
+    wait_published(a)
+    wait_for(lambda: ownership(b)["taken_from_us"] == 1, what="b dropped its copy")
+    assert (b.mountpoint / "d" / "f").read_text() == "a again"
+
+
+def test_truncating_a_remote_file_fetches_nothing(two):
+    a, b = two
+    (a.mountpoint / "big").write_bytes(os.urandom(4 << 20))
+    published_on(b, "big")
+    wait_published(a)
+    before = cluster_status(b)["remote_bytes"]
+    os.truncate(b.mountpoint / "big", 0)
+    assert os.stat(b.mountpoint / "big").st_size == 0
+    (b.mountpoint / "big").write_bytes(b"small")  # O_TRUNC open of the now local file
+    assert cluster_status(b)["remote_bytes"] == before
+    wait_published(b)
+    wait_for(lambda: (a.mountpoint / "big").read_bytes() == b"small", what="b's version on a")
+
+
+def test_remove_and_rename_names_held_elsewhere(two):
+    a, b = two
+    for name in ("gone", "moved", "keep"):
+        (a.mountpoint / name).write_text(name)
+    (a.mountpoint / "tree" / "sub").mkdir(parents=True)
+    (a.mountpoint / "tree" / "sub" / "leaf").write_text("leaf")
+    published_on(b, "tree/sub/leaf")
+    wait_published(a)
+    (b.mountpoint / "gone").unlink()
+    (b.mountpoint / "moved").rename(b.mountpoint / "renamed")
+    (b.mountpoint / "tree").rename(b.mountpoint / "forest")
+    assert sorted(os.listdir(b.mountpoint)) == ["forest", "keep", "renamed"]
+    wait_published(b)
+    # a applies them to its own names: the bytes stay on a, which is still the primary
+    wait_for(lambda: sorted(os.listdir(a.mountpoint)) == ["forest", "keep", "renamed"], what="a's view")
+    assert (a.mountpoint / "renamed").read_text() == "moved"
+    assert info(a.mountpoint / "renamed")["tier"] in ("fast", "slow")  # local on a
+    assert (a.mountpoint / "forest" / "sub" / "leaf").read_text() == "leaf"
+    assert info(a.mountpoint / "forest" / "sub" / "leaf")["tier"] in ("fast", "slow")
+    assert (b.mountpoint / "renamed").read_text() == "moved"
+    with pytest.raises(FileNotFoundError):
+        (a.mountpoint / "gone").read_text()
+    # rmdir of a directory another node holds names in is refused
+    (b.mountpoint / "forest" / "mine").write_text("b's")
+    with pytest.raises(OSError) as exc:
+        os.rmdir(a.mountpoint / "forest" / "sub")  # a holds leaf in it: local rule
+    assert exc.value.errno == errno.ENOTEMPTY
+    (a.mountpoint / "forest" / "sub" / "leaf").unlink()
+    wait_published(b)
+    os.rmdir(a.mountpoint / "forest" / "sub")
+    with pytest.raises(OSError) as exc:
+        os.rmdir(a.mountpoint / "forest")  # empty on a, but b holds forest/mine
+    assert exc.value.errno == errno.ENOTEMPTY
+    assert ownership(b)["remote_removes"] == 1 and ownership(b)["remote_renames"] == 2
+
+
+def test_concurrent_writers_are_serialized_by_the_write_lease(two):
+    a, b = two
+    (a.mountpoint / "shared.log").write_text("")
+    published_on(b, "shared.log")
+    wait_published(a)
+    f = open(a.mountpoint / "shared.log", "ab")  # a holds the write lease while it is open
+    f.write(b"a1\n")
+    f.flush()
+    with pytest.raises(OSError) as exc:  # O_NONBLOCK: refused at once
+        os.close(os.open(b.mountpoint / "shared.log", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    assert exc.value.errno == errno.EAGAIN
+    opened_at = []
+
+    def b_writes():
+        with open(b.mountpoint / "shared.log", "ab") as g:  # waits for a's lease
+            opened_at.append(time.monotonic())
+            g.write(b"b1\n")
+
+    t = threading.Thread(target=b_writes)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(1.5)
+    assert not opened_at, "b opened while a held the write lease"
+    f.write(b"a2\n")
+    f.close()
+    closed_at = time.monotonic()
+    t.join(30)
+    assert opened_at and opened_at[0] >= closed_at - 0.05, (opened_at, closed_at - t0)
+    # b took it over with a's complete bytes: nothing a wrote is lost
+    assert (b.mountpoint / "shared.log").read_bytes() == b"a1\na2\nb1\n"
+    wait_published(b)
+    wait_for(lambda: (a.mountpoint / "shared.log").read_bytes() == b"a1\na2\nb1\n", what="a sees b's append")
+    assert ownership(b)["lease_waits"] >= 1
+
+
+def test_a_node_that_was_down_learns_of_the_takeover_at_restart(hycache_mount, two):
+    a, b = two
+    (a.mountpoint / "report").write_bytes(b"old " * 1000)
+    published_on(b, "report")
+    wait_published(a)
+    before = sha(a.mountpoint / "report")
+    a.unmount()
+    (b.mountpoint / "report").write_text("new")  # O_TRUNC: no bytes needed from a
+    wait_published(b)
+    a2 = hycache_mount.remount(a)
+    assert sha(b.mountpoint / "report") != before
+    wait_for(lambda: (a2.mountpoint / "report").read_text() == "new", timeout=30, what="a2 sees b's version")
+    wait_for(lambda: ownership(a2)["taken_from_us"] == 1, what="a2 dropped its stale copy")
+    assert info(a2.mountpoint / "report")["primary"] == "b"
