@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lease of a file's write flag, renewed while it is open for writing (default 10)")
     g.add_argument("--write-lease-wait", type=float,
                    help="seconds an open for writing waits for another node's lease before EBUSY (default 30)")
+    g.add_argument("--replicas", type=int, help="push each written file to N other nodes (default 0)")
+    g.add_argument("--replica-mode", choices=("async", "sync"),
+                   help="sync: close(2) returns once the replicas are durable; async (default): pushed just after")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -246,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file", "write_lease_seconds", "write_lease_wait")}
+                "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

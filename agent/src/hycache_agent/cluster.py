@@ -42,6 +42,7 @@ from . import tiers as T
 from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
 from .ownership import INBOX_DIR, INBOX_POLL_SECONDS, Ownership
+from .replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ class ClusterLink:
     UNREACHABLE = UNREACHABLE
 
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
-                 secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0) -> None:
+                 secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
+                 replicas: int = 0, replica_mode: str = "async") -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -128,6 +130,9 @@ class ClusterLink:
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self.rebalancer = None
         self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
+        self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
+        self.replicator = Replicator(self, replicas, replica_mode)
+        self.local_files = LocalPeerFiles(engine, self.replica_store)
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:
@@ -139,6 +144,7 @@ class ClusterLink:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         for entry in os.scandir(self.cache_dir):  # a remote cache does not survive a restart
             os.unlink(entry.path)
+        self.replica_store.load()
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -174,6 +180,7 @@ class ClusterLink:
         nursery.start_soon(self._heartbeat)
         nursery.start_soon(self._inbox_loop)
         nursery.start_soon(self.ownership.renew_leases)
+        nursery.start_soon(self.replicator.run)
         nursery.start_soon(self._republish_all)
 
     # ------------------------------------------------------------------ publication
@@ -181,14 +188,14 @@ class ClusterLink:
         return EntryMeta(
             kind=kind_of(inode.mode), mode=inode.mode, uid=inode.uid, gid=inode.gid, size=inode.size,
             atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
-            primary=self.node_id if inode.is_reg else None, tier=inode.tier, target=inode.target,
-            rdev=inode.rdev,
+            primary=self.node_id if inode.is_reg else None, replicas=list(inode.replicas), tier=inode.tier,
+            target=inode.target, rdev=inode.rdev,
         )
 
     @staticmethod
     def _signature(inode: Inode) -> tuple:
         return (inode.mode, inode.uid, inode.gid, inode.size, inode.mtime_ns, inode.ctime_ns, inode.tier,
-                inode.target)
+                inode.target, tuple(inode.replicas))
 
     def _outbox_rows(self, dirty: set[int]) -> list[tuple[str, bytes, bytes | None, bytes | None]]:
         """(trio thread, inside a group commit) this batch's changes as outbox rows."""
@@ -649,6 +656,8 @@ class ClusterLink:
         d["advertise"] = self.advertise
         d["remote_nodes_cached"] = len(self.remote)
         d["ownership"] = self.ownership.status()
+        d["replication"] = self.replicator.status()
+        d["replicas_kept"] = len(self.replica_store.index)
         return d
 
 
@@ -665,11 +674,23 @@ class _OpenedForPeer:
         await self.engine.maybe_free(self.inode)
 
 
-class LocalPeerFiles:
-    """The engine side of the peer data service: stream local files to other nodes."""
+@dataclass(eq=False)
+class _OpenedReplica:
+    blob: str
+    size: int
+    etag: str
 
-    def __init__(self, engine) -> None:
+    async def close(self) -> None:
+        pass
+
+
+class LocalPeerFiles:
+    """The engine side of the peer data service: stream local files (and the replicas
+    this node keeps) to other nodes, and keep the replicas they push."""
+
+    def __init__(self, engine, replica_store: ReplicaStore | None = None) -> None:
         self.engine = engine
+        self.replica_store = replica_store
         self.staging_dir = str(engine.tiers[T.SLOW].path / "peer-staging")
         os.makedirs(self.staging_dir, exist_ok=True)
 
@@ -687,7 +708,13 @@ class LocalPeerFiles:
         return inode
 
     async def open_for_peer(self, path: bytes):
-        inode = self._resolve(path)
+        try:
+            inode = self._resolve(path)
+        except FileNotFoundError:
+            rec = self.replica_store.index.get(path) if self.replica_store is not None else None
+            if rec is None:
+                raise
+            return _OpenedReplica(rec.data, rec.size, "r-" + rec.etag)
         inode.open_count += 1  # keeps the blob from being freed; evictions skip open files
         try:
             while inode.migration is not None:  # wait for a switch in flight, then read the winner
@@ -699,4 +726,6 @@ class LocalPeerFiles:
                               f"{inode.ino}-{inode.data_gen}-{inode.size}", inode, self.engine)
 
     async def receive_replica(self, path: bytes, temp_blob: str, headers: dict[str, str]) -> None:
-        raise PermissionError("replicas are not accepted by this agent version")
+        if self.replica_store is None:
+            raise PermissionError("this node keeps no replicas")
+        await self.replica_store.adopt(path, temp_blob, headers)

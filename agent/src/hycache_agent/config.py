@@ -46,6 +46,8 @@ class AgentConfig(BaseModel):
     cluster_secret_file: Path | None = None
     write_lease_seconds: float = Field(default=10.0, gt=0, description="write flag lease, renewed while open")
     write_lease_wait: float = Field(default=30.0, ge=0, description="how long an open waits for another node's lease")
+    replicas: int = Field(default=0, ge=0, description="copies of each file pushed to other nodes")
+    replica_mode: Literal["async", "sync"] = "async"
 
     @property
     def clustered(self) -> bool:

@@ -88,12 +88,16 @@ class Handle:
     stale_fds: list[int] = field(default_factory=list)
     reopen_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def writable(self) -> bool:
+        return (self.flags & O_ACCMODE) != os.O_RDONLY
+
     def fd_for(self, path: str, tier: str, gen: int) -> int:
         """(worker thread) The descriptor for the blob at ``path``, opened on first use
         and re-opened when the file moved to another tier or blob generation."""
         with self.reopen_lock:
             if self.fd < 0 or self.tier != tier or self.blob_gen != gen:
-                mode = os.O_RDWR if (self.flags & O_ACCMODE) != os.O_RDONLY else os.O_RDONLY
+                mode = os.O_RDWR if self.writable else os.O_RDONLY
                 fd = os.open(path, mode | os.O_CLOEXEC)
                 if self.fd >= 0:
                     self.stale_fds.append(self.fd)
@@ -654,6 +658,8 @@ class TieringEngine:
                 self.fast_used += new_size - inode.size
             inode.size = new_size
             inode.data_gen += 1
+            if inode.replicas:  # the copies on other nodes are stale now
+                inode.replicas = []
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, h.uid)
             self.ns.journal.inode(inode.ino)
@@ -686,6 +692,8 @@ class TieringEngine:
                 self.fast_used += size - inode.size
             inode.size = size
             inode.data_gen += 1
+            if inode.replicas:
+                inode.replicas = []
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, uid)
             self.ns.journal.inode(inode.ino)
@@ -763,6 +771,9 @@ class TieringEngine:
         }
         if inode.is_reg:
             info["blob"] = self.blob(inode)
+            if self.cluster is not None:
+                info["primary"] = self.cluster.node_id
+                info["replicas"] = list(inode.replicas)
         if inode.migration is not None:
             info["migration"] = inode.migration.as_dict()
         return info

@@ -286,7 +286,13 @@ class HyCacheOperations(pyfuse3.Operations):
             self.own.notify(None, "drop", path)
             await self.ns.journal.sync()
         else:
+            inode = self.ns.lookup(parent, name)
+            path = self.ns._child_path(parent, name)
             await self.engine.remove(parent, name, rmdir=False)
+            if inode.replicas and inode.nlink == 0:
+                for node in inode.replicas:
+                    self.own.notify(node, "drop", path)
+                await self.ns.journal.sync()
 
     @errno_edge
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -339,7 +345,9 @@ class HyCacheOperations(pyfuse3.Operations):
                 self.own.notify(holder, "drop", dst_path)
         if src.is_dir:  # other nodes move their parts of the directory
             self.own.notify(None, "rename", src_path, dst_path)
-        if replaced is not None or src.is_dir:
+        for node in src.replicas:
+            self.own.notify(node, "rename", src_path, dst_path)
+        if replaced is not None or src.is_dir or src.replicas:
             await self.ns.journal.sync()
 
     # -- directories -----------------------------------------------------------------
@@ -471,6 +479,8 @@ class HyCacheOperations(pyfuse3.Operations):
         if fh in self._remote_handles:
             return
         await self.engine.flush(fh)
+        if self.cluster is not None and self.engine.handles[fh].writable:
+            await self.cluster.replicator.closed(self.engine.handles[fh].inode)
 
     @errno_edge
     async def release(self, fh):

@@ -26,7 +26,9 @@ import trio
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# upgrades from an older user_version (each step brings the schema one version up)
+MIGRATIONS = {1: "ALTER TABLE inodes ADD COLUMN replicas TEXT NOT NULL DEFAULT ''"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inodes (
@@ -39,7 +41,8 @@ CREATE TABLE IF NOT EXISTS inodes (
     tier TEXT,
     pinned INTEGER NOT NULL DEFAULT 0,
     hits INTEGER NOT NULL DEFAULT 0,
-    last_access INTEGER NOT NULL DEFAULT 0
+    last_access INTEGER NOT NULL DEFAULT 0,
+    replicas TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS dentries (
     parent INTEGER NOT NULL, name BLOB NOT NULL, ino INTEGER NOT NULL,
@@ -63,7 +66,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 
 INODE_COLUMNS = (
     "ino", "mode", "uid", "gid", "nlink", "size", "atime_ns", "mtime_ns", "ctime_ns",
-    "rdev", "target", "tier", "pinned", "hits", "last_access",
+    "rdev", "target", "tier", "pinned", "hits", "last_access", "replicas",
 )
 _UPSERT_INODE = (
     f"INSERT OR REPLACE INTO inodes ({', '.join(INODE_COLUMNS)}) "
@@ -95,7 +98,13 @@ class SQLiteStore:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        elif version != SCHEMA_VERSION:
+            version = SCHEMA_VERSION
+        while version in MIGRATIONS:
+            log.info("%s: upgrading the metadata schema from version %d", path, version)
+            self._db.execute(MIGRATIONS[version])
+            version += 1
+            self._db.execute(f"PRAGMA user_version={version}")
+        if version != SCHEMA_VERSION:
             raise RuntimeError(f"{path}: metadata schema version {version}, this agent supports {SCHEMA_VERSION}")
 
     def load(self) -> Snapshot:

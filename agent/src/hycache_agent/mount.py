@@ -78,16 +78,16 @@ def _make_cluster(engine: TieringEngine) -> None:
     advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
                                  peer_client=PeerClient(config.node_id, secret), secret=secret,
-                                 lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait)
+                                 lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
+                                 replicas=config.replicas, replica_mode=config.replica_mode)
     engine.cluster.attach()
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
-    from .cluster import LocalPeerFiles
     from .peer import PeerServer, parse_addr
 
     cluster = engine.cluster
-    server = PeerServer(LocalPeerFiles(engine), node_id=cluster.node_id, secret=cluster.secret)
+    server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret)
     host, port = parse_addr(engine.config.listen)
     await nursery.start(server.serve, host, port)
     await cluster.run(nursery)

@@ -58,6 +58,8 @@ class Inode:
     # in a cluster: the global namespace has acknowledged this inode's name (inodes loaded
     # at start count as published; a new one is not until its first put is applied)
     published: bool = False
+    replicas: list[str] = field(default_factory=list)  # nodes holding a copy of the current bytes
+    replicated_gen: int = -1  # data_gen the replicas were made from
 
     @property
     def is_dir(self) -> bool:
@@ -70,7 +72,7 @@ class Inode:
     def row(self) -> tuple[Any, ...]:
         return (self.ino, self.mode, self.uid, self.gid, self.nlink, self.size, self.atime_ns,
                 self.mtime_ns, self.ctime_ns, self.rdev, self.target, self.tier, int(self.pinned),
-                self.hits, self.last_access)
+                self.hits, self.last_access, ",".join(self.replicas))
 
 
 def join_path(parent: bytes, name: bytes) -> bytes:
@@ -109,9 +111,11 @@ class Namespace:
     # -- loading ------------------------------------------------------------------------
     def load(self, snap: Snapshot, root_uid: int, root_gid: int) -> None:
         for row in snap.inodes:
-            (ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier, pinned, hits, last) = row
-            self.inodes[ino] = Inode(ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier,
-                                     bool(pinned), hits, last, published=True)
+            (ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier, pinned, hits, last, reps) = row
+            inode = self.inodes[ino] = Inode(ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier,
+                                             bool(pinned), hits, last, published=True)
+            if reps:
+                inode.replicas, inode.replicated_gen = reps.split(","), 0
             if stat.S_ISDIR(mode):
                 self.children[ino] = {}
         for parent, name, ino in snap.dentries:

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 INBOX_DIR = b"/.hycache-inbox"
 INBOX_POLL_SECONDS = 1.0
 BROADCAST = b"*"
+TAKEOVER = b"takeover"  # path2 of a "drop" sent by a node that took the file over
 
 
 def split_path(path: bytes) -> tuple[bytes, bytes]:
@@ -250,7 +251,7 @@ class Ownership:
                 assert self.ns.events[-1][:2] == ("put", inode.ino), self.ns.events[-1]
                 self.ns.events[-1] = ("take", inode.ino, path, meta.primary)
                 for holder in {meta.primary, *meta.replicas} - {None, self.node_id}:
-                    self.notify(holder, "drop", path)
+                    self.notify(holder, "drop", path, TAKEOVER)
                 await self.ns.journal.sync()
             except BaseException:
                 with trio.CancelScope(shield=True):
@@ -409,9 +410,11 @@ class Ownership:
             if act is not None:
                 self.stats.inbox_messages += 1
                 try:
-                    if act == "drop":
+                    if act == "drop":  # after a takeover, keep the new primary's own fresh copy
+                        await self.link.replica_store.drop(path, sender if path2 == TAKEOVER else None)
                         await self.superseded(path, f"{act} from {sender}")
                     elif act == "rename":
+                        await self.link.replica_store.rename(path, path2)
                         await self.renamed_elsewhere(path, path2, sender)
                     elif act == "adopt" and self.link.rebalancer is not None:
                         await self.link.rebalancer.adopt(path, sender)

@@ -1,0 +1,232 @@
+"""Replicas (``--replicas N``): copies of a file's bytes on other nodes, so that losing a
+node does not lose its files.
+
+* **Sending** (:class:`Replicator`). When a write handle of a local file closes with new
+  bytes, the file is pushed whole (authenticated ``PUT /v1/files``) to N other live nodes,
+  chosen by rendezvous hashing of the path over the node registry (stable: the same file
+  goes to the same nodes while they live, and files spread evenly). Then its entry is
+  published with ``replicas=[...]``. Any later write clears the list *before* the new size
+  is published, so the DHT never names a replica holding older bytes than the primary.
+  ``--replica-mode sync`` pushes in ``flush`` (close(2) returns once the copies are
+  durable on the peers); ``async`` (default) pushes from a background task shortly after.
+* **Keeping** (:class:`ReplicaStore`). A node keeps the replicas it received in
+  ``SLOW/replicas/``: ``<sha1 of path>.data`` plus a JSON sidecar naming the path, the
+  sender (the primary) and the ETag; the peer service serves them like local files, so a
+  reader (or a node taking the file over) falls back to them when the primary is down.
+  They are dropped or renamed when the primary says so through the inbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import trio
+
+from . import tiers as T
+from .namespace import Inode
+
+log = logging.getLogger(__name__)
+
+ASYNC_DELAY = 0.5  # seconds an async push waits, so a burst of closes is pushed once
+
+
+@dataclass
+class ReplicaRecord:
+    path: bytes
+    data: str
+    primary: str
+    etag: str
+    size: int
+
+
+class ReplicaStore:
+    """Replicas this node keeps for other nodes (the receiving side)."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.index: dict[bytes, ReplicaRecord] = {}
+
+    def load(self) -> None:
+        """(start-up, before the loop) rebuild the index from the sidecars."""
+        os.makedirs(self.dir, exist_ok=True)
+        for entry in os.scandir(self.dir):
+            if not entry.name.endswith(".json"):
+                if entry.name.endswith(".tmp"):
+                    os.unlink(entry.path)
+                continue
+            try:
+                with open(entry.path) as f:
+                    d = json.load(f)
+                rec = ReplicaRecord(bytes.fromhex(d["path"]), entry.path[:-5] + ".data", d["primary"], d["etag"],
+                                    d["size"])
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("replica sidecar %s unreadable (%s): dropped", entry.path, exc)
+                os.unlink(entry.path)
+                continue
+            if os.path.exists(rec.data):
+                self.index[rec.path] = rec
+        log.info("%d replicas kept for other nodes", len(self.index))
+
+    def _base(self, path: bytes) -> str:
+        return os.path.join(self.dir, hashlib.sha1(path).hexdigest())
+
+    @staticmethod
+    def _write(rec: ReplicaRecord, temp_blob: str | None) -> None:
+        sidecar = rec.data[:-5] + ".json"
+        if temp_blob is not None:
+            os.rename(temp_blob, rec.data)
+        tmp = sidecar + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"path": rec.path.hex(), "primary": rec.primary, "etag": rec.etag, "size": rec.size}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, sidecar)
+
+    @staticmethod
+    def _remove(rec: ReplicaRecord) -> None:
+        for p in (rec.data[:-5] + ".json", rec.data):
+            T.remove_blob(p)
+
+    async def adopt(self, path: bytes, temp_blob: str, headers: dict[str, str]) -> None:
+        """A pushed replica arrived (fsync'd by the peer service) in ``temp_blob``."""
+        rec = ReplicaRecord(path, self._base(path) + ".data", headers.get("x-hycache-from", "?"),
+                            headers.get("x-hycache-etag", ""), int(headers.get("content-length", "0")))
+        await trio.to_thread.run_sync(self._write, rec, temp_blob)
+        self.index[path] = rec
+
+    async def drop(self, path: bytes, sender: str | None = None) -> None:
+        """Forget a replica; with ``sender``, only one that ``sender`` did not push (a new
+        primary's own fresh copy must survive the drop it sent for the old one)."""
+        rec = self.index.get(path)
+        if rec is None or (sender is not None and rec.primary == sender):
+            return
+        del self.index[path]
+        await trio.to_thread.run_sync(self._remove, rec)
+
+    async def rename(self, src: bytes, dst: bytes) -> None:
+        """The primary renamed ``src`` (a file or a whole directory) to ``dst``."""
+        moves = [(p, dst + p[len(src):]) for p in self.index if p == src or p.startswith(src + b"/")]
+        for old, new in moves:
+            rec = self.index.pop(old)
+            moved = ReplicaRecord(new, self._base(new) + ".data", rec.primary, rec.etag, rec.size)
+
+            def move(rec=rec, moved=moved) -> None:
+                os.rename(rec.data, moved.data)
+                self._write(moved, None)
+                T.remove_blob(rec.data[:-5] + ".json")
+
+            await trio.to_thread.run_sync(move)
+            self.index[new] = moved
+
+
+@dataclass
+class ReplicatorStats:
+    pushed_files: int = 0
+    pushed_bytes: int = 0
+    failures: int = 0
+    pending: int = 0
+    no_peers: int = 0
+    last_error: str | None = None
+
+
+class Replicator:
+    """Pushes local files to ``count`` other nodes (the sending side)."""
+
+    def __init__(self, link, count: int, mode: str) -> None:
+        self.link = link
+        self.engine = link.engine
+        self.count = count
+        self.mode = mode
+        self.stats = ReplicatorStats()
+        self._pending: dict[int, Inode] = {}
+        self._wakeup = trio.Event()
+        self._warned = False
+
+    def wanted(self, inode: Inode) -> bool:
+        return self.count > 0 and inode.is_reg and inode.nlink > 0 and inode.replicated_gen != inode.data_gen
+
+    async def closed(self, inode: Inode) -> None:
+        """A write handle of ``inode`` closed (flush)."""
+        if not self.wanted(inode):
+            return
+        if self.mode == "sync":
+            await self.replicate(inode)
+        else:
+            self._pending[inode.ino] = inode
+            self.stats.pending = len(self._pending)
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            await trio.sleep(ASYNC_DELAY)
+            batch, self._pending = self._pending, {}
+            for inode in batch.values():
+                if self.wanted(inode):
+                    try:
+                        await self.replicate(inode)
+                    except Exception:  # noqa: BLE001 - keep replicating the others
+                        log.exception("replicating inode %d failed", inode.ino)
+            self.stats.pending = len(self._pending)
+
+    def targets(self, path: bytes, nodes: dict) -> list[str]:
+        """Rendezvous (highest random weight) hashing over the live nodes but this one."""
+        alive = [n for n, d in nodes.items() if d["alive"] and n != self.link.node_id]
+        alive.sort(key=lambda n: hashlib.sha1(n.encode() + b"\0" + path).digest(), reverse=True)
+        return alive[: self.count]
+
+    async def replicate(self, inode: Inode) -> list[str]:
+        """Push ``inode``'s current bytes to its replica nodes and publish the list."""
+        path = self.engine.ns.path_of(inode.ino)
+        if path is None:
+            return []
+        nodes = await self.link._query(self.link.nodes, missing={})
+        if nodes is self.link.UNREACHABLE:
+            self._pending[inode.ino] = inode  # retried with the next close or push
+            return []
+        targets = self.targets(path, nodes)
+        if len(targets) < self.count:
+            self.stats.no_peers += 1
+            if not self._warned:
+                self._warned = True
+                log.warning("replicas: %d wanted, only %d other live nodes", self.count, len(targets))
+            if not targets:
+                return []
+        opened = await self.link.local_files.open_for_peer(path)
+        gen = inode.data_gen
+        done: list[str] = []
+        t0 = time.monotonic()
+        try:
+            for node in targets:
+                try:
+                    addr = nodes[node]["addr"]
+                    await self.link.peers.push_replica(addr, path, opened.blob, {"X-HyCache-Etag": opened.etag})
+                except Exception as exc:  # noqa: BLE001 - a down peer: fewer replicas, logged
+                    self.stats.failures += 1
+                    self.stats.last_error = f"{node}: {exc}"
+                    log.warning("pushing a replica of %r to %s failed: %s", path, node, exc)
+                    continue
+                done.append(node)
+        finally:
+            await opened.close()
+        if inode.data_gen != gen or inode.nlink == 0:
+            return []  # written again meanwhile: the next close pushes the new bytes
+        self.stats.pushed_files += 1
+        self.stats.pushed_bytes += opened.size * len(done)
+        log.debug("replicated %r to %s in %.3f s", path, done, time.monotonic() - t0)
+        if done:
+            inode.replicas, inode.replicated_gen = sorted(done), gen
+            self.engine.ns.journal.inode(inode.ino)
+            await self.engine.ns.journal.sync()
+        return done
+
+    def status(self) -> dict:
+        d = dict(self.stats.__dict__)
+        d.update(count=self.count, mode=self.mode)
+        return d

@@ -1,0 +1,62 @@
+"""Replicas (--replicas N): a node's loss does not lose the files that had replicas.
+Real agents, real mounts, the session's real Redis Cluster."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
+
+pytestmark = pytest.mark.mount
+
+
+def test_sync_replicas_survive_the_primary_being_killed(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                           names=("a", "b", "c"), replicas=1, replica_mode="sync")
+    wait_for(lambda: len(os.listdir(a.mountpoint)) == 0 and cluster_status(a)["state"] == "ok", what="a ready")
+    files = {f"f{i}": os.urandom(256 << 10) for i in range(6)}
+    for name, data in files.items():
+        (a.mountpoint / name).write_bytes(data)
+        # sync: close(2) returned after the copy was durable on the other node
+        assert len(info(a.mountpoint / name)["replicas"]) == 1
+    holders = {info(a.mountpoint / n)["replicas"][0] for n in files}
+    assert holders <= {"b", "c"} and len(holders) == 2, holders  # rendezvous hashing spreads them
+    wait_published(a)
+    kept = cluster_status(b)["replicas_kept"] + cluster_status(c)["replicas_kept"]
+    assert kept == len(files)
+    a.proc.kill()  # kill -9 the primary
+    a.proc.wait()
+    for name, data in files.items():  # every file is still readable, from its replica
+        assert (b.mountpoint / name).read_bytes() == data
+        assert sha(c.mountpoint / name) == sha(b.mountpoint / name)
+    # writing one takes it over from the dead primary, with the bytes of the replica
+    with open(b.mountpoint / "f0", "ab") as f:
+        f.write(b"!")
+    assert (b.mountpoint / "f0").read_bytes() == files["f0"] + b"!"
+    wait_published(b)
+    wait_for(lambda: (c.mountpoint / "f0").read_bytes() == files["f0"] + b"!", what="b's version on c")
+    a2 = hycache_mount.remount(a, after_kill=True)  # a learns of the takeover at restart
+    wait_for(lambda: (a2.mountpoint / "f0").read_bytes() == files["f0"] + b"!", timeout=30,
+             what="a2 sees b's version")
+
+
+def test_async_replicas_follow_writes_renames_and_removals(hycache_mount, redis_cluster, dht_namespace,
+                                                           secret_file):
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, replicas=1)
+    wait_for(lambda: cluster_status(b)["state"] == "ok", what="b ready")
+    (a.mountpoint / "doc").write_text("v1")
+    wait_for(lambda: info(a.mountpoint / "doc")["replicas"] == ["b"], what="the async push")
+    assert cluster_status(b)["replicas_kept"] == 1
+    (a.mountpoint / "doc").write_text("version 2")  # a new write clears the list, then re-pushes
+    wait_for(lambda: info(a.mountpoint / "doc")["replicas"] == ["b"] and
+             cluster_status(a)["replication"]["pushed_files"] >= 2, what="the second push")
+    wait_published(a)
+    (a.mountpoint / "doc").rename(a.mountpoint / "doc2")
+    wait_published(a)
+    wait_for(lambda: cluster_status(b)["ownership"]["inbox_messages"] >= 1, what="b told of the rename")
+    a.unmount()  # with a gone, b reads doc2 from the replica it keeps under the new name
+    assert (b.mountpoint / "doc2").read_text() == "version 2"
+    a2 = hycache_mount.remount(a)
+    (a2.mountpoint / "doc2").unlink()
+    wait_for(lambda: cluster_status(b)["replicas_kept"] == 0, what="the replica dropped with the file")
