@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--replicas", type=int, help="push each written file to N other nodes (default 0)")
     g.add_argument("--replica-mode", choices=("async", "sync"),
                    help="sync: close(2) returns once the replicas are durable; async (default): pushed just after")
+    g.add_argument("--rebalance-interval", type=float,
+                   help="seconds between checks for a hot fast tier to hand files to cold nodes (default 30; 0: off)")
+    g.add_argument("--rebalance-rounds", type=int,
+                   help="consecutive hot checks before files are handed over (default 3)")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -249,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode")}
+                "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
+                "rebalance_interval", "rebalance_rounds")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import trio
 from hycache_dht.meta import (
     DHTError, DHTUnavailable, EntryMeta, MetaStore, NotPrimary, Op, pack_body, unpack_body,
@@ -42,6 +43,7 @@ from . import tiers as T
 from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
 from .ownership import INBOX_DIR, INBOX_POLL_SECONDS, Ownership
+from .rebalance import Rebalancer
 from .replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,15 @@ KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlin
 
 def kind_of(mode: int) -> str:
     return KIND_OF_MODE.get(stat.S_IFMT(mode), "special")
+
+
+def node_info(meta: EntryMeta) -> dict[str, Any]:
+    """A registry entry's payload: ``{"addr": ..., "load": {...}}`` (msgpack in the
+    entry's target; a bare address from agents before load reporting)."""
+    raw = meta.target or b""
+    if raw[:1] and raw[0] >= 0x80:
+        return msgpack.unpackb(raw, raw=False)
+    return {"addr": raw.decode(), "load": None}
 
 
 def _pack_row_meta(meta: EntryMeta) -> bytes:
@@ -109,7 +120,8 @@ class ClusterLink:
 
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
                  secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
-                 replicas: int = 0, replica_mode: str = "async") -> None:
+                 replicas: int = 0, replica_mode: str = "async", rebalance_interval: float = 0.0,
+                 rebalance_rounds: int = 3) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -128,7 +140,7 @@ class ClusterLink:
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
-        self.rebalancer = None
+        self.rebalancer = Rebalancer(self, interval=rebalance_interval, rounds=rebalance_rounds)
         self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
         self.replicator = Replicator(self, replicas, replica_mode)
@@ -181,6 +193,7 @@ class ClusterLink:
         nursery.start_soon(self._inbox_loop)
         nursery.start_soon(self.ownership.renew_leases)
         nursery.start_soon(self.replicator.run)
+        nursery.start_soon(self.rebalancer.run)
         nursery.start_soon(self._republish_all)
 
     # ------------------------------------------------------------------ publication
@@ -423,8 +436,9 @@ class ClusterLink:
 
     def _node_meta(self) -> EntryMeta:
         now = time.time_ns()
+        info = msgpack.packb({"addr": self.advertise, "load": self.rebalancer.load()})
         return EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
-                         primary=self.node_id, target=self.advertise.encode())
+                         primary=self.node_id, target=info)
 
     @staticmethod
     def _beat(meta: EntryMeta, store: MetaStore) -> None:
@@ -443,8 +457,7 @@ class ClusterLink:
         now = time.time()
         for name, meta in store.list_dir(NODES_DIR):
             age = now - meta.mtime_ns / 1e9
-            out[name.decode()] = {"addr": (meta.target or b"").decode(), "age": round(age, 1),
-                                  "alive": age < NODE_TTL_SECONDS}
+            out[name.decode()] = {**node_info(meta), "age": round(age, 1), "alive": age < NODE_TTL_SECONDS}
         return out
 
     async def address_of(self, node_id: str) -> str:
@@ -453,7 +466,7 @@ class ClusterLink:
             raise FsError(errno.EHOSTUNREACH, f"node {node_id} is not registered")
         if time.time() - meta.mtime_ns / 1e9 > NODE_TTL_SECONDS:
             log.warning("node %s missed its heartbeats; trying it anyway", node_id)
-        return meta.target.decode()
+        return node_info(meta)["addr"]
 
     # ------------------------------------------------------------------ the global view
     def path_of(self, ino: int) -> bytes | None:
@@ -658,6 +671,7 @@ class ClusterLink:
         d["ownership"] = self.ownership.status()
         d["replication"] = self.replicator.status()
         d["replicas_kept"] = len(self.replica_store.index)
+        d["rebalance"] = self.rebalancer.status()
         return d
 
 

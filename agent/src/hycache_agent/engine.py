@@ -296,7 +296,7 @@ class TieringEngine:
                 and inode.migration is None and self.ns.inodes.get(inode.ino) is inode
                 and not self._locks.get(inode.ino, _UNLOCKED).locked())
 
-    def _victims(self, exclude: Inode | None = None):
+    def eviction_candidates(self, exclude: Inode | None = None):
         for ino in self.policy.eviction_order():
             inode = self.ns.inodes.get(ino)
             if inode is not exclude and self._evictable(inode):
@@ -308,7 +308,7 @@ class TieringEngine:
             return True
         if nbytes > self.capacity:
             return False
-        for victim in list(itertools.islice(self._victims(exclude), 64)):
+        for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
             if self.fast_used + nbytes <= self.capacity:
                 break
             await self.migrate(victim, T.SLOW, reason="evict")
@@ -325,7 +325,7 @@ class TieringEngine:
             target = self.config.low_watermark * self.capacity
             failures = 0
             while self.fast_used > target:
-                victim = next(self._victims(), None)
+                victim = next(self.eviction_candidates(), None)
                 if victim is None:
                     break
                 try:

@@ -79,7 +79,9 @@ def _make_cluster(engine: TieringEngine) -> None:
     engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
                                  peer_client=PeerClient(config.node_id, secret), secret=secret,
                                  lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
-                                 replicas=config.replicas, replica_mode=config.replica_mode)
+                                 replicas=config.replicas, replica_mode=config.replica_mode,
+                                 rebalance_interval=config.rebalance_interval,
+                                 rebalance_rounds=config.rebalance_rounds)
     engine.cluster.attach()
 
 
