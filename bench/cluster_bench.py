@@ -7,8 +7,13 @@ For every agent count N: N agents (each with its own root and mount, all joined 
 local Redis Cluster) and N client processes, each creating/stat-ing files in its own
 agent's mount.  The standalone row runs one agent without --redis.
 
+Then write takeover: node y appends to a file node x holds (y fetches the bytes once and
+becomes the primary), once for a file y never read and once for one y had just read (its
+cached copy becomes the local file: nothing crosses the network).
+
 Usage: bench/cluster_bench.py [--files 2000] [--agents 1,2,4] [--read-size 256M] [--json FILE]
-Needs root (FUSE mounts, drop_caches).  Prints a table; writes nothing else unless --json.
+                              [--plot FILE.png]
+Needs root (FUSE mounts, drop_caches).  Prints a table; writes nothing else unless --json/--plot.
 """
 
 from __future__ import annotations
@@ -90,7 +95,14 @@ def metadata_run(agents: list[Agent], files: int) -> dict:
     jobs = [(str(a.mnt / f"client{i}"), files) for i, a in enumerate(agents)]
     with multiprocessing.Pool(len(jobs)) as pool:
         t0 = time.perf_counter()
-        results = pool.map(_client, jobs)
+        try:
+            results = pool.map(_client, jobs)
+        except OSError:
+            for a in agents:
+                a.log.flush()
+                tail = (a.root / "agent.log").read_text(errors="replace").splitlines()[-30:]
+                print(f"--- {a.root / 'agent.log'} ---", *tail, sep="\n", file=sys.stderr)
+            raise
         wall = time.perf_counter() - t0
     total = files * len(agents)
     create = max(r[0] for r in results)
@@ -137,6 +149,7 @@ def main() -> int:
     p.add_argument("--agents", default="1,2,4")
     p.add_argument("--read-size", default="256M")
     p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path, help="write a PNG of the results")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("cluster_bench: needs root", file=sys.stderr)
@@ -150,7 +163,9 @@ def main() -> int:
     redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
     rows = []
     try:
-        print("redis-benchmark (C, 50 connections, the ceiling):", redis_benchmark(cluster), flush=True)
+        ceiling = redis_benchmark(cluster)
+        print("redis-benchmark (C, 50 connections, the ceiling):", ceiling, flush=True)
+        rows.append({"mode": "redis-benchmark", **ceiling})
         agent = Agent(work / "standalone", "solo", None, secret)
         try:
             rows.append({"mode": "standalone", **metadata_run([agent], a.files)})
@@ -163,7 +178,7 @@ def main() -> int:
             finally:
                 for ag in agents:
                     ag.stop()
-        for r in rows:
+        for r in rows[1:]:
             print(f"{r['mode']:10s} agents {r['agents']}  creates/s {r['creates_per_s']:8.0f}  "
                   f"stats/s {r['stats_per_s']:8.0f}  (publication finished {r['publish_tail_s']:.2f} s after "
                   f"the last create)", flush=True)
@@ -185,6 +200,17 @@ def main() -> int:
                   f"cross-node again (cached copy) {remote_cached:.0f} MB/s", flush=True)
             rows.append({"mode": "read", "size": size, "local_MBps": local, "remote_first_MBps": remote_first,
                          "remote_cached_MBps": remote_cached})
+            with open(x.mnt / "fresh.bin", "wb") as f:
+                for _ in range(size // (1 << 20)):
+                    f.write(block)
+            while x.backlog():
+                time.sleep(0.1)
+            time.sleep(1.2)
+            fresh = takeover_seconds(y.mnt / "fresh.bin")
+            cached = takeover_seconds(y.mnt / "big.bin")  # y read it above: its copy is reused
+            print(f"takeover of a {a.read_size} file: {fresh:.2f} s ({size / fresh / 1e6:.0f} MB/s) fetching it, "
+                  f"{cached:.3f} s when the reader's cached copy is current", flush=True)
+            rows.append({"mode": "takeover", "size": size, "fetch_s": fresh, "cached_s": cached})
         finally:
             x.stop()
             y.stop()
@@ -193,7 +219,55 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2))
+    if a.plot:
+        plot(rows, a.plot)
+        print(f"plot written to {a.plot}")
     return 0
+
+
+def takeover_seconds(path: Path) -> float:
+    """Open another node's file for appending (the takeover) and write one byte."""
+    t0 = time.perf_counter()
+    with open(path, "ab") as f:
+        f.write(b"!")
+    return time.perf_counter() - t0
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta = [r for r in rows if r["mode"] in ("standalone", "dht")]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    labels = ["standalone" if r["mode"] == "standalone" else f"DHT, {r['agents']} agent{'s' * (r['agents'] > 1)}"
+              for r in meta]
+    xs = range(len(meta))
+    ax1.bar([x - 0.2 for x in xs], [r["creates_per_s"] for r in meta], 0.4, label="creates/s (all clients)")
+    ax1.bar([x + 0.2 for x in xs], [r["stats_per_s"] for r in meta], 0.4, label="stats/s (all clients)")
+    ceiling = next((r for r in rows if r["mode"] == "redis-benchmark"), {})
+    if ceiling.get("SET"):
+        ax1.axhline(ceiling["SET"], color="grey", ls="--", lw=1, label=f"redis-benchmark SET {ceiling['SET']:.0f}/s")
+    ax1.axhline(10_000, color="red", ls=":", lw=1, label="target: 10k creates/s per agent")
+    ax1.set_xticks(list(xs), labels)
+    ax1.set_ylabel("operations / s")
+    ax1.set_yscale("log")
+    ax1.set_title("metadata through the mount")
+    ax1.legend(fontsize=8)
+    read = next((r for r in rows if r["mode"] == "read"), None)
+    if read:
+        names = ["local", "cross-node\nfirst read", "cross-node\ncached copy"]
+        vals = [read["local_MBps"], read["remote_first_MBps"], read["remote_cached_MBps"]]
+        take = next((r for r in rows if r["mode"] == "takeover"), None)
+        if take:
+            names.append("takeover\n(fetch + append)")
+            vals.append(take["size"] / take["fetch_s"] / 1e6)
+        ax2.bar(names, vals, color=["C2", "C0", "C1", "C3"][: len(vals)])
+        ax2.set_ylabel("MB/s (page cache dropped)")
+        ax2.set_title(f"reading a {read['size'] >> 20} MiB file")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":

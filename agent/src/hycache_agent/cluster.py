@@ -483,12 +483,15 @@ class ClusterLink:
         return self._store is not None and self.status.state != "degraded"
 
     async def _query(self, fn, *args, missing, kwargs=None):
-        """One call of the store in a worker thread.  ``missing`` when the path is not
-        there; UNREACHABLE while the link is degraded (no call is made) or when the call
+        """One call of the store in a worker thread: ``fn`` is the name of a store method
+        or a callable.  ``missing`` when the path is not there; UNREACHABLE before the
+        store is connected, while the link is degraded (no call is made) or when the call
         fails (which marks the link degraded).  Other errors (EEXIST, ENOTEMPTY, ...)
         propagate."""
         if not self.reachable:
             return UNREACHABLE
+        if isinstance(fn, str):
+            fn = getattr(self.store, fn)
         try:
             if kwargs:
                 return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
@@ -500,7 +503,7 @@ class ClusterLink:
             return UNREACHABLE
 
     async def _store_get(self, path: bytes) -> EntryMeta | None:
-        meta = await self._query(self.store.get, path, missing=None)
+        meta = await self._query("get", path, missing=None)
         return None if meta is UNREACHABLE else meta
 
     def _remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:

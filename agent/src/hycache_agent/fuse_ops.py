@@ -36,10 +36,11 @@ def errno_edge(fn: Callable) -> Callable:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except FsError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except (FsError, OSError) as exc:
+            code = exc.errno or errno.EIO
+            if code == errno.EIO:  # always worth a line: something failed underneath
+                log.warning("%s: EIO (%s)", fn.__name__, exc)
+            raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("internal error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None

@@ -115,7 +115,7 @@ class Ownership:
 
     async def _get(self, path: bytes) -> EntryMeta | None:
         """The store's entry; EIO when the store cannot be asked."""
-        meta = await self.link._query(self.link.store.get, path, missing=None)
+        meta = await self.link._query("get", path, missing=None)
         if meta is self.link.UNREACHABLE:
             raise FsError(errno.EIO, "the metadata store is unreachable")
         return meta
@@ -128,7 +128,7 @@ class Ownership:
         deadline = time.monotonic() + self.lease_wait
         delay, waited = 0.05, False
         while True:
-            got = await self.link._query(self.link.store.acquire_write, path, self.node_id, self.lease_seconds,
+            got = await self.link._query("acquire_write", path, self.node_id, self.lease_seconds,
                                          missing=None)
             if got is self.link.UNREACHABLE:
                 return False
@@ -255,7 +255,7 @@ class Ownership:
                 await self.ns.journal.sync()
             except BaseException:
                 with trio.CancelScope(shield=True):
-                    await self.link._query(self.link.store.release_write, path, self.node_id, missing=None)
+                    await self.link._query("release_write", path, self.node_id, missing=None)
                 raise
             # held for the open that follows (the kernel retries it on the local inode);
             # if none comes, renew_leases lets it go after one lease period
@@ -310,7 +310,7 @@ class Ownership:
             if not rmdir and meta.kind == "dir":
                 raise FsError(errno.EISDIR)
             try:
-                done = await self.link._query(self.link.store.delete, path,
+                done = await self.link._query("delete", path,
                                               None if rmdir else meta.version, missing=False)
             except OSError as exc:
                 raise FsError(exc.errno or errno.EIO) from exc
@@ -339,7 +339,7 @@ class Ownership:
         — and drop a local name the rename replaced."""
         await self.link.drain_outbox()
         try:
-            done = await self.link._query(self.link.store.rename, src_path, dst_path, missing=False,
+            done = await self.link._query("rename", src_path, dst_path, missing=False,
                                           kwargs={"replace": not noreplace})
         except OSError as exc:
             raise FsError(exc.errno or errno.EIO) from exc
@@ -426,7 +426,7 @@ class Ownership:
                     log.warning("inbox: %s %r from %s not applied: %s", act, path, sender, exc)
                 except Exception:  # noqa: BLE001
                     log.exception("inbox: %s %r from %s failed", act, path, sender)
-            await self.link._query(self.link.store.delete, join(box, name), missing=False)
+            await self.link._query("delete", join(box, name), missing=False)
 
     async def superseded(self, path: bytes, why: str, current: EntryMeta | None | bool = False) -> None:
         """Another node took ``path`` over or removed it: drop our local name (quietly:
