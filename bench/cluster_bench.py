@@ -109,6 +109,8 @@ def metadata_run(agents: list[Agent], files: int) -> dict:
     stat = max(r[1] for r in results)
     t_pub = time.perf_counter()
     while any(a.backlog() for a in agents):  # until every create reached the DHT
+        if time.perf_counter() - t_pub > 300:
+            raise SystemExit("the agents' outboxes did not drain within 300 s")
         time.sleep(0.1)
     published = time.perf_counter() - t_pub
     return {"agents": len(agents), "files": total, "creates_per_s": total / create, "stats_per_s": total / stat,
@@ -206,6 +208,7 @@ def main() -> int:
             while x.backlog():
                 time.sleep(0.1)
             time.sleep(1.2)
+            drop_caches()
             fresh = takeover_seconds(y.mnt / "fresh.bin")
             cached = takeover_seconds(y.mnt / "big.bin")  # y read it above: its copy is reused
             print(f"takeover of a {a.read_size} file: {fresh:.2f} s ({size / fresh / 1e6:.0f} MB/s) fetching it, "
@@ -257,11 +260,11 @@ def plot(rows: list[dict], out: Path) -> None:
     ax1.legend(fontsize=8)
     read = next((r for r in rows if r["mode"] == "read"), None)
     if read:
-        names = ["local", "cross-node\nfirst read", "cross-node\ncached copy"]
+        names = ["local", "cross-node\n1st read", "cross-node\ncached"]
         vals = [read["local_MBps"], read["remote_first_MBps"], read["remote_cached_MBps"]]
         take = next((r for r in rows if r["mode"] == "takeover"), None)
         if take:
-            names.append("takeover\n(fetch + append)")
+            names.append("takeover\n(fetch)")
             vals.append(take["size"] / take["fetch_s"] / 1e6)
         ax2.bar(names, vals, color=["C2", "C0", "C1", "C3"][: len(vals)])
         ax2.set_ylabel("MB/s (page cache dropped)")

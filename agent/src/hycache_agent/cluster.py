@@ -241,7 +241,6 @@ class ClusterLink:
                     fallback = _pack_row_meta(self.entry_meta(inode)) if inode is not None else None
                     rows.append(("rename", old, new, fallback))
         ns.events.clear()
-        self._count_rows = rows  # counted into the backlog when the commit succeeds
         for ino in dirty:
             if ino in put_now or ino == ROOT_INO:
                 continue
@@ -256,7 +255,9 @@ class ClusterLink:
             packed = _pack_row_meta(self.entry_meta(inode))
             for path in ns.paths_of(inode):
                 rows.append(("put", path, None, packed))
-        return rows + tail
+        rows += tail
+        self._count_rows = rows  # counted into the backlog when the commit succeeds
+        return rows
 
     def _committed(self) -> None:
         self.status.backlog += len(self._count_rows)
@@ -314,8 +315,8 @@ class ClusterLink:
                 backoff = min(5.0, backoff * 2)
                 continue
             backoff = 0.1
-            await trio.to_thread.run_sync(store_db.outbox_done, rows[-1][0])
-            self.status.backlog = max(0, self.status.backlog - len(rows))
+            # the exact count from the outbox itself (commits add to it in between)
+            self.status.backlog = await trio.to_thread.run_sync(store_db.outbox_done, rows[-1][0])
             self.status.published_ops += len(rows)
             self.status.publish_batches += 1
             self._ok()

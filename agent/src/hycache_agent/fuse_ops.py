@@ -3,6 +3,7 @@ errors to errno.  No decisions are made here."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -117,21 +118,25 @@ class HyCacheOperations(pyfuse3.Operations):
             return remote.local
         return None
 
-    async def _writable(self, ino: int, *, truncate: bool = False) -> tuple[Inode, bool]:
-        """The local inode to change for ``ino``: a file held by another node is taken
-        over first (True: the caller holds its write lease and calls write_done), a
-        directory held only elsewhere is made locally."""
+    @contextlib.asynccontextmanager
+    async def _writable(self, ino: int, *, truncate: bool = False):
+        """The local inode to change for ``ino`` (yields ``(inode, leased)``): a file held
+        by another node is taken over first and its write lease released when the change
+        is done; a directory held only elsewhere is made locally."""
         local = self._local(ino)
-        if local is not None:
-            return local, False
-        remote = self._remote(ino)
-        if remote is None:
-            return self.ns.get(ino), False  # ENOENT
-        if remote.is_dir:
-            return self.ns.get(await self.own.local_dir(remote.path)), False
-        if remote.meta.kind != "file":
+        remote = self._remote(ino) if local is None else None
+        if local is not None or remote is None:
+            yield (local or self.ns.get(ino)), False  # ns.get: ENOENT
+        elif remote.is_dir:
+            yield self.ns.get(await self.own.local_dir(remote.path)), False
+        elif remote.meta.kind != "file":
             raise FsError(errno.EROFS)  # symlinks and devices held elsewhere: read-only here
-        return await self.own.take_over(remote, truncate=truncate), True
+        else:
+            local = await self.own.take_over(remote, truncate=truncate)
+            try:
+                yield local, True
+            finally:
+                await self.own.write_done(local.ino)
 
     @errno_edge
     async def lookup(self, parent_inode, name, ctx=None):
@@ -165,12 +170,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def setattr(self, inode, attr, fields, fh, ctx):
-        node, leased = await self._writable(inode, truncate=fields.update_size and attr.st_size == 0)
-        try:
+        async with self._writable(inode, truncate=fields.update_size and attr.st_size == 0) as (node, leased):
             return await self._setattr(inode, node, attr, fields, ctx, leased)
-        finally:
-            if leased:
-                await self.own.write_done(node.ino)
 
     async def _setattr(self, inode, node, attr, fields, ctx, leased):
         t = now_ns()
@@ -246,14 +247,10 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        node, leased = await self._writable(inode)
-        try:
+        async with self._writable(inode) as (node, _):
             new_parent_inode = await self._local_dir(new_parent_inode)
             node = self.ns.link(node.ino, new_parent_inode, new_name)
             await self.ns.journal.sync()
-        finally:
-            if leased:
-                await self.own.write_done(node.ino)
         return self._entry(node)
 
     def _has_local(self, parent_ino: int, name: bytes) -> bool:
@@ -557,12 +554,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def setxattr(self, inode, name, value, ctx):
-        node, leased = await self._writable(inode)
-        try:
+        async with self._writable(inode) as (node, _):
             await self._setxattr(node, name, value)
-        finally:
-            if leased:
-                await self.own.write_done(node.ino)
 
     async def _setxattr(self, node: Inode, name: bytes, value: bytes) -> None:
         inode = node.ino
@@ -596,12 +589,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def removexattr(self, inode, name, ctx):
-        node, leased = await self._writable(inode)
-        try:
+        async with self._writable(inode) as (node, _):
             await self._removexattr(node, name)
-        finally:
-            if leased:
-                await self.own.write_done(node.ino)
 
     async def _removexattr(self, node: Inode, name: bytes) -> None:
         inode = node.ino

@@ -136,9 +136,11 @@ class SQLiteStore:
             return self._db.execute(
                 "SELECT seq, op, path, path2, meta FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
 
-    def outbox_done(self, upto_seq: int) -> None:
+    def outbox_done(self, upto_seq: int) -> int:
+        """Delete the rows applied up to ``upto_seq``; returns how many are left."""
         with self._lock:
             self._db.execute("DELETE FROM outbox WHERE seq <= ?", (upto_seq,))
+            return self._db.execute("SELECT count(*) FROM outbox").fetchone()[0]
 
     def outbox_size(self) -> int:
         with self._lock:
