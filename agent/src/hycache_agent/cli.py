@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="mount a demo over a temporary root and show files moving between tiers")
     d.add_argument("--keep", action="store_true", help="leave the mount up until Ctrl-C")
     d.add_argument("--root", type=Path, help="demo root (default: a new temporary directory)")
+    d.add_argument("--no-cluster", dest="cluster", action="store_false",
+                   help="only the single-node part (no local Redis Cluster, no second agent)")
     return p
 
 
@@ -276,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             _setup_logging("WARNING")
-            return run_demo(keep=args.keep, root=args.root)
+            return run_demo(keep=args.keep, root=args.root, cluster=args.cluster)
     except NotServed as exc:
         print(f"hycache-agent: {exc}", file=sys.stderr)
         return 3

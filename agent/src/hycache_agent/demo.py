@@ -1,5 +1,6 @@
 """``hycache-agent demo``: a tiering file system over a temporary root, with a workload
-that makes files move between the tiers, narrated on the terminal."""
+that makes files move between the tiers, then a two-node cluster on a local Redis Cluster
+(global namespace, write takeover, replicas, a node killed), narrated on the terminal."""
 
 from __future__ import annotations
 
@@ -61,7 +62,122 @@ def _settle(mnt: Path, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
-def run_demo(keep: bool = False, root: Path | None = None) -> int:
+def _start_agent(agent: list[str], root: Path, args: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
+    mnt = root / "mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(agent + ["mount", str(root), str(mnt), *args], stdout=log, stderr=subprocess.STDOUT)
+    _wait_mount(mnt, proc)
+    return proc, mnt
+
+
+def _stop(proc: subprocess.Popen, mnt: Path) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, stderr=subprocess.DEVNULL)
+
+
+def _until(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def _cluster_table(mounts: dict[str, Path], title: str) -> Table:
+    t = Table(title=title)
+    t.add_column("file")
+    for node in mounts:
+        t.add_column(f"seen on {node}")
+    names = sorted({p.name for m in mounts.values() for p in m.iterdir() if p.is_file()})
+    for name in names:
+        cells = []
+        for m in mounts.values():
+            try:
+                i = _info(m / name)
+            except OSError:
+                cells.append("-")
+                continue
+            where = "[green]local[/]" if i["tier"] != "remote" else "remote"
+            reps = f", replica on {','.join(i['replicas'])}" if i.get("replicas") else ""
+            cells.append(f"{where} (primary {i.get('primary')}{reps})")
+        t.add_row(name, *cells)
+    return t
+
+
+def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
+    """Two agents, a and b, sharing one namespace on a local Redis Cluster."""
+    from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+
+    console.rule("[bold]two nodes, one namespace")
+    redis = LocalRedisCluster(base / "redis", find_free_base(6, start=41000, stop=47000))
+    console.print("[bold]5.[/] starting a local Redis Cluster (3 masters + 3 replicas) and two agents, "
+                  "a and b, each with its own tiers, with --replicas 1")
+    redis.start()
+    secret = base / "cluster.secret"
+    secret.write_text(os.urandom(32).hex())
+    secret.chmod(0o600)
+    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        for node in ("a", "b"):
+            with socket_port() as port:
+                args = ["--fast-capacity", str(64 << 20), "--redis", ",".join(f"{h}:{p}" for h, p in redis.nodes[:3]),
+                        "--node-id", node, "--listen", f"127.0.0.1:{port}", "--cluster-secret-file", str(secret),
+                        "--replicas", "1", "--replica-mode", "sync"]
+            procs[node] = _start_agent(agent, base / node, args, base / f"agent-{node}.log")
+        a, b = procs["a"][1], procs["b"][1]
+        data = {"results.csv": os.urandom(FILE_SIZE), "model.bin": os.urandom(2 * FILE_SIZE)}
+        for name, blob in data.items():
+            (a / name).write_bytes(blob)
+        ok = _until(lambda: all((b / n).exists() for n in data))
+        console.print(_cluster_table({"a": a, "b": b}, "a wrote two files: b lists and reads them from a"))
+        ok &= all((b / n).read_bytes() == blob for n, blob in data.items())
+
+        console.print("[bold]6.[/] b appends to results.csv: writes are always local, so b takes the file over "
+                      "(fetches it once, becomes its primary under a write lease); a drops its copy")
+        with open(b / "results.csv", "ab") as f:
+            f.write(b"appended on b\n")
+        data["results.csv"] += b"appended on b\n"
+        ok &= _until(lambda: _info(a / "results.csv").get("primary") == "b")
+        console.print(_cluster_table({"a": a, "b": b}, "after b's append"))
+
+        console.print("[bold]7.[/] kill -9 of node a: its files had a replica on b, so nothing is lost")
+        procs["a"][0].kill()
+        procs["a"][0].wait()
+        survived = all((b / n).read_bytes() == blob for n, blob in data.items())
+        console.print("[green]every file still reads correctly on b[/]" if survived
+                      else "[red]a file was lost with node a[/]")
+        return ok and survived
+    finally:
+        for proc, mnt in procs.values():
+            _stop(proc, mnt)
+        redis.stop()
+
+
+class socket_port:
+    """A free loopback port (closed again when the block ends, before the agent binds it)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self._s = socket.socket()
+        self._s.bind(("127.0.0.1", 0))
+        return self._s.getsockname()[1]
+
+    def __exit__(self, *exc) -> None:
+        self._s.close()
+
+
+def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True) -> int:
     console = Console()
     made_root = root is None
     root = Path(tempfile.mkdtemp(prefix="hycache-demo-")) if root is None else root.resolve()
@@ -104,6 +220,8 @@ def run_demo(keep: bool = False, root: Path | None = None) -> int:
         bad = [n for n, d in digests.items() if hashlib.sha256((mnt / n).read_bytes()).hexdigest() != d]
         console.print("[green]all checksums match[/]" if not bad else f"[red]mismatch: {bad}[/]")
         subprocess.run(agent + ["status", str(root)], check=True)
+        if cluster and not run_cluster_demo(console, root / "cluster", agent):
+            bad.append("cluster demo")
         if keep:
             console.print(f"[bold]The mount stays up at {mnt}; press Ctrl-C to unmount.[/]")
             try:
