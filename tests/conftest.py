@@ -97,6 +97,7 @@ class HyCacheMount:
     base: Path | None = None
     fast_capacity: str | int | None = None
     opts: dict = field(default_factory=dict)
+    wrapper: list[str] | None = None
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -136,12 +137,15 @@ def _opts_to_argv(opts: dict) -> list[str]:
 
 def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
                         separate_tiers: bool = False, timeout: float = MOUNT_TIMEOUT,
-                        **opts) -> HyCacheMount:
+                        wrapper: list[str] | None = None, **opts) -> HyCacheMount:
     """Start ``hycache-agent mount`` under ``base`` and wait until it is mounted.
 
     ``opts`` become flags: ``log_level="debug"`` -> ``--log-level debug``;
     ``True`` -> bare flag; ``None``/``False`` -> omitted.
     ``separate_tiers=True`` passes ``--fast DIR --slow DIR`` explicitly.
+    ``wrapper`` is a command prefix for the agent, e.g. ``["nsenter", "--net=/run/netns/h1"]``
+    to run it in another network namespace (``tests/hosts``); it must exec the agent (so
+    that signals reach it) and keep the mount namespace, so the mount stays visible here.
     """
     if not AGENT_BIN.exists():
         pytest.fail(f"{AGENT_BIN} does not exist: run scripts/bootstrap.sh (uv sync)")
@@ -156,13 +160,13 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
     mountpoint.mkdir(mode=0o755, exist_ok=True)
     if fast_capacity is not None:
         opts = {"fast_capacity": fast_capacity, **opts}
-    argv = [str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
+    argv = [*(wrapper or []), str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
     log = base / "agent.log"
     with open(log, "ab") as logf:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 cwd=base, start_new_session=True)
     m = HyCacheMount(root=root, fast=fast, slow=slow, mountpoint=mountpoint, proc=proc, log=log, argv=argv,
-                     base=base, fast_capacity=fast_capacity, opts=dict(opts))
+                     base=base, fast_capacity=fast_capacity, opts=dict(opts), wrapper=wrapper)
     deadline = time.monotonic() + timeout
     while not _is_mounted(mountpoint):
         if proc.poll() is not None:
@@ -180,11 +184,12 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
 # --------------------------------------------------------------------------- fixtures
 @pytest.fixture
 def hycache_mount():
-    """Factory: ``hycache_mount(fast_capacity="1G", **opts) -> HyCacheMount``.
+    """Factory: ``hycache_mount(fast_capacity="1G", wrapper=None, **opts) -> HyCacheMount``.
 
     Each call starts one agent on fresh temp dirs (world-traversable, on the same file
     system as /tmp). ``hycache_mount.remount(m)`` stops ``m`` (asserting exit 0) and
-    starts a new agent on the same root, mount point and options (restart/recovery tests).
+    starts a new agent on the same root, mount point, options and wrapper (restart/recovery
+    tests).
     At teardown every mount is stopped with SIGTERM (then ``fusermount3 -uz`` as a last
     resort) and the test fails unless the agent exited 0.
     """
@@ -192,9 +197,10 @@ def hycache_mount():
         pytest.skip(f"FUSE unusable: {_FUSE_REASON}")
     started: list[tuple[HyCacheMount, Path]] = []
 
-    def factory(fast_capacity: str | int | None = "1G", **opts) -> HyCacheMount:
+    def factory(fast_capacity: str | int | None = "1G", *, wrapper: list[str] | None = None,
+                **opts) -> HyCacheMount:
         base = make_shared_tmpdir("hycache-mnt-")
-        m = start_hycache_mount(base, fast_capacity, **opts)
+        m = start_hycache_mount(base, fast_capacity, wrapper=wrapper, **opts)
         started.append((m, base))
         return m
 
@@ -209,7 +215,7 @@ def hycache_mount():
             rc = m.unmount()
             assert rc == 0, f"agent exited {rc} on SIGTERM before the remount\n{_tail(m.log)}"
         opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
-        m2 = start_hycache_mount(m.base, m.fast_capacity, **opts)
+        m2 = start_hycache_mount(m.base, m.fast_capacity, wrapper=m.wrapper, **opts)
         started.append((m2, m.base))
         return m2
 
