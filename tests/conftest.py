@@ -37,6 +37,9 @@ sys.path.insert(0, str(REPO / "bench"))  # fusemount.py: shared with bench/fs_be
 from fusemount import force_unmount, stop_daemon  # noqa: E402
 from fusemount import is_mounted as _is_mounted  # noqa: E402
 
+# the real local Redis Cluster fixtures (redis_cluster, dht_namespace) for every test dir
+pytest_plugins = ["hycache_dht.testing"]
+
 MOUNT_TIMEOUT = float(os.environ.get("HYCACHE_MOUNT_TIMEOUT", "30"))
 UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
 

@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["hycache_dht.testing"]
-
-
 @pytest.fixture
 def secret_file(tmp_path) -> Path:
     p = tmp_path / "cluster.secret"
