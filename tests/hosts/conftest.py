@@ -135,14 +135,14 @@ class Agents:
         self.namespace = f"hosts-{uuid.uuid4().hex[:10]}"
         self.started: list[Agent] = []
 
-    def start(self, index: int, name: str, *, joined: bool = True) -> Agent:
-        """An agent inside host ``index``; with ``joined``, once it is in the global
-        namespace (status state "ok": connected to Redis and registered)."""
+    def start(self, index: int, name: str, *, joined: bool = True, **opts) -> Agent:
+        """An agent inside host ``index`` (``opts``: more agent flags); with ``joined``,
+        once it is in the global namespace (status state "ok": connected and registered)."""
         host = self.net.hosts[index]
         m = self.hycache_mount(
             fast_capacity="256M", wrapper=host.prefix, node_id=name, listen=f"{host.ip}:{PEER_PORT}",
             redis=",".join(f"{h}:{p}" for h, p in self.redis.nodes), dht_namespace=self.namespace,
-            cluster_secret_file=self.secret, log_level=os.environ.get("HYCACHE_HOSTS_LOG_LEVEL"))
+            cluster_secret_file=self.secret, log_level=os.environ.get("HYCACHE_HOSTS_LOG_LEVEL"), **opts)
         agent = Agent(name, host, m)
         self.started.append(agent)
         if joined:

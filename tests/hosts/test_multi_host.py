@@ -191,3 +191,30 @@ def test_a_host_that_boots_partitioned_serves_locally_and_joins_after_the_heal(a
     agents.wait_for(lambda: published(c), "c joined and published", timeout=60, describe=c.status)
     agents.wait_for(lambda: (a.mnt / "born-offline").read_text() == "written before c ever reached Redis",
                     "a reads c's file", timeout=15)
+
+
+def test_a_file_whose_host_died_is_taken_over_from_its_replica_on_another_host(agents):
+    """Writes are always local, across hosts: a's file has a sync replica; a's host dies;
+    c appends to the file, fetching a's bytes from the replica over the network and
+    becoming the primary; a, back, learns from its inbox and drops its stale copy."""
+    a = agents.start(0, "a", replicas=1, replica_mode="sync")
+    b = agents.start(1, "b", replicas=1, replica_mode="sync")
+    c = agents.start(2, "c", replicas=1, replica_mode="sync")
+    data = os.urandom(2 << 20)
+    (a.mnt / "shared.dat").write_bytes(data)
+    info = json.loads(os.getxattr(a.mnt / "shared.dat", "user.hycache.info"))
+    agents.check(len(info["replicas"]) == 1 and info["replicas"][0] in ("b", "c"), f"replicas: {info}")
+    agents.wait_for(lambda: published(a) and (c.mnt / "shared.dat").exists(), "a's file published and seen on c")
+    a.mount.proc.kill()  # the host's agent dies with the only primary copy
+    a.mount.proc.wait()
+    with open(c.mnt / "shared.dat", "ab") as f:
+        f.write(b"+c")
+    agents.check((c.mnt / "shared.dat").read_bytes() == data + b"+c", "c's takeover kept a's bytes")
+    agents.check(c.status()["ownership"]["takeovers"] == 1, f"c status: {c.status()}")
+    agents.wait_for(lambda: published(c), "c's takeover published")
+    agents.wait_for(lambda: (b.mnt / "shared.dat").read_bytes() == data + b"+c", "b reads c's version")
+    a2 = agents.restart_after_kill(a)
+    agents.wait_for(lambda: (a2.mnt / "shared.dat").read_bytes() == data + b"+c", "a, back, reads c's version")
+    agents.wait_for(lambda: a2.status()["ownership"]["taken_from_us"] == 1, "a dropped its stale copy",
+                    describe=a2.status)
+
