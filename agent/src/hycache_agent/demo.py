@@ -72,12 +72,15 @@ def _start_agent(agent: list[str], root: Path, args: list[str], log_path: Path) 
 
 
 def _stop(proc: subprocess.Popen, mnt: Path) -> None:
+    """SIGTERM the agent (SIGKILL after 30 s); lazily unmount whatever is left (a killed agent)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+    # (a killed agent's mount answers ENOTCONN, which os.path.ismount reports as False)
     subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, stderr=subprocess.DEVNULL)
 
 
@@ -230,13 +233,7 @@ def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True)
                 pass
         return 1 if bad else 0
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
-                proc.kill()
+        _stop(proc, mnt)
         console.print(f"agent exited with status {proc.returncode}")
         if made_root and not keep:
             shutil.rmtree(root, ignore_errors=True)
