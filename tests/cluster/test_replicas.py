@@ -14,7 +14,8 @@ pytestmark = pytest.mark.mount
 def test_sync_replicas_survive_the_primary_being_killed(hycache_mount, redis_cluster, dht_namespace, secret_file):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                            names=("a", "b", "c"), replicas=1, replica_mode="sync")
-    wait_for(lambda: len(os.listdir(a.mountpoint)) == 0 and cluster_status(a)["state"] == "ok", what="a ready")
+    wait_for(lambda: cluster_status(a)["state"] == "ok" and cluster_status(a)["nodes_alive"] == ["a", "b", "c"],
+             what="a ready and seeing b and c (heartbeats)")
     files = {f"f{i}": os.urandom(256 << 10) for i in range(6)}
     for name, data in files.items():
         (a.mountpoint / name).write_bytes(data)

@@ -56,7 +56,7 @@ NODE_TTL_SECONDS = 10.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
 SMALL_DIR = 1024
-UNREACHABLE = object()  # what ClusterLink._query answers when the store cannot be asked
+UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
 
@@ -140,6 +140,8 @@ class ClusterLink:
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
+        # the node registry as of the last heartbeat: id -> {addr, load, age, alive}
+        self.known_nodes: dict[str, dict[str, Any]] = {}
         self.rebalancer = Rebalancer(self, interval=rebalance_interval, rounds=rebalance_rounds)
         self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
@@ -424,10 +426,14 @@ class ClusterLink:
                 await trio.sleep(0.2)
                 continue
             try:
-                await trio.to_thread.run_sync(self._beat, self._node_meta(), self._store)
+                self.known_nodes = await trio.to_thread.run_sync(self._beat_and_list, self._node_meta(), self._store)
             except Exception as exc:  # noqa: BLE001
                 self._degraded(exc)
             await trio.sleep(HEARTBEAT_SECONDS)
+
+    def _beat_and_list(self, meta: EntryMeta, store: MetaStore) -> dict[str, dict[str, Any]]:
+        self._beat(meta, store)
+        return self.nodes_blocking(store)
 
     async def _inbox_loop(self) -> None:
         while True:
@@ -448,10 +454,6 @@ class ClusterLink:
             store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
         store.put(join(NODES_DIR, meta.primary.encode()), meta)
 
-    def nodes(self) -> dict[str, dict[str, Any]]:
-        """(worker thread) registered nodes: id -> {addr, age, alive}."""
-        return self.nodes_blocking(self.store)
-
     @staticmethod
     def nodes_blocking(store: MetaStore) -> dict[str, dict[str, Any]]:
         out = {}
@@ -462,6 +464,9 @@ class ClusterLink:
         return out
 
     async def address_of(self, node_id: str) -> str:
+        known = self.known_nodes.get(node_id)
+        if known is not None and known["alive"]:
+            return known["addr"]
         meta = await trio.to_thread.run_sync(self.store.get, join(NODES_DIR, node_id.encode()))
         if meta is None or not meta.target:
             raise FsError(errno.EHOSTUNREACH, f"node {node_id} is not registered")
@@ -483,7 +488,7 @@ class ClusterLink:
         publisher finds out when the store is back."""
         return self._store is not None and self.status.state != "degraded"
 
-    async def _query(self, fn, *args, missing, kwargs=None):
+    async def query(self, fn, *args, missing, kwargs=None):
         """One call of the store in a worker thread: ``fn`` is the name of a store method
         or a callable.  ``missing`` when the path is not there; UNREACHABLE before the
         store is connected, while the link is degraded (no call is made) or when the call
@@ -503,11 +508,11 @@ class ClusterLink:
             self._degraded(exc)
             return UNREACHABLE
 
-    async def _store_get(self, path: bytes) -> EntryMeta | None:
-        meta = await self._query("get", path, missing=None)
+    async def store_get(self, path: bytes) -> EntryMeta | None:
+        meta = await self.query("get", path, missing=None)
         return None if meta is UNREACHABLE else meta
 
-    def _remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
+    def remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
         """The overlay node for a remote name.  A file gets a new inode number for every
         version: with the writeback cache the kernel keeps its own idea of a regular
         file's size and ignores sizes the agent reports later, so a changed file must
@@ -532,10 +537,10 @@ class ClusterLink:
         if listing is not None:
             meta = listing.get(name)
         else:
-            meta = await self._store_get(path)
+            meta = await self.store_get(path)
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
             return None  # ours but deleted locally (publication pending) — not there
-        return self._remote_node(path, meta)
+        return self.remote_node(path, meta)
 
     async def _small_listing(self, dirpath: bytes) -> dict[bytes, EntryMeta] | None:
         """The store's entries of a small directory, cached for META_TTL_SECONDS, so that
@@ -555,7 +560,7 @@ class ClusterLink:
                 out[name] = meta
             return out
 
-        entries = await self._query(listing, missing={})
+        entries = await self.query(listing, missing={})
         if entries is UNREACHABLE:
             return None
         if len(self._listings) > 4096:
@@ -569,10 +574,10 @@ class ClusterLink:
         def first() -> bool:
             return next(iter(self.store.list_dir(path)), None) is not None
 
-        has = await self._query(first, missing=False)
+        has = await self.query(first, missing=False)
         if has is True:  # maybe only our own removals, not published yet
             await self.drain_outbox()
-            has = await self._query(first, missing=False)
+            has = await self.query(first, missing=False)
         return has is True  # unreachable: local rules only (the store refuses it later)
 
     def forget_listing(self, dirpath: bytes | None) -> None:
@@ -599,20 +604,20 @@ class ClusterLink:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
         if time.monotonic() - node.fetched > META_TTL_SECONDS:
-            meta = await self._store_get(node.path)
+            meta = await self.store_get(node.path)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
         return node
 
     async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
-        entries = await self._query(lambda: list(self.store.list_dir(path)), missing=[])
+        entries = await self.query(lambda: list(self.store.list_dir(path)), missing=[])
         if entries is UNREACHABLE:
             return []
         out = []
         for name, meta in entries:
             if path == b"/" and name in HIDDEN_ROOT_NAMES:
                 continue
-            out.append((name, self._remote_node(join(path, name), meta)))
+            out.append((name, self.remote_node(join(path, name), meta)))
         return out
 
     async def forget(self, ino: int, n: int) -> bool:
@@ -672,6 +677,7 @@ class ClusterLink:
         d["node_id"] = self.node_id
         d["advertise"] = self.advertise
         d["remote_nodes_cached"] = len(self.remote)
+        d["nodes_alive"] = sorted(n for n, info in self.known_nodes.items() if info["alive"])
         d["ownership"] = self.ownership.status()
         d["replication"] = self.replicator.status()
         d["replicas_kept"] = len(self.replica_store.index)

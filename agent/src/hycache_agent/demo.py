@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,9 @@ def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
         for node in ("a", "b"):
-            with socket_port() as port:
-                args = ["--fast-capacity", str(64 << 20), "--redis", ",".join(f"{h}:{p}" for h, p in redis.nodes[:3]),
-                        "--node-id", node, "--listen", f"127.0.0.1:{port}", "--cluster-secret-file", str(secret),
-                        "--replicas", "1", "--replica-mode", "sync"]
+            args = ["--fast-capacity", str(64 << 20), "--redis", ",".join(f"{h}:{p}" for h, p in redis.nodes[:3]),
+                    "--node-id", node, "--listen", f"127.0.0.1:{_free_port()}", "--cluster-secret-file", str(secret),
+                    "--replicas", "1", "--replica-mode", "sync"]
             procs[node] = _start_agent(agent, base / node, args, base / f"agent-{node}.log")
         a, b = procs["a"][1], procs["b"][1]
         data = {"results.csv": os.urandom(FILE_SIZE), "model.bin": os.urandom(2 * FILE_SIZE)}
@@ -166,18 +166,10 @@ def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
         redis.stop()
 
 
-class socket_port:
-    """A free loopback port (closed again when the block ends, before the agent binds it)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self._s = socket.socket()
-        self._s.bind(("127.0.0.1", 0))
-        return self._s.getsockname()[1]
-
-    def __exit__(self, *exc) -> None:
-        self._s.close()
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True) -> int:

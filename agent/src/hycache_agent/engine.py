@@ -562,11 +562,11 @@ class TieringEngine:
         await ns.journal.sync()
         return inode
 
-    async def adopt_file(self, parent: int, name: bytes, attrs, src: str | None) -> Inode:
-        """A new local file whose bytes already exist (a file taken over from another
-        node): ``src`` (a file on the fast tier's file system, or None for an empty file)
-        becomes its blob; owner, mode and times come from ``attrs``.  The name is queued
-        last (the caller may rewrite that event) and nothing is committed here."""
+    async def adopt_file(self, parent: int, name: bytes, attrs, src: str | None, taken_from: str) -> Inode:
+        """A new local file whose bytes already exist: a file taken over from node
+        ``taken_from``.  ``src`` (a file on the fast tier's file system, or None for an
+        empty file) becomes its blob; owner, mode and times come from ``attrs``.  Nothing
+        is committed here."""
         check_name(name)
         if name in self.ns.dir(parent):
             raise FsError(errno.EEXIST)
@@ -575,11 +575,16 @@ class TieringEngine:
             tier = await self._new_blob(ino)
             size = 0
         else:
-            tier = T.FAST
-            size = (await trio.to_thread.run_sync(os.stat, src)).st_size
-            await trio.to_thread.run_sync(os.rename, src, self.tiers[T.FAST].blob(ino))
+            tier, blob = T.FAST, self.tiers[T.FAST].blob(ino)
+
+            def place() -> int:
+                size = os.stat(src).st_size
+                os.rename(src, blob)
+                return size
+
+            size = await trio.to_thread.run_sync(place)
         inode = self.ns.new_inode(parent, name, stat.S_IFREG | stat.S_IMODE(attrs.mode), attrs.uid, attrs.gid,
-                                  tier=tier, ino=ino)
+                                  tier=tier, ino=ino, taken_from=taken_from)
         inode.size = size
         inode.atime_ns, inode.mtime_ns, inode.ctime_ns = attrs.atime_ns, attrs.mtime_ns, attrs.ctime_ns
         if tier == T.FAST:

@@ -276,28 +276,19 @@ class HyCacheOperations(pyfuse3.Operations):
             await self.own.remove_remote(node, rmdir=rmdir)
             return
         parent = self._local(parent_inode).ino
-        if rmdir:  # other nodes may hold names in it (a directory is the union of the nodes')
-            path = self.ns._child_path(parent, name)
-            if await self.cluster.dir_has_entries(path):
-                raise FsError(errno.ENOTEMPTY)
-            await self.engine.remove(parent, name, rmdir=True)
-            self.own.notify(None, "drop", path)
-            await self.ns.journal.sync()
-        else:
-            inode = self.ns.lookup(parent, name)
-            path = self.ns._child_path(parent, name)
-            await self.engine.remove(parent, name, rmdir=False)
-            if inode.replicas and inode.nlink == 0:
-                for node in inode.replicas:
-                    self.own.notify(node, "drop", path)
-                await self.ns.journal.sync()
+        inode = self.ns.lookup(parent, name)
+        path = self.ns.child_path(parent, name) if inode.is_dir or inode.replicas else b""
+        # other nodes may hold names in it (a directory is the union of the nodes')
+        if rmdir and inode.is_dir and await self.cluster.dir_has_entries(path):
+            raise FsError(errno.ENOTEMPTY)
+        await self.engine.remove(parent, name, rmdir=rmdir)
+        await self.own.removed_here(inode, path)
 
     @errno_edge
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if self.cluster is None:
             await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
             return
-        dst_path = join_path(self.cluster.path_of(parent_inode_new) or b"/", name_new)
         dst_is_local = self._has_local(parent_inode_new, name_new)
         if not self._has_local(parent_inode_old, name_old):  # the source is held elsewhere
             src = await self.cluster.lookup(parent_inode_old, name_old)
@@ -316,6 +307,7 @@ class HyCacheOperations(pyfuse3.Operations):
                 if dst.is_dir and self.ns.children[dst.ino]:
                     raise FsError(errno.ENOTEMPTY)
                 dst_local = (dst_parent, name_new)
+            dst_path = join_path(self.cluster.path_of(parent_inode_new) or b"/", name_new)
             await self.own.rename_remote(src.path, dst_path, src.meta, noreplace=bool(flags & RENAME_NOREPLACE),
                                          dst_local=dst_local)
             return
@@ -333,20 +325,10 @@ class HyCacheOperations(pyfuse3.Operations):
                     raise FsError(errno.EISDIR if replaced.is_dir else errno.ENOTDIR)
                 if replaced.is_dir and await self.cluster.dir_has_entries(replaced.path):
                     raise FsError(errno.ENOTEMPTY)
-        src_path = self.ns._child_path(old_parent, name_old)
+        src_path = self.ns.child_path(old_parent, name_old)
         new_parent = await self._local_dir(parent_inode_new)
         await self.engine.rename(old_parent, name_old, new_parent, name_new, flags)
-        if replaced is not None:  # the store's rename replaced another node's name
-            if replaced.is_dir:
-                self.own.notify(None, "drop", dst_path)
-            for holder in {replaced.meta.primary, *replaced.meta.replicas} - {None}:
-                self.own.notify(holder, "drop", dst_path)
-        if src.is_dir:  # other nodes move their parts of the directory
-            self.own.notify(None, "rename", src_path, dst_path)
-        for node in src.replicas:
-            self.own.notify(node, "rename", src_path, dst_path)
-        if replaced is not None or src.is_dir or src.replicas:
-            await self.ns.journal.sync()
+        await self.own.renamed_here(src, src_path, self.ns.child_path(new_parent, name_new), replaced)
 
     # -- directories -----------------------------------------------------------------
     @errno_edge

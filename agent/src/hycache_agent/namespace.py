@@ -97,10 +97,11 @@ class Namespace:
         self.access_seq = 0
         self.journal: MetaJournal = journal_factory(self._row)
         # Name events for the global namespace, in order: ("put", ino, path),
-        # ("delete", None, path), ("rename", ino, old path, new path).  None = standalone.
+        # ("take", ino, path, old holder), ("delete", None, path),
+        # ("rename", ino, old path, new path).  None = standalone.
         self.events: list[tuple] | None = None
 
-    def _child_path(self, parent: int, name: bytes) -> bytes | None:
+    def child_path(self, parent: int, name: bytes) -> bytes | None:
         base = self.path_of(parent)
         return None if base is None else join_path(base, name)
 
@@ -183,7 +184,7 @@ class Namespace:
         """Every path of an inode (hard links have several)."""
         out = []
         for parent, name in sorted(inode.links):
-            path = self._child_path(parent, name)
+            path = self.child_path(parent, name)
             if path is not None:
                 out.append(path)
         return out
@@ -209,9 +210,10 @@ class Namespace:
 
     def new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int, *,
                   rdev: int = 0, target: bytes | None = None, tier: str | None = None,
-                  ino: int | None = None) -> Inode:
+                  ino: int | None = None, taken_from: str | None = None) -> Inode:
         """Create an inode and its entry (the caller made any blob first, for the number
-        it got from :meth:`allocate_ino`)."""
+        it got from :meth:`allocate_ino`).  ``taken_from``: the file was held by that
+        node, which this one takes it over from (published as a takeover)."""
         check_name(name)
         pdir = self.get(parent)
         entries = self.dir(parent)
@@ -232,7 +234,8 @@ class Namespace:
         entries[name] = ino
         inode.links.add((parent, name))
         if self.events is not None:
-            self.events.append(("put", ino, self._child_path(parent, name)))
+            path = self.child_path(parent, name)
+            self.events.append(("put", ino, path) if taken_from is None else ("take", ino, path, taken_from))
         if stat.S_ISDIR(mode):
             self.children[ino] = {}
             self.parent[ino] = parent
@@ -263,7 +266,7 @@ class Namespace:
         entries[name] = ino
         inode.links.add((parent, name))
         if self.events is not None:
-            self.events.append(("put", ino, self._child_path(parent, name)))
+            self.events.append(("put", ino, self.child_path(parent, name)))
         inode.nlink += 1
         inode.ctime_ns = t
         self._dir_changed(self.inodes[parent], t)
@@ -273,7 +276,7 @@ class Namespace:
 
     def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:
         if self.events is not None:
-            self.events.append(("delete", None, self._child_path(parent, name)))
+            self.events.append(("delete", None, self.child_path(parent, name)))
         del self.children[parent][name]
         inode.links.discard((parent, name))
         self.journal.unlink(parent, name)
@@ -330,7 +333,7 @@ class Namespace:
         t = now_ns()
         old_path = new_path = None
         if self.events is not None:
-            old_path, new_path = self._child_path(old_parent, old_name), self._child_path(new_parent, new_name)
+            old_path, new_path = self.child_path(old_parent, old_name), self.child_path(new_parent, new_name)
         if flags & RENAME_EXCHANGE:
             if dst is None:
                 raise FsError(errno.ENOENT)

@@ -23,18 +23,18 @@
   for a file), and the holder (or, for a directory, every node: directories are the union
   of what the nodes hold) is told through its inbox to do the same locally.
 
-Every store call runs in a worker thread (through :meth:`ClusterLink._query`).
+Every store call runs in a worker thread (through :meth:`ClusterLink.query`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
 import stat
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 import trio
@@ -68,6 +68,16 @@ class OwnershipStats:
     remote_renames: int = 0
 
 
+@dataclass
+class Lease:
+    """This node's use of one file's write flag."""
+
+    path: bytes  # when acquired (a rename carries the flag along in the store)
+    held: bool  # False: written without the flag (store unreachable, or the lease was lost)
+    writers: int = 0  # open write handles (0 right after a takeover, until its open comes)
+    since: float = field(default_factory=time.monotonic)
+
+
 class Ownership:
     def __init__(self, link, *, lease_seconds: float, lease_wait: float) -> None:
         self.link = link
@@ -76,7 +86,7 @@ class Ownership:
         self.node_id: str = link.node_id
         self.lease_seconds = lease_seconds
         self.lease_wait = lease_wait
-        self.leases: dict[int, list] = {}  # ino -> [open writers, path when acquired, held, since]
+        self.leases: dict[int, Lease] = {}  # by inode number
         self.unleased: set[int] = set()  # written without the lease (degraded / lease lost)
         self.stats = OwnershipStats()
         self.on_invalidate = None  # set by the FUSE layer: forget the kernel's entry (parent ino, name)
@@ -85,7 +95,7 @@ class Ownership:
         self._boxes: set[bytes] = set()  # inboxes known to exist in the store
 
     # ------------------------------------------------------------------ helpers
-    @contextmanager
+    @contextlib.contextmanager
     def quiet(self):
         """Local namespace changes that must not be published (the store already has
         them, or has something newer)."""
@@ -113,9 +123,9 @@ class Ownership:
         if self.on_invalidate is not None:
             self.on_invalidate(parent, name)
 
-    async def _get(self, path: bytes) -> EntryMeta | None:
+    async def store_entry(self, path: bytes) -> EntryMeta | None:
         """The store's entry; EIO when the store cannot be asked."""
-        meta = await self.link._query("get", path, missing=None)
+        meta = await self.link.query("get", path, missing=None)
         if meta is self.link.UNREACHABLE:
             raise FsError(errno.EIO, "the metadata store is unreachable")
         return meta
@@ -128,7 +138,7 @@ class Ownership:
         deadline = time.monotonic() + self.lease_wait
         delay, waited = 0.05, False
         while True:
-            got = await self.link._query("acquire_write", path, self.node_id, self.lease_seconds,
+            got = await self.link.query("acquire_write", path, self.node_id, self.lease_seconds,
                                          missing=None)
             if got is self.link.UNREACHABLE:
                 return False
@@ -160,8 +170,8 @@ class Ownership:
                     if not self._warned_unleased:
                         self._warned_unleased = True
                         log.warning("metadata store unreachable: writing local files without a write lease")
-                entry = self.leases[inode.ino] = [0, path, bool(got), time.monotonic()]
-        entry[0] += 1
+                entry = self.leases[inode.ino] = Lease(path, held=bool(got))
+        entry.writers += 1
 
     async def write_done(self, ino: int) -> None:
         """A write handle closed (or a truncate finished): release the lease after the
@@ -169,15 +179,15 @@ class Ownership:
         entry = self.leases.get(ino)
         if entry is None:
             return
-        entry[0] -= 1
-        if entry[0] > 0:
+        entry.writers -= 1
+        if entry.writers > 0:
             return
         await self._release(ino, entry)
 
-    async def _release(self, ino: int, entry: list) -> None:
+    async def _release(self, ino: int, entry: Lease) -> None:
         del self.leases[ino]
-        if entry[2]:
-            self._event("release", self.ns.path_of(ino) or entry[1], None, None)
+        if entry.held:
+            self._event("release", self.ns.path_of(ino) or entry.path, None, None)
             await self.ns.journal.sync()
 
     async def renew_leases(self) -> None:
@@ -185,9 +195,9 @@ class Ownership:
             await trio.sleep(self.lease_seconds / 3)
             now = time.monotonic()
             for ino, entry in list(self.leases.items()):
-                if entry[0] <= 0 and now - entry[3] > self.lease_seconds:
+                if entry.writers <= 0 and now - entry.since > self.lease_seconds:
                     await self._release(ino, entry)  # a takeover whose open never came
-            held = [(ino, self.ns.path_of(ino) or e[1]) for ino, e in self.leases.items() if e[2]]
+            held = [(ino, self.ns.path_of(ino) or e.path) for ino, e in self.leases.items() if e.held]
             if not held or not self.link.reachable:
                 continue
             store, node, lease = self.link.store, self.node_id, self.lease_seconds
@@ -201,13 +211,13 @@ class Ownership:
                         out.append((ino, path, True))
                 return out
 
-            results = await self.link._query(renew, missing=[])
+            results = await self.link.query(renew, missing=[])
             if results is self.link.UNREACHABLE:
                 continue
             for ino, path, ok in results:
                 if not ok and ino in self.leases:
                     self.stats.leases_lost += 1
-                    self.leases[ino][2] = False
+                    self.leases[ino].held = False
                     self.unleased.add(ino)
                     log.error("lost the write lease on %r to another node (our lease ran out): "
                               "if it takes the file over, our bytes are kept as a conflict copy", path)
@@ -233,7 +243,7 @@ class Ownership:
             if got is False:
                 raise FsError(errno.EIO, "the metadata store is unreachable")
             try:
-                meta = await self._get(path)
+                meta = await self.store_entry(path)
                 if meta is None:
                     raise FsError(errno.ENOENT)
                 if meta.kind != "file":
@@ -246,20 +256,17 @@ class Ownership:
                     node.cache_blob = None  # the copy becomes our blob
                 parent_path, name = split_path(path)
                 parent = await self.local_dir(parent_path)
-                inode = await self.engine.adopt_file(parent, name, meta, src)
-                # adopt_file's last step queued ("put", ino, path): publish it as a takeover
-                assert self.ns.events[-1][:2] == ("put", inode.ino), self.ns.events[-1]
-                self.ns.events[-1] = ("take", inode.ino, path, meta.primary)
+                inode = await self.engine.adopt_file(parent, name, meta, src, taken_from=meta.primary)
                 for holder in {meta.primary, *meta.replicas} - {None, self.node_id}:
                     self.notify(holder, "drop", path, TAKEOVER)
                 await self.ns.journal.sync()
             except BaseException:
                 with trio.CancelScope(shield=True):
-                    await self.link._query("release_write", path, self.node_id, missing=None)
+                    await self.link.query("release_write", path, self.node_id, missing=None)
                 raise
             # held for the open that follows (the kernel retries it on the local inode);
             # if none comes, renew_leases lets it go after one lease period
-            self.leases[inode.ino] = [0, path, True, time.monotonic()]
+            self.leases[inode.ino] = Lease(path, held=True)
             node.local = inode
             self.stats.takeovers += 1
             log.info("took over %r from %s (%d bytes fetched in %.3f s)", path, meta.primary,
@@ -279,17 +286,14 @@ class Ownership:
             except FsError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
-                meta = await self.link._store_get(sub)
+                meta = await self.link.store_get(sub)
                 if meta is not None and meta.kind != "dir":
                     raise FsError(errno.ENOTDIR) from None
                 mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (stat.S_IFDIR | 0o755, 0, 0)
                 try:
                     child = self.ns.lookup(parent, part)  # made meanwhile
                 except FsError:
-                    if quiet:
-                        with self.quiet():
-                            child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
-                    else:
+                    with self.quiet() if quiet else contextlib.nullcontext():
                         child = self.ns.new_inode(parent, part, stat.S_IFDIR | stat.S_IMODE(mode), uid, gid)
                     await self.ns.journal.sync()
             if not child.is_dir:
@@ -310,7 +314,7 @@ class Ownership:
             if not rmdir and meta.kind == "dir":
                 raise FsError(errno.EISDIR)
             try:
-                done = await self.link._query("delete", path,
+                done = await self.link.query("delete", path,
                                               None if rmdir else meta.version, missing=False)
             except OSError as exc:
                 raise FsError(exc.errno or errno.EIO) from exc
@@ -318,7 +322,7 @@ class Ownership:
                 raise FsError(errno.EIO)
             if done:
                 break
-            meta = await self._get(path)
+            meta = await self.store_entry(path)
             if meta is None:
                 raise FsError(errno.ENOENT)
         else:
@@ -339,7 +343,7 @@ class Ownership:
         — and drop a local name the rename replaced."""
         await self.link.drain_outbox()
         try:
-            done = await self.link._query("rename", src_path, dst_path, missing=False,
+            done = await self.link.query("rename", src_path, dst_path, missing=False,
                                           kwargs={"replace": not noreplace})
         except OSError as exc:
             raise FsError(exc.errno or errno.EIO) from exc
@@ -366,6 +370,35 @@ class Ownership:
         await self.ns.journal.sync()
         for p in (src_path, dst_path):
             self.link.forget_listing(split_path(p)[0])
+
+    # ------------------------------------------------------------------ our names changed
+    async def removed_here(self, inode: Inode, path: bytes) -> None:
+        """A local name was removed (its delete is queued): a directory may exist on every
+        node, a file's replicas are on its replica nodes — tell them."""
+        if inode.is_dir:
+            self.notify(None, "drop", path)
+        elif inode.nlink == 0 and inode.replicas:
+            for node in inode.replicas:
+                self.notify(node, "drop", path)
+        else:
+            return
+        await self.ns.journal.sync()
+
+    async def renamed_here(self, src: Inode, src_path: bytes, dst_path: bytes, replaced) -> None:
+        """A local name was renamed (the store's rename is queued): the node whose name the
+        rename replaced drops it; other nodes move their parts of a directory; a file's
+        replica holders rename their copies."""
+        if replaced is not None:
+            if replaced.is_dir:
+                self.notify(None, "drop", dst_path)
+            for holder in {replaced.meta.primary, *replaced.meta.replicas} - {None}:
+                self.notify(holder, "drop", dst_path)
+        if src.is_dir:
+            self.notify(None, "rename", src_path, dst_path)
+        for node in src.replicas:
+            self.notify(node, "rename", src_path, dst_path)
+        if replaced is not None or src.is_dir or src.replicas:
+            await self.ns.journal.sync()
 
     # ------------------------------------------------------------------ the inbox
     def inbox(self, node: str | bytes) -> bytes:
@@ -398,7 +431,7 @@ class Ownership:
     async def drain_inbox(self) -> None:
         """Act on the messages other nodes left for us, oldest first."""
         box = self.inbox(self.node_id)
-        msgs = await self.link._query(lambda: sorted(self.link.store.list_dir(box)), missing=[])
+        msgs = await self.link.query(lambda: sorted(self.link.store.list_dir(box)), missing=[])
         if msgs is self.link.UNREACHABLE or not msgs:
             return
         for name, meta in msgs:
@@ -426,19 +459,17 @@ class Ownership:
                     log.warning("inbox: %s %r from %s not applied: %s", act, path, sender, exc)
                 except Exception:  # noqa: BLE001
                     log.exception("inbox: %s %r from %s failed", act, path, sender)
-            await self.link._query("delete", join(box, name), missing=False)
+            await self.link.query("delete", join(box, name), missing=False)
 
-    async def superseded(self, path: bytes, why: str, current: EntryMeta | None | bool = False) -> None:
+    async def superseded(self, path: bytes, why: str) -> None:
         """Another node took ``path`` over or removed it: drop our local name (quietly:
         the store is already right), or keep our bytes under a conflict name when they
-        may hold writes the new primary has not seen.  ``current``: the store's entry if
-        the caller already knows it."""
+        may hold writes the new primary has not seen."""
         try:
             inode = self.ns.resolve(path)
         except FsError:
             return
-        if current is False:
-            current = await self._get(path)
+        current = await self.store_entry(path)
         if current is not None and (current.primary == self.node_id or
                                     (inode.is_dir and current.kind == "dir")):
             return  # still ours (or a directory that still exists)
@@ -446,7 +477,7 @@ class Ownership:
             return
         parent, name = self._link_at(inode, path)
         if inode.is_reg and (not inode.published or inode.ino in self.unleased
-                             or self.leases.get(inode.ino, [0])[0] > 0):
+                             or (inode.ino in self.leases and self.leases[inode.ino].writers > 0)):
             new = name + b".hycache-conflict-%s-%d" % (self.node_id.encode(), time.time_ns() // 10**6)
             with self.quiet():
                 self.ns.rename(parent, name, parent, new, 0)
@@ -470,8 +501,8 @@ class Ownership:
             inode = self.ns.resolve(src)
         except FsError:
             return
-        meta = await self._get(dst)
-        if meta is None or (await self._get(src)) is not None:
+        meta = await self.store_entry(dst)
+        if meta is None or (await self.store_entry(src)) is not None:
             return  # not (or no longer) what the message says
         src_parent, src_name = self._link_at(inode, src)
         dst_parent = await self.local_dir(split_path(dst)[0], quiet=True)
@@ -494,7 +525,7 @@ class Ownership:
 
     def status(self) -> dict:
         d = dict(self.stats.__dict__)
-        d["write_leases_held"] = sum(1 for e in self.leases.values() if e[2])
+        d["write_leases_held"] = sum(1 for e in self.leases.values() if e.held)
         d["unleased_files"] = len(self.unleased)
         return d
 

@@ -24,6 +24,7 @@ are JSON objects ``{"error": "...", "status": N}``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -34,7 +35,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Protocol, runtime_checkable
@@ -484,22 +485,29 @@ class PeerServer:
             await self._send(c, h11.Data(data=body))
         await self._send(c, h11.EndOfMessage())
 
-    async def _drain(self, c: _Conn) -> bool:
-        """Read the rest of a request body we do not want; False if it is too big (the
-        connection must then close after the response)."""
-        seen = 0
+    async def _body(self, c: _Conn) -> AsyncIterator[bytes]:
+        """The pieces of the request body, until its end (stalls and hang-ups raise)."""
         while True:
             event = await self._next_event(c)
             if event is None:
                 raise _Stalled("request body stalled")
-            if isinstance(event, h11.EndOfMessage):
-                return True
             if isinstance(event, h11.Data):
-                seen += len(event.data)
+                yield event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                raise trio.BrokenResourceError("peer closed the connection mid-body")
+
+    async def _drain(self, c: _Conn) -> bool:
+        """Read the rest of a request body we do not want; False if it is too big (the
+        connection must then close after the response)."""
+        seen = 0
+        async with contextlib.aclosing(self._body(c)) as body:
+            async for data in body:
+                seen += len(data)
                 if seen > MAX_SMALL_BODY:
                     return False
-            elif isinstance(event, h11.ConnectionClosed):
-                raise trio.BrokenResourceError("peer closed the connection mid-request")
+        return True
 
     # -------------------------------------------------------------- dispatch
     async def _request(self, c: _Conn, req: h11.Request) -> None:
@@ -676,22 +684,15 @@ class PeerServer:
                 await self._send(c, h11.InformationalResponse(status_code=100, headers=[]))
             pieces: list[bytes] = []
             buffered = 0
-            while True:
-                event = await self._next_event(c)
-                if event is None:
-                    raise _Stalled("request body stalled")
-                if isinstance(event, h11.Data):
-                    pieces.append(event.data)
-                    buffered += len(event.data)
-                    received += len(event.data)
-                    self.stats.bytes_received += len(event.data)
+            async with contextlib.aclosing(self._body(c)) as body:
+                async for data in body:
+                    pieces.append(data)
+                    buffered += len(data)
+                    received += len(data)
+                    self.stats.bytes_received += len(data)
                     if buffered >= self.chunk_size or len(pieces) >= 512:
                         await self._thread(_write_all, fd, pieces)
                         pieces, buffered = [], 0
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise trio.BrokenResourceError("peer closed the connection mid-body")
             if pieces:
                 await self._thread(_write_all, fd, pieces)
             fd_, fd = fd, -1

@@ -16,6 +16,7 @@ its low watermark), within each peer's room below its own low watermark, and at 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -82,9 +83,7 @@ class Rebalancer:
         self.stats.hot_rounds += 1
         if self.stats.hot_rounds < self.rounds:
             return 0
-        nodes = await self.link._query(self.link.nodes, missing={})
-        if nodes is self.link.UNREACHABLE:
-            return 0
+        nodes = self.link.known_nodes  # refreshed by every heartbeat
         peers = {n: d["load"] for n, d in nodes.items()
                  if d["alive"] and n != self.link.node_id and d.get("load")}
         cold = {n: ld for n, ld in peers.items() if self.fraction(ld) < ld["low"] / 2}
@@ -95,7 +94,8 @@ class Rebalancer:
         budget = min(mine["fast_used"] - target, MAX_BYTES_PER_ROUND)
         room = {n: ld["low"] * ld["capacity"] - ld["fast_used"] for n, ld in cold.items()}
         plan: list[tuple[str, bytes, int]] = []
-        for inode in self.engine.eviction_candidates():
+        # the policy's next victims (bounded: the loop thread must not walk every file)
+        for inode in itertools.islice(self.engine.eviction_candidates(), 4 * MAX_FILES_PER_ROUND):
             if budget <= 0 or len(plan) >= MAX_FILES_PER_ROUND:
                 break
             if not inode.size or inode.size > budget:
@@ -127,7 +127,7 @@ class Rebalancer:
 
     async def adopt(self, path: bytes, sender: str) -> None:
         """(inbox) ``sender``'s fast tier is hot: take ``path`` over if we still have room."""
-        meta = await self.link.ownership._get(path)
+        meta = await self.link.ownership.store_entry(path)
         if meta is None or meta.kind != "file" or meta.primary != sender:
             return  # changed since it was asked
         mine = self.load()
@@ -136,7 +136,7 @@ class Rebalancer:
             log.info("rebalance: not adopting %r from %s: our fast tier has no room below the low watermark",
                      path, sender)
             return
-        node = self.link._remote_node(path, meta)
+        node = self.link.remote_node(path, meta)
         own = self.link.ownership
         inode = await own.take_over(node, truncate=False)
         await own.write_done(inode.ino)  # nothing will write it: release the lease now

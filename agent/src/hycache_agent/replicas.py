@@ -33,6 +33,7 @@ from .namespace import Inode
 log = logging.getLogger(__name__)
 
 ASYNC_DELAY = 0.5  # seconds an async push waits, so a burst of closes is pushed once
+RETRY_SECONDS = 2.0  # files that found no peer (or no store) are tried again this much later
 
 
 @dataclass
@@ -163,7 +164,8 @@ class Replicator:
 
     async def run(self) -> None:
         while True:
-            await self._wakeup.wait()
+            if not self._pending:
+                await self._wakeup.wait()
             self._wakeup = trio.Event()
             await trio.sleep(ASYNC_DELAY)
             batch, self._pending = self._pending, {}
@@ -174,6 +176,8 @@ class Replicator:
                     except Exception:  # noqa: BLE001 - keep replicating the others
                         log.exception("replicating inode %d failed", inode.ino)
             self.stats.pending = len(self._pending)
+            if self._pending:  # put back by replicate(): no peer known yet, or no store
+                await trio.sleep(RETRY_SECONDS)
 
     def targets(self, path: bytes, nodes: dict) -> list[str]:
         """Rendezvous (highest random weight) hashing over the live nodes but this one."""
@@ -186,10 +190,12 @@ class Replicator:
         path = self.engine.ns.path_of(inode.ino)
         if path is None:
             return []
-        nodes = await self.link._query(self.link.nodes, missing={})
-        if nodes is self.link.UNREACHABLE:
-            self._pending[inode.ino] = inode  # retried with the next close or push
-            return []
+        nodes = self.link.known_nodes  # refreshed by every heartbeat
+        if not nodes:  # before the first heartbeat
+            nodes = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
+            if nodes is self.link.UNREACHABLE:
+                self._pending[inode.ino] = inode  # try again later
+                return []
         targets = self.targets(path, nodes)
         if len(targets) < self.count:
             self.stats.no_peers += 1
@@ -197,6 +203,7 @@ class Replicator:
                 self._warned = True
                 log.warning("replicas: %d wanted, only %d other live nodes", self.count, len(targets))
             if not targets:
+                self._pending[inode.ino] = inode  # a peer may register later: try again
                 return []
         opened = await self.link.local_files.open_for_peer(path)
         gen = inode.data_gen
