@@ -630,23 +630,14 @@ class PeerServer:
                                               ("content-length", str(length)), *common])
             if not head and length > 0:
                 await self._stream_file(c, pf.blob, first, length)
-            # released before the last frame: a client that has the whole body knows the
-            # file is no longer held open for it (it may be evicted, taken over, ...)
-            closing, pf = pf, None
-            await self._close_peer_file(closing, path)
             await self._send(c, h11.EndOfMessage())
         finally:
             self.stats.active_transfers -= 1
-            if pf is not None:
-                await self._close_peer_file(pf, path)
-
-    @staticmethod
-    async def _close_peer_file(pf, path: bytes) -> None:
-        with trio.CancelScope(shield=True):
-            try:
-                await pf.close()
-            except Exception:
-                log.exception("PeerFile.close() for %r failed", path)
+            with trio.CancelScope(shield=True):
+                try:
+                    await pf.close()
+                except Exception:
+                    log.exception("PeerFile.close() for %r failed", path)
 
     async def _stream_file(self, c: _Conn, blob: str, offset: int, length: int) -> None:
         n_chunk = min(self.chunk_size, length)
