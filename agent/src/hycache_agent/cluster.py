@@ -33,26 +33,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import trio
+from hycache_dht import registry
 from hycache_dht.meta import (
     DHTError, DHTUnavailable, EntryMeta, MetaStore, NotPrimary, Op, pack_body, unpack_body,
 )
+from hycache_dht.registry import HIDDEN_ROOT_NAMES, NODE_TTL_SECONDS, NODES_DIR, node_info
 
 from . import tiers as T
 from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
-from .ownership import INBOX_DIR, INBOX_POLL_SECONDS, Ownership
+from .ownership import INBOX_POLL_SECONDS, Ownership
 from .rebalance import Rebalancer
 from .replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
 
-NODES_DIR = b"/.hycache-nodes"
-HIDDEN_ROOT_NAMES = {NODES_DIR[1:], INBOX_DIR[1:]}
 REMOTE_INO_BASE = 1 << 48
 HEARTBEAT_SECONDS = 2.0
-NODE_TTL_SECONDS = 10.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
 SMALL_DIR = 1024
@@ -63,15 +61,6 @@ KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlin
 
 def kind_of(mode: int) -> str:
     return KIND_OF_MODE.get(stat.S_IFMT(mode), "special")
-
-
-def node_info(meta: EntryMeta) -> dict[str, Any]:
-    """A registry entry's payload: ``{"addr": ..., "load": {...}}`` (msgpack in the
-    entry's target; a bare address from agents before load reporting)."""
-    raw = meta.target or b""
-    if raw[:1] and raw[0] >= 0x80:
-        return msgpack.unpackb(raw, raw=False)
-    return {"addr": raw.decode(), "load": None}
 
 
 def _pack_row_meta(meta: EntryMeta) -> bytes:
@@ -204,13 +193,13 @@ class ClusterLink:
             kind=kind_of(inode.mode), mode=inode.mode, uid=inode.uid, gid=inode.gid, size=inode.size,
             atime_ns=inode.atime_ns, mtime_ns=inode.mtime_ns, ctime_ns=inode.ctime_ns,
             primary=self.node_id if inode.is_reg else None, replicas=list(inode.replicas), tier=inode.tier,
-            target=inode.target, rdev=inode.rdev,
+            target=inode.target, rdev=inode.rdev, pinned=inode.pinned,
         )
 
     @staticmethod
     def _signature(inode: Inode) -> tuple:
         return (inode.mode, inode.uid, inode.gid, inode.size, inode.mtime_ns, inode.ctime_ns, inode.tier,
-                inode.target, tuple(inode.replicas))
+                inode.target, tuple(inode.replicas), inode.pinned)
 
     def _outbox_rows(self, dirty: set[int]) -> list[tuple[str, bytes, bytes | None, bytes | None]]:
         """(trio thread, inside a group commit) this batch's changes as outbox rows."""
@@ -442,26 +431,15 @@ class ClusterLink:
                 await self.ownership.drain_inbox()
 
     def _node_meta(self) -> EntryMeta:
-        now = time.time_ns()
-        info = msgpack.packb({"addr": self.advertise, "load": self.rebalancer.load()})
-        return EntryMeta("special", stat.S_IFREG | 0o444, 0, 0, 0, now, now, now,
-                         primary=self.node_id, target=info)
+        return registry.node_entry(self.node_id, self.advertise, self.rebalancer.load())
 
     @staticmethod
     def _beat(meta: EntryMeta, store: MetaStore) -> None:
-        if store.get(NODES_DIR) is None:
-            now = time.time_ns()
-            store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
-        store.put(join(NODES_DIR, meta.primary.encode()), meta)
+        registry.beat(store, meta)
 
     @staticmethod
     def nodes_blocking(store: MetaStore) -> dict[str, dict[str, Any]]:
-        out = {}
-        now = time.time()
-        for name, meta in store.list_dir(NODES_DIR):
-            age = now - meta.mtime_ns / 1e9
-            out[name.decode()] = {**node_info(meta), "age": round(age, 1), "alive": age < NODE_TTL_SECONDS}
-        return out
+        return registry.list_nodes(store)
 
     async def address_of(self, node_id: str) -> str:
         known = self.known_nodes.get(node_id)

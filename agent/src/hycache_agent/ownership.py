@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 import msgpack
 import trio
 from hycache_dht.meta import EntryMeta
+from hycache_dht.registry import INBOX_DIR
 
 from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
 
 log = logging.getLogger(__name__)
 
-INBOX_DIR = b"/.hycache-inbox"
 INBOX_POLL_SECONDS = 1.0
 BROADCAST = b"*"
 TAKEOVER = b"takeover"  # path2 of a "drop" sent by a node that took the file over

@@ -38,8 +38,9 @@ import msgpack
 
 KINDS = ("file", "dir", "symlink", "special")
 
-#: version of the value layout written by :func:`pack_body`
-BODY_FORMAT = 1
+#: version of the value layout written by :func:`pack_body` (2 added ``pinned``; bodies
+#: of format 1 still read, as not pinned)
+BODY_FORMAT = 2
 
 
 @dataclass
@@ -62,6 +63,7 @@ class EntryMeta:
     version: int = 0  # bumped by the store on every change (CAS token)
     writer: str | None = None  # write flag: node holding the write lease
     lease_until: float = 0.0  # unix time the lease expires (no lock survives a dead holder)
+    pinned: bool = False  # the primary keeps it on its fast tier (never evicted)
 
     def copy(self, **changes) -> EntryMeta:
         changes.setdefault("replicas", list(self.replicas))
@@ -92,7 +94,7 @@ def pack_body(meta: EntryMeta) -> bytes:
         [
             BODY_FORMAT, meta.mode, meta.uid, meta.gid, meta.size,
             meta.atime_ns, meta.mtime_ns, meta.ctime_ns,
-            meta.primary, list(meta.replicas), meta.tier, meta.target, meta.rdev,
+            meta.primary, list(meta.replicas), meta.tier, meta.target, meta.rdev, meta.pinned,
         ],
         use_bin_type=True,
     )
@@ -102,13 +104,14 @@ def unpack_body(
     kind: str, body: bytes, version: int = 0, writer: str | None = None, lease_until: float = 0.0
 ) -> EntryMeta:
     a = msgpack.unpackb(body, raw=False)
-    if a[0] != BODY_FORMAT:
+    if a[0] not in (1, BODY_FORMAT):
         raise ValueError(f"unknown metadata format {a[0]}")
     return EntryMeta(
         kind=kind, mode=a[1], uid=a[2], gid=a[3], size=a[4],
         atime_ns=a[5], mtime_ns=a[6], ctime_ns=a[7],
         primary=a[8], replicas=list(a[9]), tier=a[10], target=a[11], rdev=a[12],
         version=version, writer=writer or None, lease_until=lease_until,
+        pinned=bool(a[13]) if len(a) > 13 else False,
     )
 
 
