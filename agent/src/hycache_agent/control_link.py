@@ -154,7 +154,9 @@ class ControlLink:
         policy = answer.get("policy")
         if policy is not None:
             await self.apply_policy(policy)
-        actions = answer.get("actions") or ()
+        actions = answer.get("actions")
+        if actions is None:
+            actions = []
         if not isinstance(actions, list):
             log.warning("control plane: 'actions' is not a list; ignored")
             return
