@@ -29,12 +29,14 @@ import pytest
 import yaml
 from hycache_agent.cli import build_parser
 from hycache_agent.config import AgentConfig, load_config
+from hycache_agent.control_link import load_token
 from hycache_agent.peer import load_secret
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
 BIN = Path(sys.executable).parent
 SECRET = "s3cret-for-the-render-test-0123456789"
+CONTROL_TOKEN = "hcn_node-token-for-the-render-test-42"
 # the managed host's interpreter for modules: the system one starts faster than the venv's
 PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
@@ -138,7 +140,10 @@ def rendered(tmp_path_factory):
                        "hycache_agent_promote_mode": "before-open", "hycache_agent_log_level": "debug",
                        "hycache_agent_high_watermark": 0.8, "hycache_agent_low_watermark": 0.5,
                        "hycache_agent_listen_port": 7171, "hycache_agent_root": "/srv/hycache root",
-                       "hycache_agent_extra_options": {"kernel_cache": False, "writeback_cache": False}},
+                       "hycache_agent_extra_options": {"kernel_cache": False, "writeback_cache": False},
+                       "hycache_agent_control_plane": "https://control.example:8080",
+                       "hycache_agent_control_token": CONTROL_TOKEN,
+                       "hycache_agent_metrics_listen": "127.0.0.1:9170"},
             }},
             "redis": {"hosts": {
                 "n1": {},
@@ -155,6 +160,7 @@ def rendered(tmp_path_factory):
     assert second.returncode == 0, second.stdout[-6000:] + second.stderr
     for out in (first, second):
         assert SECRET not in out.stdout + out.stderr, "the secret leaked into ansible's output"
+        assert CONTROL_TOKEN not in out.stdout + out.stderr, "the token leaked into ansible's output"
     return {**hosts, "_install": bool(uv), "_second": second.stdout}
 
 
@@ -193,6 +199,9 @@ def test_agent_config_with_the_role_defaults(rendered):
     assert config.cluster_secret_file == d / "etc" / "cluster-secret"
     assert config.cluster_secret_file.stat().st_mode & 0o777 == 0o600
     assert load_secret(config.cluster_secret_file) == SECRET.encode()
+    # no control plane unless asked for
+    assert config.control_plane is None and config.control_token_file is None
+    assert not (d / "etc" / "control-token").exists()
 
 
 def test_agent_config_with_every_option(rendered):
@@ -204,6 +213,12 @@ def test_agent_config_with_every_option(rendered):
     assert (config.high_watermark, config.low_watermark) == (0.8, 0.5)
     assert config.listen == "0.0.0.0:7171" and config.advertise == "127.0.0.2:7171"
     assert config.kernel_cache is False and config.writeback_cache is False
+    # the control-plane link: the token file where the config says, accepted by the agent
+    assert config.control_plane == "https://control.example:8080"
+    assert config.control_token_file == rendered["n2"] / "etc" / "control-token"
+    assert config.control_token_file.stat().st_mode & 0o777 == 0o600
+    assert load_token(config.control_token_file) == CONTROL_TOKEN
+    assert config.metrics_listen == "127.0.0.1:9170"
 
 
 def test_unknown_extra_option_is_rejected_by_the_agent(rendered, tmp_path):

@@ -283,12 +283,14 @@ class ControlLink:
             return -1.0
         try:
             answer = resp.json()
-            self._set_state("ok", None)
-            self.last_ok = time.time()
-            await self.handle_answer(answer)
         except ValueError as exc:
-            self._set_state("unreachable", f"bad answer: {exc}")
+            answer = exc
+        if not isinstance(answer, dict):
+            self._set_state("unreachable", f"bad answer (not a JSON object): {resp.text[:200]!r}")
             return -1.0
+        self._set_state("ok", None)
+        self.last_ok = time.time()
+        await self.handle_answer(answer)
         return self.interval
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
