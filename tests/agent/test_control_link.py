@@ -95,6 +95,10 @@ def test_heartbeat_carries_status_counters_and_pending_results(tmp_path):
         assert hb["policy_version"] == 0 and hb["action_results"] == []
         assert link.build_heartbeat(await e.status())["seq"] == 2
         json.dumps(hb)  # serializable as is
+        # a control plane that never acknowledges: each heartbeat stays bounded, oldest first
+        link.pending = {i: {"id": i, "state": "done", "detail": "fast", "tier": "fast"} for i in range(1500)}
+        results = link.build_heartbeat(await e.status())["action_results"]
+        assert [r["id"] for r in results] == list(range(1000))
         assert link_for(e).boot_id != link.boot_id
         return True
 

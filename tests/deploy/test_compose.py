@@ -676,7 +676,7 @@ def test_node_tokens_script_makes_each_token_once(tmp_path):
     entry = "/usr/local/bin/hycache-control-entrypoint"
     assert entry in script
     fake = tmp_path / "entry"
-    fake.write_text('#!/bin/sh\necho "tok-$7-$$"\n')  # token create --scope node --node-id ID ...
+    fake.write_text('#!/bin/sh\necho "tok-$6-$$"\n')  # token create --scope node --node-id ID ...
     fake.chmod(0o755)
     (tmp_path / "node-tokens.sh").write_text(script.replace(entry, str(fake)))
     env = {**os.environ, "TOKEN_DIR": str(tmp_path / "tokens")}

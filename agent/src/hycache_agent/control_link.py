@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import logging
 import os
 import stat
@@ -36,6 +37,8 @@ REQUEST_TIMEOUT = 5.0
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 300.0
 SEEN_ACTIONS = 100_000  # action ids remembered (each is applied once)
 MAX_TOKEN = 64 << 10
+MAX_RESULTS = 1000  # action results per heartbeat (the oldest first; the rest follow)
+MAX_DETAIL = 2000  # characters of a result's detail
 
 
 class TokenFileError(Exception):
@@ -136,7 +139,7 @@ class ControlLink:
             "status": status,
             "counters": status["counters"],
             "policy_version": self.engine.policy_version,
-            "action_results": list(self.pending.values()),
+            "action_results": list(itertools.islice(self.pending.values(), MAX_RESULTS)),
         }
 
     async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None) -> None:
@@ -186,6 +189,8 @@ class ControlLink:
             result = {"id": aid, "state": "failed", "detail": f"internal error: {exc}"}
         finally:
             self.running.discard(aid)
+        if isinstance(result.get("detail"), str) and len(result["detail"]) > MAX_DETAIL:
+            result["detail"] = result["detail"][:MAX_DETAIL - 1] + "…"
         self.pending[aid] = result
         self.actions_applied += 1
 
