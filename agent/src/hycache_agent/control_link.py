@@ -37,6 +37,7 @@ REQUEST_TIMEOUT = 5.0
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 300.0
 SEEN_ACTIONS = 100_000  # action ids remembered (each is applied once)
 MAX_TOKEN = 64 << 10
+STATUS_MAX_AGE = 5.0  # seconds the file counts in a heartbeat's status may lag (counters never do)
 MAX_RESULTS = 1000  # action results per heartbeat (the oldest first; the rest follow)
 MAX_DETAIL = 2000  # characters of a result's detail
 
@@ -273,7 +274,7 @@ class ControlLink:
         """One round trip; returns the delay before the next one."""
         import httpx
 
-        hb = self.build_heartbeat(await self.engine.status())
+        hb = self.build_heartbeat(await self.engine.status(max_age=STATUS_MAX_AGE))
         self.heartbeats_sent += 1
         try:
             resp = await client.post(self.heartbeat_url, json=hb)
