@@ -449,8 +449,6 @@ def _finish(fmt: str, name: str | None, raws: list[_Raw], errors: _Errors, sourc
                 errors.add(cloc, f"task {c!r} depends on itself")
             else:
                 parents[c][r.id] = None
-    if errors:
-        raise WorkflowError(fmt, errors.items, source)
     order = {r.id: i for i, r in enumerate(unique)}
     topo = _toposort([r.id for r in unique], {k: list(v) for k, v in parents.items()}, order)
     if isinstance(topo, set):  # the jobs left on a cycle
@@ -460,7 +458,9 @@ def _finish(fmt: str, name: str | None, raws: list[_Raw], errors: _Errors, sourc
         cyc = _cycle_from(first, parents, topo)
         key = "parents" if r.parents else "children"
         errors.add(r.loc + [key], "cyclic dependency: " + " -> ".join(cyc))
+    if errors:
         raise WorkflowError(fmt, errors.items, source)
+    assert not isinstance(topo, set)
     by_id = {r.id: r for r in unique}
     jobs = [WorkflowJob(j, by_id[j].runtime, tuple(parents[j]), by_id[j].inputs, by_id[j].outputs,
                         by_id[j].machine, by_id[j].name) for j in topo]
