@@ -95,8 +95,11 @@ def check_constraints(p, assign):
 
 def test_load_bound():
     assert load_bound([1, 1, 1, 1], 2, 0.1) == pytest.approx(2.2)
-    # 3 equal jobs on 2 nodes: 1.1 x 1.5 is infeasible; Graham's bound 1.5 + 0.5 = 2 is used
+    assert load_bound([1] * 100, 4, 0.1) == pytest.approx(27.5)
+    # 3 equal jobs on 2 nodes: 1.1 x 1.5 is infeasible; ceil(3 / 2) = 2 jobs
     assert load_bound([1, 1, 1], 2, 0.1) == pytest.approx(2.0)
+    # unequal runtimes: Graham's bound 4 + 0.5 x 6 = 7 when the slack's 4.4 may be infeasible
+    assert load_bound([6, 1, 1], 2, 0.1) == pytest.approx(7.0)
     assert load_bound([5, 1], 1, 0.1) == pytest.approx(6.6)
 
 
@@ -254,8 +257,8 @@ def test_plans_stay_within_capacity_and_prefetch_only_what_the_job_reads(inst, c
                 assert s["path"] in jobs[s["job"]].inputs  # referenced again: by the job it is for
             if s["action"] == "pin":
                 assert s["path"] in jobs[s["job"]].outputs
-                later = [j for j in mine[order[s["job"]] + 1:] if s["path"] in j.inputs]
-                assert later  # a kept output is read again on this node
+                later = [j for j in mine[order[s["job"]] + 1:] if s["path"] in j.inputs or s["path"] in j.outputs]
+                assert later  # a kept output is referenced again on this node
 
 
 def test_plan_node_prefetches_ahead_of_each_job_and_respects_room():

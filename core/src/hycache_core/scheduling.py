@@ -14,9 +14,11 @@ Every placement respects two constraints:
   (its inputs plus its outputs) — the layer-2 planner can then stage the whole job;
 * **load bound**: no node gets more than ``(1 + slack) × T / N`` of the total weight
   ``T`` (the jobs' runtimes; one per job when any runtime is missing).  Jobs are
-  indivisible, so when that is infeasible (3 equal jobs on 2 nodes) the bound is raised
-  to ``T / N + (1 − 1/N) × w_max``, Graham's list-scheduling bound, which every order of
-  placement meets by putting a job that fits nowhere else on the least loaded node.
+  indivisible, so when that may be infeasible (3 equal jobs on 2 nodes) the bound is
+  raised to the least value that every order of placement can meet by putting a job
+  that fits nowhere else on the least loaded node: ``ceil(J / N)`` jobs when the weights
+  are equal (job counts), else ``T / N + (1 − 1/N) × w_max`` (Graham's list-scheduling
+  bound).
   ``load_bound`` in the answer is the bound that was used.
 
 Solvers (``SOLVERS``):
@@ -104,11 +106,16 @@ def load_bound(weights: Sequence[float], n_nodes: int, slack: float = DEFAULT_SL
     """The load bound (see the module docstring)."""
     if n_nodes <= 0:
         raise PlacementError("no nodes")
-    total = float(sum(weights))
-    share = total / n_nodes
     if not weights:
         return 0.0
-    return max((1.0 + slack) * share, share + (1.0 - 1.0 / n_nodes) * max(weights))
+    total = float(sum(weights))
+    share = total / n_nodes
+    w_max = max(weights)
+    if min(weights) == w_max:  # equal weights (job counts): ceil(J / N) jobs always fit
+        floor = -(-len(weights) // n_nodes) * w_max
+    else:
+        floor = share + (1.0 - 1.0 / n_nodes) * w_max
+    return max((1.0 + slack) * share, floor)
 
 
 def make_problem(wf: Workflow, nodes: Sequence[str], *, slack: float = DEFAULT_SLACK,
@@ -474,10 +481,11 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
     node's name — this node's own name means promote the local copy — or ``"slow"``, the
     shared slow tier) and ``evict`` (drop it from the fast tier), both decided by the
-    heuristic within ``capacity``; ``pin`` after a job for each output it wrote that the
-    plan keeps in the fast tier (the output is already there: the agent must keep it,
-    not fetch it); ``unpin`` after a job for each resident file with no planned
-    reference left on this node (from then on the agent's own policy may evict it).
+    heuristic within ``capacity``; ``pin`` for each output the job writes that the plan
+    keeps in the fast tier (the output is written there: the agent must keep it, not
+    fetch it; it comes after the evictions that make its room); ``unpin`` after a job
+    for each resident file with no planned reference left on this node (from then on
+    the agent's own policy may evict it).
     Prefetched and pinned files are held for the plan until their ``evict`` or
     ``unpin``.  ``resident`` is the plan's fast-tier bytes after the step.
     """
@@ -498,7 +506,6 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     while i < len(refs):
         k = refs[i][2]
         job = jobs[k]
-        kept: list[str] = []
         while i < len(refs) and refs[i][2] == k:
             f, kind, _ = refs[i]
             i += 1
@@ -514,12 +521,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
                 cache.sizes[f] = size
                 cache.used += size
                 if kind == "write":
-                    kept.append(f)
+                    emit(job.id, "pin", f, size, None)
                 else:
                     emit(job.id, "prefetch", f, size, source.get(f, "slow"))
-        for f in kept:
-            if f in cache.sizes:
-                emit(job.id, "pin", f, cache.sizes[f], None)
         for f in dict.fromkeys([*job.inputs, *job.outputs]):
             if f in cache.sizes and policy.remaining(f) == 0:
                 emit(job.id, "unpin", f, cache.sizes[f], None)
