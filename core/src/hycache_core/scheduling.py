@@ -263,67 +263,84 @@ def solve_greedy(p: Problem) -> list[int]:
 
 
 class _State:
-    """Per-file reader/writer counts per node, for O(files of a job) move deltas."""
+    """Per-file reader/writer counts per node, so that moving a job changes the
+    transferred bytes by an amount computed in O(files of the job).
+
+    ``miss[f]`` counts the nodes that read ``f`` without holding it (no writer there,
+    not located there); the transferred bytes are ``Σ size(f) × miss[f]`` over the
+    files that have a source.
+    """
 
     def __init__(self, p: Problem, assign: list[int]) -> None:
         self.p = p
         self.assign = assign
-        self.rc: list[dict[int, int]] = [defaultdict(int) for _ in p.files]
-        self.wc: list[dict[int, int]] = [defaultdict(int) for _ in p.files]
+        self.rc: list[dict[int, int]] = [{} for _ in p.files]
+        self.wc: list[dict[int, int]] = [{} for _ in p.files]
         self.load = _loads(p, assign)
         self.source = p.has_source
         self.jfiles = [sorted(set(p.inputs[j]) | set(p.outputs[j])) for j in range(len(p.jobs))]
         for j, n in enumerate(assign):
             for f in p.inputs[j]:
-                self.rc[f][n] += 1
+                self.rc[f][n] = self.rc[f].get(n, 0) + 1
             for f in p.outputs[j]:
-                self.wc[f][n] += 1
+                self.wc[f][n] = self.wc[f].get(n, 0) + 1
 
-    def fcost(self, f: int) -> int:
-        if not self.source[f]:
-            return 0
-        wc, init = self.wc[f], self.p.init[f]
-        return self.p.size[f] * sum(1 for n, c in self.rc[f].items() if c and not wc.get(n) and n != init)
-
-    def _shift(self, j: int, a: int, b: int) -> None:
+    def _shift(self, j: int, a: int, b: int) -> int:
+        """Move job ``j`` from node ``a`` to ``b``; the change in transferred bytes."""
         p = self.p
+        delta = 0
+        source, size, init = self.source, p.size, p.init
         for f in p.inputs[j]:
-            self.rc[f][a] -= 1
-            self.rc[f][b] += 1
+            rc, wc = self.rc[f], self.wc[f]
+            c = rc[a] - 1
+            if c:
+                rc[a] = c
+            else:
+                del rc[a]
+                if source[f] and a not in wc and a != init[f]:
+                    delta -= size[f]
+            c = rc.get(b, 0)
+            rc[b] = c + 1
+            if not c and source[f] and b not in wc and b != init[f]:
+                delta += size[f]
         for f in p.outputs[j]:
-            self.wc[f][a] -= 1
-            self.wc[f][b] += 1
+            rc, wc = self.rc[f], self.wc[f]
+            c = wc[a] - 1
+            if c:
+                wc[a] = c
+            else:
+                del wc[a]
+                if a in rc and a != init[f]:  # a reads f and no longer holds it
+                    delta += size[f]
+            c = wc.get(b, 0)
+            wc[b] = c + 1
+            if not c and b in rc and b != init[f]:
+                delta -= size[f]
         self.assign[j] = b
         w = p.weight[j]
         self.load[a] -= w
         self.load[b] += w
+        return delta
 
     def delta_move(self, j: int, b: int) -> int:
         a = self.assign[j]
-        files = self.jfiles[j]
-        before = sum(self.fcost(f) for f in files)
-        self._shift(j, a, b)
-        after = sum(self.fcost(f) for f in files)
+        d = self._shift(j, a, b)
         self._shift(j, b, a)
-        return after - before
+        return d
 
     def delta_swap(self, j: int, k: int) -> int:
         a, b = self.assign[j], self.assign[k]
-        files = sorted(set(self.jfiles[j]) | set(self.jfiles[k]))
-        before = sum(self.fcost(f) for f in files)
-        self._shift(j, a, b)
-        self._shift(k, b, a)
-        after = sum(self.fcost(f) for f in files)
+        d = self._shift(j, a, b) + self._shift(k, b, a)
         self._shift(k, a, b)
         self._shift(j, b, a)
-        return after - before
+        return d
 
     def neighbours(self, j: int) -> set[int]:
         """Nodes where some file of ``j`` is read, written or located."""
         out: set[int] = set()
         for f in self.jfiles[j]:
-            out.update(n for n, c in self.rc[f].items() if c)
-            out.update(n for n, c in self.wc[f].items() if c)
+            out.update(self.rc[f])
+            out.update(self.wc[f])
             if self.p.init[f] >= 0:
                 out.add(self.p.init[f])
         out.discard(self.assign[j])
@@ -331,49 +348,56 @@ class _State:
 
 
 def local_search(p: Problem, assign: Sequence[int], *, max_passes: int = 20, time_limit: float | None = None,
-                 swap_candidates: int = 24) -> list[int]:
-    """Improve ``assign`` by strictly improving moves and swaps within the constraints."""
+                 swap_candidates: int = 8, min_gain: float = 1e-3) -> list[int]:
+    """Improve ``assign`` by strictly improving moves and swaps within the constraints.
+
+    Each pass visits every job once: the best improving move of the job to a node that
+    holds or reads one of its files, else — when such a node is full — the best
+    improving swap with one of ``swap_candidates`` jobs there.  Stops after a pass that
+    gained less than ``min_gain`` of the bytes, after ``max_passes``, or at
+    ``time_limit`` seconds.
+    """
     st = _State(p, list(assign))
     deadline = None if time_limit is None else time.monotonic() + time_limit
-    jobs_on: list[set[int]] = [set() for _ in p.nodes]
+    jobs_on: list[dict[int, None]] = [{} for _ in p.nodes]
     for j, n in enumerate(st.assign):
-        jobs_on[n].add(j)
+        jobs_on[n][j] = None
     bound = p.bound + _EPS
+    cost = _cost(p, st.assign)
     for _ in range(max_passes):
-        improved = False
+        gained = 0
         for j in range(len(p.jobs)):
             if deadline is not None and time.monotonic() > deadline:
                 return st.assign
             a = st.assign[j]
             w = p.weight[j]
             best_d, best_b = 0, -1
-            blocked: list[int] = []
+            blocked: list[tuple[int, int]] = []
             for b in sorted(st.neighbours(j)):
                 if not p.allowed(j, b):
                     continue
-                if st.load[b] + w > bound:
-                    blocked.append(b)
-                    continue
                 d = st.delta_move(j, b)
-                if d < best_d:
+                if d >= 0:
+                    continue
+                if st.load[b] + w > bound:
+                    blocked.append((d, b))
+                elif d < best_d:
                     best_d, best_b = d, b
             if best_b >= 0:
                 st._shift(j, a, best_b)
-                jobs_on[a].discard(j)
-                jobs_on[best_b].add(j)
-                improved = True
+                del jobs_on[a][j]
+                jobs_on[best_b][j] = None
+                gained -= best_d
                 continue
-            # swaps with a job on a node the move could not reach for load
+            # the job would gain on a full node: swap it with a job there
             best_k = -1
-            for b in blocked:
+            for _, b in sorted(blocked):
                 tried = 0
                 for k in jobs_on[b]:
                     if tried >= swap_candidates:
                         break
                     wk = p.weight[k]
-                    if st.load[a] - w + wk > bound or st.load[b] - wk + w > bound:
-                        continue
-                    if not p.allowed(k, a):
+                    if st.load[a] - w + wk > bound or st.load[b] - wk + w > bound or not p.allowed(k, a):
                         continue
                     tried += 1
                     d = st.delta_swap(j, k)
@@ -383,13 +407,14 @@ def local_search(p: Problem, assign: Sequence[int], *, max_passes: int = 20, tim
                 b = st.assign[best_k]
                 st._shift(j, a, b)
                 st._shift(best_k, b, a)
-                jobs_on[a].discard(j)
-                jobs_on[b].add(j)
-                jobs_on[b].discard(best_k)
-                jobs_on[a].add(best_k)
-                improved = True
-        if not improved:
+                del jobs_on[a][j]
+                jobs_on[b][j] = None
+                del jobs_on[b][best_k]
+                jobs_on[a][best_k] = None
+                gained -= best_d
+        if gained <= min_gain * cost:
             break
+        cost -= gained
     return st.assign
 
 

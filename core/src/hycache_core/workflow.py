@@ -512,3 +512,65 @@ def topological_order(jobs: list[WorkflowJob]) -> list[WorkflowJob]:
         raise ValueError(f"cyclic dependencies among {sorted(res)}")
     by_id = {j.id: j for j in jobs}
     return [by_id[j] for j in res]
+
+
+def synthetic_workflow(jobs: int, files: int, *, stages: int = 10, fan_in: int = 3, shared: int = 50,
+                       runtimes: bool = True, seed: int = 0) -> Workflow:
+    """A layered workflow for benchmarks and tests: ``stages`` stages of jobs; stage-0
+    jobs read input files (on the slow tier); every later job reads ``fan_in`` outputs of
+    jobs of the previous stage near its own position (so that data locality pays), and
+    one of ``shared`` reference files read by many jobs.  Files not needed as outputs
+    become inputs; sizes are log-uniform between 64 KiB and 256 MiB."""
+    import random
+
+    rng = random.Random(seed)
+    if jobs < 1 or files < jobs:
+        raise ValueError("need at least one job and at least as many files as jobs")
+    stages = max(1, min(stages, jobs))
+    per_stage = [jobs // stages + (1 if s < jobs % stages else 0) for s in range(stages)]
+    n_out = min(files - shared - per_stage[0], 3 * jobs) if files - shared - per_stage[0] > jobs else jobs
+    n_out = max(n_out, jobs)
+    outs_per_job = [n_out // jobs + (1 if i < n_out % jobs else 0) for i in range(jobs)]
+    n_inputs = max(files - n_out - shared, per_stage[0])
+
+    def size() -> int:
+        return int(2 ** rng.uniform(16, 28))
+
+    sizes: dict[str, int] = {}
+    inputs_pool = [f"in/{i}" for i in range(n_inputs)]
+    shared_pool = [f"ref/{i}" for i in range(shared)]
+    for f in inputs_pool + shared_pool:
+        sizes[f] = size()
+    out: list[WorkflowJob] = []
+    prev: list[tuple[str, list[str]]] = []  # previous stage: (job id, outputs)
+    k = 0
+    in_cursor = 0
+    for s, count in enumerate(per_stage):
+        cur: list[tuple[str, list[str]]] = []
+        for i in range(count):
+            jid = f"s{s}-j{i}"
+            outputs = [f"out/{jid}/{o}" for o in range(outs_per_job[k])]
+            for f in outputs:
+                sizes[f] = size()
+            ins: list[str] = []
+            parents: list[str] = []
+            if s == 0 or not prev:
+                take = max(1, n_inputs // per_stage[0])
+                ins.extend(inputs_pool[(in_cursor + t) % n_inputs] for t in range(take))
+                in_cursor += take
+            else:
+                centre = i * len(prev) // count
+                for _ in range(fan_in):
+                    p = min(len(prev) - 1, max(0, centre + int(rng.gauss(0, 2))))
+                    pid, pouts = prev[p]
+                    ins.append(rng.choice(pouts))
+                    parents.append(pid)
+            if shared and rng.random() < 0.5:
+                ins.append(shared_pool[int(rng.paretovariate(1.2)) % shared])
+            runtime = round(rng.uniform(1, 60), 1) if runtimes else None
+            ins_d = {f: sizes[f] for f in dict.fromkeys(ins)}
+            out.append(WorkflowJob(jid, runtime, tuple(dict.fromkeys(parents)), ins_d, {f: sizes[f] for f in outputs}))
+            cur.append((jid, outputs))
+            k += 1
+        prev = cur
+    return Workflow("synthetic", out, f"synthetic-{jobs}x{files}", sizes=sizes)
