@@ -29,8 +29,9 @@ Solvers (``SOLVERS``):
   bytes, then the lighter node, then the node order.
 * ``local`` — the greedy, then a local search: moves of one job to another node and
   swaps of two jobs between two nodes, applied while they strictly reduce the
-  transferred bytes within the constraints.  Never worse than the greedy by
-  construction.
+  transferred bytes within the constraints; on small workflows the search is also run
+  from random feasible placements and the best result kept.  Never worse than the
+  greedy by construction.
 * ``exact`` — a mixed-integer program solved by HiGHS (``scipy.optimize.milp``) for
   small instances: ``x[j,n]`` places job ``j`` on node ``n``, ``y[f,n] ≥ x[j,n] −
   Σ_{w writes f} x[w,n] − [f located on n]`` for every reader ``j`` of ``f`` charges
@@ -418,8 +419,51 @@ def local_search(p: Problem, assign: Sequence[int], *, max_passes: int = 20, tim
     return st.assign
 
 
-def solve_local(p: Problem, **kw: Any) -> list[int]:
-    return local_search(p, solve_greedy(p), **kw)
+def _random_start(p: Problem, rng: Any) -> list[int]:
+    """A random feasible placement: jobs in random order, each on a random node among
+    those with room (the least loaded one when none has)."""
+    load = [0.0] * len(p.nodes)
+    assign = [0] * len(p.jobs)
+    order = list(range(len(p.jobs)))
+    rng.shuffle(order)
+    for j in order:
+        w = p.weight[j]
+        ok = [n for n in range(len(p.nodes)) if p.allowed(j, n) and load[n] + w <= p.bound + _EPS]
+        if not ok:
+            ok = [min((n for n in range(len(p.nodes)) if p.allowed(j, n)), key=load.__getitem__)]
+        n = rng.choice(ok)
+        assign[j] = n
+        load[n] += w
+    return assign
+
+
+def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_limit: float | None = None,
+                **kw: Any) -> list[int]:
+    """The local search from the greedy, then from ``restarts`` random feasible
+    placements (default: as many as fit in about 20,000 job visits, at least 0); the
+    best result.  Never worse than the greedy."""
+    import random
+
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    best = local_search(p, solve_greedy(p), time_limit=time_limit, **kw)
+    best_cost = _cost(p, best)
+    if restarts is None:
+        restarts = min(50, 20_000 // max(1, len(p.jobs)) // 5)
+    rng = random.Random(seed)
+    for _ in range(restarts):
+        if best_cost == 0:
+            break
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        start = _random_start(p, rng)
+        if any(not p.allowed(j, n) for j, n in enumerate(start)) or max(_loads(p, start)) > p.bound + _EPS:
+            continue
+        cand = local_search(p, start, time_limit=left, **kw)
+        c = _cost(p, cand)
+        if c < best_cost:
+            best, best_cost = cand, c
+    return best
 
 
 @dataclass(frozen=True, slots=True)
