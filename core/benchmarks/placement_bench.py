@@ -8,7 +8,9 @@
    shared reference file) of ``--jobs`` jobs and ``--files`` files on ``--nodes`` nodes:
    wall-clock seconds of the greedy and of the local search (greedy + moves/swaps), the
    bytes each moves between nodes, round-robin's, and the layer-2 planning time.
-2. Gap to the optimum: ``--small`` random small instances (8–14 jobs, 2–3 nodes, slack
+2. A generated workflow of ``--medium`` jobs on 4 nodes: greedy, local and the MILP
+   (``--exact-time-limit`` seconds; when it stops at the limit its lower bound is shown).
+3. Gap to the optimum: ``--small`` random small instances (8–14 jobs, 2–3 nodes, slack
    0.1) solved by greedy, local search and the exact MILP (HiGHS through scipy); the
    mean and worst gap of each heuristic, in % of the optimum's bytes.
 
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--slack", type=float, default=0.1)
     ap.add_argument("--small", type=int, default=40, help="number of small instances for the gap (0: skip)")
+    ap.add_argument("--medium", type=int, default=60, help="jobs of a generated workflow for greedy/local vs exact (0: skip)")
+    ap.add_argument("--exact-time-limit", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", help="write a figure of the gaps (.png/.svg)")
     ap.add_argument("--json", help="write the numbers as JSON")
@@ -109,6 +113,28 @@ def main(argv: list[str] | None = None) -> int:
     results["large"] = {"jobs": len(wf.jobs), "files": len(wf.sizes), "nodes": args.nodes,
                         "solvers": {n: {"seconds": s, "bytes": b} for n, s, b in rows},
                         "plan_seconds": tp, "plan_steps": steps}
+
+    if args.medium:
+        # a generated workflow small enough for the MILP within a time limit
+        wf_m = synthetic_workflow(args.medium, 5 * args.medium, stages=5, shared=5, seed=args.seed)
+        p_m = make_problem(wf_m, [f"n{i}" for i in range(4)], slack=args.slack)
+        t = time.perf_counter()
+        ex = solve_exact(p_m, time_limit=args.exact_time_limit)
+        te = time.perf_counter() - t
+        ce = _cost(p_m, ex.assign)
+        print(f"\nmedium: {args.medium} jobs, {len(wf_m.sizes)} files, 4 nodes; exact {te:.1f}s "
+              f"({'proven optimal' if ex.optimal else f'time limit, lower bound {format_size(ex.lower_bound)}'})")
+        med = {"jobs": args.medium, "exact": {"seconds": te, "bytes": ce, "optimal": ex.optimal,
+                                              "lower_bound": ex.lower_bound}}
+        for name, fn in (("greedy", solve_greedy), ("local", solve_local)):
+            t = time.perf_counter()
+            c = _cost(p_m, fn(p_m))
+            secs = time.perf_counter() - t
+            gap = 100.0 * (c - ce) / ce if ce else 0.0
+            print(f"{name:<8}{secs:>8.2f}s {format_size(c):>12}  gap to exact {gap:6.1f}%")
+            med[name] = {"seconds": secs, "bytes": c, "gap_percent": gap}
+        print(f"{'exact':<8}{te:>8.2f}s {format_size(ce):>12}")
+        results["medium"] = med
 
     if args.small:
         rng = random.Random(args.seed)
