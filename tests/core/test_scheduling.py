@@ -322,3 +322,45 @@ def test_cli_place_errors_and_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "round-robin" in out and "n1" in out
     assert main(["place", str(DATA / "wfformat-1.4-tiny.json"), "--nodes", "a,a"]) == 2
+
+
+def test_synthetic_workflow_places_and_the_search_helps():
+    from hycache_core.workflow import synthetic_workflow
+
+    wf = synthetic_workflow(300, 1500, seed=1)
+    assert len(wf.jobs) == 300 and len(wf.sizes) == 1500
+    nodes = ["a", "b", "c", "d"]
+    p = make_problem(wf, nodes)
+    g, loc = solve_greedy(p), solve_local(p)
+    check_constraints(p, g)
+    check_constraints(p, loc)
+    rr = [j % 4 for j in range(300)]
+    assert _cost(p, loc) <= _cost(p, g) < _cost(p, rr)
+
+
+def test_cli_location_moves_the_reader(tmp_path, capsys):
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps({"version": 1, "jobs": [{"name": "r", "accesses": [{"path": "big", "size": "1G"}]}]}))
+    assert main(["place", str(m), "--nodes", "a,b", "--location", "big=b", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["placement"] == {"r": "b"}
+    assert out["transfer_bytes"]["placed"] == 0 and out["slow_tier_bytes"]["placed"] == 0
+    assert out["transfer_bytes"]["round_robin"] == 1 << 30  # round-robin puts r on a: 1 GiB moves
+    assert out["plans"]["b"][0]["source"] == "b"  # promote the local copy
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(max_jobs=8), st.lists(st.tuples(st.integers(0, 7), st.integers(0, 2)), max_size=10))
+def test_local_search_deltas_equal_recomputed_costs(inst, moves):
+    from hycache_core.scheduling import _State
+
+    wf, nodes, slack, locations, capacity = inst
+    p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
+    state = _State(p, solve_greedy(p))
+    cost = _cost(p, state.assign)
+    for j, b in moves:
+        j, b = j % len(p.jobs), b % len(nodes)
+        a = state.assign[j]
+        assert state.delta_move(j, b) == _cost(p, state.assign[:j] + [b] + state.assign[j + 1:]) - cost
+        cost += state._shift(j, a, b)
+        assert cost == _cost(p, state.assign)
