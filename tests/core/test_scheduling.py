@@ -364,3 +364,24 @@ def test_local_search_deltas_equal_recomputed_costs(inst, moves):
         assert state.delta_move(j, b) == _cost(p, state.assign[:j] + [b] + state.assign[j + 1:]) - cost
         cost += state._shift(j, a, b)
         assert cost == _cost(p, state.assign)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workflows(max_jobs=8), st.integers(0, 300))
+def test_a_job_staged_inputs_are_all_resident_when_it_starts(wf, cap):
+    steps = plan_node("n", wf.jobs, cap, {})
+    resident: set[str] = set()
+    by_job: dict[str, list[dict]] = {}
+    for s in steps:
+        by_job.setdefault(s["job"], []).append(s)
+    for job in wf.jobs:
+        staged = set()
+        for s in by_job.get(job.id, []):
+            if s["action"] == "prefetch":
+                resident.add(s["path"])
+                staged.add(s["path"])
+            elif s["action"] == "evict":
+                assert s["path"] not in staged  # never evicts what the same job staged
+                resident.discard(s["path"])
+            elif s["action"] == "pin":
+                resident.add(s["path"])

@@ -538,9 +538,10 @@ class _NodeCache:
         self.used = 0
         self.sizes: dict[Hashable, int] = {}
         self.always = frozenset(pinned)
+        self.job: set[Hashable] = set()  # the running job's files: it needs them until it ends
 
     def is_pinned(self, key: Hashable) -> bool:
-        return key in self.always
+        return key in self.job or key in self.always
 
 
 def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
@@ -556,7 +557,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     for each resident file with no planned reference left on this node (from then on
     the agent's own policy may evict it).
     Prefetched and pinned files are held for the plan until their ``evict`` or
-    ``unpin``.  ``resident`` is the plan's fast-tier bytes after the step.
+    ``unpin``.  While a job is planned, the files it has in the fast tier are not
+    chosen as victims for its other files: one input never pushes out another, so
+    every input the plan stages is there when the job starts.  ``resident`` is the plan's fast-tier bytes after the step.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
@@ -581,6 +584,7 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
             size = job.inputs[f] if kind != "write" else job.outputs[f]
             d = policy.access(f, size, cache)
             if d.hit:
+                cache.job.add(f)
                 continue
             for v in d.victims:
                 vs = cache.sizes.pop(v)
@@ -589,10 +593,12 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
             if d.admit:
                 cache.sizes[f] = size
                 cache.used += size
+                cache.job.add(f)
                 if kind == "write":
                     emit(job.id, "pin", f, size, None)
                 else:
                     emit(job.id, "prefetch", f, size, source.get(f, "slow"))
+        cache.job.clear()
         for f in dict.fromkeys([*job.inputs, *job.outputs]):
             if f in cache.sizes and policy.remaining(f) == 0:
                 emit(job.id, "unpin", f, cache.sizes[f], None)
