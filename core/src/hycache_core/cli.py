@@ -5,6 +5,7 @@
     hycache simulate --generator round-robin --gen-opt files=4 --gen-opt volume=100G --capacity 256M
     hycache generate zipf --gen-opt refs=1e6 --out trace.csv
     hycache policies
+    hycache place MANIFEST [--nodes N | --nodes a,b,c] [--solver local] [--slack 0.1] [--capacity SIZE] [--json]
 """
 
 from __future__ import annotations
@@ -115,6 +116,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, metavar="FILE.csv")
 
     sub.add_parser("policies", help="list the policy names simulate accepts")
+
+    from .scheduling import DEFAULT_SLACK, SOLVERS
+
+    pl = sub.add_parser(
+        "place",
+        help="2-Layer Scheduling: place a workflow's jobs on nodes and plan each node's fast tier",
+        description="Read a manifest (the project's format or a WfCommons WfFormat 1.4/1.5 instance, detected "
+        "automatically), place its jobs on the nodes so that fewer bytes move between nodes (layer 1), and plan "
+        "each node's prefetch/evict/pin/unpin steps with the cost/gain heuristic (layer 2).  No cluster needed.",
+    )
+    pl.add_argument("manifest", metavar="MANIFEST", help="a JSON manifest file")
+    pl.add_argument("--nodes", metavar="N|a,b,c",
+                    help="a node count (node-0 … node-N-1) or comma-separated names (default: the instance's recorded machines)")
+    pl.add_argument("--solver", choices=SOLVERS, default="local", help="layer-1 solver (default local)")
+    pl.add_argument("--slack", type=_non_negative, default=DEFAULT_SLACK,
+                    help=f"load bound: no node above (1 + slack) x its share (default {DEFAULT_SLACK})")
+    pl.add_argument("--capacity", type=_size, metavar="SIZE", help="each node's fast-tier capacity (default unbounded)")
+    pl.add_argument("--location", metavar="FILE=NODE", type=_kv, action="append", default=[],
+                    help="a file already on a node (repeatable); other unwritten files start on the slow tier")
+    pl.add_argument("--time-limit", type=_positive, metavar="S", help="seconds for the exact solver or the local search")
+    pl.add_argument("--no-plans", action="store_true", help="layer 1 only")
+    pl.add_argument("--json", action="store_true", help="print the JSON object instead of tables")
     return parser
 
 
@@ -252,10 +275,69 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_place(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .scheduling import PlacementError, node_names, place
+    from .sizes import format_size
+    from .workflow import WorkflowError, load_workflow
+
+    try:
+        wf = load_workflow(args.manifest)
+    except WorkflowError as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"{args.manifest}: {exc.strerror}") from None
+    try:
+        nodes = node_names(args.nodes, wf)
+        with _native_stdout_to_stderr():
+            result = place(wf, nodes, solver=args.solver, slack=args.slack, capacity=args.capacity,
+                           locations=dict(args.location), plans=not args.no_plans, time_limit=args.time_limit)
+    except PlacementError as exc:
+        raise CLIError(str(exc)) from None
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)
+    tb = result["transfer_bytes"]
+    sb = result["slow_tier_bytes"]
+    t = Table(title=f"{wf.name or args.manifest}: {result['jobs']} jobs, {result['files']} files ({result['format']}), "
+                    f"solver {result['solver']} in {result['seconds']:.3f}s")
+    t.add_column("placement")
+    t.add_column("bytes moved between nodes", justify="right")
+    t.add_column("slow-tier bytes", justify="right")
+    for key, label in (("placed", "this placement"), ("round_robin", "round-robin"), ("recorded", "recorded")):
+        if tb[key] is None:
+            t.add_row(label, "-", "-")
+        else:
+            t.add_row(label, f"{format_size(tb[key])} ({tb[key]:,})", format_size(sb[key]))
+    out.print(t)
+    by_node: dict[str, list[str]] = {n: [] for n in nodes}
+    for job, node in result["placement"].items():
+        by_node.setdefault(node, []).append(job)
+    n = Table(title=f"load bound {result['load_bound']:.1%} of the total {result['load_unit']}")
+    for col in ("node", "jobs", "load", "plan steps", "prefetch", "evict", "first jobs"):
+        n.add_column(col, justify="left" if col in ("node", "first jobs") else "right")
+    for node, jobs in by_node.items():
+        steps = result["plans"].get(node, [])
+        pre = sum(s["size"] for s in steps if s["action"] == "prefetch")
+        ev = sum(1 for s in steps if s["action"] == "evict")
+        shown = ", ".join(jobs[:4]) + (" …" if len(jobs) > 4 else "")
+        n.add_row(node, str(len(jobs)), f"{result['load'].get(node, 0.0):.1%}", str(len(steps)), format_size(pre),
+                  str(ev), shown)
+    out.print(n)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"simulate": cmd_simulate, "generate": cmd_generate, "policies": cmd_policies}[args.command]
+    handler = {"simulate": cmd_simulate, "generate": cmd_generate, "policies": cmd_policies,
+               "place": cmd_place}[args.command]
     try:
         return handler(args)
     except CLIError as exc:

@@ -1,0 +1,729 @@
+"""2-Layer Scheduling (HyCache+ §III): place jobs on nodes, then plan each node's fast tier.
+
+**Layer 1, job → node.**  The objective is the number of bytes that move between nodes,
+defined (issue 9) as: a file written by a job lives on that job's node (and a file the
+caller says is already on a node, ``locations``, lives there too); every node that runs
+a job reading a file it does not hold receives the file's bytes once.  Files that no
+job writes and that are on no node start on the shared slow tier: the bytes nodes read
+from it are reported separately (``slow_tier_bytes``), never as transfers.  The
+accounting does not depend on the order of the jobs: :func:`transfer_bytes`.
+
+Every placement respects two constraints:
+
+* **capacity**: a job goes only to a node whose fast tier can hold the job's footprint
+  (its inputs plus its outputs) — the layer-2 planner can then stage the whole job;
+* **load bound**: no node gets more than ``(1 + slack) × T / N`` of the total weight
+  ``T`` (the jobs' runtimes; one per job when any runtime is missing).  Jobs are
+  indivisible, so when that may be infeasible (3 equal jobs on 2 nodes) the bound is
+  raised to the least value that every order of placement can meet by putting a job
+  that fits nowhere else on the least loaded node: ``ceil(J / N)`` jobs when the weights
+  are equal (job counts), else ``T / N + (1 − 1/N) × w_max`` (Graham's list-scheduling
+  bound).
+  ``load_bound`` in the answer is the bound that was used.
+
+Solvers (``SOLVERS``):
+
+* ``greedy`` — the papers' Algorithm 1, corrected: jobs in a topological order, each on
+  the node where the bytes of its inputs that are NOT already there are fewest (files
+  live where they were located, written, or already fetched); ties by the slow-tier
+  bytes, then the lighter node, then the node order.
+* ``local`` — the greedy, then a local search: moves of one job to another node and
+  swaps of two jobs between two nodes, applied while they strictly reduce the
+  transferred bytes within the constraints; on small workflows the search is also run
+  from random feasible placements and the best result kept.  Never worse than the
+  greedy by construction.
+* ``exact`` — a mixed-integer program solved by HiGHS (``scipy.optimize.milp``) for
+  small instances: ``x[j,n]`` places job ``j`` on node ``n``, ``y[f,n] ≥ x[j,n] −
+  Σ_{w writes f} x[w,n] − [f located on n]`` for every reader ``j`` of ``f`` charges
+  ``size(f)`` when node ``n`` must receive ``f``; minimise ``Σ size(f)·y[f,n]``.
+* ``round-robin`` — the jobs in topological order dealt to the nodes in turn (the
+  baseline; it ignores the constraints).
+
+**Layer 2, each node's plan.**  The node's jobs, in order, make its reference string:
+for each job, a *prefetch* reference to every input (the staging point ahead of the
+job), the job's reads of its inputs, then its writes.  The cost/gain heuristic
+(:class:`~hycache_core.policies.heuristic.HeuristicPolicy`, the code the simulator
+runs; occurrence counts are precomputed, O(log n) per reference) decides what enters
+and leaves the fast tier, and its decisions become steps tied to the job that needs
+them; see :func:`plan_node`.
+
+:func:`place` runs both layers and returns the dict that ``hycache place --json`` prints
+and that the control plane's REST API returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .policies.heuristic import HeuristicPolicy
+from .workflow import Workflow, WorkflowJob
+
+SOLVERS = ("greedy", "local", "exact", "round-robin")
+DEFAULT_SLACK = 0.1
+EXACT_DEFAULT_TIME_LIMIT = 60.0
+SLOW = -1  # a file on the shared slow tier
+ELSEWHERE = -2  # a file on a node that is not one of the candidate nodes
+
+
+class PlacementError(ValueError):
+    """No placement satisfies the constraints (or the input is unusable)."""
+
+
+# -- the indexed problem ------------------------------------------------------------
+
+@dataclass(slots=True)
+class Problem:
+    """A workflow indexed for the solvers: jobs ``0..J-1`` in topological order, files
+    ``0..F-1``, nodes ``0..N-1``."""
+
+    jobs: list[str]
+    nodes: list[str]
+    files: list[str]
+    weight: list[float]
+    inputs: list[list[int]]
+    outputs: list[list[int]]
+    size: list[int]
+    init: list[int]  # node index, SLOW or ELSEWHERE
+    footprint: list[int]
+    capacity: list[int | None]
+    bound: float
+    writers: list[list[int]]
+    readers: list[list[int]]
+
+    @property
+    def has_source(self) -> list[bool]:
+        return [bool(self.writers[f]) or self.init[f] != SLOW for f in range(len(self.files))]
+
+    def allowed(self, j: int, n: int) -> bool:
+        cap = self.capacity[n]
+        return cap is None or self.footprint[j] <= cap
+
+
+def load_bound(weights: Sequence[float], n_nodes: int, slack: float = DEFAULT_SLACK) -> float:
+    """The load bound (see the module docstring)."""
+    if n_nodes <= 0:
+        raise PlacementError("no nodes")
+    if not weights:
+        return 0.0
+    total = float(sum(weights))
+    share = total / n_nodes
+    w_max = max(weights)
+    if min(weights) == w_max:  # equal weights (job counts): ceil(J / N) jobs always fit
+        floor = -(-len(weights) // n_nodes) * w_max
+    else:
+        floor = share + (1.0 - 1.0 / n_nodes) * w_max
+    return max((1.0 + slack) * share, floor)
+
+
+def make_problem(wf: Workflow, nodes: Sequence[str], *, slack: float = DEFAULT_SLACK,
+                 capacity: int | Mapping[str, int | None] | None = None,
+                 locations: Mapping[str, str] | None = None) -> Problem:
+    if not nodes:
+        raise PlacementError("no nodes to place on")
+    if len(set(nodes)) != len(nodes):
+        raise PlacementError("duplicate node names")
+    if slack < 0:
+        raise PlacementError("slack must not be negative")
+    node_ix = {n: i for i, n in enumerate(nodes)}
+    files: list[str] = []
+    fix: dict[str, int] = {}
+
+    def fid(name: str) -> int:
+        i = fix.get(name)
+        if i is None:
+            i = fix[name] = len(files)
+            files.append(name)
+        return i
+
+    inputs = [[fid(f) for f in j.inputs] for j in wf.jobs]
+    outputs = [[fid(f) for f in j.outputs] for j in wf.jobs]
+    size = [wf.sizes[f] for f in files]
+    init = [SLOW] * len(files)
+    for f, n in (locations or {}).items():
+        if f in fix:
+            init[fix[f]] = node_ix.get(n, ELSEWHERE)
+    writers: list[list[int]] = [[] for _ in files]
+    readers: list[list[int]] = [[] for _ in files]
+    for j, (ins, outs) in enumerate(zip(inputs, outputs)):
+        for f in ins:
+            readers[f].append(j)
+        for f in outs:
+            writers[f].append(j)
+    if wf.runtimes_known():
+        weight = [float(j.runtime or 0.0) for j in wf.jobs]
+    else:
+        weight = [1.0] * len(wf.jobs)
+    if isinstance(capacity, Mapping):
+        caps = [capacity.get(n) for n in nodes]
+    else:
+        caps = [capacity] * len(nodes)
+    return Problem(
+        jobs=[j.id for j in wf.jobs], nodes=list(nodes), files=files, weight=weight,
+        inputs=inputs, outputs=outputs, size=size, init=init,
+        footprint=[j.footprint() for j in wf.jobs], capacity=caps,
+        bound=load_bound(weight, len(nodes), slack), writers=writers, readers=readers,
+    )
+
+
+# -- the accounting -----------------------------------------------------------------
+
+def transfer_bytes(wf: Workflow, placement: Mapping[str, str],
+                   locations: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(bytes moved between nodes, bytes read from the shared slow tier)`` for a
+    placement (job id → node name), by the issue's definition."""
+    locations = locations or {}
+    readers: dict[str, set[str]] = defaultdict(set)
+    holders: dict[str, set[str]] = defaultdict(set)
+    for job in wf.jobs:
+        node = placement[job.id]
+        for f in job.inputs:
+            readers[f].add(node)
+        for f in job.outputs:
+            holders[f].add(node)
+    moved = slow = 0
+    for f, nodes in readers.items():
+        held = holders.get(f, set())
+        loc = locations.get(f)
+        if held or loc is not None:
+            if loc is not None:
+                held = held | {loc}
+            moved += wf.sizes[f] * len(nodes - held)
+        else:
+            slow += wf.sizes[f] * len(nodes)
+    return moved, slow
+
+
+def _cost(p: Problem, assign: Sequence[int]) -> int:
+    moved = 0
+    for f in range(len(p.files)):
+        if not p.readers[f] or not (p.writers[f] or p.init[f] != SLOW):
+            continue
+        held = {assign[w] for w in p.writers[f]}
+        held.add(p.init[f])
+        moved += p.size[f] * len({assign[j] for j in p.readers[f]} - held)
+    return moved
+
+
+def _loads(p: Problem, assign: Sequence[int]) -> list[float]:
+    load = [0.0] * len(p.nodes)
+    for j, n in enumerate(assign):
+        load[n] += p.weight[j]
+    return load
+
+
+# -- layer 1: the solvers ---------------------------------------------------------------
+
+_EPS = 1e-9
+
+
+def solve_round_robin(p: Problem) -> list[int]:
+    return [j % len(p.nodes) for j in range(len(p.jobs))]
+
+
+def solve_greedy(p: Problem) -> list[int]:
+    """Algorithm 1 corrected (see the module docstring)."""
+    n_nodes = len(p.nodes)
+    held: list[set[int]] = [{p.init[f]} if p.init[f] >= 0 else set() for f in range(len(p.files))]
+    source = p.has_source
+    load = [0.0] * n_nodes
+    assign = [0] * len(p.jobs)
+    for j in range(len(p.jobs)):
+        saved_move: dict[int, int] = defaultdict(int)
+        saved_slow: dict[int, int] = defaultdict(int)
+        for f in p.inputs[j]:
+            target = saved_move if source[f] else saved_slow
+            s = p.size[f]
+            for n in held[f]:
+                target[n] += s
+        w = p.weight[j]
+        best: tuple | None = None
+        for n in range(n_nodes):
+            if load[n] + w > p.bound + _EPS or not p.allowed(j, n):
+                continue
+            key = (-saved_move.get(n, 0), -saved_slow.get(n, 0), load[n], n)
+            if best is None or key < best:
+                best = key
+        if best is None:  # only with unequal capacities: the lightest node that fits
+            fits = [n for n in range(n_nodes) if p.allowed(j, n)]
+            if not fits:
+                raise PlacementError(f"job {p.jobs[j]!r} needs {p.footprint[j]} bytes of fast tier: no node has room")
+            n = min(fits, key=lambda m: (load[m], m))
+        else:
+            n = best[3]
+        assign[j] = n
+        load[n] += w
+        for f in p.inputs[j]:
+            held[f].add(n)
+        for f in p.outputs[j]:
+            held[f].add(n)
+    return assign
+
+
+class _State:
+    """Per-file reader/writer counts per node, so that moving a job changes the
+    transferred bytes by an amount computed in O(files of the job).
+
+    ``miss[f]`` counts the nodes that read ``f`` without holding it (no writer there,
+    not located there); the transferred bytes are ``Σ size(f) × miss[f]`` over the
+    files that have a source.
+    """
+
+    def __init__(self, p: Problem, assign: list[int]) -> None:
+        self.p = p
+        self.assign = assign
+        self.rc: list[dict[int, int]] = [{} for _ in p.files]
+        self.wc: list[dict[int, int]] = [{} for _ in p.files]
+        self.load = _loads(p, assign)
+        self.source = p.has_source
+        self.jfiles = [sorted(set(p.inputs[j]) | set(p.outputs[j])) for j in range(len(p.jobs))]
+        for j, n in enumerate(assign):
+            for f in p.inputs[j]:
+                self.rc[f][n] = self.rc[f].get(n, 0) + 1
+            for f in p.outputs[j]:
+                self.wc[f][n] = self.wc[f].get(n, 0) + 1
+
+    def _shift(self, j: int, a: int, b: int) -> int:
+        """Move job ``j`` from node ``a`` to ``b``; the change in transferred bytes."""
+        p = self.p
+        delta = 0
+        source, size, init = self.source, p.size, p.init
+        for f in p.inputs[j]:
+            rc, wc = self.rc[f], self.wc[f]
+            c = rc[a] - 1
+            if c:
+                rc[a] = c
+            else:
+                del rc[a]
+                if source[f] and a not in wc and a != init[f]:
+                    delta -= size[f]
+            c = rc.get(b, 0)
+            rc[b] = c + 1
+            if not c and source[f] and b not in wc and b != init[f]:
+                delta += size[f]
+        for f in p.outputs[j]:
+            rc, wc = self.rc[f], self.wc[f]
+            c = wc[a] - 1
+            if c:
+                wc[a] = c
+            else:
+                del wc[a]
+                if a in rc and a != init[f]:  # a reads f and no longer holds it
+                    delta += size[f]
+            c = wc.get(b, 0)
+            wc[b] = c + 1
+            if not c and b in rc and b != init[f]:
+                delta -= size[f]
+        self.assign[j] = b
+        w = p.weight[j]
+        self.load[a] -= w
+        self.load[b] += w
+        return delta
+
+    def delta_move(self, j: int, b: int) -> int:
+        a = self.assign[j]
+        d = self._shift(j, a, b)
+        self._shift(j, b, a)
+        return d
+
+    def delta_swap(self, j: int, k: int) -> int:
+        a, b = self.assign[j], self.assign[k]
+        d = self._shift(j, a, b) + self._shift(k, b, a)
+        self._shift(k, a, b)
+        self._shift(j, b, a)
+        return d
+
+    def neighbours(self, j: int) -> set[int]:
+        """Nodes where some file of ``j`` is read, written or located."""
+        out: set[int] = set()
+        for f in self.jfiles[j]:
+            out.update(self.rc[f])
+            out.update(self.wc[f])
+            if self.p.init[f] >= 0:
+                out.add(self.p.init[f])
+        out.discard(self.assign[j])
+        return out
+
+
+def local_search(p: Problem, assign: Sequence[int], *, max_passes: int = 20, time_limit: float | None = None,
+                 swap_candidates: int = 8, min_gain: float = 1e-3) -> list[int]:
+    """Improve ``assign`` by strictly improving moves and swaps within the constraints.
+
+    Each pass visits every job once: the best improving move of the job to a node that
+    holds or reads one of its files, else — when such a node is full — the best
+    improving swap with one of ``swap_candidates`` jobs there.  Stops after a pass that
+    gained less than ``min_gain`` of the bytes, after ``max_passes``, or at
+    ``time_limit`` seconds.
+    """
+    st = _State(p, list(assign))
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    jobs_on: list[dict[int, None]] = [{} for _ in p.nodes]
+    for j, n in enumerate(st.assign):
+        jobs_on[n][j] = None
+    bound = p.bound + _EPS
+    cost = _cost(p, st.assign)
+    for _ in range(max_passes):
+        gained = 0
+        for j in range(len(p.jobs)):
+            if deadline is not None and time.monotonic() > deadline:
+                return st.assign
+            a = st.assign[j]
+            w = p.weight[j]
+            best_d, best_b = 0, -1
+            blocked: list[tuple[int, int]] = []
+            for b in sorted(st.neighbours(j)):
+                if not p.allowed(j, b):
+                    continue
+                d = st.delta_move(j, b)
+                if d >= 0:
+                    continue
+                if st.load[b] + w > bound:
+                    blocked.append((d, b))
+                elif d < best_d:
+                    best_d, best_b = d, b
+            if best_b >= 0:
+                st._shift(j, a, best_b)
+                del jobs_on[a][j]
+                jobs_on[best_b][j] = None
+                gained -= best_d
+                continue
+            # the job would gain on a full node: swap it with a job there
+            best_k = -1
+            for _, b in sorted(blocked):
+                tried = 0
+                for k in jobs_on[b]:
+                    if tried >= swap_candidates:
+                        break
+                    wk = p.weight[k]
+                    if st.load[a] - w + wk > bound or st.load[b] - wk + w > bound or not p.allowed(k, a):
+                        continue
+                    tried += 1
+                    d = st.delta_swap(j, k)
+                    if d < best_d:
+                        best_d, best_k = d, k
+            if best_k >= 0:
+                b = st.assign[best_k]
+                st._shift(j, a, b)
+                st._shift(best_k, b, a)
+                del jobs_on[a][j]
+                jobs_on[b][j] = None
+                del jobs_on[b][best_k]
+                jobs_on[a][best_k] = None
+                gained -= best_d
+        if gained <= min_gain * cost:
+            break
+        cost -= gained
+    return st.assign
+
+
+def _random_start(p: Problem, rng: Any) -> list[int]:
+    """A random feasible placement: jobs in random order, each on a random node among
+    those with room (the least loaded one when none has)."""
+    load = [0.0] * len(p.nodes)
+    assign = [0] * len(p.jobs)
+    order = list(range(len(p.jobs)))
+    rng.shuffle(order)
+    for j in order:
+        w = p.weight[j]
+        ok = [n for n in range(len(p.nodes)) if p.allowed(j, n) and load[n] + w <= p.bound + _EPS]
+        if not ok:
+            ok = [min((n for n in range(len(p.nodes)) if p.allowed(j, n)), key=load.__getitem__)]
+        n = rng.choice(ok)
+        assign[j] = n
+        load[n] += w
+    return assign
+
+
+def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_limit: float | None = None,
+                **kw: Any) -> list[int]:
+    """The local search from the greedy, then from ``restarts`` random feasible
+    placements (default: as many as fit in about 20,000 job visits, at least 0); the
+    best result.  Never worse than the greedy."""
+    import random
+
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    best = local_search(p, solve_greedy(p), time_limit=time_limit, **kw)
+    best_cost = _cost(p, best)
+    if restarts is None:
+        restarts = min(50, 20_000 // max(1, len(p.jobs)) // 5)
+    rng = random.Random(seed)
+    for _ in range(restarts):
+        if best_cost == 0:
+            break
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        start = _random_start(p, rng)
+        if any(not p.allowed(j, n) for j, n in enumerate(start)) or max(_loads(p, start)) > p.bound + _EPS:
+            continue
+        cand = local_search(p, start, time_limit=left, **kw)
+        c = _cost(p, cand)
+        if c < best_cost:
+            best, best_cost = cand, c
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class ExactResult:
+    assign: list[int]
+    optimal: bool
+    lower_bound: float
+
+
+def solve_exact(p: Problem, *, time_limit: float = EXACT_DEFAULT_TIME_LIMIT) -> ExactResult:
+    """The MILP of the module docstring, solved with HiGHS through scipy."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    J, N = len(p.jobs), len(p.nodes)
+    src = p.has_source
+    yfiles = [f for f in range(len(p.files)) if src[f] and p.readers[f]]
+    nx = J * N
+    nvar = nx + len(yfiles) * N
+    c = np.zeros(nvar)
+    for k, f in enumerate(yfiles):
+        c[nx + k * N: nx + (k + 1) * N] = p.size[f]
+    rows, cols, vals, lo, hi = [], [], [], [], []
+    r = 0
+    for j in range(J):  # each job on one node
+        for n in range(N):
+            rows.append(r); cols.append(j * N + n); vals.append(1.0)
+        lo.append(1.0); hi.append(1.0); r += 1
+    for n in range(N):  # load bound
+        for j in range(J):
+            if p.weight[j]:
+                rows.append(r); cols.append(j * N + n); vals.append(p.weight[j])
+        lo.append(-np.inf); hi.append(p.bound + 1e-6); r += 1
+    for k, f in enumerate(yfiles):
+        for j in sorted(set(p.readers[f])):
+            writes = set(p.writers[f])
+            for n in range(N):
+                if j not in writes:  # a job that writes what it reads holds it
+                    rows.append(r); cols.append(j * N + n); vals.append(1.0)
+                for w in writes - {j}:
+                    rows.append(r); cols.append(w * N + n); vals.append(-1.0)
+                rows.append(r); cols.append(nx + k * N + n); vals.append(-1.0)
+                lo.append(-np.inf); hi.append(1.0 if p.init[f] == n else 0.0); r += 1
+    ub = np.ones(nvar)
+    for j in range(J):
+        for n in range(N):
+            if not p.allowed(j, n):
+                ub[j * N + n] = 0.0
+    symmetric = all(i < 0 for i in p.init) and len(set(p.capacity)) == 1
+    lb = np.zeros(nvar)
+    if symmetric and J:
+        lb[0] = 1.0  # interchangeable nodes: job 0 on node 0
+    A = coo_array((vals, (rows, cols)), shape=(r, nvar)).tocsr()
+    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(nvar),
+               bounds=Bounds(lb, ub), options={"time_limit": time_limit, "disp": False})
+    if res.x is None:
+        raise PlacementError(f"the exact solver found no placement ({res.message})")
+    x = np.asarray(res.x[:nx]).reshape(J, N) if J else np.zeros((0, N))
+    assign = [int(np.argmax(x[j])) for j in range(J)]
+    bound = getattr(res, "mip_dual_bound", None)
+    return ExactResult(assign, res.status == 0, float(bound) if bound is not None else float("nan"))
+
+
+# -- layer 2: each node's plan ----------------------------------------------------------
+
+class _NodeCache:
+    """The CacheView the heuristic needs, with pins that follow the plan."""
+
+    def __init__(self, capacity: int, pinned: Iterable[Hashable]) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.sizes: dict[Hashable, int] = {}
+        self.always = frozenset(pinned)
+        self.job: set[Hashable] = set()  # the running job's files: it needs them until it ends
+
+    def is_pinned(self, key: Hashable) -> bool:
+        return key in self.job or key in self.always
+
+
+def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
+              source: Mapping[str, str], pinned: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """One node's ordered steps for its ``jobs`` (in execution order).
+
+    Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
+    node's name — this node's own name means promote the local copy — or ``"slow"``, the
+    shared slow tier) and ``evict`` (drop it from the fast tier), both decided by the
+    heuristic within ``capacity``; ``pin`` for each output the job writes that the plan
+    keeps in the fast tier (the output is written there: the agent must keep it, not
+    fetch it; it comes after the evictions that make its room); ``unpin`` after a job
+    for each resident file with no planned reference left on this node (from then on
+    the agent's own policy may evict it).
+    Prefetched and pinned files are held for the plan until their ``evict`` or
+    ``unpin``.  While a job is planned, the files it has in the fast tier are not
+    chosen as victims for its other files: one input never pushes out another, so
+    every input the plan stages is there when the job starts.  ``resident`` is the plan's fast-tier bytes after the step.
+    """
+    refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
+    for k, job in enumerate(jobs):
+        refs.extend((f, "pre", k) for f in job.inputs)
+        refs.extend((f, "read", k) for f in job.inputs)
+        refs.extend((f, "write", k) for f in job.outputs)
+    policy = HeuristicPolicy(f for f, _, _ in refs)
+    cache = _NodeCache(capacity if capacity is not None else 1 << 62, pinned)
+    steps: list[dict[str, Any]] = []
+
+    def emit(job: str, action: str, path: str, size: int, src: str | None) -> None:
+        steps.append({"step": len(steps) + 1, "job": job, "action": action, "path": path, "size": size,
+                      "source": src, "resident": cache.used})
+
+    i = 0
+    while i < len(refs):
+        k = refs[i][2]
+        job = jobs[k]
+        while i < len(refs) and refs[i][2] == k:
+            f, kind, _ = refs[i]
+            i += 1
+            size = job.inputs[f] if kind != "write" else job.outputs[f]
+            d = policy.access(f, size, cache)
+            if d.hit:
+                cache.job.add(f)
+                continue
+            for v in d.victims:
+                vs = cache.sizes.pop(v)
+                cache.used -= vs
+                emit(job.id, "evict", str(v), vs, None)
+            if d.admit:
+                cache.sizes[f] = size
+                cache.used += size
+                cache.job.add(f)
+                if kind == "write":
+                    emit(job.id, "pin", f, size, None)
+                else:
+                    emit(job.id, "prefetch", f, size, source.get(f, "slow"))
+        cache.job.clear()
+        for f in dict.fromkeys([*job.inputs, *job.outputs]):
+            if f in cache.sizes and policy.remaining(f) == 0:
+                emit(job.id, "unpin", f, cache.sizes[f], None)
+    return steps
+
+
+def prefetch_sources(wf: Workflow, placement: Mapping[str, str],
+                     locations: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """For each node, where each file it reads comes from: the node itself when it
+    holds the file (written there or located there), else the first writer's node, else
+    the located node, else ``"slow"``."""
+    locations = locations or {}
+    writer_nodes: dict[str, list[str]] = defaultdict(list)
+    for job in wf.jobs:
+        for f in job.outputs:
+            writer_nodes[f].append(placement[job.id])
+    out: dict[str, dict[str, str]] = defaultdict(dict)
+    for job in wf.jobs:
+        node = placement[job.id]
+        for f in job.inputs:
+            holders = writer_nodes.get(f, [])
+            if node in holders or locations.get(f) == node:
+                out[node][f] = node
+            elif holders:
+                out[node][f] = holders[0]
+            elif f in locations:
+                out[node][f] = locations[f]
+            else:
+                out[node][f] = "slow"
+    return out
+
+
+def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
+               capacity: int | Mapping[str, int | None] | None = None,
+               locations: Mapping[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order."""
+    by_node: dict[str, list[WorkflowJob]] = {n: [] for n in nodes}
+    for job in wf.jobs:
+        by_node.setdefault(placement[job.id], []).append(job)
+    sources = prefetch_sources(wf, placement, locations)
+    plans = {}
+    for n, jobs in by_node.items():
+        cap = capacity.get(n) if isinstance(capacity, Mapping) else capacity
+        plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), wf.pinned)
+    return plans
+
+
+# -- everything at once ---------------------------------------------------------------------
+
+def node_names(spec: int | str | Sequence[str] | None, wf: Workflow | None = None) -> list[str]:
+    """``4`` → ``node-0 … node-3``; ``"a,b,c"`` → ``[a, b, c]``; None → the instance's
+    recorded machines (PlacementError if it has none)."""
+    if spec is None:
+        rec = wf.recorded_placement() if wf is not None else None
+        if not rec:
+            raise PlacementError("no nodes given and the manifest records no machines: pass --nodes")
+        return sorted(set(rec.values()))
+    if isinstance(spec, int):
+        if spec < 1:
+            raise PlacementError(f"--nodes must be at least 1, got {spec}")
+        return [f"node-{i}" for i in range(spec)]
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.isdigit():
+            return node_names(int(text))
+        names = [s.strip() for s in text.split(",") if s.strip()]
+    else:
+        names = list(spec)
+    if not names:
+        raise PlacementError("--nodes is empty")
+    if len(set(names)) != len(names):
+        raise PlacementError(f"--nodes names a node twice: {','.join(names)}")
+    return names
+
+
+def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: float = DEFAULT_SLACK,
+          capacity: int | Mapping[str, int | None] | None = None, locations: Mapping[str, str] | None = None,
+          plans: bool = True, time_limit: float | None = None) -> dict[str, Any]:
+    """Both layers of 2LS for a workflow: the dict ``hycache place --json`` prints.
+
+    ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
+    "slow_tier_bytes": {same keys}, "load": {node: share of the total weight},
+    "load_bound": share bound, "plans": {node: [steps]}, "solver", "optimal" (exact
+    only), "seconds", "jobs", "files", "format"}``.
+    """
+    if solver not in SOLVERS:
+        raise PlacementError(f"unknown solver {solver!r}; available: {', '.join(SOLVERS)}")
+    p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
+    t0 = time.perf_counter()
+    optimal: bool | None = None
+    if solver == "greedy":
+        assign = solve_greedy(p)
+    elif solver == "local":
+        assign = solve_local(p, time_limit=time_limit)
+    elif solver == "exact":
+        res = solve_exact(p, time_limit=time_limit or EXACT_DEFAULT_TIME_LIMIT)
+        assign, optimal = res.assign, res.optimal
+    else:
+        assign = solve_round_robin(p)
+    seconds = time.perf_counter() - t0
+    placement = {p.jobs[j]: p.nodes[n] for j, n in enumerate(assign)}
+    rr = {p.jobs[j]: p.nodes[n] for j, n in enumerate(solve_round_robin(p))}
+    moved, slow = transfer_bytes(wf, placement, locations)
+    rr_moved, rr_slow = transfer_bytes(wf, rr, locations)
+    recorded = wf.recorded_placement()
+    rec_moved = rec_slow = None
+    if recorded is not None:
+        rec_moved, rec_slow = transfer_bytes(wf, recorded, locations)
+    total = sum(p.weight) or 1.0
+    load = {n: 0.0 for n in p.nodes}
+    for j, n in enumerate(assign):
+        load[p.nodes[n]] += p.weight[j]
+    out: dict[str, Any] = {
+        "placement": placement,
+        "transfer_bytes": {"placed": moved, "round_robin": rr_moved, "recorded": rec_moved},
+        "slow_tier_bytes": {"placed": slow, "round_robin": rr_slow, "recorded": rec_slow},
+        "load": {n: v / total for n, v in load.items()},
+        "load_bound": p.bound / total,
+        "load_unit": "runtime" if wf.runtimes_known() else "jobs",
+        "plans": plan_nodes(wf, placement, p.nodes, capacity, locations) if plans else {},
+        "solver": solver,
+        "optimal": optimal,
+        "seconds": seconds,
+        "format": wf.format,
+        "jobs": len(p.jobs),
+        "files": len(p.files),
+    }
+    return out
