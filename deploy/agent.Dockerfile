@@ -34,14 +34,16 @@ COPY pyproject.toml uv.lock ./
 COPY core/pyproject.toml core/pyproject.toml
 COPY agent/pyproject.toml agent/pyproject.toml
 COPY dht/pyproject.toml dht/pyproject.toml
+# the control plane is a workspace member too: uv reads its pyproject, installs nothing of it
+COPY backend/pyproject.toml backend/pyproject.toml
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace
+    uv sync --frozen --no-dev --package hycache-agent --no-install-workspace
 # 2. the workspace packages, as wheels (the runtime image holds no source tree)
 COPY core/src core/src
 COPY agent/src agent/src
 COPY dht/src dht/src
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable
+    uv sync --frozen --no-dev --package hycache-agent --no-editable
 
 # ------------------------------------------------------------------ runtime stage
 FROM debian:bookworm-slim
