@@ -1,0 +1,207 @@
+"""The /api/v1 routes.  Plain ``def`` routes: FastAPI runs them in its thread pool, so their
+database and Redis calls never block the event loop."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from .. import schemas as S
+from ..schemas import check_path
+from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth_error
+
+router = APIRouter(prefix="/api/v1")
+
+NodeId = Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")]
+ERRORS = {401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
+          403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
+          422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
+ERRORS_404 = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
+NOT_MODIFIED = {304: {"description": "not modified (If-None-Match matched the ETag)"}}
+
+
+def _etag_response(body: dict, if_none_match: str | None) -> Response:
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+    etag = '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'
+    if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(raw, media_type="application/json", headers={"ETag": etag})
+
+
+def _not_found(loc: list, msg: str) -> HTTPException:
+    return HTTPException(404, [{"loc": loc, "msg": msg, "type": "not_found"}])
+
+
+# -- whoami / tokens ------------------------------------------------------------------------
+
+@router.get("/whoami", response_model=S.WhoAmI, responses=ERRORS, operation_id="whoami", tags=["tokens"])
+def whoami(c: CallerDep) -> S.WhoAmI:
+    return S.WhoAmI(name=c.name, scope=c.scope, node_id=c.node_id)
+
+
+@router.get("/tokens", response_model=S.Page[S.TokenOut], responses=ERRORS, operation_id="listTokens", tags=["tokens"])
+def list_tokens(control: ControlDep, _: Admin, page: PagingDep):
+    rows, total = control.tokens.list(page.limit, page.offset)
+    return {"items": [S.TokenOut.model_validate(r, from_attributes=True) for r in rows], "total": total,
+            "limit": page.limit, "offset": page.offset}
+
+
+@router.post("/tokens", response_model=S.TokenCreated, status_code=201, responses=ERRORS,
+             operation_id="createToken", tags=["tokens"])
+def create_token(control: ControlDep, _: Admin, body: S.TokenCreate):
+    row, secret = control.tokens.create(body.name, body.scope, body.node_id)
+    return {**S.TokenOut.model_validate(row, from_attributes=True).model_dump(), "token": secret}
+
+
+@router.delete("/tokens/{token_id}", response_model=S.TokenOut, responses=ERRORS_404, operation_id="revokeToken",
+               tags=["tokens"])
+def revoke_token(control: ControlDep, _: Admin, token_id: Annotated[int, Path(ge=1, le=2**31 - 1)]):
+    return S.TokenOut.model_validate(control.tokens.revoke(token_id), from_attributes=True)
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+@router.get("/nodes", response_model=S.NodePage, responses={**ERRORS, **NOT_MODIFIED}, operation_id="listNodes",
+            tags=["nodes"])
+def list_nodes(control: ControlDep, _: Reader, page: PagingDep,
+               state: Annotated[S.NodeState | None, Query(description="only nodes in this state")] = None,
+               if_none_match: Annotated[str | None, Header()] = None):
+    views = control.node_views()
+    if state:
+        views = [v for v in views if v["state"] == state]
+    body = {"items": views[page.offset:page.offset + page.limit], "total": len(views), "limit": page.limit,
+            "offset": page.offset}
+    return _etag_response(S.NodePage.model_validate(body).model_dump(mode="json", by_alias=True), if_none_match)
+
+
+@router.get("/nodes/{node_id}", response_model=S.NodeOut, responses={**ERRORS_404, **NOT_MODIFIED},
+            operation_id="getNode", tags=["nodes"])
+def get_node(control: ControlDep, _: Reader, node_id: NodeId,
+             if_none_match: Annotated[str | None, Header()] = None):
+    v = control.node_view(node_id)
+    if v is None:
+        raise _not_found(["path", "node_id"], f"no node {node_id}")
+    return _etag_response(S.NodeOut.model_validate(v).model_dump(mode="json", by_alias=True), if_none_match)
+
+
+def _time(value: str | None, loc: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    from datetime import datetime, timezone
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        raise RequestValidationError([{"loc": ("query", loc), "msg": "unix seconds or ISO 8601 expected",
+                                       "type": "value_error", "input": value[:100]}]) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+@router.get("/nodes/{node_id}/metrics", response_model=S.MetricsOut, responses=ERRORS_404,
+            operation_id="getNodeMetrics", tags=["nodes"])
+def node_metrics(control: ControlDep, _: Reader, node_id: NodeId,
+                 since: Annotated[str | None, Query(max_length=64, description="unix seconds or ISO 8601 (default: 5 min ago)")] = None,
+                 until: Annotated[str | None, Query(max_length=64, description="unix seconds or ISO 8601 (default: now)")] = None,
+                 step: Annotated[float, Query(ge=1, le=86400, description="seconds per sample")] = 1.0):
+    if not control.nodes.known(node_id):
+        raise _not_found(["path", "node_id"], f"no node {node_id}")
+    now = time.time()
+    u = _time(until, "until", now)
+    s = _time(since, "since", u - 300)
+    resolution, samples = control.metrics.query(node_id, s, u, step, now=now)
+    return {"node_id": node_id, "step": step, "since": s, "until": u, "resolution": resolution, "samples": samples}
+
+
+@router.get("/nodes/{node_id}/policy", response_model=S.PolicyOut, responses=ERRORS_404, operation_id="getPolicy",
+            tags=["policies"])
+def get_policy(control: ControlDep, _: Reader, node_id: NodeId):
+    n = control.nodes.get(node_id)
+    if n is None:
+        raise _not_found(["path", "node_id"], f"no node {node_id}")
+    return control.policies.get(node_id, n.status)
+
+
+@router.put("/nodes/{node_id}/policy", response_model=S.PolicyOut, responses=ERRORS_404, operation_id="putPolicy",
+            tags=["policies"])
+def put_policy(control: ControlDep, c: Admin, node_id: NodeId, body: S.PolicyIn):
+    if not control.nodes.known(node_id):
+        raise _not_found(["path", "node_id"], f"no node {node_id}")
+    return control.policies.put(node_id, body.policy, body.high_watermark, body.low_watermark, c.name)
+
+
+@router.post("/nodes/{node_id}/heartbeats", response_model=S.HeartbeatAnswer, responses=ERRORS,
+             operation_id="postHeartbeat", tags=["agents"])
+def heartbeat(control: ControlDep, c: CallerDep, node_id: NodeId, body: S.Heartbeat):
+    if c.scope != "node" or c.node_id != node_id:
+        raise auth_error(403, f"this token may not report for node {node_id} "
+                              "(needs the node token of that node)", "forbidden")
+    if body.node_id != node_id:
+        raise RequestValidationError([{"loc": ("body", "node_id"), "msg": "must equal the node id of the URL",
+                                       "type": "value_error", "input": body.node_id}])
+    return control.heartbeat(body)
+
+
+# -- files ----------------------------------------------------------------------------------
+
+@router.get("/files", response_model=S.FileListing, responses={**ERRORS_404, 503: {"model": S.ErrorOut}},
+            operation_id="listFiles", tags=["files"])
+def list_files(control: ControlDep, _: Reader, path: PathDep,
+               cursor: Annotated[str | None, Query(max_length=8192, description="next_cursor of the previous page")] = None,
+               limit: Annotated[int, Query(ge=1, le=5000)] = 500):
+    items, nxt = control.namespace.list(path, cursor, limit)
+    return {"path": path, "items": items, "next_cursor": nxt}
+
+
+@router.get("/files/info", response_model=S.FileEntry, responses={**ERRORS_404, 503: {"model": S.ErrorOut}},
+            operation_id="getFileInfo", tags=["files"])
+def file_info(control: ControlDep, _: Reader, path: PathDep):
+    return control.namespace.info(path)
+
+
+@router.post("/files/actions", response_model=S.ActionOut, status_code=202,
+             responses={**ERRORS, 503: {"model": S.ErrorOut}}, operation_id="createAction", tags=["actions"])
+def create_action(control: ControlDep, c: Admin, body: Annotated[S.ActionRequest, Body()]):
+    errors, paths = [], []
+    for i, p in enumerate(body.paths):
+        try:
+            paths.append(check_path(p))
+        except ValueError as e:
+            errors.append({"loc": ("body", "paths", i), "msg": str(e), "type": "value_error", "input": p[:200]})
+    if errors:
+        raise RequestValidationError(errors)
+    return control.actions.create(body.action, paths, c.name)
+
+
+@router.get("/actions", response_model=S.ActionPage, responses=ERRORS, operation_id="listActions", tags=["actions"])
+def list_actions(control: ControlDep, _: Reader, page: PagingDep):
+    items, total = control.actions.list(page.limit, page.offset)
+    return {"items": items, "total": total, "limit": page.limit, "offset": page.offset}
+
+
+@router.get("/actions/{action_id}", response_model=S.ActionOut, responses=ERRORS_404, operation_id="getAction",
+            tags=["actions"])
+def get_action(control: ControlDep, _: Reader, action_id: Annotated[int, Path(ge=1, le=2**31 - 1)]):
+    return control.actions.get(action_id)
+
+
+# -- events ---------------------------------------------------------------------------------
+
+@router.get("/events", response_model=S.EventPage, responses=ERRORS, operation_id="listEvents", tags=["events"])
+def list_events(control: ControlDep, _: Reader, page: PagingDep,
+                kind: Annotated[S.EventKind | None, Query()] = None,
+                node: Annotated[str | None, Query(max_length=200)] = None,
+                since_id: Annotated[int | None, Query(ge=0, le=2**62, description="only events after this id, oldest first")] = None):
+    rows, total = control.events.list(kind, node, since_id, page.limit, page.offset)
+    return {"items": [S.EventOut.model_validate(r, from_attributes=True) for r in rows], "total": total,
+            "limit": page.limit, "offset": page.offset}

@@ -1,0 +1,105 @@
+"""The FastAPI application: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from . import __version__
+from . import schemas as S
+from .api import routes, stream
+from .api.deps import auth_error
+from .control import Control
+from .middleware import Audit, BodyLimit
+from .prometheus import make_registry, render
+from .services.errors import ServiceError
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+REPO_UI = Path(__file__).resolve().parents[3] / "frontend" / "dist"
+
+NOT_BUILT = """<!doctype html><html><head><title>HyCache control plane</title></head><body>
+<h1>HyCache control plane</h1>
+<p>The dashboard is not built. Build it with <code>cd frontend &amp;&amp; npm ci &amp;&amp; npm run build</code>
+(or point <code>--ui-dir</code> at a built dashboard) and reload.</p>
+<p>The API is at <a href="/api/v1/whoami">/api/v1</a>; its documentation at <a href="/docs">/docs</a>.</p>
+</body></html>"""
+
+
+def create_app(settings: Settings, control: Control | None = None) -> FastAPI:
+    holder: dict = {"control": control}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if holder["control"] is None:
+            holder["control"] = await run_in_threadpool(Control, settings)
+        c = holder["control"]
+        app.state.control = c
+        app.state.registry = make_registry(c)
+        c.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(c.stop)
+
+    app = FastAPI(title="HyCache control plane", version=__version__, lifespan=lifespan,
+                  description="REST API of the HyCache control plane (docs/control-plane.md).")
+    app.include_router(routes.router)
+    app.include_router(stream.router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(Audit, control_getter=lambda: holder["control"])
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError):
+        return JSONResponse({"detail": exc.detail()}, status_code=exc.status)
+
+    @app.get("/healthz", response_model=S.Health, tags=["health"], operation_id="healthz")
+    def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=S.Ready, responses={503: {"model": S.Ready}}, tags=["health"],
+             operation_id="readyz")
+    def readyz(request: Request):
+        r = request.app.state.control.readiness()
+        bad = any(v.startswith("unreachable") for v in r.values())
+        return JSONResponse({"status": "unavailable" if bad else "ok", **r}, status_code=503 if bad else 200)
+
+    @app.get("/metrics", tags=["health"], operation_id="prometheusMetrics",
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+                        401: {"model": S.ErrorOut}, 403: {"model": S.ErrorOut}},
+             response_class=Response)
+    def prometheus(request: Request):
+        c = request.app.state.control
+        if settings.metrics_require_token:
+            h = request.headers.get("authorization", "")
+            scheme, _, secret = h.partition(" ")
+            caller = c.tokens.authenticate(secret.strip()) if scheme.lower() == "bearer" and secret.strip() else None
+            if caller is None:
+                raise auth_error(401, "GET /metrics needs a token (metrics_require_token)", "missing_token")
+            if caller.scope not in ("read", "admin"):
+                raise auth_error(403, "GET /metrics needs a read or admin token", "forbidden")
+        return Response(render(request.app.state.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    ui_dir = settings.ui_dir or REPO_UI
+
+    @app.get("/{full_path:path}", include_in_schema=False)
+    def ui(full_path: str):
+        if full_path.startswith(("api/", "api")) and (full_path == "api" or full_path.startswith("api/")):
+            raise HTTPException(404, [{"loc": ["path"], "msg": f"no such endpoint: /{full_path}", "type": "not_found"}])
+        index = ui_dir / "index.html"
+        if not index.is_file():
+            return HTMLResponse(NOT_BUILT)
+        if full_path:
+            candidate = (ui_dir / full_path).resolve()
+            if candidate.is_file() and candidate.is_relative_to(ui_dir.resolve()):
+                return FileResponse(candidate)
+        return FileResponse(index)
+
+    return app

@@ -1,0 +1,158 @@
+"""``hycache-control``: serve the API, upgrade the database, manage tokens, print OpenAPI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from pydantic import ValidationError
+
+from .settings import Settings, load_settings
+
+
+def _common(p: argparse.ArgumentParser, *, db_required: bool = False) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML settings file (keys as the long flags, with _)")
+    p.add_argument("--db", metavar="URL", required=db_required,
+                   help="database URL: sqlite:///FILE or postgresql+psycopg://USER:PASS@HOST:PORT/DB "
+                        "(default: SQLite under --state-dir)")
+    p.add_argument("--state-dir", metavar="DIR", help="where the default SQLite database lives")
+    p.add_argument("--dev", action="store_true", default=None,
+                   help="development mode: accept default or short secrets")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hycache-control", description="HyCache control plane (docs/control-plane.md)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run the API server (uvicorn)")
+    _common(s)
+    s.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
+    s.add_argument("--redis", metavar="SEED,...", help="Redis Cluster seeds HOST:PORT,... (the agents' DHT)")
+    s.add_argument("--dht-namespace", metavar="NAME", help="the agents' dht_namespace (default hc)")
+    s.add_argument("--ui-dir", metavar="DIR", help="built dashboard to serve at / (default frontend/dist)")
+    s.add_argument("--admin-token-file", metavar="FILE", help="install this admin token at start (mode 0600)")
+    s.add_argument("--heartbeat-interval", type=float, metavar="S", help="interval told to the agents (default 1)")
+    s.add_argument("--metrics-require-token", action="store_true", default=None,
+                   help="GET /metrics needs a read token")
+    s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+
+    d = sub.add_parser("db", help="database maintenance")
+    dsub = d.add_subparsers(dest="db_cmd", required=True)
+    u = dsub.add_parser("upgrade", help="apply every Alembic migration")
+    _common(u)
+
+    t = sub.add_parser("token", help="API tokens")
+    tsub = t.add_subparsers(dest="token_cmd", required=True)
+    tc = tsub.add_parser("create", help="create a token; prints the secret alone on stdout, once")
+    _common(tc)
+    tc.add_argument("--scope", required=True, choices=["admin", "read", "node"])
+    tc.add_argument("--node-id", help="the node a node token speaks for")
+    tc.add_argument("--name", help="a name for the audit log (default: SCOPE or node-ID)")
+    tl = tsub.add_parser("list", help="list tokens (JSON lines)")
+    _common(tl)
+    tr = tsub.add_parser("revoke", help="revoke a token by id")
+    _common(tr)
+    tr.add_argument("id", type=int)
+
+    o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
+    o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    return ap
+
+
+def _settings(args: argparse.Namespace, *names: str) -> Settings:
+    flags = {n: getattr(args, n, None) for n in ("db", "state_dir", "dev", *names)}
+    return load_settings(getattr(args, "config", None), **flags)
+
+
+def _die(msg: str) -> int:
+    print(f"hycache-control: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ValidationError as e:
+        return _die("; ".join(f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()))
+    except ValueError as e:
+        return _die(str(e))
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.cmd == "openapi":
+        from .app import create_app
+        doc = json.dumps(create_app(Settings.model_construct(**Settings.model_construct().model_dump())).openapi(),
+                         indent=2, sort_keys=False)
+        if args.output:
+            with open(args.output, "w") as f:
+                f.write(doc + "\n")
+        else:
+            print(doc)
+        return 0
+    if args.cmd == "serve":
+        return _serve(args)
+    if args.cmd == "db":
+        from .db import Database
+        s = _settings(args)
+        db = Database(s.db_url)
+        db.upgrade()
+        print(f"database {db.engine.url.render_as_string(hide_password=True)} is at the latest revision", file=sys.stderr)
+        return 0
+    if args.cmd == "token":
+        from .db import Database
+        from .services.tokens import TokenService
+        s = _settings(args)
+        db = Database(s.db_url)
+        db.upgrade()
+        tokens = TokenService(db)
+        if args.token_cmd == "create":
+            if args.scope == "node" and not args.node_id:
+                return _die("--node-id is required for --scope node")
+            if args.scope != "node" and args.node_id:
+                return _die("--node-id is only for --scope node")
+            name = args.name or (f"node-{args.node_id}" if args.scope == "node" else args.scope)
+            row, secret = tokens.create(name, args.scope, args.node_id)
+            print(f"created token {row.id} ({row.scope}{', node ' + row.node_id if row.node_id else ''}, "
+                  f"name {row.name!r}); it is shown once:", file=sys.stderr)
+            print(secret)
+            return 0
+        if args.token_cmd == "list":
+            rows, _ = tokens.list(limit=10**9)
+            for r in rows:
+                print(json.dumps({"id": r.id, "name": r.name, "scope": r.scope, "node_id": r.node_id,
+                                  "created_at": r.created_at, "last_used_at": r.last_used_at,
+                                  "revoked_at": r.revoked_at}))
+            return 0
+        if args.token_cmd == "revoke":
+            from .services.errors import NotFound
+            try:
+                r = tokens.revoke(args.id)
+            except NotFound:
+                return _die(f"id: no token {args.id}")
+            print(f"revoked token {r.id} ({r.name}) at {time.ctime(r.revoked_at)}", file=sys.stderr)
+            return 0
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    s = _settings(args, "listen", "redis", "dht_namespace", "ui_dir", "admin_token_file", "heartbeat_interval",
+                  "metrics_require_token", "log_level")
+    logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, _, port = s.listen.rpartition(":")
+    log = logging.getLogger("hycache_control")
+    log.info("control plane on http://%s:%s (database %s, redis %s, dht_namespace %s)", host, port,
+             s.db_url.split("@")[-1], s.redis or "none", s.dht_namespace)
+    uvicorn.run(create_app(s), host=host.strip("[]"), port=int(port), log_level=s.log_level,
+                access_log=s.log_level == "debug")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The control plane's database (SQLAlchemy 2, typed).  Alembic migrations in migrations/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Token(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scope: Mapped[str] = mapped_column(String(16))  # admin | read | node
+    node_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    created_at: Mapped[float] = mapped_column(Float)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Node(Base):
+    """What the control plane knows of a node beyond the DHT registry: its last heartbeat."""
+
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    address: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    boot_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_heartbeat: Mapped[float | None] = mapped_column(Float, nullable=True)
+    heartbeats: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="down")
+    state_since: Mapped[float] = mapped_column(Float)
+    status: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    counters: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Policy(Base):
+    __tablename__ = "policies"
+    node_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(64))
+    high_watermark: Mapped[float] = mapped_column(Float)
+    low_watermark: Mapped[float] = mapped_column(Float)
+    version: Mapped[int] = mapped_column(Integer)
+    applied_version: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Action(Base):
+    __tablename__ = "actions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    items: Mapped[list[ActionItem]] = relationship(back_populates="parent", order_by="ActionItem.id",
+                                                   cascade="all, delete-orphan")
+
+
+class ActionItem(Base):
+    """One path of an action; its id is what the node sees and reports back."""
+
+    __tablename__ = "action_items"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action_id: Mapped[int] = mapped_column(ForeignKey("actions.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # pending | delivered | done | failed
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tier: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+    parent: Mapped[Action] = relationship(back_populates="items")
+
+    __table_args__ = (Index("ix_action_items_node_state", "node", "state"),)
+
+
+class Event(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # audit | node | action | policy | cluster
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    action: Mapped[str] = mapped_column(String(200))
+    result: Mapped[str] = mapped_column(String(200))
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+#: the rate/gauge columns of a sample (names of the API's sample fields)
+SAMPLE_FIELDS = (
+    "fast_read_bps", "fast_write_bps", "slow_read_bps", "slow_write_bps", "remote_read_bps",
+    "hits", "misses", "hit_ratio", "metadata_ops_per_s", "remote_fetches_per_s", "migrations_per_s",
+    "migration_bps", "migrations_in_flight", "dht_backlog", "fast_used", "slow_used",
+)
+
+
+class MetricSample(Base):
+    """One node's rates over one heartbeat interval (resolution 1) or averaged over a minute
+    (resolution 60)."""
+
+    __tablename__ = "metric_samples"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(200))
+    resolution: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    fast_read_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    fast_write_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    slow_read_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    slow_write_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    remote_read_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    hits: Mapped[float] = mapped_column(Float, default=0.0)
+    misses: Mapped[float] = mapped_column(Float, default=0.0)
+    hit_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    metadata_ops_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    remote_fetches_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    migrations_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    migration_bps: Mapped[float] = mapped_column(Float, default=0.0)
+    migrations_in_flight: Mapped[float] = mapped_column(Float, default=0.0)
+    dht_backlog: Mapped[float] = mapped_column(Float, default=0.0)
+    fast_used: Mapped[float] = mapped_column(Float, default=0.0)
+    slow_used: Mapped[float] = mapped_column(Float, default=0.0)
+
+    __table_args__ = (Index("ix_metric_samples_node_res_ts", "node_id", "resolution", "ts"),)

@@ -1,0 +1,80 @@
+"""GET /metrics: cluster-wide gauges for Prometheus (prometheus-client), computed from the
+live node states at scrape time (labels: node, tier, state; never a path)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .control import Control
+
+
+class ClusterCollector(Collector):
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def collect(self):
+        c = self.control
+        views = c.node_views()
+        states = GaugeMetricFamily("hycache_nodes", "nodes by state", labels=["state"])
+        counts = {"up": 0, "degraded": 0, "down": 0}
+        for v in views:
+            counts[v["state"]] += 1
+        for st, k in counts.items():
+            states.add_metric([st], k)
+        yield states
+        up = GaugeMetricFamily("hycache_node_up", "1 when the node is up, 0.5 degraded, 0 down", labels=["node"])
+        used = GaugeMetricFamily("hycache_node_tier_used_bytes", "bytes used per tier", labels=["node", "tier"])
+        cap = GaugeMetricFamily("hycache_node_tier_capacity_bytes", "usable capacity per tier", labels=["node", "tier"])
+        files = GaugeMetricFamily("hycache_node_tier_files", "files per tier", labels=["node", "tier"])
+        hr = GaugeMetricFamily("hycache_node_hit_ratio", "fast-tier hit ratio of the last interval", labels=["node"])
+        rd = GaugeMetricFamily("hycache_node_read_bytes_per_second", "read throughput", labels=["node", "tier"])
+        wr = GaugeMetricFamily("hycache_node_write_bytes_per_second", "write throughput", labels=["node", "tier"])
+        backlog = GaugeMetricFamily("hycache_node_dht_backlog", "metadata updates not yet in the DHT", labels=["node"])
+        hbage = GaugeMetricFamily("hycache_node_heartbeat_age_seconds", "seconds since the last heartbeat",
+                                  labels=["node"])
+        import time
+        now = time.time()
+        for v in views:
+            node = v["id"]
+            up.add_metric([node], {"up": 1.0, "degraded": 0.5, "down": 0.0}[v["state"]])
+            for tier, t in (v.get("tiers") or {}).items():
+                if t.get("used") is not None:
+                    used.add_metric([node, tier], t["used"])
+                if t.get("capacity") is not None:
+                    cap.add_metric([node, tier], t["capacity"])
+                if t.get("files") is not None:
+                    files.add_metric([node, tier], t["files"])
+            if v.get("hit_ratio") is not None:
+                hr.add_metric([node], v["hit_ratio"])
+            r = v.get("rates") or {}
+            for tier in ("fast", "slow", "remote"):
+                if f"{tier}_read_bps" in r:
+                    rd.add_metric([node, tier], r[f"{tier}_read_bps"])
+                if f"{tier}_write_bps" in r:
+                    wr.add_metric([node, tier], r[f"{tier}_write_bps"])
+            if v["dht"].get("backlog") is not None:
+                backlog.add_metric([node], v["dht"]["backlog"])
+            if v.get("last_heartbeat"):
+                hbage.add_metric([node], max(0.0, now - v["last_heartbeat"]))
+        yield from (up, used, cap, files, hr, rd, wr, backlog, hbage)
+        hb = CounterMetricFamily("hycache_control_heartbeats_received", "heartbeats received by this process")
+        hb.add_metric([], c.nodes.heartbeats_received)
+        yield hb
+        dht = GaugeMetricFamily("hycache_control_dht_reachable", "1 when the DHT (Redis Cluster) answered last time")
+        dht.add_metric([], 1.0 if c.nodes.dht_reachable else 0.0)
+        yield dht
+        ev = GaugeMetricFamily("hycache_control_last_event_id", "id of the newest event")
+        ev.add_metric([], c.events.last_id)
+        yield ev
+
+
+def make_registry(control: Control) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ClusterCollector(control))
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,362 @@
+"""The API's request and response shapes (docs/control-plane.md keeps the names)."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Scope = Literal["admin", "read", "node"]
+NodeState = Literal["up", "degraded", "down"]
+ActionName = Literal["pin", "unpin", "promote", "demote"]
+ItemState = Literal["pending", "delivered", "done", "failed"]
+ActionState = Literal["pending", "running", "done", "failed"]
+EventKind = Literal["audit", "node", "action", "policy", "cluster"]
+
+#: the longest path the API accepts (bytes of UTF-8), as Linux's PATH_MAX
+MAX_PATH = 4096
+MAX_PATHS_PER_ACTION = 1000
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+T = TypeVar("T")
+
+
+def check_path(value: str) -> str:
+    """An absolute path inside the namespace: ``/``-rooted, no ``..``/``.`` component, no
+    NUL, at most MAX_PATH bytes.  A trailing ``/`` (but the root's) is dropped."""
+    if "\x00" in value:
+        raise ValueError("path must not contain NUL")
+    if len(value.encode("utf-8", "surrogateescape")) > MAX_PATH:
+        raise ValueError(f"path is longer than {MAX_PATH} bytes")
+    if not value.startswith("/"):
+        raise ValueError("path must be absolute (start with /)")
+    parts = [p for p in value.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError("path must not contain . or .. components")
+    return "/" + "/".join(parts)
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+# -- tokens ---------------------------------------------------------------------------------
+
+class WhoAmI(BaseModel):
+    name: str
+    scope: Scope
+    node_id: str | None
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    scope: Scope
+    node_id: str | None
+    created_at: float
+    last_used_at: float | None
+    revoked_at: float | None
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    scope: Scope
+    node_id: str | None = Field(None, pattern=NODE_ID_PATTERN)
+
+    @model_validator(mode="after")
+    def _node(self) -> TokenCreate:
+        if self.scope == "node" and not self.node_id:
+            raise ValueError("node_id is required for a node token")
+        if self.scope != "node" and self.node_id:
+            raise ValueError("node_id is only for node tokens")
+        return self
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="the secret, shown once")
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+class TierView(BaseModel):
+    capacity: int | None = Field(None, description="bytes the agent may use on this tier")
+    device_capacity: int | None = Field(None, description="size of the tier's file system")
+    device_free: int | None = None
+    used: int | None = None
+    files: int | None = None
+    high_watermark_bytes: int | None = None
+    low_watermark_bytes: int | None = None
+
+
+class DhtView(BaseModel):
+    state: str | None = Field(None, description="the agent's DHT link: connecting | ok | degraded (null: standalone)")
+    backlog: int | None = None
+    registry_alive: bool | None = Field(None, description="the DHT node registry's view")
+    registry_age: float | None = None
+
+
+class PolicyView(BaseModel):
+    policy: str | None = None
+    high_watermark: float | None = None
+    low_watermark: float | None = None
+    version: int = 0
+    applied_version: int = 0
+
+
+class MigrationActive(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    path: str | None = None
+    from_: str | None = Field(None, alias="from")
+    to: str | None = None
+    copied: int | None = None
+    total: int | None = None
+
+
+class MigrationsView(BaseModel):
+    active: list[MigrationActive] = []
+    done: int = 0
+    bytes: int = 0
+
+
+class Rates(BaseModel):
+    ts: float | None = None
+    fast_read_bps: float = 0.0
+    fast_write_bps: float = 0.0
+    slow_read_bps: float = 0.0
+    slow_write_bps: float = 0.0
+    remote_read_bps: float = 0.0
+    hits: float = 0.0
+    misses: float = 0.0
+    hit_ratio: float | None = None
+    metadata_ops_per_s: float = 0.0
+    remote_fetches_per_s: float = 0.0
+    migrations_per_s: float = 0.0
+    migration_bps: float = 0.0
+    migrations_in_flight: float = 0.0
+    dht_backlog: float = 0.0
+    fast_used: float = 0.0
+    slow_used: float = 0.0
+
+
+class NodeOut(BaseModel):
+    id: str
+    address: str | None
+    state: NodeState
+    state_since: float
+    version: str | None
+    boot_id: str | None = None
+    last_heartbeat: float | None
+    heartbeats: int = 0
+    dht: DhtView
+    policy: PolicyView
+    tiers: dict[str, TierView]
+    hit_ratio: float | None
+    rates: Rates | None
+    migrations: MigrationsView
+    updated_at: float
+
+
+class NodePage(Page[NodeOut]):
+    pass
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+class Sample(Rates):
+    ts: float
+
+
+class MetricsOut(BaseModel):
+    node_id: str
+    step: float
+    since: float
+    until: float
+    resolution: int = Field(description="stored resolution the samples come from (1 or 60 s)")
+    samples: list[Sample]
+
+
+# -- files ----------------------------------------------------------------------------------
+
+class FileEntry(BaseModel):
+    name: str
+    path: str
+    kind: Literal["file", "dir", "symlink", "special"]
+    size: int
+    mtime: float
+    primary: str | None
+    tier: str | None
+    replicas: list[str]
+    pinned: bool
+    version: int
+
+
+class FileListing(BaseModel):
+    path: str
+    items: list[FileEntry]
+    next_cursor: str | None
+
+
+class ActionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: ActionName
+    paths: list[str] = Field(min_length=1, max_length=MAX_PATHS_PER_ACTION)
+
+    @field_validator("paths")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        return value  # each path is checked by the route, naming its index
+
+
+class ActionItemOut(BaseModel):
+    id: int
+    path: str
+    node: str | None
+    state: ItemState
+    detail: str | None
+    tier: str | None = None
+
+
+class ActionOut(BaseModel):
+    id: int
+    action: ActionName
+    state: ActionState
+    actor: str | None = None
+    items: list[ActionItemOut]
+    created_at: float
+    updated_at: float
+
+
+class ActionPage(Page[ActionOut]):
+    pass
+
+
+# -- policies -------------------------------------------------------------------------------
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str = Field(min_length=1, max_length=64)
+    high_watermark: float = Field(gt=0, le=1)
+    low_watermark: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> PolicyIn:
+        if not self.low_watermark < self.high_watermark:
+            raise ValueError("low_watermark must be below high_watermark")
+        return self
+
+
+class PolicyOut(BaseModel):
+    node_id: str
+    policy: str | None
+    high_watermark: float | None
+    low_watermark: float | None
+    version: int
+    applied_version: int
+    updated_at: float | None
+
+
+# -- events ---------------------------------------------------------------------------------
+
+class EventOut(BaseModel):
+    id: int
+    ts: float
+    kind: EventKind
+    node: str | None
+    actor: str | None
+    action: str
+    result: str
+    detail: str | None
+
+
+class EventPage(Page[EventOut]):
+    pass
+
+
+# -- heartbeats (the agents' link) ----------------------------------------------------------
+
+class TierCounters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    read_bytes: int = Field(0, ge=0)
+    write_bytes: int = Field(0, ge=0)
+    reads: int = Field(0, ge=0)
+    writes: int = Field(0, ge=0)
+    hits: int = Field(0, ge=0)
+
+
+class RemoteCounters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    read_bytes: int = Field(0, ge=0)
+    fetches: int = Field(0, ge=0)
+    fetch_bytes: int = Field(0, ge=0)
+
+
+class Counters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    fast: TierCounters = TierCounters()
+    slow: TierCounters = TierCounters()
+    remote: RemoteCounters = RemoteCounters()
+    misses: int = Field(0, ge=0)
+    metadata_ops: int = Field(0, ge=0)
+    migrations: int = Field(0, ge=0)
+    migration_bytes: int = Field(0, ge=0)
+
+
+class ActionResult(BaseModel):
+    id: int
+    state: Literal["done", "failed"]
+    detail: str | None = Field(None, max_length=4096)
+    tier: str | None = Field(None, max_length=16)
+
+
+class Heartbeat(BaseModel):
+    node_id: str = Field(pattern=NODE_ID_PATTERN)
+    version: str | None = Field(None, max_length=64)
+    boot_id: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    sent_at: float
+    address: str | None = Field(None, max_length=300)
+    status: dict[str, Any] | None = None
+    counters: Counters = Counters()
+    policy_version: int = Field(0, ge=0)
+    action_results: list[ActionResult] = Field([], max_length=10000)
+
+
+class PolicyDelivery(BaseModel):
+    version: int
+    policy: str
+    high_watermark: float
+    low_watermark: float
+
+
+class ActionDelivery(BaseModel):
+    id: int
+    action: ActionName
+    path: str
+
+
+class HeartbeatAnswer(BaseModel):
+    interval: float
+    policy: PolicyDelivery | None
+    actions: list[ActionDelivery]
+    acked_results: list[int]
+    plans: list[dict[str, Any]] = []
+
+
+# -- health ---------------------------------------------------------------------------------
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    database: str
+    redis: str
+
+
+class ErrorOut(BaseModel):
+    detail: Any

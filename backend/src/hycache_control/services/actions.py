@@ -1,0 +1,174 @@
+"""File actions (pin, unpin, promote, demote): one item per path, routed to the node that
+holds the file's primary copy (from the DHT), delivered in that node's heartbeat answer
+until it reports a result."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
+
+from ..db import Database
+from ..models import Action, ActionItem
+from .errors import NotFound
+from .events import EventService
+from .namespace import NamespaceService
+from .nodes import NodeService
+
+#: items delivered per heartbeat answer at most
+MAX_DELIVERY = 500
+FINAL = ("done", "failed")
+
+
+def action_state(items: list[ActionItem]) -> str:
+    states = {i.state for i in items}
+    if states <= {"done"}:
+        return "done"
+    if states <= set(FINAL):
+        return "failed"
+    if states == {"pending"}:
+        return "pending"
+    return "running"
+
+
+def action_view(a: Action) -> dict[str, Any]:
+    return {"id": a.id, "action": a.action, "state": action_state(a.items), "actor": a.actor,
+            "created_at": a.created_at, "updated_at": a.updated_at,
+            "items": [item_view(i) for i in a.items]}
+
+
+def item_view(i: ActionItem) -> dict[str, Any]:
+    return {"id": i.id, "path": i.path, "node": i.node, "state": i.state, "detail": i.detail, "tier": i.tier}
+
+
+class ActionService:
+    def __init__(self, db: Database, namespace: NamespaceService, nodes: NodeService, events: EventService) -> None:
+        self.db = db
+        self.namespace = namespace
+        self.nodes = nodes
+        self.events = events
+        self._lock = threading.Lock()
+        #: item updates for the stream: (seq, item view)
+        self.updates: collections.deque[tuple[int, dict]] = collections.deque(maxlen=10_000)
+        self._seq = itertools.count(1)
+        self.last_update = 0
+        with db.session() as s:
+            self._pending_nodes: set[str] = set(s.scalars(
+                select(ActionItem.node).where(ActionItem.state.in_(("pending", "delivered"))).distinct()))
+
+    def _publish(self, items: list[dict]) -> None:
+        with self._lock:
+            for it in items:
+                self.last_update = next(self._seq)
+                self.updates.append((self.last_update, it))
+
+    def updates_after(self, seq: int) -> list[tuple[int, dict]]:
+        with self._lock:
+            return [u for u in self.updates if u[0] > seq]
+
+    def create(self, action: str, paths: list[str], actor: str | None) -> dict[str, Any]:
+        now = time.time()
+        items = []
+        for path in paths:
+            node, state, detail = None, "pending", None
+            meta = self.namespace.get(path)
+            if meta is None:
+                state, detail = "failed", f"no such file: {path}"
+            elif meta.kind != "file":
+                state, detail = "failed", f"not a regular file ({meta.kind}): {path}"
+            elif not meta.primary:
+                state, detail = "failed", f"no node holds {path}"
+            elif not self.nodes.is_live(meta.primary):
+                node, state = meta.primary, "failed"
+                detail = f"{path} is held by node {meta.primary}, which is not live (down or unknown)"
+            else:
+                node = meta.primary
+            items.append(ActionItem(path=path, node=node, state=state, detail=detail, updated_at=now))
+        a = Action(action=action, actor=actor, created_at=now, updated_at=now, items=items)
+        with self.db.session() as s:
+            s.add(a)
+            s.flush()
+            view = action_view(a)
+        with self._lock:
+            self._pending_nodes.update(i.node for i in items if i.state == "pending" and i.node)
+        for it in view["items"]:
+            if it["state"] == "failed":
+                self.events.record("action", f"{action} {it['path']}", "failed", node=it["node"], actor=actor,
+                                   detail=it["detail"])
+        self._publish(view["items"])
+        return view
+
+    def get(self, action_id: int) -> dict[str, Any]:
+        with self.db.session() as s:
+            a = s.scalar(select(Action).where(Action.id == action_id).options(selectinload(Action.items)))
+            if a is None:
+                raise NotFound(("path", "action_id"), f"no action {action_id}")
+            return action_view(a)
+
+    def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+        with self.db.session() as s:
+            total = s.scalar(select(func.count()).select_from(Action)) or 0
+            rows = s.scalars(select(Action).options(selectinload(Action.items)).order_by(Action.id.desc())
+                             .limit(limit).offset(offset))
+            return [action_view(a) for a in rows], total
+
+    # -- the heartbeat side -------------------------------------------------------------------
+
+    def deliver(self, node: str) -> list[dict[str, Any]]:
+        """Items for ``node`` (pending or delivered without a result yet: re-sent until the
+        agent reports, so a restart of either side loses none)."""
+        with self._lock:
+            if node not in self._pending_nodes:
+                return []
+        now = time.time()
+        with self.db.session() as s:
+            rows = list(s.execute(select(ActionItem, Action.action).join(Action)
+                                  .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")))
+                                  .order_by(ActionItem.id).limit(MAX_DELIVERY)))
+            if not rows:
+                with self._lock:
+                    self._pending_nodes.discard(node)
+                return []
+            changed = []
+            for item, _ in rows:
+                if item.state == "pending":
+                    item.state, item.updated_at = "delivered", now
+                    item.parent.updated_at = now
+                    changed.append(item_view(item))
+            out = [{"id": item.id, "action": action, "path": item.path} for item, action in rows]
+        self._publish(changed)
+        return out
+
+    def report(self, node: str, results: list) -> list[int]:
+        """Take the results a node reports; the ids it may stop reporting."""
+        if not results:
+            return []
+        now = time.time()
+        acked, changed, failed = [], [], []
+        with self.db.session() as s:
+            items = {i.id: i for i in s.scalars(select(ActionItem).options(selectinload(ActionItem.parent))
+                                                .where(ActionItem.id.in_([r.id for r in results])))}
+            for r in results:
+                item = items.get(r.id)
+                if item is None:
+                    acked.append(r.id)  # unknown here (e.g. a database restored from backup): drop it
+                    continue
+                if item.node != node:
+                    continue
+                acked.append(r.id)
+                if item.state in FINAL:
+                    continue
+                item.state, item.detail, item.tier, item.updated_at = r.state, r.detail, r.tier, now
+                item.parent.updated_at = now
+                changed.append(item_view(item))
+                if r.state == "failed":
+                    failed.append((item.parent.action, item.path, r.detail))
+        for action, path, detail in failed:
+            self.events.record("action", f"{action} {path}", "failed", node=node, detail=detail)
+        self._publish(changed)
+        return acked

@@ -1,0 +1,53 @@
+"""The event log: audit entries (who did what) and cluster events (node transitions,
+action failures, policies applied).  Inserts are serialised, so ids grow in commit order
+and a stream reader resuming after id N misses nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from sqlalchemy import func, select
+
+from ..db import Database
+from ..models import Event
+
+
+class EventService:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._lock = threading.Lock()
+        with db.session() as s:
+            self.last_id: int = s.scalar(select(func.max(Event.id))) or 0
+
+    def record(self, kind: str, action: str, result: str, *, node: str | None = None,
+               actor: str | None = None, detail: str | None = None, ts: float | None = None) -> int:
+        row = Event(ts=time.time() if ts is None else ts, kind=kind, node=node, actor=actor,
+                    action=action[:200], result=result[:200], detail=detail)
+        with self._lock:
+            with self.db.session() as s:
+                s.add(row)
+                s.flush()
+                eid = row.id
+            self.last_id = max(self.last_id, eid)
+        return eid
+
+    def list(self, kind: str | None = None, node: str | None = None, since_id: int | None = None,
+             limit: int = 100, offset: int = 0) -> tuple[list[Event], int]:
+        q = select(Event)
+        if kind:
+            q = q.where(Event.kind == kind)
+        if node:
+            q = q.where(Event.node == node)
+        if since_id is not None:
+            q = q.where(Event.id > since_id)
+        with self.db.session() as s:
+            total = s.scalar(select(func.count()).select_from(q.subquery())) or 0
+            rows = list(s.scalars(q.order_by(Event.id.desc() if since_id is None else Event.id)
+                                  .limit(limit).offset(offset)))
+        return rows, total
+
+    def after(self, event_id: int, limit: int = 500) -> list[Event]:
+        """Events with an id above ``event_id``, oldest first (the stream's replay)."""
+        with self.db.session() as s:
+            return list(s.scalars(select(Event).where(Event.id > event_id).order_by(Event.id).limit(limit)))

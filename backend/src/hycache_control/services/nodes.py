@@ -1,0 +1,220 @@
+"""Nodes: the DHT registry merged with each node's latest heartbeat, and their states.
+
+States (evaluated every ``monitor`` tick and at every heartbeat):
+
+* a node that has sent heartbeats: ``up`` while they arrive (the last one less than
+  ``down_after_missed x interval + down_grace`` old) and its agent reports its DHT link
+  ``ok``/``connecting``; ``degraded`` while they arrive but the agent reports its DHT link
+  degraded, or when they stopped but the DHT registry still sees the node alive (it serves
+  files but cannot reach us); ``down`` when they stopped and the registry does not see it.
+* a node known only from the DHT registry (an agent without a control-plane link):
+  ``up`` while its registry entry is fresh, else ``down``.
+
+After a control-plane start every node gets one ``down_after`` of grace before its old
+heartbeat counts as missed (the agents need a beat to notice we are back).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from ..db import Database
+from ..models import Node
+from .events import EventService
+from .metrics import MetricsWriter, _get, gauges, rates
+
+log = logging.getLogger(__name__)
+
+NODE_COLUMNS = ("id", "address", "version", "boot_id", "seq", "sent_at", "first_seen", "last_heartbeat",
+                "heartbeats", "state", "state_since", "status", "counters", "updated_at")
+
+
+@dataclass
+class LiveNode:
+    id: str
+    first_seen: float
+    state: str = "down"
+    state_since: float = 0.0
+    address: str | None = None
+    version: str | None = None
+    boot_id: str | None = None
+    seq: int = 0
+    sent_at: float | None = None
+    last_heartbeat: float | None = None
+    heartbeats: int = 0
+    status: dict[str, Any] | None = None
+    counters: dict[str, Any] | None = None
+    rates: dict[str, Any] | None = None
+    registry: dict[str, Any] | None = None  # the DHT registry's entry (addr, load, last_beat)
+    updated_at: float = 0.0
+    persisted: bool = field(default=False, repr=False)
+
+    def row(self) -> dict[str, Any]:
+        return {c: getattr(self, c) for c in NODE_COLUMNS}
+
+
+class NodeService:
+    def __init__(self, db: Database, events: EventService, *, interval: float, down_after: float,
+                 registry_reader=None) -> None:
+        self.db = db
+        self.events = events
+        self.interval = interval
+        self.down_after = down_after
+        self.registry_reader = registry_reader  # () -> {node_id: list_nodes entry}; raises if unreachable
+        self.started = time.time()
+        self.live: dict[str, LiveNode] = {}
+        self.lock = threading.Lock()
+        self.heartbeats_received = 0
+        self.dht_reachable: bool | None = None
+        self.dht_error: str | None = None
+        self.writer: MetricsWriter | None = None
+        with db.session() as s:
+            for n in s.scalars(select(Node)):
+                self.live[n.id] = LiveNode(
+                    id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
+                    version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
+                    last_heartbeat=n.last_heartbeat, heartbeats=n.heartbeats, status=n.status, counters=n.counters,
+                    updated_at=n.updated_at, persisted=True)
+
+    # -- persistence (called by the metrics writer inside its transaction) ---------------------
+
+    def sink(self, s: Session, rows: list[dict]) -> None:
+        ins = (postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert)(Node)
+        stmt = ins.on_conflict_do_update(index_elements=[Node.id],
+                                         set_={c: ins.excluded[c] for c in NODE_COLUMNS if c != "id"})
+        s.execute(stmt, rows)
+
+    # -- heartbeats ---------------------------------------------------------------------------
+
+    def heartbeat(self, hb, now: float | None = None) -> None:
+        """Take one heartbeat (a validated ``schemas.Heartbeat``): rates, state, persistence."""
+        now = time.time() if now is None else now
+        counters = hb.counters.model_dump()
+        transition = None
+        with self.lock:
+            self.heartbeats_received += 1
+            n = self.live.get(hb.node_id)
+            if n is None:
+                n = self.live[hb.node_id] = LiveNode(id=hb.node_id, first_seen=now, state_since=now)
+            sample = None
+            same_boot = n.boot_id == hb.boot_id and n.counters is not None and n.sent_at is not None
+            if not (same_boot and hb.seq <= n.seq):  # else: a replayed heartbeat, keep the baseline
+                if same_boot:
+                    r = rates(n.counters, n.sent_at, counters, hb.sent_at)
+                    if r is not None:
+                        sample = {"node_id": n.id, "ts": now, "resolution": 1, **r, **gauges(hb.status)}
+                n.counters, n.sent_at, n.seq, n.boot_id = counters, hb.sent_at, hb.seq, hb.boot_id
+            n.address = hb.address or n.address
+            n.version = hb.version
+            n.status = hb.status
+            n.last_heartbeat = now
+            n.heartbeats += 1
+            if sample is not None:
+                n.rates = sample
+            n.updated_at = now
+            transition = self._evaluate(n, now)
+            row = n.row()
+        if self.writer is not None:
+            if sample is not None:
+                self.writer.sample(sample)
+            self.writer.node(row)
+        if transition:
+            self._announce(*transition)
+
+    # -- states -------------------------------------------------------------------------------
+
+    def _link_degraded(self, n: LiveNode) -> bool:
+        return _get(n.status, "cluster", "state", default=None) == "degraded"
+
+    def _registry_alive(self, n: LiveNode, now: float) -> bool:
+        from hycache_dht.registry import NODE_TTL_SECONDS
+        return n.registry is not None and now - n.registry["last_beat"] < NODE_TTL_SECONDS
+
+    def state_of(self, n: LiveNode, now: float) -> str:
+        if n.last_heartbeat is None:
+            return "up" if self._registry_alive(n, now) else "down"
+        fresh = now - max(n.last_heartbeat, self.started) <= self.down_after
+        if fresh:
+            return "degraded" if self._link_degraded(n) else "up"
+        return "degraded" if self._registry_alive(n, now) else "down"
+
+    def _evaluate(self, n: LiveNode, now: float) -> tuple[str, str, str] | None:
+        """(lock held) Update ``n.state``; the transition (node, old, new) if it changed."""
+        new = self.state_of(n, now)
+        if new == n.state:
+            return None
+        old, n.state, n.state_since, n.updated_at = n.state, new, now, now
+        return n.id, old, new
+
+    def _announce(self, node: str, old: str, new: str) -> None:
+        try:
+            self.events.record("node", f"state {new}", new, node=node, detail=f"{old} -> {new}")
+        except Exception as e:
+            log.warning("could not record the transition of %s to %s: %s", node, new, e)
+
+    def refresh_registry(self) -> None:
+        """Read the DHT registry (blocking); an unreachable DHT leaves the last view, which
+        ages out by its own timestamps."""
+        if self.registry_reader is None:
+            return
+        try:
+            reg = self.registry_reader()
+            self.dht_reachable, self.dht_error = True, None
+        except Exception as e:
+            self.dht_reachable, self.dht_error = False, str(e)
+            return
+        now = time.time()
+        with self.lock:
+            for node_id, info in reg.items():
+                n = self.live.get(node_id)
+                if n is None:
+                    n = self.live[node_id] = LiveNode(id=node_id, first_seen=now, state_since=now, updated_at=now)
+                if n.registry is None or n.registry.get("last_beat") != info.get("last_beat"):
+                    n.registry = {"addr": info.get("addr"), "load": info.get("load"), "last_beat": info["last_beat"]}
+                    if n.address is None:
+                        n.address = info.get("addr")
+
+    def tick(self, now: float | None = None) -> None:
+        """Re-evaluate every node's state (the monitor calls this each second)."""
+        now = time.time() if now is None else now
+        changes = []
+        with self.lock:
+            for n in self.live.values():
+                t = self._evaluate(n, now)
+                if t:
+                    changes.append(t)
+                    if n.persisted or n.last_heartbeat is not None:
+                        rows = n.row()
+                        if self.writer is not None:
+                            self.writer.node(rows)
+        for t in changes:
+            self._announce(*t)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def snapshot(self) -> list[LiveNode]:
+        with self.lock:
+            return [copy.copy(n) for n in sorted(self.live.values(), key=lambda n: n.id)]
+
+    def get(self, node_id: str) -> LiveNode | None:
+        with self.lock:
+            n = self.live.get(node_id)
+            return copy.copy(n) if n is not None else None
+
+    def known(self, node_id: str) -> bool:
+        with self.lock:
+            return node_id in self.live
+
+    def is_live(self, node_id: str) -> bool:
+        with self.lock:
+            n = self.live.get(node_id)
+            return n is not None and n.state in ("up", "degraded")
