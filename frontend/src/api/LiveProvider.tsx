@@ -5,12 +5,11 @@ import { useQueryClient, type QueryClient } from '@tanstack/react-query';
 import { keys } from './hooks';
 import { openStream, type StreamMessage, type StreamState } from './stream';
 import { LiveContext } from './live';
-import type { Action, MetricSample, Node } from './types';
+import type { Action, ActionItem, MetricSample, Node, NodeList } from './types';
 
 /** samples kept from the stream per node (1 s apart: about an hour) */
 const LIVE_KEEP = 3600;
 
-type NodeList = { items: Node[]; total: number; limit: number; offset: number };
 
 export function applyMessage(qc: QueryClient, m: StreamMessage): void {
   let data: unknown;
@@ -34,15 +33,30 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
   } else if (m.event === 'event') {
     void qc.invalidateQueries({ queryKey: ['events'] });
   } else if (m.event === 'action') {
-    const a = data as Partial<Action> & { action_id?: number };
-    const id = a.action_id ?? a.id;
-    if (typeof id === 'number') {
-      if (Array.isArray(a.items) && a.action_id === undefined) qc.setQueryData(keys.action(id), a);
-      else void qc.invalidateQueries({ queryKey: keys.action(id) });
+    // one action item changed: patch it into the cached action that holds it
+    const item = data as ActionItem;
+    let found = false;
+    for (const [key, action] of qc.getQueriesData<Action>({ queryKey: ['actions'] })) {
+      if (!action || !Array.isArray(action.items) || !action.items.some((i) => i.id === item.id)) continue;
+      found = true;
+      const items = action.items.map((i) => (i.id === item.id ? { ...i, ...item } : i));
+      qc.setQueryData<Action>(key, { ...action, items, state: overall(items) });
     }
-    void qc.invalidateQueries({ queryKey: ['files'] });
-    void qc.invalidateQueries({ queryKey: ['file-info'] });
+    if (!found) void qc.invalidateQueries({ queryKey: ['actions'] });
+    if (item.state === 'done' || item.state === 'failed') {
+      void qc.invalidateQueries({ queryKey: ['files'] });
+      void qc.invalidateQueries({ queryKey: ['file-info'] });
+    }
   }
+}
+
+/** the action's state from its items (as the control plane computes it) */
+function overall(items: ActionItem[]): Action['state'] {
+  const final = (i: ActionItem) => i.state === 'done' || i.state === 'failed';
+  if (items.every((i) => i.state === 'done')) return 'done';
+  if (items.every(final)) return 'failed';
+  if (items.every((i) => i.state === 'pending')) return 'pending';
+  return 'running';
 }
 
 export function LiveProvider({ token, children }: { token: string; children: ReactNode }) {

@@ -1,7 +1,7 @@
 // TanStack Query hooks: one per REST resource; the stream (LiveProvider) keeps them fresh.
 import { keepPreviousData, useInfiniteQuery, useMutation, useQuery, useQueryClient } from '@tanstack/react-query';
 import { api, call } from './client';
-import type { ActionKind, MetricSample, PolicyUpdate } from './types';
+import type { ActionKind, EventKind, MetricSample, PolicyUpdate } from './types';
 
 export const keys = {
   whoami: (token: string | null) => ['whoami', token] as const,
@@ -99,7 +99,7 @@ export function useSavePolicy(id: string) {
   });
 }
 
-export function useEvents(kind: string, node: string) {
+export function useEvents(kind: EventKind | '', node: string) {
   return useQuery({
     queryKey: keys.events(kind, node),
     queryFn: () => call(api.GET('/api/v1/events', { params: { query: { ...(kind ? { kind } : {}), ...(node ? { node } : {}), limit: 200 } } })),

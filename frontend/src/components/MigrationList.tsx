@@ -8,9 +8,9 @@ export function MigrationList({ migrations }: { migrations: Migration[] }) {
       {migrations.map((m, i) => (
         <li key={`${m.path ?? ''}-${i}`}>
           <span>
-            {m.path ?? '(file)'}: {m.from} → {m.to}
+            {m.path ?? '(file)'}: {m.from ?? '?'} → {m.to ?? '?'}
           </span>
-          <progress max={m.total || 1} value={m.copied} aria-label={`migration of ${m.path ?? 'a file'}`}>
+          <progress max={m.total || 1} value={m.copied ?? 0} aria-label={`migration of ${m.path ?? 'a file'}`}>
             {formatBytes(m.copied)}
           </progress>
           <span className="small muted">

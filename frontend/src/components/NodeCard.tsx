@@ -1,5 +1,5 @@
 import { Link } from 'react-router';
-import type { Node } from '../api/types';
+import type { Node, Rates } from '../api/types';
 import { formatAgo, formatBytes, formatPercent, formatRate } from '../format';
 import { NodeStateBadge } from './NodeStateBadge';
 import { TierBar } from './TierBar';
@@ -7,7 +7,7 @@ import { MigrationList } from './MigrationList';
 
 /** One node of the cluster: state, both tiers, hit ratio, throughput now, migrations. */
 export function NodeCard({ node }: { node: Node }) {
-  const r = node.rates ?? {};
+  const r: Partial<Rates> = node.rates ?? {};
   return (
     <article className={`card nodecard nodecard-${node.state}`} aria-labelledby={`node-${node.id}`}>
       <header className="nodecard-head">
@@ -18,7 +18,7 @@ export function NodeCard({ node }: { node: Node }) {
       </header>
       <p className="muted small">
         {node.address ?? 'standalone'} · heartbeat {formatAgo(node.last_heartbeat)}
-        {node.policy ? ` · policy ${node.policy.policy}` : ''}
+        {node.policy.policy ? ` · policy ${node.policy.policy}` : ''}
       </p>
       <TierBar name="fast" tier={node.tiers.fast} />
       <TierBar name="slow" tier={node.tiers.slow} />
@@ -42,7 +42,7 @@ export function NodeCard({ node }: { node: Node }) {
         <div>
           <dt>DHT backlog</dt>
           <dd>
-            {node.dht.backlog} ({node.dht.state})
+            {node.dht.backlog ?? '—'} ({node.dht.state ?? 'standalone'})
           </dd>
         </div>
         <div>

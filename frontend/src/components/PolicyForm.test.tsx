@@ -3,7 +3,7 @@ import userEvent from '@testing-library/user-event';
 import { ApiError } from '../api/client';
 import { PolicyForm, validatePolicy } from './PolicyForm';
 
-const policy = { policy: 'lru', high_watermark: 0.9, low_watermark: 0.7, version: 2, applied_version: 2 };
+const policy = { node_id: 'a', policy: 'lru', high_watermark: 0.9, low_watermark: 0.7, version: 2, applied_version: 2, updated_at: 1763900000 };
 
 test('client-side validation names the field and does not submit', async () => {
   const onSubmit = vi.fn();

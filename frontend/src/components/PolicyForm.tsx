@@ -1,6 +1,6 @@
 import { useState, type FormEvent } from 'react';
 import { ApiError } from '../api/client';
-import type { Policy, PolicyUpdate, ValidationError } from '../api/types';
+import type { Node, Policy, PolicyUpdate, ValidationError } from '../api/types';
 import { errorText } from './States';
 
 export const POLICIES = ['lru', 'lfu', 'gdsf', 'arc'];
@@ -38,16 +38,19 @@ export function serverErrors(error: unknown): FieldErrors {
 export interface PolicyFormProps {
   nodeId: string;
   policy: Policy;
+  /** what the node reports it runs (its view in GET /nodes) */
+  current?: Node['policy'];
   readOnly: boolean;
   saving: boolean;
   serverError: unknown;
   onSubmit: (p: PolicyUpdate) => void;
 }
 
-export function PolicyForm({ nodeId, policy, readOnly, saving, serverError, onSubmit }: PolicyFormProps) {
-  const [name, setName] = useState(policy.policy);
-  const [high, setHigh] = useState(String(policy.high_watermark));
-  const [low, setLow] = useState(String(policy.low_watermark));
+export function PolicyForm({ nodeId, policy, current, readOnly, saving, serverError, onSubmit }: PolicyFormProps) {
+  // a node without a control-plane policy shows what it runs now (its own options)
+  const [name, setName] = useState(policy.policy ?? current?.policy ?? 'lru');
+  const [high, setHigh] = useState(String(policy.high_watermark ?? current?.high_watermark ?? 0.9));
+  const [low, setLow] = useState(String(policy.low_watermark ?? current?.low_watermark ?? 0.7));
   const [clientErrs, setClientErrs] = useState<FieldErrors>({});
   const errs: FieldErrors = { ...(serverError ? serverErrors(serverError) : {}), ...clientErrs };
   const id = (f: string) => `policy-${nodeId}-${f}`;
@@ -58,7 +61,7 @@ export function PolicyForm({ nodeId, policy, readOnly, saving, serverError, onSu
     setClientErrs(ce);
     if (Object.keys(ce).length === 0) onSubmit({ policy: name, high_watermark: Number(high), low_watermark: Number(low) });
   };
-  const options = POLICIES.includes(policy.policy) ? POLICIES : [policy.policy, ...POLICIES];
+  const options = POLICIES.includes(name) ? POLICIES : [name, ...POLICIES];
 
   return (
     <form className="policyform" onSubmit={submit} noValidate aria-label={`Policy of node ${nodeId}`}>
@@ -84,8 +87,9 @@ export function PolicyForm({ nodeId, policy, readOnly, saving, serverError, onSu
         {errs.low_watermark && <p id={id('low-err')} className="error-text">{errs.low_watermark}</p>}
       </div>
       <p className="small muted">
-        Version {policy.version}; the node applies version {policy.applied_version}
-        {policy.applied_version === policy.version ? ' (in effect).' : ' (on its way).'}
+        {policy.version === 0
+          ? 'No policy set from the control plane: the node runs its own options.'
+          : `Version ${policy.version}; the node applies version ${policy.applied_version}${policy.applied_version === policy.version ? ' (in effect).' : ' (on its way).'}`}
       </p>
       {errs.form && (
         <p role="alert" className="error-text">

@@ -2,14 +2,20 @@ import type { Tier } from '../api/types';
 import { formatBytes, formatPercent } from '../format';
 
 /** A tier's capacity bar: used bytes filled, the high and low watermarks drawn on it. */
-export function TierBar({ name, tier }: { name: 'fast' | 'slow'; tier: Tier }) {
+export function TierBar({ name, tier }: { name: 'fast' | 'slow'; tier: Tier | undefined }) {
+  if (!tier) return <p className="muted small">{name === 'fast' ? 'Fast' : 'Slow'} tier: not reported yet.</p>;
+  return <TierBarInner name={name} tier={tier} />;
+}
+
+function TierBarInner({ name, tier }: { name: 'fast' | 'slow'; tier: Tier }) {
   const cap = tier.capacity || tier.device_capacity || 0;
-  const frac = cap > 0 ? Math.min(1, tier.used / cap) : 0;
-  const hi = cap > 0 ? tier.high_watermark_bytes / cap : null;
-  const lo = cap > 0 ? tier.low_watermark_bytes / cap : null;
+  const used = tier.used ?? 0;
+  const frac = cap > 0 ? Math.min(1, used / cap) : 0;
+  const hi = cap > 0 && tier.high_watermark_bytes != null ? tier.high_watermark_bytes / cap : null;
+  const lo = cap > 0 && tier.low_watermark_bytes != null ? tier.low_watermark_bytes / cap : null;
   const over = hi !== null && frac >= hi;
   const label = `${name} tier`;
-  const text = `${formatBytes(tier.used)} of ${formatBytes(cap)} used (${formatPercent(frac)}), ${tier.files} files`;
+  const text = `${formatBytes(used)} of ${cap ? formatBytes(cap) : 'unknown'} used${cap ? ` (${formatPercent(frac)})` : ''}${tier.files != null ? `, ${tier.files} files` : ''}`;
   return (
     <div className="tierbar">
       <div className="tierbar-head">
@@ -22,7 +28,7 @@ export function TierBar({ name, tier }: { name: 'fast' | 'slow'; tier: Tier }) {
         aria-label={label}
         aria-valuemin={0}
         aria-valuemax={cap}
-        aria-valuenow={tier.used}
+        aria-valuenow={used}
         aria-valuetext={text}
       >
         <div className={`tierbar-fill tierbar-${name}${over ? ' tierbar-over' : ''}`} style={{ width: `${frac * 100}%` }} />

@@ -1,13 +1,15 @@
 import { useSearchParams } from 'react-router';
 import { useEvents } from '../api/hooks';
+import type { EventKind } from '../api/types';
 import { EventList } from '../components/EventList';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
 
-const KINDS = ['audit', 'node', 'action', 'policy', 'cluster'];
+const KINDS: EventKind[] = ['audit', 'node', 'action', 'policy', 'cluster'];
 
 export function Events() {
   const [params, setParams] = useSearchParams();
-  const kind = params.get('kind') ?? '';
+  const kindParam = params.get('kind') ?? '';
+  const kind = KINDS.find((k) => k === kindParam) ?? '';
   const node = params.get('node') ?? '';
   const q = useEvents(kind, node);
   const set = (k: string, v: string) => {

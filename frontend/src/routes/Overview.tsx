@@ -36,7 +36,7 @@ function ClusterSummary() {
   const sum = (f: (r: NonNullable<(typeof nodes)[number]['rates']>) => number | undefined) =>
     nodes.reduce((a, n) => a + (n.rates ? (f(n.rates) ?? 0) : 0), 0);
   const ratios = nodes.map((n) => n.hit_ratio).filter((r): r is number => typeof r === 'number');
-  const backlog = nodes.reduce((a, n) => a + n.dht.backlog, 0);
+  const backlog = nodes.reduce((a, n) => a + (n.dht.backlog ?? 0), 0);
   const migrating = nodes.reduce((a, n) => a + n.migrations.active.length, 0);
   return (
     <dl className="summary card" aria-label="Cluster summary">

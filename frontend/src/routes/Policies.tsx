@@ -1,5 +1,6 @@
 import { Link, useParams } from 'react-router';
 import { useNodes, usePolicy, useSavePolicy } from '../api/hooks';
+import type { Node } from '../api/types';
 import { useAuth } from '../auth/auth';
 import { PolicyForm } from '../components/PolicyForm';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
@@ -27,7 +28,7 @@ export function Policies() {
               <h2 id={`pol-${n.id}`}>
                 <Link to={`/policies/${encodeURIComponent(n.id)}`}>Node {n.id}</Link> <NodeStateBadge state={n.state} />
               </h2>
-              <NodePolicy nodeId={n.id} />
+              <NodePolicy nodeId={n.id} current={n.policy} />
             </article>
           ))}
         </div>
@@ -36,7 +37,7 @@ export function Policies() {
   );
 }
 
-function NodePolicy({ nodeId }: { nodeId: string }) {
+function NodePolicy({ nodeId, current }: { nodeId: string; current: Node['policy'] }) {
   const { canWrite } = useAuth();
   const q = usePolicy(nodeId);
   const save = useSavePolicy(nodeId);
@@ -48,6 +49,7 @@ function NodePolicy({ nodeId }: { nodeId: string }) {
         key={`${q.data.version}`}
         nodeId={nodeId}
         policy={q.data}
+        current={current}
         readOnly={!canWrite}
         saving={save.isPending}
         serverError={save.error}
