@@ -52,11 +52,14 @@ export function useFiles(path: string, prefix: string) {
     queryFn: ({ pageParam }) =>
       call(api.GET('/api/v1/files', { params: { query: { path, cursor: pageParam ?? undefined, limit: FILES_PAGE, ...(prefix ? { prefix } : {}) } } })),
     getNextPageParam: (last) => last.next_cursor ?? undefined,
+    // tiers change as the agents migrate: re-read small listings (a huge one is re-read
+    // when the user comes back to it, not every few seconds)
+    refetchInterval: (q) => ((q.state.data?.pages.length ?? 0) <= 2 ? 4000 : false),
   });
 }
 
 export function useFileInfo(path: string) {
-  return useQuery({ queryKey: keys.fileInfo(path), queryFn: () => call(api.GET('/api/v1/files/info', { params: { query: { path } } })) });
+  return useQuery({ queryKey: keys.fileInfo(path), refetchInterval: 4000, queryFn: () => call(api.GET('/api/v1/files/info', { params: { query: { path } } })) });
 }
 
 export function useAction(id: number | null) {
