@@ -2,6 +2,7 @@
 // document, as `hycache-control openapi` prints it (no server needed).
 //   HYCACHE_CONTROL=/path/to/hycache-control   (default: the repository's .venv)
 //   OPENAPI_JSON=file.json                     (use a saved document instead)
+//   SCHEMA_OUT=file.d.ts                       (write there instead; the drift check)
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
@@ -10,7 +11,7 @@ import openapiTS, { astToString } from 'openapi-typescript';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repo = resolve(here, '..', '..');
-const out = resolve(here, '..', 'src', 'api', 'schema.d.ts');
+const out = process.env.SCHEMA_OUT ?? resolve(here, '..', 'src', 'api', 'schema.d.ts');
 
 let text;
 if (process.env.OPENAPI_JSON) {

@@ -88,7 +88,11 @@ export function useActions() {
 }
 
 export function usePolicy(id: string) {
-  return useQuery({ queryKey: keys.policy(id), queryFn: () => call(api.GET('/api/v1/nodes/{node_id}/policy', { params: { path: { node_id: id } } })) });
+  return useQuery({
+    queryKey: keys.policy(id),
+    // until the node reports the version it applies, look again every 2 s
+    refetchInterval: (q) => (q.state.data && q.state.data.applied_version !== q.state.data.version ? 2000 : 15_000),
+    queryFn: () => call(api.GET('/api/v1/nodes/{node_id}/policy', { params: { path: { node_id: id } } })) });
 }
 
 export function useSavePolicy(id: string) {
