@@ -71,7 +71,7 @@ def test_dashboard_in_chromium(redis_cluster, dht_namespace, tmp_path_factory):
     assert {"overview-light.png", "files-light.png", "throughput-dark.png"} <= set(shots), shots
 
 
-def _tail(path: Path, n: int = 40) -> str:
+def _tail(path: Path, n: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
