@@ -71,7 +71,7 @@ export function ThroughputChart({ title, samples, series, unit, scale = 1, windo
                 formatter={(v) => `${typeof v === 'number' ? v.toFixed(2) : String(v)} ${unit}`}
                 contentStyle={{ background: 'var(--bg-raised)', color: 'var(--fg)', border: '1px solid var(--border)' }}
               />
-              <Legend />
+              <Legend verticalAlign="top" height={30} />
               {series.map((se) => (
                 <Line key={se.key} type="monotone" dataKey={se.key} name={se.label} stroke={se.color} dot={false} isAnimationActive={false} connectNulls />
               ))}

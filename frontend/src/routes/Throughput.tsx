@@ -95,7 +95,7 @@ function NodeCharts({ nodeId, windowSeconds }: { nodeId: string; windowSeconds: 
       />
       <ThroughputChart
         title={`Hits and misses, node ${nodeId}`}
-        unit="opens per interval"
+        unit="opens"
         windowSeconds={windowSeconds}
         samples={samples}
         series={[
