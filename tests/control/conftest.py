@@ -20,7 +20,7 @@ from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.settings import load_settings
 
-from .pg import PostgresServer, free_port, start_postgres
+from hycache_control.testing import PostgresServer, free_port, start_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROL_BIN = REPO / ".venv" / "bin" / "hycache-control"
