@@ -58,6 +58,7 @@ APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)
+    postgresql postgresql-client      # the control plane's production database (tests/control start one)
     fio mergerfs attr acl             # benchmark, peer FUSE fs for comparisons, xattr/ACL tools
     ca-certificates git procps psmisc util-linux
     chromium                          # the dashboard's browser tests (Playwright, executablePath)

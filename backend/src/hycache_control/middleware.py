@@ -12,10 +12,6 @@ log = logging.getLogger(__name__)
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 
 
-class _TooLarge(Exception):
-    pass
-
-
 async def _send_json(send, status: int, body: dict) -> None:
     raw = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
@@ -46,29 +42,32 @@ class BodyLimit:
                                                                      "msg": "not a number", "type": "value_error"}]})
                 if n > self.limit:
                     return await _send_json(send, 413, _too_large(self.limit))
-        seen = 0
-        started = False
-
-        async def counting_receive():
-            nonlocal seen
+        if any(k == b"content-length" for k, _ in scope.get("headers", [])):
+            return await self.app(scope, receive, send)  # the server holds the body to its length
+        # a streamed (chunked) body: read it up to the bound before the app sees it
+        chunks, seen = [], 0
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return msg
+            if msg["type"] != "http.request":
+                return
+            body = msg.get("body", b"")
+            seen += len(body)
+            if seen > self.limit:
+                return await _send_json(send, 413, _too_large(self.limit))
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        whole = b"".join(chunks)
+        replayed = False
 
-        async def tracking_send(msg):
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-            await send(msg)
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": whole, "more_body": False}
+            return await receive()
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _send_json(send, 413, _too_large(self.limit))
+        await self.app(scope, replay, send)
 
 
 class Audit:

@@ -26,14 +26,14 @@ FINAL = ("done", "failed")
 
 
 def action_state(items: list[ActionItem]) -> str:
+    """running while an item is with its node, pending while one waits for delivery, then
+    done (every item done) or failed (some item failed)."""
     states = {i.state for i in items}
-    if states <= {"done"}:
-        return "done"
-    if states <= set(FINAL):
-        return "failed"
-    if states == {"pending"}:
+    if "delivered" in states:
+        return "running"
+    if "pending" in states:
         return "pending"
-    return "running"
+    return "done" if states <= {"done"} else "failed"
 
 
 def action_view(a: Action) -> dict[str, Any]:
