@@ -79,6 +79,22 @@ def test_counters_count_reads_writes_hits_and_misses_per_tier(tmp_path):
     assert run_engine(tmp_path, body, fast_capacity=4 * M, promote_on_open=False)
 
 
+def test_polled_status_may_reuse_the_census_but_counters_are_always_current(tmp_path):
+    async def body(h):
+        e = h.engine
+        await h.write_file(b"a", b"1" * 10)
+        st = await e.status(max_age=60)
+        assert st["tiers"]["fast"]["files"] == 1
+        await h.write_file(b"b", b"2" * 20)
+        polled = await e.status(max_age=60)
+        assert polled["tiers"]["fast"]["files"] == 1  # the census of a moment ago
+        assert polled["counters"]["fast"]["write_bytes"] == 30  # counters: never stale
+        assert (await e.status())["tiers"]["fast"]["files"] == 2  # the CLI's: exact
+        return True
+
+    assert run_engine(tmp_path, body, fast_capacity=M)
+
+
 # --------------------------------------------------------------------------- the link's logic
 def test_heartbeat_carries_status_counters_and_pending_results(tmp_path):
     async def body(h):
@@ -95,6 +111,10 @@ def test_heartbeat_carries_status_counters_and_pending_results(tmp_path):
         assert hb["policy_version"] == 0 and hb["action_results"] == []
         assert link.build_heartbeat(await e.status())["seq"] == 2
         json.dumps(hb)  # serializable as is
+        # a control plane that never acknowledges: each heartbeat stays bounded, oldest first
+        link.pending = {i: {"id": i, "state": "done", "detail": "fast", "tier": "fast"} for i in range(1500)}
+        results = link.build_heartbeat(await e.status())["action_results"]
+        assert [r["id"] for r in results] == list(range(1000))
         assert link_for(e).boot_id != link.boot_id
         return True
 

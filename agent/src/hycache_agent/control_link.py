@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import logging
 import os
 import stat
@@ -36,6 +37,9 @@ REQUEST_TIMEOUT = 5.0
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 300.0
 SEEN_ACTIONS = 100_000  # action ids remembered (each is applied once)
 MAX_TOKEN = 64 << 10
+STATUS_MAX_AGE = 5.0  # seconds the file counts in a heartbeat's status may lag (counters never do)
+MAX_RESULTS = 1000  # action results per heartbeat (the oldest first; the rest follow)
+MAX_DETAIL = 2000  # characters of a result's detail
 
 
 class TokenFileError(Exception):
@@ -136,7 +140,7 @@ class ControlLink:
             "status": status,
             "counters": status["counters"],
             "policy_version": self.engine.policy_version,
-            "action_results": list(self.pending.values()),
+            "action_results": list(itertools.islice(self.pending.values(), MAX_RESULTS)),
         }
 
     async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None) -> None:
@@ -186,6 +190,8 @@ class ControlLink:
             result = {"id": aid, "state": "failed", "detail": f"internal error: {exc}"}
         finally:
             self.running.discard(aid)
+        if isinstance(result.get("detail"), str) and len(result["detail"]) > MAX_DETAIL:
+            result["detail"] = result["detail"][:MAX_DETAIL - 1] + "…"
         self.pending[aid] = result
         self.actions_applied += 1
 
@@ -268,7 +274,7 @@ class ControlLink:
         """One round trip; returns the delay before the next one."""
         import httpx
 
-        hb = self.build_heartbeat(await self.engine.status())
+        hb = self.build_heartbeat(await self.engine.status(max_age=STATUS_MAX_AGE))
         self.heartbeats_sent += 1
         try:
             resp = await client.post(self.heartbeat_url, json=hb)
@@ -283,12 +289,14 @@ class ControlLink:
             return -1.0
         try:
             answer = resp.json()
-            self._set_state("ok", None)
-            self.last_ok = time.time()
-            await self.handle_answer(answer)
         except ValueError as exc:
-            self._set_state("unreachable", f"bad answer: {exc}")
+            answer = exc
+        if not isinstance(answer, dict):
+            self._set_state("unreachable", f"bad answer (not a JSON object): {resp.text[:200]!r}")
             return -1.0
+        self._set_state("ok", None)
+        self.last_ok = time.time()
+        await self.handle_answer(answer)
         return self.interval
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

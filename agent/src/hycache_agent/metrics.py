@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+SCRAPE_MAX_AGE = 5.0  # seconds the file counts may lag behind (the counters never do)
 LINK_STATES = ("connecting", "ok", "unreachable", "unauthorized")
 DHT_STATES = ("connecting", "ok", "degraded")
 
@@ -125,7 +126,7 @@ def render_snapshot(status: dict[str, Any], node_id: str | None) -> bytes:
 
 async def render(engine) -> bytes:
     """The agent's metrics: the snapshot on the loop thread, the text in a worker thread."""
-    status = await engine.status()
+    status = await engine.status(max_age=SCRAPE_MAX_AGE)
     node_id = engine.cluster.node_id if engine.cluster is not None else engine.config.node_id
     if node_id is None:
         import socket
