@@ -1135,6 +1135,15 @@ export interface operations {
                     "application/json": components["schemas"]["ActionPage"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1146,6 +1155,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1184,6 +1202,15 @@ export interface operations {
                     "application/json": components["schemas"]["ActionOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1204,6 +1231,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1247,6 +1283,15 @@ export interface operations {
                     "application/json": components["schemas"]["EventPage"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1258,6 +1303,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1300,6 +1354,15 @@ export interface operations {
                     "application/json": components["schemas"]["FileListing"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1320,6 +1383,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1369,6 +1441,15 @@ export interface operations {
                     "application/json": components["schemas"]["ActionOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1380,6 +1461,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1428,6 +1518,15 @@ export interface operations {
                     "application/json": components["schemas"]["FileEntry"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1448,6 +1547,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1507,6 +1615,15 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1518,6 +1635,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1566,6 +1692,15 @@ export interface operations {
                 };
                 content?: never;
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1586,6 +1721,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1629,6 +1773,15 @@ export interface operations {
                     "application/json": components["schemas"]["HeartbeatAnswer"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1640,6 +1793,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1686,6 +1848,15 @@ export interface operations {
                     "application/json": components["schemas"]["MetricsOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1706,6 +1877,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1745,6 +1925,15 @@ export interface operations {
                     "application/json": components["schemas"]["PolicyOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1765,6 +1954,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1808,6 +2006,15 @@ export interface operations {
                     "application/json": components["schemas"]["PolicyOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1828,6 +2035,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1869,6 +2085,15 @@ export interface operations {
                     "text/event-stream": unknown;
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1880,6 +2105,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1919,6 +2153,15 @@ export interface operations {
                     "application/json": components["schemas"]["Page_TokenOut_"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1930,6 +2173,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1970,6 +2222,15 @@ export interface operations {
                     "application/json": components["schemas"]["TokenCreated"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -1981,6 +2242,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2019,6 +2289,15 @@ export interface operations {
                     "application/json": components["schemas"]["TokenOut"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -2039,6 +2318,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2075,6 +2363,15 @@ export interface operations {
                     "application/json": components["schemas"]["WhoAmI"];
                 };
             };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
             /** @description no, unknown or revoked token */
             401: {
                 headers: {
@@ -2086,6 +2383,15 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
