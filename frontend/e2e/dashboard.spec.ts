@@ -131,6 +131,22 @@ test('a killed agent goes down, and comes back up when restarted', async ({ page
   await expect(nodeCard(page, 'b').getByText('up', { exact: true })).toBeVisible({ timeout: 120_000 });
 });
 
+test('the control plane goes away: the last known state stays, with the error; it comes back live', async ({ page }) => {
+  await signIn(page, stack().admin_token);
+  await expect(page.getByRole('status', { name: 'Live stream live' })).toBeVisible();
+  stackCommand('stop-control');
+  try {
+    await expect(page.getByRole('status', { name: /Live stream (reconnecting|connecting)/ })).toBeVisible();
+    await expect(page.getByRole('alert')).toContainText('cannot be reached', { timeout: 120_000 });
+    await expect(nodeCard(page, 'a')).toBeVisible(); // the last known state is still shown
+  } finally {
+    stackCommand('start-control');
+  }
+  await expect(page.getByRole('status', { name: 'Live stream live' })).toBeVisible({ timeout: 60_000 });
+  await expect(page.getByRole('alert')).toHaveCount(0, { timeout: 60_000 });
+  await expect(nodeCard(page, 'a').getByText('up', { exact: true })).toBeVisible({ timeout: 60_000 });
+});
+
 const VIEWS: { name: string; url: () => string; heading: RegExp }[] = [
   { name: 'overview', url: () => '/', heading: /^Cluster overview$/ },
   { name: 'node', url: () => '/nodes/a', heading: /^Node a$/ },

@@ -29,8 +29,8 @@ export function stack(): StackState {
 const python = process.env.HYCACHE_PYTHON ?? 'python3';
 
 /** kill-agent / restart-agent through the stack's own CLI (it keeps the state file right). */
-export function stackCommand(cmd: 'kill-agent' | 'restart-agent', node: string): void {
-  execFileSync(python, ['-m', 'hycache_control.stack', cmd, '--state', stateFile ?? '', node], { stdio: 'inherit', timeout: 120_000 });
+export function stackCommand(cmd: 'kill-agent' | 'restart-agent' | 'stop-control' | 'start-control', node?: string): void {
+  execFileSync(python, ['-m', 'hycache_control.stack', cmd, '--state', stateFile ?? '', ...(node ? [node] : [])], { stdio: 'inherit', timeout: 120_000 });
 }
 
 /** `hycache-agent where PATH --json` of the agent binary the stack runs. */

@@ -7,6 +7,8 @@ Used by the dashboard's browser tests (tests/web) and reusable by the demo::
         # runs until SIGINT/SIGTERM, then stops everything; writes DIR/stack.json
     python -m hycache_control.stack kill-agent --state DIR/stack.json a     # SIGKILL
     python -m hycache_control.stack restart-agent --state DIR/stack.json a  # same argv
+    python -m hycache_control.stack stop-control --state DIR/stack.json     # SIGTERM
+    python -m hycache_control.stack start-control --state DIR/stack.json    # same argv
     python -m hycache_control.stack down --state DIR/stack.json
 
 The state file (JSON) holds what a client needs: ``base_url``, ``admin_token``,
@@ -347,6 +349,35 @@ def restart_agent(state_file: str | Path, node: str) -> None:
     _save_to(state_file, st)
 
 
+def stop_control(state_file: str | Path) -> None:
+    """Stop the control plane (the agents keep serving their mounts)."""
+    st = _load(state_file)
+    _stop_pid(st["control"]["pid"], 15)
+
+
+def start_control(state_file: str | Path, timeout: float = 60.0) -> None:
+    """Start the control plane again with its own command line; wait until it is ready."""
+    st = _load(state_file)
+    cp = st["control"]
+    if _pid_alive(cp["pid"]):
+        return
+    log = Path(cp["log"])
+    cp["pid"] = _spawn(cp["argv"], log, log.parent)
+    _save_to(state_file, st)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_alive(cp["pid"]):
+            raise StackError(f"the control plane exited\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(st["base_url"] + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise StackError(f"the control plane was not ready within {timeout:.0f} s\n{_tail(log)}")
+
+
 def stop_state(st: dict) -> None:
     for a in (st.get("agents") or {}).values():
         _stop_pid(a.get("pid"), 30, Path(a["mountpoint"]))
@@ -369,13 +400,17 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=hlp)
         p.add_argument("--state", required=True, help="the state file written by up")
         p.add_argument("node", help="node id (a, b, …)")
+    for name, hlp in (("stop-control", "stop the control plane (SIGTERM)"),
+                      ("start-control", "start the control plane again and wait until ready")):
+        p = sub.add_parser(name, help=hlp)
+        p.add_argument("--state", required=True, help="the state file written by up")
     down = sub.add_parser("down", help="stop what a state file describes (agents, control plane)")
     down.add_argument("--state", required=True)
     args = ap.parse_args(argv)
 
     if args.cmd == "up":
-        if args.agents < 1:
-            ap.error("--agents: must be at least 1")
+        if args.agents < 1 or args.agents > 26:
+            ap.error("--agents: must be between 1 and 26")
         stack = Stack(args.dir, agents=args.agents, fast_capacity=args.fast_capacity, state_file=args.state)
         stopping = {"sig": None}
 
@@ -396,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         kill_agent(args.state, args.node)
     elif args.cmd == "restart-agent":
         restart_agent(args.state, args.node)
+    elif args.cmd == "stop-control":
+        stop_control(args.state)
+    elif args.cmd == "start-control":
+        start_control(args.state)
     elif args.cmd == "down":
         st = _load(args.state)
         stop_state(st)
