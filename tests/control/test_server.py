@@ -150,7 +150,7 @@ def test_kill9_during_heartbeats_then_restart(control_server, tmp_path, db_url):
         assert len(after) >= 10
         assert all(s["fast_read_bps"] > 0 for s in samples)  # no reset or negative spike
         ev = c.get("/api/v1/events", params={"kind": "node", "node": "k"}).json()["items"]
-        assert ev and ev[-1]["result"] == "up"
+        assert ev and ev[0]["result"] == "up"  # newest first
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
