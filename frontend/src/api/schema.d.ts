@@ -404,16 +404,7 @@ export interface components {
         };
         /** Counters */
         Counters: {
-            /**
-             * @default {
-             *       "read_bytes": 0,
-             *       "write_bytes": 0,
-             *       "reads": 0,
-             *       "writes": 0,
-             *       "hits": 0
-             *     }
-             */
-            fast: components["schemas"]["TierCounters"];
+            fast?: components["schemas"]["TierCounters"];
             /**
              * Metadata Ops
              * @default 0
@@ -434,24 +425,8 @@ export interface components {
              * @default 0
              */
             misses: number;
-            /**
-             * @default {
-             *       "read_bytes": 0,
-             *       "fetches": 0,
-             *       "fetch_bytes": 0
-             *     }
-             */
-            remote: components["schemas"]["RemoteCounters"];
-            /**
-             * @default {
-             *       "read_bytes": 0,
-             *       "write_bytes": 0,
-             *       "reads": 0,
-             *       "writes": 0,
-             *       "hits": 0
-             *     }
-             */
-            slow: components["schemas"]["TierCounters"];
+            remote?: components["schemas"]["RemoteCounters"];
+            slow?: components["schemas"]["TierCounters"];
         } & {
             [key: string]: unknown;
         };
@@ -561,34 +536,7 @@ export interface components {
             address?: string | null;
             /** Boot Id */
             boot_id: string;
-            /**
-             * @default {
-             *       "fast": {
-             *         "hits": 0,
-             *         "read_bytes": 0,
-             *         "reads": 0,
-             *         "write_bytes": 0,
-             *         "writes": 0
-             *       },
-             *       "slow": {
-             *         "hits": 0,
-             *         "read_bytes": 0,
-             *         "reads": 0,
-             *         "write_bytes": 0,
-             *         "writes": 0
-             *       },
-             *       "remote": {
-             *         "fetch_bytes": 0,
-             *         "fetches": 0,
-             *         "read_bytes": 0
-             *       },
-             *       "misses": 0,
-             *       "metadata_ops": 0,
-             *       "migrations": 0,
-             *       "migration_bytes": 0
-             *     }
-             */
-            counters: components["schemas"]["Counters"];
+            counters?: components["schemas"]["Counters"];
             /** Node Id */
             node_id: string;
             /**
