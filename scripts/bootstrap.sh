@@ -15,6 +15,11 @@
 #   5. pjdfstest (crates.io, pinned) via `cargo install --locked` into
 #      $HYCACHE_TOOLS_DIR/pjdfstest-$PJDFSTEST_VERSION (default ~/.cache/hycache), outside
 #      the clone so that clean clones (CI) reuse it; linked as .work/bin/pjdfstest.
+#   6. the dashboard (frontend/): `npm ci` from package-lock.json when node_modules is
+#      missing or older than the lock file, then `vite build` into frontend/dist when dist
+#      is missing or older than any source; the control plane serves frontend/dist at /.
+#      Nothing built is committed. Needs Node.js >= 20.19 (skipped with a warning without).
+#      Chromium (apt) is for the dashboard's browser tests (Playwright drives it).
 #
 # Works without a tty (CI=true, no stdin). Needs root (or sudo) only for steps 1-2.
 set -euo pipefail
@@ -53,8 +58,10 @@ APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)
+    postgresql postgresql-client      # the control plane's production database (tests/control start one)
     fio mergerfs attr acl             # benchmark, peer FUSE fs for comparisons, xattr/ACL tools
     ca-certificates git procps psmisc util-linux
+    chromium                          # the dashboard's browser tests (Playwright, executablePath)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -120,5 +127,29 @@ if [[ ! -x "$PJD_BIN" ]] || [[ "$("$PJD_BIN" --version 2>/dev/null)" != "pjdfste
         --root "$PJD_ROOT" pjdfstest
 fi
 ln -sfn "$PJD_BIN" "$REPO/.work/bin/pjdfstest"
+
+# ---------------------------------------------------------------- 6. dashboard
+FRONTEND="$REPO/frontend"
+node_ok() {
+    command -v node >/dev/null && command -v npm >/dev/null \
+        && node -e 'const [a,b]=process.versions.node.split(".").map(Number);process.exit(a>20||(a==20&&b>=19)?0:1)'
+}
+if [[ -f "$FRONTEND/package-lock.json" ]]; then
+    if ! node_ok; then
+        say "WARNING: Node.js >= 20.19 with npm not found: the dashboard (frontend/dist) is not built"
+    else
+        if [[ ! -f "$FRONTEND/node_modules/.package-lock.json" \
+              || "$FRONTEND/package-lock.json" -nt "$FRONTEND/node_modules/.package-lock.json" ]]; then
+            say "installing the dashboard's npm packages (npm ci)"
+            (cd "$FRONTEND" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 quiet npm ci --no-audit --no-fund)
+        fi
+        stamp="$FRONTEND/dist/index.html"
+        if [[ ! -f "$stamp" ]] || [[ -n "$(find "$FRONTEND/src" "$FRONTEND/index.html" "$FRONTEND/vite.config.ts" \
+                "$FRONTEND/package-lock.json" -newer "$stamp" -print -quit 2>/dev/null)" ]]; then
+            say "building the dashboard (vite build -> frontend/dist)"
+            (cd "$FRONTEND" && quiet npx --no-install vite build)
+        fi
+    fi
+fi
 
 say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, .venv synced)"

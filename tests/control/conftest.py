@@ -20,7 +20,7 @@ from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.settings import load_settings
 
-from .pg import PostgresServer, free_port, start_postgres
+from hycache_control.testing import PostgresServer, free_port, start_postgres
 
 REPO = Path(__file__).resolve().parents[2]
 CONTROL_BIN = REPO / ".venv" / "bin" / "hycache-control"
@@ -138,6 +138,19 @@ class ControlServer:
             return "<no log>"
 
 
+def make_token(db_url: str, scope: str, name: str, node_id: str | None = None) -> str:
+    """A token made by the token service on the database (the CLI's code, without its
+    process start, which costs seconds on a busy machine)."""
+    from hycache_control.db import Database
+    from hycache_control.services.tokens import TokenService
+    db = Database(db_url)
+    try:
+        db.upgrade()
+        return TokenService(db).create(name, scope, node_id)[1]
+    finally:
+        db.close()
+
+
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([str(CONTROL_BIN), *args], capture_output=True, text=True, check=check, timeout=120)
 
@@ -145,7 +158,7 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def start_server(db_url: str, tmp: Path, *extra: str, admin: str | None = None, port: int | None = None,
                  timeout: float = 90.0) -> ControlServer:
     if admin is None:
-        admin = cli("token", "create", "--db", db_url, "--scope", "admin", "--name", "test-admin").stdout.strip()
+        admin = make_token(db_url, "admin", "test-admin")
     port = port or free_port()
     argv = [str(CONTROL_BIN), "serve", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
             "--ui-dir", str(tmp / "no-ui"), *extra]

@@ -154,8 +154,10 @@ def test_nodes_from_registry_and_heartbeats(api: Api, store):
     assert api.get("/api/v1/nodes/nope").status_code == 404
     # heartbeats stop and the registry does not see it: down (after 3 x 0.5 s + 0.5 s)
     wait_for(lambda: api.get("/api/v1/nodes/hb-node").json()["state"] == "down", what="hb-node down")
-    kinds = [(e["node"], e["result"]) for e in api.get("/api/v1/events?kind=node").json()["items"]]
-    assert ("hb-node", "down") in kinds and ("hb-node", "degraded") in kinds and ("hb-node", "up") in kinds
+    def transitions():  # node events are written in batches by the writer thread
+        kinds = {(e["node"], e["result"]) for e in api.get("/api/v1/events?kind=node").json()["items"]}
+        return {("hb-node", "down"), ("hb-node", "degraded"), ("hb-node", "up")} <= kinds
+    wait_for(transitions, what="hb-node's transitions in /events")
     api.beat("hb-node", seq=3, status=status)
     assert api.get("/api/v1/nodes/hb-node").json()["state"] == "up"
     # heartbeats stop but the DHT registry sees the node alive: degraded

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import CONTROL_BIN, REPO, cli, wait_for
+from .conftest import REPO, cli, make_token, wait_for
 
 
 def _h(token: str) -> dict[str, str]:
@@ -108,7 +108,7 @@ def test_stream_nodes_events_and_last_event_id(control_server, tmp_path):
 
 def test_kill9_during_heartbeats_then_restart(control_server, tmp_path, db_url):
     srv = control_server(db_url, "--heartbeat-interval", "0.2")
-    node_tok = cli("token", "create", "--db", db_url, "--scope", "node", "--node-id", "k").stdout.strip()
+    node_tok = make_token(db_url, "node", "node-k", "k")
     url = srv.url
     state = {"seq": 0, "ok": 0, "errors": 0, "stop": False, "url": url}
     boot = "boot-k"
@@ -150,7 +150,7 @@ def test_kill9_during_heartbeats_then_restart(control_server, tmp_path, db_url):
         assert len(after) >= 10
         assert all(s["fast_read_bps"] > 0 for s in samples)  # no reset or negative spike
         ev = c.get("/api/v1/events", params={"kind": "node", "node": "k"}).json()["items"]
-        assert ev and ev[-1]["result"] == "up"
+        assert ev and ev[0]["result"] == "up"  # newest first
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -158,8 +158,8 @@ def test_fuzz_every_endpoint_from_openapi(control_server, tmp_path, db_url, redi
     from .conftest import redis_seeds
     srv = control_server(db_url, "--redis", redis_seeds(redis_cluster), "--dht-namespace", dht_namespace)
     for i in range(20):  # low ids the fuzzer likes are these tokens, not its own admin token
-        cli("token", "create", "--db", db_url, "--scope", "read", "--name", f"decoy{i}")
-    admin = cli("token", "create", "--db", db_url, "--scope", "admin", "--name", "fuzzer").stdout.strip()
+        make_token(db_url, "read", f"decoy{i}")
+    admin = make_token(db_url, "admin", "fuzzer")
     argv = [str(REPO / ".venv" / "bin" / "schemathesis"), "run", srv.url + "/openapi.json",
             "-H", f"Authorization: Bearer {admin}", "--checks", "not_a_server_error,response_schema_conformance,"
             "status_code_conformance,content_type_conformance", "--max-examples", "15", "--seed", "1",

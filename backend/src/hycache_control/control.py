@@ -43,7 +43,8 @@ class Control:
                                  down_after=settings.down_after,
                                  registry_reader=self.namespace.nodes if store_factory else None)
         self.metrics = MetricsService(self.db, settings.raw_retention_s, settings.minute_retention_s)
-        self.writer = MetricsWriter(self.db, settings.flush_interval, self.nodes.sink)
+        self.writer = MetricsWriter(self.db, settings.flush_interval, self.nodes.sink,
+                                    also=[self.events.flush, self.tokens.flush])
         self.nodes.writer = self.writer
         self.policies = PolicyService(self.db, self.events)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events)

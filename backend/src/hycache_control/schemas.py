@@ -296,9 +296,9 @@ class RemoteCounters(BaseModel):
 
 class Counters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    fast: TierCounters = TierCounters()
-    slow: TierCounters = TierCounters()
-    remote: RemoteCounters = RemoteCounters()
+    fast: TierCounters = Field(default_factory=TierCounters)
+    slow: TierCounters = Field(default_factory=TierCounters)
+    remote: RemoteCounters = Field(default_factory=RemoteCounters)
     misses: int = Field(0, ge=0)
     metadata_ops: int = Field(0, ge=0)
     migrations: int = Field(0, ge=0)
@@ -320,7 +320,7 @@ class Heartbeat(BaseModel):
     sent_at: float
     address: str | None = Field(None, max_length=300)
     status: dict[str, Any] | None = None
-    counters: Counters = Counters()
+    counters: Counters = Field(default_factory=Counters)
     policy_version: int = Field(0, ge=0)
     action_results: list[ActionResult] = Field([], max_length=10000)
 

@@ -19,8 +19,10 @@ from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth
 router = APIRouter(prefix="/api/v1")
 
 NodeId = Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")]
-ERRORS = {401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
+ERRORS = {400: {"model": S.ErrorOut, "description": "the body is not JSON"},
+          401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
           403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
+          413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
           422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
 ERRORS_404 = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
 NOT_MODIFIED = {304: {"description": "not modified (If-None-Match matched the ETag)"}}

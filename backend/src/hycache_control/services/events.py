@@ -17,6 +17,8 @@ class EventService:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._lock = threading.Lock()
+        self._pending: list[Event] = []
+        self._plock = threading.Lock()
         with db.session() as s:
             self.last_id: int = s.scalar(select(func.max(Event.id))) or 0
 
@@ -31,6 +33,34 @@ class EventService:
                 eid = row.id
             self.last_id = max(self.last_id, eid)
         return eid
+
+    def record_later(self, kind: str, action: str, result: str, *, node: str | None = None,
+                     actor: str | None = None, detail: str | None = None) -> None:
+        """Queue an event for the next ``flush`` (the writer thread's): the hot paths (a
+        heartbeat that brings a node up) must not wait for a commit each."""
+        row = Event(ts=time.time(), kind=kind, node=node, actor=actor, action=action[:200], result=result[:200],
+                    detail=detail)
+        with self._plock:
+            self._pending.append(row)
+
+    def flush(self) -> None:
+        """Insert the queued events in one transaction, in order (ids keep commit order)."""
+        with self._plock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return
+        try:
+            with self._lock:
+                with self.db.session() as s:
+                    s.add_all(batch)
+                    s.flush()
+                    top = max(e.id for e in batch)
+                self.last_id = max(self.last_id, top)
+        except Exception:
+            with self._plock:
+                self._pending[:0] = [Event(ts=e.ts, kind=e.kind, node=e.node, actor=e.actor, action=e.action,
+                                           result=e.result, detail=e.detail) for e in batch]
+            raise
 
     def list(self, kind: str | None = None, node: str | None = None, since_id: int | None = None,
              limit: int = 100, offset: int = 0) -> tuple[list[Event], int]:

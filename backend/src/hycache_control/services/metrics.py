@@ -80,8 +80,10 @@ class MetricsWriter:
     """A thread that flushes queued samples and node rows in batches (one transaction per
     ``flush_interval``): at 1,000 nodes a heartbeat costs a queue put, not a commit."""
 
-    def __init__(self, db: Database, flush_interval: float, node_sink: Callable[[Any, list[dict]], None]) -> None:
+    def __init__(self, db: Database, flush_interval: float, node_sink: Callable[[Any, list[dict]], None],
+                 also: list[Callable[[], None]] | None = None) -> None:
         self.db = db
+        self.also = also or []  # other batched writes flushed by this thread (events, token use)
         self.flush_interval = flush_interval
         self.node_sink = node_sink
         self.q: queue.SimpleQueue = queue.SimpleQueue()
@@ -105,6 +107,11 @@ class MetricsWriter:
         self.flush()
 
     def flush(self) -> None:
+        for fn in self.also:
+            try:
+                fn()
+            except Exception as e:
+                log.warning("writer: %s failed, retrying: %s", getattr(fn, "__qualname__", fn), e)
         samples: list[dict] = []
         nodes: dict[str, dict] = {}
         while True:

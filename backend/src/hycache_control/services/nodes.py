@@ -157,7 +157,7 @@ class NodeService:
 
     def _announce(self, node: str, old: str, new: str) -> None:
         try:
-            self.events.record("node", f"state {new}", new, node=node, detail=f"{old} -> {new}")
+            self.events.record_later("node", f"state {new}", new, node=node, detail=f"{old} -> {new}")
         except Exception as e:
             log.warning("could not record the transition of %s to %s: %s", node, new, e)
 

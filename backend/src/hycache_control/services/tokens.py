@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from ..db import Database
 from ..models import Token
@@ -41,6 +41,7 @@ class TokenService:
         self.cache_seconds = cache_seconds
         self._cache: dict[str, tuple[Caller | None, float]] = {}
         self._last_used: dict[int, float] = {}
+        self._unsaved: dict[int, float] = {}
         self._lock = threading.Lock()
 
     def create(self, name: str, scope: str, node_id: str | None = None, secret: str | None = None) -> tuple[Token, str]:
@@ -121,7 +122,12 @@ class TokenService:
             if now - self._last_used.get(token_id, 0.0) < LAST_USED_RESOLUTION:
                 return
             self._last_used[token_id] = now
-        with self.db.session() as s:
-            row = s.get(Token, token_id)
-            if row is not None:
-                row.last_used_at = now
+            self._unsaved[token_id] = now
+
+    def flush(self) -> None:
+        """Write the queued ``last_used_at`` values (one transaction; the writer thread's)."""
+        with self._lock:
+            batch, self._unsaved = self._unsaved, {}
+        if batch:
+            with self.db.session() as s:
+                s.execute(update(Token), [{"id": k, "last_used_at": v} for k, v in batch.items()])

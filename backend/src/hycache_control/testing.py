@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for tests: Debian's binaries (``initdb``, ``pg_ctl``) run as the
+"""A real PostgreSQL server for tests and benchmarks: Debian's binaries (``initdb``, ``pg_ctl``) run as the
 ``postgres`` user on a free port, data and unix socket in a temp dir, torn down after."""
 
 from __future__ import annotations

@@ -1,0 +1,120 @@
+// TanStack Query hooks: one per REST resource; the stream (LiveProvider) keeps them fresh.
+import { keepPreviousData, useInfiniteQuery, useMutation, useQuery, useQueryClient } from '@tanstack/react-query';
+import { api, call } from './client';
+import type { ActionKind, EventKind, MetricSample, PolicyUpdate } from './types';
+
+export const keys = {
+  whoami: (token: string | null) => ['whoami', token] as const,
+  nodes: ['nodes'] as const,
+  node: (id: string) => ['nodes', id] as const,
+  metrics: (id: string, windowSeconds: number) => ['metrics', id, windowSeconds] as const,
+  liveSamples: (id: string) => ['live-samples', id] as const,
+  files: (path: string, prefix: string) => ['files', path, prefix] as const,
+  fileInfo: (path: string) => ['file-info', path] as const,
+  action: (id: number) => ['actions', id] as const,
+  actions: ['actions'] as const,
+  policy: (id: string) => ['policy', id] as const,
+  events: (kind: string, node: string) => ['events', kind, node] as const,
+};
+
+export function useNodes() {
+  return useQuery({
+    queryKey: keys.nodes,
+    queryFn: () => call(api.GET('/api/v1/nodes', {})),
+    refetchInterval: 15_000,
+  });
+}
+
+export function useNode(id: string) {
+  return useQuery({ queryKey: keys.node(id), queryFn: () => call(api.GET('/api/v1/nodes/{node_id}', { params: { path: { node_id: id } } })) });
+}
+
+/** Metric history of one node over the last `windowSeconds`. */
+export function useMetrics(id: string, windowSeconds: number) {
+  const step = Math.max(1, Math.round(windowSeconds / 300));
+  return useQuery({
+    queryKey: keys.metrics(id, windowSeconds),
+    queryFn: () => {
+      const since = Math.floor(Date.now() / 1000 - windowSeconds);
+      return call(api.GET('/api/v1/nodes/{node_id}/metrics', { params: { path: { node_id: id }, query: { since: String(since), step } } }));
+    },
+    placeholderData: keepPreviousData,
+    refetchInterval: Math.max(10_000, step * 10_000),
+  });
+}
+
+export const FILES_PAGE = 500;
+
+export function useFiles(path: string, prefix: string) {
+  return useInfiniteQuery({
+    queryKey: keys.files(path, prefix),
+    initialPageParam: null as string | null,
+    queryFn: ({ pageParam }) =>
+      call(api.GET('/api/v1/files', { params: { query: { path, cursor: pageParam ?? undefined, limit: FILES_PAGE, ...(prefix ? { prefix } : {}) } } })),
+    getNextPageParam: (last) => last.next_cursor ?? undefined,
+    // tiers change as the agents migrate: re-read small listings (a huge one is re-read
+    // when the user comes back to it, not every few seconds)
+    refetchInterval: (q) => ((q.state.data?.pages.length ?? 0) <= 2 ? 4000 : false),
+  });
+}
+
+export function useFileInfo(path: string) {
+  return useQuery({ queryKey: keys.fileInfo(path), refetchInterval: 4000, queryFn: () => call(api.GET('/api/v1/files/info', { params: { query: { path } } })) });
+}
+
+export function useAction(id: number | null) {
+  return useQuery({
+    queryKey: keys.action(id ?? -1),
+    enabled: id !== null,
+    queryFn: () => call(api.GET('/api/v1/actions/{action_id}', { params: { path: { action_id: id ?? -1 } } })),
+    // the stream pushes item updates; poll as a fallback until every item is final
+    refetchInterval: (q) => (q.state.data && q.state.data.items.every((i) => i.state === 'done' || i.state === 'failed') ? false : 2000),
+  });
+}
+
+export function useStartAction() {
+  const qc = useQueryClient();
+  return useMutation({
+    mutationFn: (v: { action: ActionKind; paths: string[] }) => call(api.POST('/api/v1/files/actions', { body: v })),
+    onSuccess: (a) => {
+      qc.setQueryData(keys.action(a.id), a);
+      void qc.invalidateQueries({ queryKey: keys.actions });
+    },
+  });
+}
+
+export function useActions() {
+  return useQuery({ queryKey: keys.actions, queryFn: () => call(api.GET('/api/v1/actions', { params: { query: { limit: 20 } } })) });
+}
+
+export function usePolicy(id: string) {
+  return useQuery({
+    queryKey: keys.policy(id),
+    // until the node reports the version it applies, look again every 2 s
+    refetchInterval: (q) => (q.state.data && q.state.data.applied_version !== q.state.data.version ? 2000 : 15_000),
+    queryFn: () => call(api.GET('/api/v1/nodes/{node_id}/policy', { params: { path: { node_id: id } } })) });
+}
+
+export function useSavePolicy(id: string) {
+  const qc = useQueryClient();
+  return useMutation({
+    mutationFn: (body: PolicyUpdate) => call(api.PUT('/api/v1/nodes/{node_id}/policy', { params: { path: { node_id: id } }, body })),
+    onSuccess: (p) => {
+      qc.setQueryData(keys.policy(id), p);
+      void qc.invalidateQueries({ queryKey: keys.nodes });
+    },
+  });
+}
+
+export function useEvents(kind: EventKind | '', node: string) {
+  return useQuery({
+    queryKey: keys.events(kind, node),
+    queryFn: () => call(api.GET('/api/v1/events', { params: { query: { ...(kind ? { kind } : {}), ...(node ? { node } : {}), limit: 200 } } })),
+    placeholderData: keepPreviousData,
+  });
+}
+
+/** The latest samples the stream brought for a node (LiveProvider appends them). */
+export function useLiveSamples(id: string) {
+  return useQuery<MetricSample[]>({ queryKey: keys.liveSamples(id), queryFn: () => [], staleTime: Infinity, gcTime: Infinity });
+}
