@@ -57,6 +57,14 @@ def parser() -> argparse.ArgumentParser:
     _common(tr)
     tr.add_argument("id", type=int)
 
+    dm = sub.add_parser("demo", help="the whole product on this machine: Redis Cluster, control plane, agents, "
+                                     "a light workload; runs until Ctrl-C")
+    dm.add_argument("--agents", type=int, default=2, help="number of agents (default 2)")
+    dm.add_argument("--fast-capacity", default="16M", help="each agent's fast tier (default 16M)")
+    dm.add_argument("--file-size", default="1M", help="largest workload file (default 1M)")
+    dm.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: at Ctrl-C)")
+    dm.add_argument("--dir", help="working directory (default: a new temporary directory)")
+
     o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
     o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     return ap
@@ -95,6 +103,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "serve":
         return _serve(args)
+    if args.cmd == "demo":
+        if not 1 <= args.agents <= 26:
+            return _die("--agents: must be between 1 and 26")
+        from .demo import run_demo
+        return run_demo(agents=args.agents, fast_capacity=args.fast_capacity, file_size=args.file_size,
+                        duration=args.duration, workdir=args.dir)
     if args.cmd == "db":
         from .db import Database
         s = _settings(args)
