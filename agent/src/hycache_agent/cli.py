@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between checks for a hot fast tier to hand files to cold nodes (default 30; 0: off)")
     g.add_argument("--rebalance-rounds", type=int,
                    help="consecutive hot checks before files are handed over (default 3)")
+    h = m.add_argument_group("HCCache: memory cache of remote reads (paper 002)")
+    h.add_argument("--hccache-size", help="memory for the cache, K/M/G suffixes; 0 turns it off (default 256M)")
+    h.add_argument("--hccache-mode", choices=("hybrid", "block"),
+                   help="hybrid: small files are one entry (default); block: everything by blocks (baseline)")
+    h.add_argument("--hccache-small-file", help="files below this size are cached whole (default 256K)")
+    h.add_argument("--hccache-block-size", help="block size of larger files and of range requests (default 128K)")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -235,6 +241,14 @@ def _status(root: Path, as_json: bool) -> int:
                       f"backlog {cl['backlog']}, published {cl['published_ops']}, conflicts {cl['conflicts']}, "
                       f"remote fetches {cl['remote_fetches']} ({format_size(cl['remote_bytes'])})"
                       + (f"; last error: {cl['last_error']}" if cl["state"] != "ok" and cl["last_error"] else ""))
+    hc = st.get("hccache")
+    if hc:
+        def ratio(v):
+            return "-" if v is None else f"{100 * v:.1f}%"
+        console.print(f"hccache ({hc['mode']}): {format_size(hc['memory_bytes'])} / {format_size(hc['limit_bytes'])}, "
+                      f"hit ratio {ratio(hc['hit_ratio'])}, byte hit ratio {ratio(hc['byte_hit_ratio'])}, "
+                      f"ABD {hc['abd'] if hc['abd'] is not None else '-'}, "
+                      f"dedup saved {format_size(hc['dedup_saved_bytes'])}")
     console.print(f"directories {st['directories']}, open handles {st['open_handles']}, "
                   f"metadata commits {st['metadata']['commits']}"
                   + (f", METADATA ERROR: {st['metadata']['error']}" if st["metadata"]["error"] else ""))
@@ -256,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
-                "rebalance_interval", "rebalance_rounds")}
+                "rebalance_interval", "rebalance_rounds", "hccache_size", "hccache_mode", "hccache_small_file",
+                "hccache_block_size")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

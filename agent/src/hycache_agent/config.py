@@ -50,6 +50,11 @@ class AgentConfig(BaseModel):
     replica_mode: Literal["async", "sync"] = "async"
     rebalance_interval: float = Field(default=30.0, ge=0, description="seconds between rebalance checks; 0: off")
     rebalance_rounds: int = Field(default=3, ge=1, description="checks the fast tier must stay hot before acting")
+    # HCCache on the remote read path (paper 002): 0 turns it off (whole-file fetch)
+    hccache_size: int = Field(default=256 << 20, ge=0, description="bytes of memory for HCCache; 0: off")
+    hccache_mode: Literal["hybrid", "block"] = "hybrid"
+    hccache_small_file: int = Field(default=256 << 10, ge=0, description="files below this are one cache entry")
+    hccache_block_size: int = Field(default=128 << 10, gt=0, description="cache block (and range request) size")
 
     @property
     def clustered(self) -> bool:
@@ -69,6 +74,11 @@ class AgentConfig(BaseModel):
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_size(v)
+
+    @field_validator("hccache_size", "hccache_small_file", "hccache_block_size", mode="before")
+    @classmethod
+    def _hccache_size(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("log_level")
     @classmethod

@@ -404,7 +404,7 @@ class HyCacheOperations(pyfuse3.Operations):
             if remote is None:
                 raise FsError(errno.ENOENT)
             if local is None and not writing:
-                return await self._open_remote(remote)
+                return await self._open_remote(remote, ctx.pid)
             if local is None:  # writes are always local: this node becomes the file's primary
                 await self.own.take_over(remote, truncate=bool(flags & os.O_TRUNC), nonblocking=nonblocking)
             # The kernel knows this name as the remote inode, whose size it keeps to itself
@@ -424,9 +424,18 @@ class HyCacheOperations(pyfuse3.Operations):
             self._leased[fh] = local.ino
         return self._file_info(fh)
 
-    async def _open_remote(self, remote):
-        blob = await self.cluster.open_remote(remote)
-        fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
+    async def _open_remote(self, remote, pid: int):
+        reader = self.cluster.reader
+        if reader is not None:  # HCCache: blocks/objects on demand (remote_read.py)
+            await self.cluster.refresh(remote)
+            if remote.meta.kind != "file":
+                raise FsError(errno.EISDIR if remote.is_dir else errno.ENXIO)
+            if remote.superseded:  # a newer version is a new inode: the kernel looks it up again
+                raise FsError(errno.ESTALE)
+            fd = reader.open(remote, pid)
+        else:
+            blob = await self.cluster.open_remote(remote)
+            fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
         remote.open_count += 1
         self._remote_handles[fh] = (remote, fd)
@@ -447,6 +456,8 @@ class HyCacheOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         remote = self._remote_handles.get(fh)
         if remote is not None:
+            if not isinstance(remote[1], int):  # an HCCache handle
+                return await remote[1].read(off, size)
             return await trio.to_thread.run_sync(os.pread, remote[1], size, off)
         return await self.engine.read(fh, off, size)
 
@@ -468,7 +479,10 @@ class HyCacheOperations(pyfuse3.Operations):
         if remote is not None:
             node, fd = remote
             node.open_count -= 1
-            await trio.to_thread.run_sync(os.close, fd)
+            if isinstance(fd, int):
+                await trio.to_thread.run_sync(os.close, fd)
+            else:
+                fd.close()
             return
         await self.engine.release(fh)
         ino = self._leased.pop(fh, None)

@@ -81,8 +81,17 @@ def _make_cluster(engine: TieringEngine) -> None:
                                  lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
                                  replicas=config.replicas, replica_mode=config.replica_mode,
                                  rebalance_interval=config.rebalance_interval,
-                                 rebalance_rounds=config.rebalance_rounds)
+                                 rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config))
     engine.cluster.attach()
+
+
+def _make_hccache(config):
+    if not config.hccache_size:
+        return None
+    from hycache_core.hccache import HCCache
+
+    return HCCache(config.hccache_size, mode=config.hccache_mode, small_file=config.hccache_small_file,
+                   block_size=config.hccache_block_size)
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:

@@ -256,6 +256,16 @@ class HCCache:
                 self.hits += 1
             return data
 
+    def peek(self, key: Hashable, version: Any, block: int) -> bool:
+        """Whether block ``block`` of that version is cached (no counting, no LRU move)."""
+        with self._lock:
+            group = self.groups.get(key)
+            if group is None or group.version != version:
+                return False
+            if group.whole is not None:
+                return block * self.block_size < max(1, len(group.whole.data))
+            return block in group.blocks
+
     def lookup_object(self, key: Hashable, version: Any, size: int) -> bytes | None:
         """A small file's whole content (hybrid mode), or None."""
         with self._lock:
