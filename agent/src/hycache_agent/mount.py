@@ -88,10 +88,16 @@ def _make_cluster(engine: TieringEngine) -> None:
 def _make_hccache(config):
     if not config.hccache_size:
         return None
-    from hycache_core.hccache import HCCache
+    from hycache_core.hccache import HCCache, sha256
 
+    hash_fn = sha256
+    if os.environ.get("HYCACHE_HCCACHE_FORCE_COLLISIONS") == "1":  # tests only: every content collides
+        log.warning("HCCache: every content hashes alike (HYCACHE_HCCACHE_FORCE_COLLISIONS=1, for tests)")
+
+        def hash_fn(data: bytes) -> bytes:
+            return b"collide"
     return HCCache(config.hccache_size, mode=config.hccache_mode, small_file=config.hccache_small_file,
-                   block_size=config.hccache_block_size)
+                   block_size=config.hccache_block_size, hash_fn=hash_fn)
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 READAHEAD_MAX = 32  # blocks
 READAHEAD_PARALLEL = 8  # concurrent background block fetches
+HOLDER_BACKOFF = 10.0  # seconds a holder that failed is tried after the others
 
 
 def _norm(etag: str) -> str:
@@ -80,6 +81,7 @@ class RemoteReader:
         self._inflight: dict[tuple, _Pending] = {}
         self._nursery: trio.Nursery | None = None
         self._ra_limit = trio.CapacityLimiter(READAHEAD_PARALLEL)
+        self._failed: dict[str, float] = {}  # holder -> when it last failed
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -102,19 +104,25 @@ class RemoteReader:
         return d
 
     # ------------------------------------------------------------------ fetching
-    async def _holders(self, node) -> list[str]:
-        return [h for h in [node.meta.primary, *node.meta.replicas] if h]
+    def _holders(self, node) -> list[str]:
+        """The primary, then its replicas; holders that failed recently go last (a dead
+        primary must not cost every block its retries)."""
+        now = time.monotonic()
+        holders = [h for h in [node.meta.primary, *node.meta.replicas] if h]
+        return sorted(holders, key=lambda h: now - self._failed.get(h, -1e9) < HOLDER_BACKOFF)
 
     async def fetch_range(self, node, offset: int, length: int) -> tuple[bytes, str, int]:
         """``(data, normalized etag, total)`` from the first holder that answers."""
         last: BaseException | None = None
-        for holder in await self._holders(node):
+        for holder in self._holders(node):
             try:
                 addr = await self.link.address_of(holder)
                 data, etag, total = await self.link.peers.read_block(addr, node.path, offset, length)
             except Exception as exc:  # noqa: BLE001 - try the next holder
                 last = exc
                 self.stats.holder_failures += 1
+                if not isinstance(exc, FsError):
+                    self._failed[holder] = time.monotonic()
                 log.warning("reading %r [%d+%d] from %s failed: %s", node.path, offset, length, holder, exc)
                 continue
             self.stats.fetched_bytes += len(data)
