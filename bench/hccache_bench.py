@@ -18,8 +18,12 @@ throughput, and the cache's hit ratio, byte hit ratio, ABD, ECDAL, ECDAB, dedup 
 (from ``hycache-agent status --json``).  Compare with the paper's +34.2 % bandwidth and
 -6.1 % latency for small files.
 
+Modes: ``hybrid`` (HCCache with the fast-tier second level for small files, the agent's
+default), ``hybrid-mem`` (memory only, as in the paper), ``block`` (BICache, the baseline).
+
 Usage: bench/hccache_bench.py [--small 600] [--large 4] [--requests 4000] [--readers 8]
-       [--cache 24M] [--block 32K] [--json FILE] [--plot FILE]
+       [--cache 24M] [--block 32K] [--large-share 0.01] [--modes hybrid,hybrid-mem,block]
+       [--json FILE] [--plot FILE]
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ def make_files(n_small: int, n_large: int, large_size: int, rnd: random.Random) 
     return files
 
 
-def make_trace(names: list[str], requests: int, readers: int, rnd: random.Random) -> list[list[str]]:
+def make_trace(names: list[str], requests: int, readers: int, rnd: random.Random,
+               large_share: float) -> list[list[str]]:
     """Zipf(0.9) popularity over a shuffled order; large files get a fixed small share."""
     small = [n for n in names if "/s" in n]
     large = [n for n in names if "/L" in n]
@@ -107,7 +112,7 @@ def make_trace(names: list[str], requests: int, readers: int, rnd: random.Random
     weights = [1 / (i + 1) ** 0.9 for i in range(len(small))]
     trace = []
     for _ in range(requests):
-        if large and rnd.random() < 0.03:
+        if large and rnd.random() < large_share:
             trace.append(rnd.choice(large))
         else:
             trace.append(rnd.choices(small, weights)[0])
@@ -166,7 +171,9 @@ def main() -> int:
     p.add_argument("--readers", type=int, default=8, help="concurrent readers (default 8)")
     p.add_argument("--cache", default="24M", help="--hccache-size of the reader (default 24M)")
     p.add_argument("--block", default="32K", help="--hccache-block-size (default 32K, the paper's)")
-    p.add_argument("--modes", default="hybrid,block")
+    p.add_argument("--large-share", type=float, default=0.01, help="fraction of requests for large files (0.01)")
+    p.add_argument("--modes", default="hybrid,hybrid-mem,block",
+                   help="hybrid (with the fast-tier second level), hybrid-mem (memory only), block (BICache)")
     p.add_argument("--seed", type=int, default=12)
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
@@ -182,7 +189,7 @@ def main() -> int:
             return 2
     rnd = random.Random(a.seed)
     files = make_files(a.small, a.large, parse_size(a.large_size), rnd)
-    subtraces = make_trace(sorted(files), a.requests, a.readers, rnd)
+    subtraces = make_trace(sorted(files), a.requests, a.readers, rnd, a.large_share)
     small_bytes = sum(len(d) for n, d in files.items() if "/s" in n)
     print(f"{a.small} small files ({format_size(small_bytes)}), {a.large} large files of {a.large_size}; "
           f"{a.requests} requests by {a.readers} readers; cache {a.cache}, block {a.block}", flush=True)
@@ -205,8 +212,9 @@ def main() -> int:
                 time.sleep(0.2)
             time.sleep(1.5)
             for mode in a.modes.split(","):
+                extra = ["--no-hccache-second-level"] if mode == "hybrid-mem" else []
                 y = Agent(work, f"y-{mode}", redis, secret, namespace, "--hccache-size", a.cache,
-                          "--hccache-mode", mode, "--hccache-block-size", a.block)
+                          "--hccache-mode", mode.split("-")[0], "--hccache-block-size", a.block, *extra)
                 try:
                     deadline = time.monotonic() + 30
                     while not (y.mnt / "www").exists() and time.monotonic() < deadline:
@@ -226,18 +234,22 @@ def main() -> int:
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    if len(rows) == 2:
-        h, b = rows
+    by_mode = {r["mode"]: r for r in rows}
+    if "block" in by_mode and len(rows) > 1:
+        b = by_mode["block"]
+        others = [r for r in rows if r is not b]
         fmt = {"small_latency_ms": "{:.2f}", "small_p99_ms": "{:.2f}", "small_bandwidth_MBps": "{:.1f}",
                "large_throughput_MBps": "{:.1f}", "aggregate_MBps": "{:.1f}", "hit_ratio": "{:.3f}",
                "byte_hit_ratio": "{:.3f}", "abd": "{:.2f}", "ecdal": "{:.3e}", "ecdab": "{:.3e}",
                "fetched_bytes": "{:.0f}", "dedup_saved_bytes": "{:.0f}"}
-        print(f"\n{'metric':24s} {'hybrid':>12s} {'block':>12s} {'hybrid vs block':>16s}")
+        print(f"\n{'metric':24s}" + "".join(f"{r['mode']:>12s}" for r in rows)
+              + "".join(f"{r['mode'] + ' vs block':>22s}" for r in others))
         for k, f in fmt.items():
-            hv, bv = h.get(k), b.get(k)
-            rel = f"{100 * (hv - bv) / bv:+.1f} %" if hv is not None and bv else "-"
-            print(f"{k:24s} {f.format(hv) if hv is not None else '-':>12s} "
-                  f"{f.format(bv) if bv is not None else '-':>12s} {rel:>16s}")
+            line = f"{k:24s}" + "".join(f"{f.format(r[k]) if r.get(k) is not None else '-':>12s}" for r in rows)
+            for r in others:
+                hv, bv = r.get(k), b.get(k)
+                line += f"{(f'{100 * (hv - bv) / bv:+.1f} %' if hv is not None and bv else '-'):>22s}"
+            print(line)
         print("paper (httpd trace, simulated): small-file bandwidth +34.2 %, latency -6.1 %")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=2))
@@ -259,7 +271,7 @@ def plot(rows: list[dict], out: Path) -> None:
     fig, axes = plt.subplots(1, len(metrics), figsize=(3 * len(metrics), 3.2))
     for ax, (k, title) in zip(axes, metrics):
         vals = [r.get(k) or 0 for r in rows]
-        ax.bar([r["mode"] for r in rows], vals, color=["tab:blue", "tab:orange"][:len(rows)])
+        ax.bar([r["mode"] for r in rows], vals, color=["tab:blue", "tab:green", "tab:orange"][:len(rows)])
         ax.set_title(title, fontsize=9)
     fig.suptitle("HCCache: hybrid vs block (BICache), real remote reads between two agents")
     fig.tight_layout()

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid: small files are one entry (default); block: everything by blocks (baseline)")
     h.add_argument("--hccache-small-file", help="files below this size are cached whole (default 256K)")
     h.add_argument("--hccache-block-size", help="block size of larger files and of range requests (default 128K)")
+    h.add_argument("--no-hccache-second-level", dest="hccache_second_level", action="store_false", default=None,
+                   help="do not keep fast-tier copies of small remote files behind the memory cache")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "hccache_size", "hccache_mode", "hccache_small_file",
-                "hccache_block_size")}
+                "hccache_block_size", "hccache_second_level")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

@@ -113,7 +113,7 @@ class ClusterLink:
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
                  secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
                  replicas: int = 0, replica_mode: str = "async", rebalance_interval: float = 0.0,
-                 rebalance_rounds: int = 3, hccache=None) -> None:
+                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -140,7 +140,8 @@ class ClusterLink:
         self.replicator = Replicator(self, replicas, replica_mode)
         self.local_files = LocalPeerFiles(engine, self.replica_store)
         # remote reads through HCCache (None: whole-file fetch to the fast tier)
-        self.reader = RemoteReader(self, hccache) if hccache is not None else None
+        self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
+            if hccache is not None else None
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:

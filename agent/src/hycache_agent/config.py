@@ -55,6 +55,7 @@ class AgentConfig(BaseModel):
     hccache_mode: Literal["hybrid", "block"] = "hybrid"
     hccache_small_file: int = Field(default=256 << 10, ge=0, description="files below this are one cache entry")
     hccache_block_size: int = Field(default=128 << 10, gt=0, description="cache block (and range request) size")
+    hccache_second_level: bool = True  # small files also keep a fast-tier copy (hybrid mode)
 
     @property
     def clustered(self) -> bool:

@@ -81,7 +81,8 @@ def _make_cluster(engine: TieringEngine) -> None:
                                  lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
                                  replicas=config.replicas, replica_mode=config.replica_mode,
                                  rebalance_interval=config.rebalance_interval,
-                                 rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config))
+                                 rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config),
+                                 hccache_second_level=config.hccache_second_level)
     engine.cluster.attach()
 
 

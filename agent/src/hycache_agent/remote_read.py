@@ -74,8 +74,9 @@ class ReaderStats:
 
 
 class RemoteReader:
-    def __init__(self, link, cache: HCCache) -> None:
+    def __init__(self, link, cache: HCCache, *, second_level: bool = True) -> None:
         self.link = link
+        self.second_level = second_level
         self.cache = cache
         self.stats = ReaderStats()
         self._inflight: dict[tuple, _Pending] = {}
@@ -101,6 +102,7 @@ class RemoteReader:
     def status(self) -> dict[str, Any]:
         d = self.cache.stats()
         d.update(self.stats.__dict__)
+        d["second_level"] = self.second_level
         return d
 
     # ------------------------------------------------------------------ fetching
@@ -167,7 +169,8 @@ class RemoteReader:
         pending = self._inflight[key] = _Pending()
         try:
             got = None
-            if node.cache_blob and node.cache_version == node.meta.version and node.cache_etag:
+            if self.second_level and node.cache_blob and node.cache_version == node.meta.version \
+                    and node.cache_etag:
                 try:
                     data = await trio.to_thread.run_sync(_read_file, node.cache_blob)
                     got = (data, _norm(node.cache_etag))
@@ -180,7 +183,7 @@ class RemoteReader:
                     data, etag, total = await self.fetch_range(node, 0, total)
                 got = (data, etag)
                 self.stats.object_fetches += 1
-                if self._nursery is not None:
+                if self._nursery is not None and self.second_level:
                     self._nursery.start_soon(self._write_second_level, node, node.meta.version, data, etag)
             await trio.to_thread.run_sync(self.cache.insert_object, node.path, (node.meta.version, got[1]), got[0])
             pending.result = got
