@@ -281,7 +281,11 @@ class RemoteHandle:
 
     async def _read_object(self, off: int, size: int) -> tuple[bytes, int]:
         version = self.cache_version()
-        whole = self.cache.lookup_object(self.node.path, version, self.size) if version[1] is not None else None
+        if version[1] is not None:
+            whole = self.cache.lookup_object(self.node.path, version, self.size)
+        else:
+            whole = None
+            self.cache.count_misses(1)
         hit = whole is not None
         if whole is None:
             whole, etag = await self.reader.fetch_object(self.node)
@@ -302,6 +306,8 @@ class RemoteHandle:
                 got = self.cache.lookup(self.node.path, version, self.size, j)
                 if got is not None:
                     blocks[j] = got
+        else:
+            self.cache.count_misses(j1 - j0 + 1)
         hit_bytes = sum(len(b) for b in blocks.values())
         missing = [j for j in range(j0, j1 + 1) if j not in blocks]
         # sequential reader: grow the read-ahead window before waiting for the misses

@@ -277,6 +277,11 @@ class HCCache:
             self.hits += 1
             return group.whole.data
 
+    def count_misses(self, n: int) -> None:
+        """Lookups the caller knows will miss (no group of that version) and skipped."""
+        with self._lock:
+            self.lookups += n
+
     def account(self, nbytes: int, hit_bytes: int) -> None:
         """Byte hit ratio: a request of ``nbytes`` of which ``hit_bytes`` came from the cache."""
         with self._lock:
