@@ -597,6 +597,7 @@ class ClusterLink:
                 node.meta, node.fetched = meta, time.monotonic()
             elif meta is not None and meta.kind == "file":
                 node.superseded = True
+                self.forget_listing(node.path.rpartition(b"/")[0] or b"/")  # the next lookup finds it
                 if self.reader is not None:
                     self.reader.learn_version(node.path, meta.version)
         return node
