@@ -86,6 +86,9 @@ class RemoteNode:
     cache_version: int = -1
     cache_etag: str | None = None  # the holder's version token of cache_blob
     superseded: bool = False  # the store has a newer version (a new inode for the path)
+    # HCCache: the holder ETag every read of this inode is served from (the kernel's page
+    # cache is per inode, so all handles of the node must serve one version of the bytes)
+    pinned_etag: str | None = None
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
 

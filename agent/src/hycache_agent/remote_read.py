@@ -14,10 +14,11 @@ A read of a file another node holds is served from the agent's HCCache
   ``READAHEAD_MAX`` blocks, fetched in the background), so the first byte of a huge file
   never waits for the whole file.  Large files get no fast-tier copy.
 * **Versions.** Cache entries are keyed by path and versioned by ``(DHT version, holder
-  ETag)``.  An open handle is pinned to one ETag (the cached one for its DHT version, or
-  the first one a fetch sees); a block of another ETag is never served to it: before the
-  handle returned any byte it re-pins and drops the old entries, afterwards the read
-  fails with EIO (the bytes of its version are gone).  A replica's ETag is the primary's
+  ETag)``.  A remote inode (one per DHT version) is pinned to one ETag — the cached one
+  for its DHT version, or the first one a fetch sees — for all its handles, because the
+  kernel's page cache is per inode; a block of another ETag is never served for it: the
+  read fails with EIO (the bytes of its version are gone; a new open finds the new inode).
+  A replica's ETag is the primary's
   with an ``r-`` prefix: the same bytes.  A new DHT version learnt at lookup/refresh
   drops the path's entries.
 * Hashing (cache inserts) and the copies that assemble a reply run in worker threads.
@@ -55,10 +56,6 @@ class _Pending:
     def __init__(self) -> None:
         self.event = trio.Event()
         self.result: tuple[bytes, str] | None = None
-
-
-class _Changed(Exception):
-    """The holder's bytes are no longer the version the handle is pinned to."""
 
 
 @dataclass
@@ -236,45 +233,38 @@ class RemoteHandle:
         self.client = client
         self.version = node.meta.version
         self.size = node.meta.size
-        self.etag: str | None = None
-        self.served = False
         self.closed = False
         self.next_off = 0
         self.window = 0
         self.small = self.cache.is_small(self.size)
 
+    @property
+    def etag(self) -> str | None:
+        return self.node.pinned_etag
+
     def cache_version(self) -> tuple[int, str | None]:
-        if self.etag is None:
+        if self.node.pinned_etag is None:
             cached = self.cache.version_of(self.node.path)
             if cached is not None and cached[0] == self.version:
-                self.etag = cached[1]
-        return (self.version, self.etag)
+                self.node.pinned_etag = cached[1]
+        return (self.version, self.node.pinned_etag)
 
     def _accept(self, etag: str) -> None:
-        """A fetch of this handle's file returned ``etag``."""
-        if self.etag is None or etag == self.etag:
-            self.etag = etag
-            return
-        if self.served:
+        """A fetch of this inode's file returned ``etag``: the first one pins the inode
+        (every handle of it: the kernel's page cache is per inode); another one means
+        the bytes of the pinned version are gone from the holders."""
+        if self.node.pinned_etag is None:
+            self.node.pinned_etag = etag
+        if etag != self.node.pinned_etag:
             self.reader.stats.eio += 1
-            log.error("%r changed under an open reader (version %s, now %s)", self.node.path, self.etag, etag)
+            self.reader.stats.version_changes += 1
+            log.warning("%r changed under its readers (version %s, now %s): EIO", self.node.path,
+                        self.node.pinned_etag, etag)
             raise FsError(errno.EIO)
-        self.reader.stats.version_changes += 1
-        self.cache.invalidate(self.node.path, (self.version, etag))
-        self.etag = etag
-        raise _Changed()
 
     async def read(self, off: int, size: int) -> bytes:
         t0 = time.monotonic()
-        for _attempt in range(3):
-            try:
-                data, hit = await (self._read_object(off, size) if self.small else self._read_blocks(off, size))
-                break
-            except _Changed:
-                continue
-        else:
-            raise FsError(errno.EIO)
-        self.served = True
+        data, hit = await (self._read_object(off, size) if self.small else self._read_blocks(off, size))
         self.cache.account(len(data), hit)
         self.cache.record_request(time.monotonic() - t0, len(data), self.client)
         return data
