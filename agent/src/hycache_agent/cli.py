@@ -78,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this node's control-plane token (mode 0600, owned by the agent's user)")
     c.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus GET /metrics here (a cluster agent also serves it on --listen)")
+    h = m.add_argument_group("HCCache: memory cache of remote reads (paper 002)")
+    h.add_argument("--hccache-size", help="memory for the cache, K/M/G suffixes; 0 turns it off (default 256M)")
+    h.add_argument("--hccache-mode", choices=("hybrid", "block"),
+                   help="hybrid: small files are one entry (default); block: everything by blocks (baseline)")
+    h.add_argument("--hccache-small-file", help="files below this size are cached whole (default 256K)")
+    h.add_argument("--hccache-block-size", help="block size of larger files and of range requests (default 128K)")
+    h.add_argument("--no-hccache-second-level", dest="hccache_second_level", action="store_false", default=None,
+                   help="do not keep fast-tier copies of small remote files behind the memory cache")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -253,6 +261,14 @@ def _status(root: Path, as_json: bool) -> int:
                   f" / remote {format_size(cnt['remote']['read_bytes'])}; writes fast "
                   f"{format_size(cnt['fast']['write_bytes'])} / slow {format_size(cnt['slow']['write_bytes'])}; "
                   f"hits {cnt['fast']['hits']}, misses {cnt['misses']}, metadata ops {cnt['metadata_ops']}")
+    hc = st.get("hccache")
+    if hc:
+        def ratio(v):
+            return "-" if v is None else f"{100 * v:.1f}%"
+        console.print(f"hccache ({hc['mode']}): {format_size(hc['memory_bytes'])} / {format_size(hc['limit_bytes'])}, "
+                      f"hit ratio {ratio(hc['hit_ratio'])}, byte hit ratio {ratio(hc['byte_hit_ratio'])}, "
+                      f"ABD {hc['abd'] if hc['abd'] is not None else '-'}, "
+                      f"dedup saved {format_size(hc['dedup_saved_bytes'])}")
     console.print(f"directories {st['directories']}, open handles {st['open_handles']}, "
                   f"metadata commits {st['metadata']['commits']}"
                   + (f", METADATA ERROR: {st['metadata']['error']}" if st["metadata"]["error"] else ""))
@@ -275,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
-                "metrics_listen")}
+                "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",
+                "hccache_block_size", "hccache_second_level")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

@@ -45,6 +45,7 @@ from .namespace import ROOT_INO, FsError, Inode
 from .namespace import join_path as join
 from .ownership import INBOX_POLL_SECONDS, Ownership
 from .rebalance import Rebalancer
+from .remote_read import RemoteReader
 from .replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,11 @@ class RemoteNode:
     lookups: int = 0
     cache_blob: str | None = None  # local copy of a remote file's bytes
     cache_version: int = -1
+    cache_etag: str | None = None  # the holder's version token of cache_blob
+    superseded: bool = False  # the store has a newer version (a new inode for the path)
+    # HCCache: the holder ETag every read of this inode is served from (the kernel's page
+    # cache is per inode, so all handles of the node must serve one version of the bytes)
+    pinned_etag: str | None = None
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
 
@@ -110,7 +116,7 @@ class ClusterLink:
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
                  secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
                  replicas: int = 0, replica_mode: str = "async", rebalance_interval: float = 0.0,
-                 rebalance_rounds: int = 3) -> None:
+                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -136,6 +142,9 @@ class ClusterLink:
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
         self.replicator = Replicator(self, replicas, replica_mode)
         self.local_files = LocalPeerFiles(engine, self.replica_store)
+        # remote reads through HCCache (None: whole-file fetch to the fast tier)
+        self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
+            if hccache is not None else None
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:
@@ -186,6 +195,8 @@ class ClusterLink:
         nursery.start_soon(self.replicator.run)
         nursery.start_soon(self.rebalancer.run)
         nursery.start_soon(self._republish_all)
+        if self.reader is not None:
+            nursery.start_soon(self.reader.run)
 
     # ------------------------------------------------------------------ publication
     def entry_meta(self, inode: Inode) -> EntryMeta:
@@ -499,6 +510,8 @@ class ClusterLink:
         if node is None or (meta.kind != "dir" and node.meta.version != meta.version) \
                 or node.meta.kind != meta.kind:
             node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
+            if self.reader is not None and meta.kind == "file":
+                self.reader.learn_version(path, meta.version)
             self.remote[node.ino] = node
             self._remote_by_path[path] = node
         else:
@@ -585,6 +598,11 @@ class ClusterLink:
             meta = await self.store_get(node.path)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
+            elif meta is not None and meta.kind == "file":
+                node.superseded = True
+                self.forget_listing(node.path.rpartition(b"/")[0] or b"/")  # the next lookup finds it
+                if self.reader is not None:
+                    self.reader.learn_version(node.path, meta.version)
         return node
 
     async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
@@ -634,7 +652,7 @@ class ClusterLink:
             try:
                 addr = await self.address_of(holder)
                 t0 = time.monotonic()
-                await self.peers.fetch_to_file(addr, node.path, dest)
+                etag = await self.peers.fetch_to_file(addr, node.path, dest)
             except Exception as exc:  # noqa: BLE001 - try the next holder
                 last = exc
                 log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
@@ -645,7 +663,7 @@ class ClusterLink:
             log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
             if node.cache_blob and node.cache_blob != dest:
                 await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
-            node.cache_blob, node.cache_version = dest, node.meta.version
+            node.cache_blob, node.cache_version, node.cache_etag = dest, node.meta.version, etag
             return dest
         log.error("no holder of %r could serve it (%s)", node.path, last)
         raise FsError(errno.EIO)
@@ -660,6 +678,7 @@ class ClusterLink:
         d["replication"] = self.replicator.status()
         d["replicas_kept"] = len(self.replica_store.index)
         d["rebalance"] = self.rebalancer.status()
+        d["remote_read"] = "hccache" if self.reader is not None else "whole-file"
         return d
 
 

@@ -54,6 +54,12 @@ class AgentConfig(BaseModel):
     control_plane: str | None = Field(default=None, description="URL of the control plane, e.g. http://cp:8000")
     control_token_file: Path | None = Field(default=None, description="this node's token (mode 0600, owned by the agent's user)")
     metrics_listen: str | None = Field(default=None, description="HOST:PORT serving GET /metrics (Prometheus)")
+    # HCCache on the remote read path (paper 002): 0 turns it off (whole-file fetch)
+    hccache_size: int = Field(default=256 << 20, ge=0, description="bytes of memory for HCCache; 0: off")
+    hccache_mode: Literal["hybrid", "block"] = "hybrid"
+    hccache_small_file: int = Field(default=256 << 10, ge=0, description="files below this are one cache entry")
+    hccache_block_size: int = Field(default=128 << 10, gt=0, description="cache block (and range request) size")
+    hccache_second_level: bool = True  # small files also keep a fast-tier copy (hybrid mode)
 
     @property
     def clustered(self) -> bool:
@@ -73,6 +79,11 @@ class AgentConfig(BaseModel):
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_size(v)
+
+    @field_validator("hccache_size", "hccache_small_file", "hccache_block_size", mode="before")
+    @classmethod
+    def _hccache_size(cls, v: Any) -> Any:
+        return parse_size(v)
 
     @field_validator("log_level")
     @classmethod

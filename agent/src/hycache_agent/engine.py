@@ -1050,6 +1050,7 @@ class TieringEngine:
             "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
             "cluster": None if self.cluster is None else self.cluster.status_dict(),
             "control": None if self.control is None else self.control.status_dict(),
+            "hccache": None if self.cluster is None or self.cluster.reader is None else self.cluster.reader.status(),
             "metadata": {"commits": self.ns.journal.commits, "pending": self.ns.journal.pending,
                          "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
         }

@@ -411,7 +411,7 @@ class HyCacheOperations(pyfuse3.Operations):
             if remote is None:
                 raise FsError(errno.ENOENT)
             if local is None and not writing:
-                return await self._open_remote(remote)
+                return await self._open_remote(remote, ctx.pid)
             if local is None:  # writes are always local: this node becomes the file's primary
                 await self.own.take_over(remote, truncate=bool(flags & os.O_TRUNC), nonblocking=nonblocking)
             # The kernel knows this name as the remote inode, whose size it keeps to itself
@@ -431,9 +431,18 @@ class HyCacheOperations(pyfuse3.Operations):
             self._leased[fh] = local.ino
         return self._file_info(fh)
 
-    async def _open_remote(self, remote):
-        blob = await self.cluster.open_remote(remote)
-        fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
+    async def _open_remote(self, remote, pid: int):
+        reader = self.cluster.reader
+        if reader is not None:  # HCCache: blocks/objects on demand (remote_read.py)
+            await self.cluster.refresh(remote)
+            if remote.meta.kind != "file":
+                raise FsError(errno.EISDIR if remote.is_dir else errno.ENXIO)
+            if remote.superseded:  # a newer version is a new inode: the kernel looks it up again
+                raise FsError(errno.ESTALE)
+            fd = reader.open(remote, pid)
+        else:
+            blob = await self.cluster.open_remote(remote)
+            fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
         self.engine.io.remote_opens += 1
         self.engine.io.misses += 1
@@ -456,7 +465,10 @@ class HyCacheOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         remote = self._remote_handles.get(fh)
         if remote is not None:
-            data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
+            if not isinstance(remote[1], int):  # an HCCache handle
+                data = await remote[1].read(off, size)
+            else:
+                data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
             self.engine.io.remote_read_bytes += len(data)
             return data
         return await self.engine.read(fh, off, size)
@@ -479,7 +491,10 @@ class HyCacheOperations(pyfuse3.Operations):
         if remote is not None:
             node, fd = remote
             node.open_count -= 1
-            await trio.to_thread.run_sync(os.close, fd)
+            if isinstance(fd, int):
+                await trio.to_thread.run_sync(os.close, fd)
+            else:
+                fd.close()
             return
         await self.engine.release(fh)
         ino = self._leased.pop(fh, None)

@@ -81,7 +81,8 @@ def _make_cluster(engine: TieringEngine) -> None:
                                  lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
                                  replicas=config.replicas, replica_mode=config.replica_mode,
                                  rebalance_interval=config.rebalance_interval,
-                                 rebalance_rounds=config.rebalance_rounds)
+                                 rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config),
+                                 hccache_second_level=config.hccache_second_level)
     engine.cluster.attach()
 
 
@@ -89,6 +90,21 @@ async def _metrics(engine: TieringEngine) -> tuple[bytes, str]:
     from .metrics import CONTENT_TYPE, render
 
     return await render(engine), CONTENT_TYPE
+
+
+def _make_hccache(config):
+    if not config.hccache_size:
+        return None
+    from hycache_core.hccache import HCCache, sha256
+
+    hash_fn = sha256
+    if os.environ.get("HYCACHE_HCCACHE_FORCE_COLLISIONS") == "1":  # tests only: every content collides
+        log.warning("HCCache: every content hashes alike (HYCACHE_HCCACHE_FORCE_COLLISIONS=1, for tests)")
+
+        def hash_fn(data: bytes) -> bytes:
+            return b"collide"
+    return HCCache(config.hccache_size, mode=config.hccache_mode, small_file=config.hccache_small_file,
+                   block_size=config.hccache_block_size, hash_fn=hash_fn)
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:

@@ -322,6 +322,27 @@ class PeerClient:
         return await self._simple("GET", peer_addr, files_target(path), path, handle,
                                   headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
 
+    async def read_block(self, peer_addr: Addr, path: bytes, offset: int, length: int) -> tuple[bytes, str, int]:
+        """``(data, etag, total size)`` of ``length`` bytes at ``offset`` (fewer at the end of
+        the file, b"" past it): one range request, the caller checks the version token."""
+        if length <= 0 or offset < 0:
+            raise ValueError("read_block wants offset >= 0 and length > 0")
+
+        async def handle(resp: httpx.Response) -> tuple[bytes, str, int]:
+            got = _unquote_etag(resp.headers.get("etag", ""))
+            total = resp.headers.get("content-range", "").rpartition("/")[2]
+            if resp.status_code == 416:
+                return b"", got, int(total) if total.isdigit() else offset
+            if resp.status_code != 206 or not total.isdigit():
+                raise PeerError(f"{peer_addr} {path!r}: HTTP {resp.status_code} to a range request",
+                                addr=str(peer_addr), path=path, status=resp.status_code)
+            data = await resp.aread()
+            self.stats.bytes_received += len(data)
+            return data, got, int(total)
+
+        return await self._simple("GET", peer_addr, files_target(path), path, handle,
+                                  headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
+
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
                             progress: Progress | None = None, *, etag: str | None = None) -> str:
         """Copy the peer's file into ``dest`` and return its ETag (version token).

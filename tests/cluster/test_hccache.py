@@ -1,0 +1,192 @@
+"""HCCache on the remote read path (issue 12): real agents, real mounts, the session's
+real Redis Cluster.  Readers never see stale or torn bytes while another node rewrites a
+file, the memory bound holds under a flood (the agent's RSS too), dedup is right when
+every content collides on the hash, and a holder killed mid-read gives a replica's bytes
+or EIO, never wrong bytes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import threading
+
+import pytest
+from clusterkit import AGENT, cluster_status, info, redis_addr, start_agents, wait_for, wait_published
+
+pytestmark = pytest.mark.mount
+MiB = 1 << 20
+
+
+def hccache(m) -> dict:
+    out = subprocess.run([AGENT, "status", str(m.root), "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["hccache"]
+
+
+def rss(m) -> int:
+    with open(f"/proc/{m.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def version_bytes(k: int, size: int) -> bytes:
+    """Version k of a file: a header naming k, then k's byte pattern (a torn read mixes two)."""
+    return (b"v%06d|" % k + bytes([k % 251]) * size)[:size]
+
+
+def check_version(data: bytes, size: int) -> int:
+    assert data[:1] == b"v", data[:16]
+    k = int(data[1:7])
+    assert data == version_bytes(k, size), f"torn or wrong bytes (header says version {k})"
+    return k
+
+
+@pytest.mark.parametrize("size", [100 << 10, 3 * MiB], ids=["small", "large"])
+def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
+        hycache_mount, redis_cluster, dht_namespace, secret_file, size):
+    a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                           names=("a", "b", "c"), write_lease_seconds=3, hccache_size="64M",
+                           hccache_block_size="64K")
+    (a.mountpoint / "f").write_bytes(version_bytes(0, size))
+    wait_for(lambda: (c.mountpoint / "f").exists(), what="a's file on c")
+    wait_published(a)
+    assert check_version((c.mountpoint / "f").read_bytes(), size) == 0
+    stop = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    failures: list[int] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                with open(c.mountpoint / "f", "rb") as f:
+                    chunks = []
+                    while chunk := f.read(48 << 10):  # reads across block boundaries
+                        chunks.append(chunk)
+                data = b"".join(chunks)
+            except OSError as exc:  # the version it opened is gone from every holder
+                failures.append(exc.errno)
+                continue
+            try:
+                seen.append(check_version(data, size))
+            except AssertionError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        last = 0
+        for k in range(1, 6):
+            # the writer on b replaces the file atomically (a new name, renamed over it):
+            # the first rewrite takes the name over from a
+            tmp = b.mountpoint / f".f.tmp{k}"
+            tmp.write_bytes(version_bytes(k, size))
+            os.rename(tmp, b.mountpoint / "f")
+            last = k
+            wait_published(b)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert not errors, errors[:3]
+    assert set(failures) <= {errno.EIO, errno.ENOENT, errno.ESTALE}, failures
+    assert len(seen) > 10 and len(set(seen)) >= 2, (seen, failures)
+    # no stale byte: once the last version is published, a new open on c reads it
+    wait_for(lambda: check_version((c.mountpoint / "f").read_bytes(), size) == last, timeout=30,
+             what="c reads the last version")
+    st = hccache(c)
+    assert st["mode"] == "hybrid" and st["memory_bytes"] <= st["limit_bytes"]
+    assert st["lookups"] > 0 and st["hit_ratio"] is not None
+
+
+def test_the_memory_bound_holds_under_a_flood(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    limit = 16 * MiB
+    a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        names=("a", "c"), hccache_size=limit, hccache_block_size="64K")
+    smalls = {f"s{i}": os.urandom(100 << 10) for i in range(200)}  # 20 MiB of small files
+    for name, data in smalls.items():
+        (a.mountpoint / name).write_bytes(data)
+    larges = {f"L{i}": os.urandom(24 * MiB) for i in range(5)}  # 120 MiB of large ones
+    for name, data in larges.items():
+        (a.mountpoint / name).write_bytes(data)
+    wait_published(a)
+    wait_for(lambda: (c.mountpoint / "L4").exists(), what="a's files on c")
+    # warm up the agent (code paths, connection pool), then measure
+    (c.mountpoint / "s0").read_bytes()
+    before = rss(c)
+    peak_cache = 0
+    for _round in range(2):
+        for name, data in {**smalls, **larges}.items():
+            assert (c.mountpoint / name).read_bytes() == data
+            if name.endswith("0"):
+                st = hccache(c)
+                peak_cache = max(peak_cache, st["memory_bytes"])
+                assert st["memory_bytes"] <= st["limit_bytes"] == limit
+    after = rss(c)
+    st = hccache(c)
+    assert st["memory_bytes"] <= limit and st["evictions"] > 0
+    assert peak_cache > limit // 2  # the cache was really used
+    # 280 MiB went through a 16 MiB cache: the agent grew by at most the cache plus slack
+    assert after - before < limit + 64 * MiB, (before, after)
+
+
+def test_dedup_is_right_when_every_content_collides(hycache_mount, redis_cluster, dht_namespace, secret_file,
+                                                     monkeypatch):
+    monkeypatch.setenv("HYCACHE_HCCACHE_FORCE_COLLISIONS", "1")
+    a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        names=("a", "c"), hccache_size="64M", hccache_block_size="64K")
+    same = os.urandom(50 << 10)
+    other = os.urandom(50 << 10)
+    block = os.urandom(64 << 10)
+    files = {"x1": same, "x2": same, "y": other, "big": block * 8, "big2": block * 4 + other + same}
+    for name, data in files.items():
+        (a.mountpoint / name).write_bytes(data)
+    wait_published(a)
+    wait_for(lambda: (c.mountpoint / "big2").exists(), what="a's files on c")
+    for _ in range(2):
+        for name, data in files.items():
+            assert (c.mountpoint / name).read_bytes() == data, name
+    st = hccache(c)
+    # x1/x2 share one object, y collides with it but is stored apart; big's 8 equal blocks
+    # are one chunk, shared with big2's first 4
+    assert st["hash_collisions"] >= 3, st
+    assert st["dedup_saved_bytes"] >= len(same) + 11 * len(block), st
+    assert st["memory_bytes"] <= st["limit_bytes"]
+
+
+def test_a_holder_killed_mid_read_gives_a_replicas_bytes_or_eio(hycache_mount, redis_cluster, dht_namespace,
+                                                                secret_file):
+    a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                           names=("a", "b", "c"), replicas=1, replica_mode="sync", hccache_size="8M",
+                           hccache_block_size="64K")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b", "c"], what="a sees b and c")
+    data = os.urandom(32 * MiB)
+    (a.mountpoint / "big").write_bytes(data)
+    assert len(info(a.mountpoint / "big")["replicas"]) == 1
+    wait_published(a)
+    wait_for(lambda: (c.mountpoint / "big").exists(), what="a's file on c")
+    got = bytearray()
+    errs = []
+    with open(c.mountpoint / "big", "rb") as f:
+        got += f.read(4 * MiB)
+        a.proc.kill()  # kill -9 the primary mid-read
+        a.proc.wait()
+        while True:
+            try:
+                chunk = f.read(1 * MiB)
+            except OSError as exc:
+                errs.append(exc.errno)
+                break
+            if not chunk:
+                break
+            got += chunk
+    assert bytes(got) == data[:len(got)], "wrong bytes after the holder died"
+    assert set(errs) <= {errno.EIO}
+    if not errs:
+        assert len(got) == len(data)  # all of it, the rest from the replica on b
+    assert (c.mountpoint / "big").read_bytes() == data  # a new open reads the replica
+    hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)
