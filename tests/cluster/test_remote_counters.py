@@ -59,3 +59,6 @@ def test_remote_reads_count_as_misses_remote_bytes_and_fetches(hycache_mount, re
     got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
     assert got["hycache_remote_fetches_total"] >= 1 and got["hycache_remote_read_bytes_total"] >= 100 * K
     assert got["hycache_misses_total"] >= 1
+    # the remote read went through HCCache (on by default): its lookups and memory show too
+    assert got["hycache_hccache_lookups_total"] >= 1 and got["hycache_hccache_memory_bytes"] > 0
+    assert got["hycache_hccache_limit_bytes"] == 256 << 20

@@ -115,6 +115,24 @@ class SnapshotCollector:
             yield state
             yield CounterMetricFamily("hycache_control_heartbeats", "Heartbeats sent to the control plane",
                                       value=control["heartbeats_sent"])
+        hc = st.get("hccache")
+        if hc:  # the memory cache of remote reads (docs/hccache.md)
+            yield CounterMetricFamily("hycache_hccache_lookups", "HCCache lookups", value=hc["lookups"])
+            yield CounterMetricFamily("hycache_hccache_hits", "HCCache lookups answered from memory", value=hc["hits"])
+            yield CounterMetricFamily("hycache_hccache_requested_bytes", "Bytes asked of HCCache",
+                                      value=hc["bytes_requested"])
+            yield CounterMetricFamily("hycache_hccache_hit_bytes", "Bytes HCCache answered from memory",
+                                      value=hc["bytes_hit"])
+            yield CounterMetricFamily("hycache_hccache_evictions", "HCCache entries evicted", value=hc["evictions"])
+            yield GaugeMetricFamily("hycache_hccache_memory_bytes", "Bytes HCCache holds", value=hc["memory_bytes"])
+            yield GaugeMetricFamily("hycache_hccache_limit_bytes", "HCCache's memory bound", value=hc["limit_bytes"])
+            yield GaugeMetricFamily("hycache_hccache_dedup_saved_bytes", "Bytes content addressing saved",
+                                    value=hc["dedup_saved_bytes"])
+            for key, doc in (("abd", "Average block distance (paper 002)"),
+                             ("ecdal", "Efficiency of cache data access latency, ECDAL (paper 002)"),
+                             ("ecdab", "Efficiency of cache data access bandwidth, ECDAB (paper 002)")):
+                if hc.get(key) is not None:
+                    yield GaugeMetricFamily(f"hycache_hccache_{key}", doc, value=hc[key])
 
 
 def render_snapshot(status: dict[str, Any], node_id: str | None) -> bytes:
