@@ -29,12 +29,16 @@ import pytest
 import yaml
 from hycache_agent.cli import build_parser
 from hycache_agent.config import AgentConfig, load_config
+from hycache_agent.control_link import load_token
 from hycache_agent.peer import load_secret
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
 BIN = Path(sys.executable).parent
 SECRET = "s3cret-for-the-render-test-0123456789"
+CONTROL_TOKEN = "hcn_node-token-for-the-render-test-42"
+ADMIN_TOKEN = "hca_admin-token-for-the-render-test-0123456789"
+DB_URL = "postgresql+psycopg://hycache:p%40ss%25word@db.example:5432/hycache"
 # the managed host's interpreter for modules: the system one starts faster than the venv's
 PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
@@ -89,7 +93,7 @@ def local_uv() -> str | None:
 
 def run_playbook(inv: Path, tmp: Path, tags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [playbook_bin(), "-i", str(inv), str(ANSIBLE / "site.yml"), "--limit", "n1,n2",
+        [playbook_bin(), "-i", str(inv), str(ANSIBLE / "site.yml"), "--limit", "n1,n2,cp",
          "--tags", tags, "--skip-tags", "hycache_build_packages"],
         capture_output=True, text=True, env=ansible_env(tmp), cwd=ANSIBLE, timeout=300)
 
@@ -115,6 +119,13 @@ def rendered(tmp_path_factory):
             (d / "opt" / "current" / ".venv" / "bin").mkdir(parents=True)
             (d / "opt" / "current" / ".venv" / "bin" / "hycache-agent").symlink_to(BIN / "hycache-agent")
         hosts[name] = d
+    cp = tmp / "cp"  # the control plane's host (not an agent: nothing installed there)
+    for sub in ("etc", "systemd", "state"):
+        (cp / sub).mkdir(parents=True)
+    (cp / "opt" / "current" / ".venv" / "bin").mkdir(parents=True)
+    control_bin = BIN / "hycache-control" if (BIN / "hycache-control").exists() else BIN / "hycache-agent"
+    (cp / "opt" / "current" / ".venv" / "bin" / "hycache-control").symlink_to(control_bin)
+    hosts["cp"] = cp
     uv_cache = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip() if uv else ""
     local = {"ansible_connection": "local", "ansible_python_interpreter": PY,
              "ansible_become": False}
@@ -138,7 +149,18 @@ def rendered(tmp_path_factory):
                        "hycache_agent_promote_mode": "before-open", "hycache_agent_log_level": "debug",
                        "hycache_agent_high_watermark": 0.8, "hycache_agent_low_watermark": 0.5,
                        "hycache_agent_listen_port": 7171, "hycache_agent_root": "/srv/hycache root",
-                       "hycache_agent_extra_options": {"kernel_cache": False, "writeback_cache": False}},
+                       "hycache_agent_extra_options": {"kernel_cache": False, "writeback_cache": False},
+                       "hycache_agent_control_plane": "https://control.example:8080",
+                       "hycache_agent_control_token": CONTROL_TOKEN,
+                       "hycache_agent_metrics_listen": "127.0.0.1:9170"},
+            }},
+            "control_plane": {"hosts": {
+                "cp": {**local, "ansible_host": "127.0.0.3",
+                       "hycache_control_config_dir": str(cp / "etc"), "hycache_control_systemd_dir": str(cp / "systemd"),
+                       "hycache_control_install_dir": str(cp / "opt"),
+                       "hycache_control_state_dir": str(cp / "state"),
+                       "hycache_control_restart_on_change": False,
+                       "hycache_control_admin_token": ADMIN_TOKEN, "hycache_control_db_url": DB_URL},
             }},
             "redis": {"hosts": {
                 "n1": {},
@@ -148,13 +170,15 @@ def rendered(tmp_path_factory):
         }}}
     inv = tmp / "inventory.yml"
     inv.write_text(yaml.safe_dump(inventory))
-    tags = "hycache_config,redis_config" + (",hycache_install" if uv else "")
+    tags = "hycache_config,redis_config,hycache_control_config" + (",hycache_install" if uv else "")
     first = run_playbook(inv, tmp, tags)
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr
     second = run_playbook(inv, tmp, tags)
     assert second.returncode == 0, second.stdout[-6000:] + second.stderr
     for out in (first, second):
         assert SECRET not in out.stdout + out.stderr, "the secret leaked into ansible's output"
+        assert CONTROL_TOKEN not in out.stdout + out.stderr, "the token leaked into ansible's output"
+        assert ADMIN_TOKEN not in out.stdout + out.stderr and "p%40ss" not in out.stdout + out.stderr
     return {**hosts, "_install": bool(uv), "_second": second.stdout}
 
 
@@ -193,6 +217,9 @@ def test_agent_config_with_the_role_defaults(rendered):
     assert config.cluster_secret_file == d / "etc" / "cluster-secret"
     assert config.cluster_secret_file.stat().st_mode & 0o777 == 0o600
     assert load_secret(config.cluster_secret_file) == SECRET.encode()
+    # no control plane unless asked for
+    assert config.control_plane is None and config.control_token_file is None
+    assert not (d / "etc" / "control-token").exists()
 
 
 def test_agent_config_with_every_option(rendered):
@@ -204,6 +231,12 @@ def test_agent_config_with_every_option(rendered):
     assert (config.high_watermark, config.low_watermark) == (0.8, 0.5)
     assert config.listen == "0.0.0.0:7171" and config.advertise == "127.0.0.2:7171"
     assert config.kernel_cache is False and config.writeback_cache is False
+    # the control-plane link: the token file where the config says, accepted by the agent
+    assert config.control_plane == "https://control.example:8080"
+    assert config.control_token_file == rendered["n2"] / "etc" / "control-token"
+    assert config.control_token_file.stat().st_mode & 0o777 == 0o600
+    assert load_token(config.control_token_file) == CONTROL_TOKEN
+    assert config.metrics_listen == "127.0.0.1:9170"
 
 
 def test_unknown_extra_option_is_rejected_by_the_agent(rendered, tmp_path):
@@ -296,8 +329,8 @@ def test_redis_unit_runs_the_rendered_configs(rendered):
 
 
 def test_second_run_changes_nothing(rendered):
-    recap = re.findall(r"^(n[12])\s+:\s+ok=\d+\s+changed=(\d+)", rendered["_second"], re.MULTILINE)
-    assert sorted(recap) == [("n1", "0"), ("n2", "0")], rendered["_second"][-3000:]
+    recap = re.findall(r"^(n[12]|cp)\s+:\s+ok=\d+\s+changed=(\d+)", rendered["_second"], re.MULTILINE)
+    assert sorted(recap) == [("cp", "0"), ("n1", "0"), ("n2", "0")], rendered["_second"][-3000:]
 
 
 def test_install_tasks_deploy_the_committed_workspace(rendered):
@@ -314,3 +347,40 @@ def test_install_tasks_deploy_the_committed_workspace(rendered):
         assert out.returncode == 0 and "--cluster-secret-file" in out.stdout, out.stderr
         # the unit runs that agent
         assert exec_start(rendered[name] / "systemd" / "hycache-agent.service")[0] == str(agent)
+
+
+# --------------------------------------------------------------------------- control plane
+def test_control_plane_files(rendered):
+    d = rendered["cp"]
+    unit = d / "systemd" / "hycache-control.service"
+    argv = exec_start(unit)
+    assert argv[0] == str(d / "opt" / "current" / ".venv" / "bin" / "hycache-control")
+    assert argv[1] == "serve"
+    opts = dict(zip(argv[2::2], argv[3::2]))
+    assert opts["--listen"] == "0.0.0.0:8080" and opts["--state-dir"] == str(d / "state")
+    assert opts["--dht-namespace"] == "hc"
+    # the agents' Redis Cluster: every node of every [redis] host, as the agents get it
+    _, agent_config = effective_config(rendered["n1"])
+    assert opts["--redis"] == agent_config.redis
+    # the admin token: mode 0600, the exact secret; the database URL only in a 0600 env file
+    token = Path(opts["--admin-token-file"])
+    assert token == d / "etc" / "control-admin-token"
+    assert token.stat().st_mode & 0o777 == 0o600 and token.read_text().strip() == ADMIN_TOKEN
+    env_file = d / "etc" / "control-plane.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert DB_URL not in unit.read_text() and ADMIN_TOKEN not in unit.read_text()
+    assert f"EnvironmentFile={env_file}" in unit.read_text()
+    env = {k: v.strip('"') for k, v in (ln.split("=", 1) for ln in env_file.read_text().splitlines()
+                                        if ln and not ln.startswith("#"))}
+    assert env == {"HYCACHE_CONTROL_DB": DB_URL}
+
+
+def test_control_plane_command_is_what_hycache_control_accepts(rendered):
+    cli = pytest.importorskip("hycache_control.cli", reason="hycache-control (backend/) is not installed")
+    argv = exec_start(rendered["cp"] / "systemd" / "hycache-control.service")
+    args = cli.parser().parse_args(argv[1:])
+    assert args.cmd == "serve"
+
+
+def test_systemd_verify_control_plane_unit(rendered):
+    _systemd_verify(rendered["cp"] / "systemd" / "hycache-control.service")

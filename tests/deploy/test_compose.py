@@ -222,29 +222,37 @@ def test_top_level_definitions_are_used_and_their_files_exist():
         assert repo_file(spec["file"]).is_file(), f"config {name}: {spec['file']} missing"
 
 
-def test_secret_file_is_generated_ignored_by_git_and_accepted_by_the_agent(tmp_path):
-    """The secret is not in git: deploy/gen-secret.sh writes it where compose reads it,
-    git ignores it, and the agent's own load_secret accepts what the script writes."""
+def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers(tmp_path):
+    """The secrets are not in git: deploy/gen-secret.sh writes each where compose reads
+    it, git ignores them, and their readers accept what the script writes (the agent's
+    load_secret; 24+ random characters for the control plane's admin token)."""
     from hycache_agent.peer import load_secret
 
-    (spec,) = COMPOSE["secrets"].values()
-    rel = PurePosixPath(os.path.normpath(spec["file"]))
-    assert rel.parts[:2] == ("deploy", "secrets"), rel
-    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)])
-    assert ignored.returncode == 0, f"{rel} is not ignored by git: a generated secret could be committed"
-    # run a copy of the script from a fake repository: its default output path must be
-    # the file compose reads
+    rels = {name: PurePosixPath(os.path.normpath(spec["file"])) for name, spec in COMPOSE["secrets"].items()}
+    assert set(rels) == {"hycache_cluster_secret", "hycache_db_password", "hycache_admin_token"}
+    for rel in rels.values():
+        assert rel.parts[:2] == ("deploy", "secrets"), rel
+        ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)])
+        assert ignored.returncode == 0, f"{rel} is not ignored by git: a generated secret could be committed"
+    # run a copy of the script from a fake repository: its default output paths must be
+    # the files compose reads
     fake = tmp_path / "repo"
     (fake / "deploy").mkdir(parents=True)
     shutil.copy(REPO / "deploy" / "gen-secret.sh", fake / "deploy" / "gen-secret.sh")
     subprocess.run(["sh", str(fake / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
-    out = fake / rel
-    assert out.is_file(), f"gen-secret.sh did not write {rel}"
-    assert out.stat().st_mode & 0o777 == 0o600
-    secret = load_secret(out)
+    values = {}
+    for name, rel in rels.items():
+        out = fake / rel
+        assert out.is_file(), f"gen-secret.sh did not write {rel}"
+        assert out.stat().st_mode & 0o777 == 0o600
+        values[name] = out.read_text()
+        assert len(values[name].strip()) >= 24
+    assert len(set(values.values())) == 3, "each secret is drawn separately"
+    secret = load_secret(fake / rels["hycache_cluster_secret"])
     assert len(secret) >= 32
     subprocess.run(["sh", str(fake / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
-    assert load_secret(out) == secret, "a second run must keep the existing secret"
+    assert load_secret(fake / rels["hycache_cluster_secret"]) == secret, "a second run must keep the existing secret"
+    assert all((fake / rel).read_text() == values[n] for n, rel in rels.items())
     for agent in AGENTS:
         bind = next(v for v in volumes_of(agent) if v["type"] == "bind")
         assert subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q",
@@ -342,6 +350,19 @@ def test_agent_command_and_config_are_what_the_agent_accepts(name):
     assert hargs.command == "status" and hargs.json
     assert hargs.root == args.root, f"{name}: the healthcheck asks {hargs.root}, the agent's ROOT is {args.root}"
     assert svc["depends_on"].get("redis-cluster-init") == {"condition": "service_completed_successfully"}
+    # the control plane: its service and port, and this node's token from the one-shot
+    # that makes it, in a volume the agent mounts
+    assert config.control_plane is not None, f"{name}: not linked to the control plane"
+    url = config.control_plane.removeprefix("http://")
+    host, _, port = url.partition(":")
+    assert host == "control-plane" and int(port) == control_plane_port(), f"{name}: --control-plane {url}"
+    token_dir = str(PurePosixPath(str(config.control_token_file)).parent)
+    (vol,) = [v for v in vols if v["target"] == token_dir]
+    assert vol["type"] == "volume" and vol["source"] == "node-tokens"
+    assert PurePosixPath(str(config.control_token_file)).name == config.node_id
+    assert config.node_id in as_argv(SERVICES["control-plane-tokens"]["command"]), \
+        f"{name}: control-plane-tokens makes no token for node {config.node_id}"
+    assert svc["depends_on"].get("control-plane-tokens") == {"condition": "service_completed_successfully"}
 
 
 def test_agents_have_unique_node_ids_and_ports():
@@ -579,14 +600,135 @@ def test_docker_compose_config():
         why = " ".join((probe.stderr or probe.stdout).split())
         pytest.skip(f"the docker compose plugin is not installed ({why}): "
                     "`docker compose config` not run (static checks above only)")
-    secret = REPO / next(iter(COMPOSE["secrets"].values()))["file"]
-    made = not secret.exists()
-    if made:  # compose wants the file to exist; it is git-ignored
-        subprocess.run(["sh", str(REPO / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
+    secrets = [REPO / spec["file"] for spec in COMPOSE["secrets"].values()]
+    made = [s for s in secrets if not s.exists()]
+    for secret in made:  # compose wants the files to exist; they are git-ignored
+        subprocess.run(["sh", str(REPO / "deploy" / "gen-secret.sh"), str(secret)], check=True, capture_output=True)
     try:
         out = subprocess.run([docker, "compose", "-f", str(COMPOSE_FILE), "config", "-q"],
                              capture_output=True, text=True, cwd=REPO)
     finally:
-        if made:
+        for secret in made:
             secret.unlink()
     assert out.returncode == 0, out.stderr
+
+
+# --------------------------------------------------------------------------- control plane
+def control_plane_argv() -> list[str]:
+    return as_argv(SERVICES["control-plane"]["command"])
+
+
+def control_plane_port() -> int:
+    argv = control_plane_argv()
+    return int(argv[argv.index("--listen") + 1].rpartition(":")[2])
+
+
+def test_control_plane_service():
+    svc = SERVICES["control-plane"]
+    argv = control_plane_argv()
+    assert argv[0] == "serve"
+    # the agents' Redis Cluster, every node on its port
+    seeds = [s.rsplit(":", 1) for s in argv[argv.index("--redis") + 1].split(",")]
+    assert sorted(h for h, _ in seeds) == sorted(REDIS)
+    assert all(int(p) == redis_conf_port(h) for h, p in seeds)
+    agent_ns = {effective_agent_config(a)[1].dht_namespace for a in AGENTS}
+    assert agent_ns == {argv[argv.index("--dht-namespace") + 1]}, "the control plane reads the agents' namespace"
+    # the admin token and the database password are compose secrets
+    files = service_files("control-plane")
+    assert argv[argv.index("--admin-token-file") + 1] in files
+    env = svc["environment"]
+    assert env["HYCACHE_DB_PASSWORD_FILE"] in files
+    pg = SERVICES["postgres"]
+    assert pg["environment"]["POSTGRES_PASSWORD_FILE"] in service_files("postgres")
+    assert service_files("postgres")[pg["environment"]["POSTGRES_PASSWORD_FILE"]] == \
+        files[env["HYCACHE_DB_PASSWORD_FILE"]], "the control plane and PostgreSQL share one password"
+    assert env["HYCACHE_DB_USER"] == pg["environment"]["POSTGRES_USER"]
+    assert env["HYCACHE_DB_NAME"] == pg["environment"]["POSTGRES_DB"]
+    assert env["HYCACHE_DB_HOST"] == "postgres"
+    assert svc["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    # the healthcheck asks its own port; PostgreSQL's asks for its database
+    health = " ".join(as_argv(svc["healthcheck"]["test"]))
+    assert f"127.0.0.1:{control_plane_port()}/readyz" in health
+    assert as_argv(pg["healthcheck"]["test"])[:2] == ["CMD", "pg_isready"]
+    assert any(v["type"] == "volume" and v["target"] == "/var/lib/postgresql/data" for v in volumes_of("postgres"))
+    # the token one-shot runs the script compose mounts, in the control plane's image
+    tok = SERVICES["control-plane-tokens"]
+    assert tok["image"] == svc["image"] and str(tok.get("restart")) == "no"
+    entry = as_argv(tok["entrypoint"])
+    assert service_files("control-plane-tokens")[entry[1]] == REPO / "deploy" / "node-tokens.sh"
+    assert tok["depends_on"] == {"control-plane": {"condition": "service_healthy"}}
+    assert tok["environment"]["HYCACHE_DB_PASSWORD_FILE"] in service_files("control-plane-tokens")
+    assert sorted(as_argv(tok["command"])) == sorted(effective_agent_config(a)[1].node_id for a in AGENTS)
+
+
+def test_control_plane_command_is_what_hycache_control_accepts():
+    cli = pytest.importorskip("hycache_control.cli", reason="hycache-control (backend/) is not installed")
+    args = cli.parser().parse_args(control_plane_argv())
+    assert args.cmd == "serve"
+    tok_argv = ["token", "create", "--scope", "node", "--node-id", "agent-1", "--name", "agent-1"]
+    assert cli.parser().parse_args(tok_argv).scope == "node"
+
+
+def test_node_tokens_script_makes_each_token_once(tmp_path):
+    """deploy/node-tokens.sh with a stand-in for the image's entry point (the real one is
+    `hycache-control`): one 0600 file per node, kept on a second run."""
+    script = (REPO / "deploy" / "node-tokens.sh").read_text()
+    entry = "/usr/local/bin/hycache-control-entrypoint"
+    assert entry in script
+    fake = tmp_path / "entry"
+    fake.write_text('#!/bin/sh\necho "tok-$6-$$"\n')  # token create --scope node --node-id ID ...
+    fake.chmod(0o755)
+    (tmp_path / "node-tokens.sh").write_text(script.replace(entry, str(fake)))
+    env = {**os.environ, "TOKEN_DIR": str(tmp_path / "tokens")}
+    run = lambda: subprocess.run(["sh", str(tmp_path / "node-tokens.sh"), "agent-1", "agent-2"], env=env,
+                                 check=True, capture_output=True, text=True)
+    run()
+    from hycache_agent.control_link import load_token
+
+    first = {n: load_token(tmp_path / "tokens" / n) for n in ("agent-1", "agent-2")}
+    assert first["agent-1"].startswith("tok-agent-1-") and first["agent-2"].startswith("tok-agent-2-")
+    run()
+    assert {n: load_token(tmp_path / "tokens" / n) for n in first} == first
+
+
+def test_control_plane_entrypoint_builds_the_database_url(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("a+b/c=d@e\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "hycache-control").write_text('#!/bin/sh\necho "$HYCACHE_CONTROL_DB" "$@"\n')
+    (bindir / "hycache-control").chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HYCACHE_DB_PASSWORD_FILE": str(pw), "HYCACHE_DB_HOST": "pg"}
+    out = subprocess.run(["sh", str(REPO / "deploy" / "control-plane-entrypoint.sh"), "serve", "--x"],
+                         env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["postgresql+psycopg://hycache:a%2Bb%2Fc%3Dd%40e@pg:5432/hycache", "serve", "--x"]
+    env["HYCACHE_CONTROL_DB"] = "sqlite:///x.db"  # an explicit URL wins
+    out = subprocess.run(["sh", str(REPO / "deploy" / "control-plane-entrypoint.sh")], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["sqlite:///x.db"]
+
+
+CP_DOCKERFILE = REPO / "deploy" / "control-plane.Dockerfile"
+
+
+def test_control_plane_dockerfile_copy_sources_are_in_the_context():
+    ignore = DockerIgnore(REPO / "deploy" / "control-plane.Dockerfile.dockerignore")
+    assert ignore.excluded("deploy/secrets/admin-token") and ignore.excluded(".venv/bin/python")
+    instrs = dockerfile_instructions(CP_DOCKERFILE)
+    versions = dict(line.split("=", 1) for line in (REPO / "scripts" / "versions.env").read_text().splitlines()
+                    if "=" in line and not line.startswith("#"))
+    assert dict(r.split("=", 1) for w, r in instrs if w == "ARG" and "=" in r)["UV_VERSION"] == versions["UV_VERSION"]
+    # every workspace member's pyproject.toml (uv sync --frozen resolves the whole lock)
+    import tomllib
+
+    members = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]["members"]
+    copied = [split_flags(r)[1][0] for w, r in instrs if w == "COPY" and "from" not in split_flags(r)[0]]
+    for m in members:
+        assert f"{m}/pyproject.toml" in copied, f"control-plane.Dockerfile must COPY {m}/pyproject.toml"
+    if not (REPO / "backend" / "pyproject.toml").exists():
+        pytest.skip("backend/ (hycache-control) is not in this tree yet: COPY sources not checked")
+    for src in copied:
+        path = repo_file(src)
+        assert path.exists(), f"COPY {src}: missing from the repository"
+        files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        assert any(not ignore.excluded(str(p.relative_to(REPO))) for p in files), f"COPY {src}: excluded"

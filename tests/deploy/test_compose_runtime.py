@@ -192,8 +192,14 @@ def test_agent_entrypoint_with_the_compose_settings(formed, tmp_path):
     conf.write_text("[agent]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
     port = free_port()
     argv = as_argv(svc["command"])
+    # the node token the control-plane-tokens one-shot would make; no control plane runs
+    # here (the agent serves files without one and reports the link unreachable)
+    token = tmp_path / "node-token"
+    token.write_text("hcn_runtime-test-token\n")
+    token.chmod(0o600)
     swap = {str(args.root): str(root), str(args.mountpoint): str(mnt), str(args.config): str(conf),
-            config.listen: f"127.0.0.1:{port}", config.advertise: f"127.0.0.1:{port}"}
+            config.listen: f"127.0.0.1:{port}", config.advertise: f"127.0.0.1:{port}",
+            str(config.control_token_file): str(token), config.control_plane: "http://127.0.0.1:9"}
     argv = [swap.get(a, a) for a in argv]
     health = [swap.get(a, a) for a in as_argv(svc["healthcheck"]["test"])[1:]]
     health[0] = str(VENV_BIN / "hycache-agent")
@@ -217,6 +223,7 @@ def test_agent_entrypoint_with_the_compose_settings(formed, tmp_path):
         agent = start()
         status = wait_healthy(health, agent, log)
         assert status["cluster"]["node_id"] == name
+        assert status["control"]["url"] == "http://127.0.0.1:9"
         assert status["policy"] == config.policy and status["tiers"]["fast"]["capacity"] == config.fast_capacity
         deadline = time.monotonic() + 20
         while status["cluster"]["state"] != "ok":

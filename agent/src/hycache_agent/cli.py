@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between checks for a hot fast tier to hand files to cold nodes (default 30; 0: off)")
     g.add_argument("--rebalance-rounds", type=int,
                    help="consecutive hot checks before files are handed over (default 3)")
+    c = m.add_argument_group("control plane and monitoring")
+    c.add_argument("--control-plane", metavar="URL",
+                   help="send heartbeats to this control plane and apply its actions and policies")
+    c.add_argument("--control-token-file", type=Path, metavar="FILE",
+                   help="this node's control-plane token (mode 0600, owned by the agent's user)")
+    c.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus GET /metrics here (a cluster agent also serves it on --listen)")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
 
@@ -211,13 +218,13 @@ def _status(root: Path, as_json: bool) -> int:
 
     console = Console()
     t = Table(title=f"HyCache agent {st['pid']} — {st['mountpoint']} (policy {st['policy']})")
-    for col in ("tier", "path", "capacity", "used", "use%", "files", "device free"):
+    for col in ("tier", "path", "capacity", "used", "use%", "files", "device size", "device free"):
         t.add_column(col, justify="right" if col not in ("tier", "path") else "left")
     for name, tier in st["tiers"].items():
         cap = tier["capacity"]
         t.add_row(name, tier["path"], format_size(cap), format_size(tier["used"]),
                   f"{100 * tier['used'] / cap:.1f}%" if cap else "-", str(tier["files"]),
-                  format_size(tier["device_free"]))
+                  format_size(tier["device_capacity"]), format_size(tier["device_free"]))
     console.print(t)
     mig = st["migrations"]
     console.print(f"watermarks high {st['watermarks']['high']:.2f} / low {st['watermarks']['low']:.2f}; "
@@ -235,6 +242,17 @@ def _status(root: Path, as_json: bool) -> int:
                       f"backlog {cl['backlog']}, published {cl['published_ops']}, conflicts {cl['conflicts']}, "
                       f"remote fetches {cl['remote_fetches']} ({format_size(cl['remote_bytes'])})"
                       + (f"; last error: {cl['last_error']}" if cl["state"] != "ok" and cl["last_error"] else ""))
+    ctl = st.get("control")
+    if ctl:
+        colour = "green" if ctl["state"] == "ok" else "red"
+        console.print(f"control plane {ctl['url']}: [{colour}]{ctl['state']}[/], heartbeats {ctl['heartbeats_sent']}, "
+                      f"policy version {st.get('policy_version', 0)}"
+                      + (f"; last error: {ctl['last_error']}" if ctl["state"] != "ok" and ctl["last_error"] else ""))
+    cnt = st["counters"]
+    console.print(f"reads fast {format_size(cnt['fast']['read_bytes'])} / slow {format_size(cnt['slow']['read_bytes'])}"
+                  f" / remote {format_size(cnt['remote']['read_bytes'])}; writes fast "
+                  f"{format_size(cnt['fast']['write_bytes'])} / slow {format_size(cnt['slow']['write_bytes'])}; "
+                  f"hits {cnt['fast']['hits']}, misses {cnt['misses']}, metadata ops {cnt['metadata_ops']}")
     console.print(f"directories {st['directories']}, open handles {st['open_handles']}, "
                   f"metadata commits {st['metadata']['commits']}"
                   + (f", METADATA ERROR: {st['metadata']['error']}" if st["metadata"]["error"] else ""))
@@ -256,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
                 "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
-                "rebalance_interval", "rebalance_rounds")}
+                "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
+                "metrics_listen")}
             overrides["root"] = args.root.resolve()
             overrides["mountpoint"] = args.mountpoint.resolve()
             try:

@@ -50,6 +50,10 @@ class AgentConfig(BaseModel):
     replica_mode: Literal["async", "sync"] = "async"
     rebalance_interval: float = Field(default=30.0, ge=0, description="seconds between rebalance checks; 0: off")
     rebalance_rounds: int = Field(default=3, ge=1, description="checks the fast tier must stay hot before acting")
+    # the control plane (docs/control-plane.md): heartbeats up, actions and policies down
+    control_plane: str | None = Field(default=None, description="URL of the control plane, e.g. http://cp:8000")
+    control_token_file: Path | None = Field(default=None, description="this node's token (mode 0600, owned by the agent's user)")
+    metrics_listen: str | None = Field(default=None, description="HOST:PORT serving GET /metrics (Prometheus)")
 
     @property
     def clustered(self) -> bool:
@@ -89,6 +93,31 @@ class AgentConfig(BaseModel):
                 import socket
 
                 self.node_id = socket.gethostname()
+        return self
+
+    @field_validator("control_plane")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None:
+            v = v.strip().rstrip("/")
+            if not (v.startswith("http://") or v.startswith("https://")) or len(v) < 9:
+                raise ValueError(f"control_plane: want an http:// or https:// URL, got {v!r}")
+        return v
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _hostport(cls, v: str | None) -> str | None:
+        if v is not None:
+            host, _, port = v.rpartition(":")
+            if not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ValueError(f"metrics_listen: want HOST:PORT, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _control(self) -> AgentConfig:
+        if (self.control_plane is None) != (self.control_token_file is None):
+            raise ValueError("control_plane and control_token_file go together "
+                             "(--control-plane URL --control-token-file FILE)")
         return self
 
     @model_validator(mode="after")

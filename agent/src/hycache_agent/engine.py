@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import logging
 import os
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,6 +48,7 @@ O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 BLOB_POOL_LOW = 32
 _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
 BLOB_POOL_BATCH = 64
+STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
 
 
 @dataclass(eq=False)
@@ -125,6 +128,66 @@ class Counters:
     promotions: int = 0
 
 
+class TierIO:
+    """Cumulative I/O of one tier since the agent started (plain integer increments on the
+    event loop thread: negligible per read)."""
+
+    __slots__ = ("read_bytes", "write_bytes", "reads", "writes", "hits")
+
+    def __init__(self) -> None:
+        self.read_bytes = self.write_bytes = self.reads = self.writes = self.hits = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class IOStats:
+    """The engine's measured counters (the control plane's heartbeat ``counters``).
+
+    A *hit* is an open for reading of a file whose bytes are on the fast tier; a *miss*
+    one whose bytes are on the slow tier or on another node (``tiers[slow].hits`` counts
+    the slow-tier ones, ``remote_opens`` the others)."""
+
+    __slots__ = ("tiers", "misses", "remote_read_bytes", "remote_opens", "metadata_ops")
+
+    def __init__(self) -> None:
+        self.tiers = {T.FAST: TierIO(), T.SLOW: TierIO()}
+        self.misses = self.remote_read_bytes = self.remote_opens = self.metadata_ops = 0
+
+
+POLICY_FILE = "policy.json"
+
+
+class PolicyError(ValueError):
+    """A policy setting that cannot be applied (unknown policy, bad watermarks)."""
+
+
+def validate_policy(policy: str, high: float, low: float) -> None:
+    from hycache_core.policies import available_policies
+
+    if policy not in available_policies():
+        raise PolicyError(f"policy: unknown policy {policy!r}; available: {', '.join(available_policies())}")
+    if not (isinstance(high, (int, float)) and 0 < high <= 1):
+        raise PolicyError(f"high_watermark: must be in (0, 1], got {high!r}")
+    if not (isinstance(low, (int, float)) and 0 <= low < 1):
+        raise PolicyError(f"low_watermark: must be in [0, 1), got {low!r}")
+    if low >= high:
+        raise PolicyError(f"low_watermark ({low}) must be below high_watermark ({high})")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """(blocking) Write ``obj`` as JSON to ``path``: temp file, fsync, rename, fsync dir."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj, indent=1).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    T.fsync_dir(str(path))
+
+
 class TieringEngine:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -145,6 +208,11 @@ class TieringEngine:
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
         self.counters = Counters()
+        self.io = IOStats()
+        self.policy_version = 0  # the control plane's policy version applied (0: none)
+        self.device_capacity = 0
+        self.control = None  # control_link.ControlLink when linked to a control plane
+        self._census_cache: tuple[float, float, Any] | None = None  # (when, seconds taken, counts)
         self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
         self._nursery: trio.Nursery | None = None
         self._evict_wakeup = trio.Event()
@@ -160,8 +228,23 @@ class TieringEngine:
         self.store = SQLiteStore(self.config.state_dir / "meta.db")
         self.ns = Namespace(lambda row: MetaJournal(self.store, row))
         self.ns.load(self.store.load(), os.getuid(), os.getgid())
+        saved = self.load_saved_policy()
+        if saved is not None:
+            self.config.policy = saved["policy"]
+            self.config.high_watermark = saved["high_watermark"]
+            self.config.low_watermark = saved["low_watermark"]
+            self.policy_version = saved["version"]
+            log.info("running the saved control-plane policy version %d: %s, watermarks %.2f/%.2f",
+                     self.policy_version, saved["policy"], saved["high_watermark"], saved["low_watermark"])
         fast_vfs = self.tiers[T.FAST].statvfs()
-        self.capacity = self.config.fast_capacity or fast_vfs.f_blocks * fast_vfs.f_frsize
+        self.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
+        if self.config.fast_capacity:
+            self.capacity = self.config.fast_capacity
+        else:
+            # what the agent can really use: its own files plus the free space (another
+            # tenant's files on the same file system are not ours to count)
+            own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
+            self.capacity = min(self.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
         self.policy = load_policy(self.config.policy, capacity=self.capacity)  # size-aware ones want it
         report = self.recover()
         self.ns.journal.sync_blocking()
@@ -479,20 +562,35 @@ class TieringEngine:
 
     async def _background_migration(self, inode: Inode, dst: str, reason: str) -> None:
         try:
-            # a migration in flight the other way (e.g. the tail of a demotion when the
-            # file is opened again) finishes first; then this one decides afresh
-            while inode.migration is not None:
-                await inode.migration.done.wait()
-            if inode.tier == dst or self.ns.inodes.get(inode.ino) is not inode:
-                return
-            if dst == T.FAST and not await self._room_for(inode.size, inode):
-                log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
-                         format_size(inode.size))
-                return
-            await self.migrate(inode, dst, reason=reason)
-            self._check_watermark()
+            await self.move_now(inode, dst, reason)
         except Exception:
             log.exception("background migration of inode %d failed", inode.ino)
+
+    async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
+        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
+        # a migration in flight the other way (e.g. the tail of a demotion when the
+        # file is opened again) finishes first; then this one decides afresh
+        while inode.migration is not None:
+            await inode.migration.done.wait()
+        if self.ns.inodes.get(inode.ino) is not inode:
+            return "the file was deleted"
+        if inode.tier == dst:
+            return None
+        if dst == T.FAST and not await self._room_for(inode.size, inode):
+            log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
+                     format_size(inode.size))
+            return f"no room on the fast tier for {format_size(inode.size)}"
+        try:
+            moved = await self.migrate(inode, dst, reason=reason)
+        except OSError as exc:
+            return f"migration failed: {exc}"
+        self._check_watermark()
+        if moved or inode.tier == dst:
+            return None
+        if inode.tier != dst and inode.migration is not None and inode.migration.dst == dst:
+            await inode.migration.done.wait()  # another request moved it meanwhile
+            return None if inode.tier == dst else "the file changed during the copy"
+        return "no room on the " + dst + " tier, or the file changed during the copy"
 
     # ------------------------------------------------------------------ files
     async def _new_blob(self, ino: int) -> str:
@@ -593,7 +691,9 @@ class TieringEngine:
         self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
 
-    async def open(self, inode: Inode, flags: int, uid: int) -> int:
+    async def open(self, inode: Inode, flags: int, uid: int, *, created: bool = False) -> int:
+        """Open a local regular file.  ``created``: the open of create(2), not counted as
+        a hit or a miss."""
         if inode.is_dir:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
@@ -610,6 +710,10 @@ class TieringEngine:
         fh = next(self._fh)
         self.handles[fh] = h
         self.ns.touch_access(inode)
+        if not created and (flags & O_ACCMODE) != os.O_WRONLY:
+            self.io.tiers[inode.tier].hits += 1
+            if inode.tier != T.FAST:
+                self.io.misses += 1
         if inode.tier == T.FAST:
             self.policy.touch(inode.ino, inode.size)
         elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
@@ -621,10 +725,14 @@ class TieringEngine:
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles[fh]
+        inode = h.inode
+        tier = inode.tier  # the tier that serves this read
         data = self._read_cached(h, off, size)
         if data is None:
             data = await self._io(h, os.pread, size, off)
-        inode = h.inode
+        c = self.io.tiers[tier]
+        c.reads += 1
+        c.read_bytes += len(data)
         t = now_ns()
         if inode.atime_ns <= max(inode.mtime_ns, inode.ctime_ns) or t - inode.atime_ns > 86_400 * 10**9:
             inode.atime_ns = t  # relatime
@@ -658,6 +766,9 @@ class TieringEngine:
                     raise FsError(exc.errno) from exc
                 self.fast_used -= reserve
                 break
+            c = self.io.tiers[inode.tier]  # the tier written (after a spill: the slow one)
+            c.writes += 1
+            c.write_bytes += n
             new_size = max(inode.size, off + n)
             if inode.tier == T.FAST:
                 self.fast_used += new_size - inode.size
@@ -763,9 +874,101 @@ class TieringEngine:
         await self.ns.journal.sync()
 
     # ------------------------------------------------------------------ control
+    # One implementation of the per-file controls, shared by the user.hycache.* xattrs,
+    # the CLI (through the xattrs) and the control-plane link.
     def pin(self, inode: Inode, pinned: bool) -> None:
         inode.pinned = pinned
         self.ns.journal.inode(inode.ino)
+
+    async def set_pinned(self, inode: Inode, pinned: bool) -> None:
+        """Pin (never evict) or unpin a file, durably."""
+        self.pin(inode, pinned)
+        await self.ns.journal.sync()
+
+    def _check_move(self, inode: Inode, tier: str) -> None:
+        if tier not in T.TIER_NAMES:
+            raise FsError(errno.EINVAL, f"no tier named {tier!r}")
+        if not inode.is_reg:
+            raise FsError(errno.EINVAL, "not a regular file")
+        if tier == T.FAST and inode.size > self.capacity:
+            raise FsError(errno.ENOSPC, f"{format_size(inode.size)} is larger than the fast tier")
+
+    def request_move(self, inode: Inode, tier: str) -> bool:
+        """Start moving a file to ``tier`` in the background (FsError if it cannot go)."""
+        self._check_move(inode, tier)
+        return self.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
+
+    async def move(self, inode: Inode, tier: str) -> str | None:
+        """Move a file to ``tier`` and wait: None when it is there, else the reason."""
+        self._check_move(inode, tier)
+        return await self.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
+
+    def local_inode(self, path: str | bytes) -> Inode:
+        """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
+        raw = os.fsencode(path)
+        if not raw.startswith(b"/") or b"\0" in raw:
+            raise FsError(errno.EINVAL, "the path must be absolute, without NUL")
+        return self.ns.resolve(raw)
+
+    # ------------------------------------------------------------------ policy
+    def load_saved_policy(self) -> dict[str, Any] | None:
+        """(blocking, at start) The policy last applied from the control plane, if any."""
+        path = self.config.state_dir / POLICY_FILE
+        try:
+            saved = json.loads(path.read_text())
+            validate_policy(saved["policy"], saved["high_watermark"], saved["low_watermark"])
+            saved["version"] = int(saved["version"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            log.error("ignoring the saved policy %s: %s", path, exc)
+            return None
+        return saved
+
+    def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
+        """Swap the eviction policy and the watermarks of the running engine (PolicyError
+        if invalid; nothing changes then).  The fast tier's files are re-admitted in their
+        recency order; pinned files stay pinned (the evictor skips them whatever the
+        policy); the evictor runs if the fast tier is above the new high mark."""
+        validate_policy(policy, high, low)
+        if policy != self.policy.name:
+            new = load_policy(policy, capacity=self.capacity)
+            resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
+                              key=lambda i: i.last_access)
+            for inode in resident:
+                new.admit(inode.ino, inode.size, max(1, inode.hits, self.policy.hits(inode.ino)))
+            self.policy = new
+            self.config.policy = policy
+        self.config.high_watermark = float(high)
+        self.config.low_watermark = float(low)
+        if version is not None:
+            self.policy_version = version
+        log.info("policy %s, watermarks %.2f/%.2f applied (version %s)", policy, high, low, version)
+        self._check_watermark()
+
+    def save_policy(self) -> None:
+        """(blocking) Keep the applied policy in the state directory for the next start."""
+        write_json_atomic(self.config.state_dir / POLICY_FILE, {
+            "version": self.policy_version, "policy": self.policy.name,
+            "high_watermark": self.config.high_watermark, "low_watermark": self.config.low_watermark})
+
+    # ------------------------------------------------------------------ counters
+    def counters_dict(self) -> dict[str, Any]:
+        """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
+        io = self.io
+        remote = {"read_bytes": io.remote_read_bytes, "fetches": 0, "fetch_bytes": 0, "opens": io.remote_opens}
+        if self.cluster is not None:
+            remote["fetches"] = self.cluster.status.remote_fetches
+            remote["fetch_bytes"] = self.cluster.status.remote_bytes
+        return {
+            T.FAST: io.tiers[T.FAST].as_dict(),
+            T.SLOW: io.tiers[T.SLOW].as_dict(),
+            "remote": remote,
+            "misses": io.misses,
+            "metadata_ops": io.metadata_ops,
+            "migrations": self.counters.migrations_done,
+            "migration_bytes": self.counters.bytes_promoted + self.counters.bytes_demoted,
+        }
 
     def file_info(self, inode: Inode) -> dict[str, Any]:
         info: dict[str, Any] = {
@@ -788,11 +991,22 @@ class TieringEngine:
         server) must never block the event loop."""
         return self.tiers[T.FAST].statvfs(), self.tiers[T.SLOW].statvfs()
 
-    async def status(self) -> dict[str, Any]:
-        fast_vfs, slow_vfs = await trio.to_thread.run_sync(self._tier_vfs)
+    async def _census(self, max_age: float) -> tuple[dict[str, list[int]], int, int]:
+        """Files and bytes per tier, directories, other inodes: a walk of every inode
+        (about 1.3 s for a million), so callers that poll (the control-plane link, the
+        /metrics scrapes) accept one up to ``max_age`` seconds old — or older when the
+        walk itself is slow (at most 5 % of the loop's time).  The walk yields to the
+        loop between slices, so file system requests never wait for all of it."""
+        cached = self._census_cache
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < max(max_age, 20 * cached[1]) and max_age > 0:
+            return cached[2]
         counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
         dirs = others = 0
-        for inode in self.ns.inodes.values():
+        t0 = time.perf_counter()
+        for n, inode in enumerate(list(self.ns.inodes.values()), 1):
+            if n % STATUS_SLICE == 0:
+                await trio.lowlevel.checkpoint()
             if inode.is_reg:
                 c = counts[inode.tier]
                 c[0] += 1
@@ -801,27 +1015,41 @@ class TieringEngine:
                 dirs += 1
             else:
                 others += 1
+        result = (counts, dirs, others)
+        self._census_cache = (now, time.perf_counter() - t0, result)
+        return result
+
+    async def status(self, max_age: float = 0.0) -> dict[str, Any]:
+        """The agent's state (``hycache-agent status --json``).  ``max_age`` > 0: the file
+        and directory counts may be that many seconds old (see :meth:`_census`)."""
+        fast_vfs, slow_vfs = await trio.to_thread.run_sync(self._tier_vfs)
+        counts, dirs, others = await self._census(max_age)
         return {
             "pid": os.getpid(),
             "mountpoint": str(self.config.mountpoint),
             "root": str(self.config.root),
             "uptime_seconds": round(time.time() - self.started, 1),
             "policy": self.policy.name,
+            "policy_version": self.policy_version,
             "watermarks": {"high": self.config.high_watermark, "low": self.config.low_watermark},
             "tiers": {
                 T.FAST: {"path": str(self.tiers[T.FAST].path), "capacity": self.capacity,
+                         "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
                          "used": self.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
                          "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
                 T.SLOW: {"path": str(self.tiers[T.SLOW].path),
                          "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
+                         "device_capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
                          "used": counts[T.SLOW][1], "files": counts[T.SLOW][0], "bytes": counts[T.SLOW][1],
                          "device_free": slow_vfs.f_bavail * slow_vfs.f_frsize},
             },
+            "counters": self.counters_dict(),
             "directories": dirs,
             "other_inodes": others,
             "open_handles": len(self.handles),
             "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
             "cluster": None if self.cluster is None else self.cluster.status_dict(),
+            "control": None if self.control is None else self.control.status_dict(),
             "metadata": {"commits": self.ns.journal.commits, "pending": self.ns.journal.pending,
                          "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
         }

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from . import tiers as T
 from .engine import TieringEngine
 from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
@@ -28,11 +27,14 @@ XATTR_INFO = b"user.hycache.info"
 VIRTUAL_XATTRS = (XATTR_TIER, XATTR_PINNED, XATTR_INFO)
 
 
-def errno_edge(fn: Callable) -> Callable:
-    """Turn engine and OS errors into FUSE replies (the only place errno is mapped)."""
+def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
+    """Turn engine and OS errors into FUSE replies (the only place errno is mapped).
+    ``metadata``: the operation counts as a metadata op in the engine's counters."""
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
+        if metadata:
+            args[0].engine.io.metadata_ops += 1
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -47,6 +49,11 @@ def errno_edge(fn: Callable) -> Callable:
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
+
+
+def metadata_op(fn: Callable) -> Callable:
+    """:func:`errno_edge` for a metadata operation (lookup, getattr, mkdir, rename…)."""
+    return errno_edge(fn, metadata=True)
 
 
 class HyCacheOperations(pyfuse3.Operations):
@@ -138,7 +145,7 @@ class HyCacheOperations(pyfuse3.Operations):
             finally:
                 await self.own.write_done(local.ino)
 
-    @errno_edge
+    @metadata_op
     async def lookup(self, parent_inode, name, ctx=None):
         try:
             inode = self.ns.lookup(parent_inode, name)
@@ -159,7 +166,7 @@ class HyCacheOperations(pyfuse3.Operations):
                 continue
             await self.engine.forget(ino, n)
 
-    @errno_edge
+    @metadata_op
     async def getattr(self, inode, ctx=None):
         node = self._remote(inode)
         if node is not None:
@@ -168,7 +175,7 @@ class HyCacheOperations(pyfuse3.Operations):
             return self._remote_attrs(await self.cluster.refresh(node))
         return self._attrs(self.ns.get(inode))
 
-    @errno_edge
+    @metadata_op
     async def setattr(self, inode, attr, fields, fh, ctx):
         async with self._writable(inode, truncate=fields.update_size and attr.st_size == 0) as (node, leased):
             return await self._setattr(inode, node, attr, fields, ctx, leased)
@@ -213,7 +220,7 @@ class HyCacheOperations(pyfuse3.Operations):
         return self._stat(inode, node, node.nlink, self.attr_timeout)
 
     # -- names -----------------------------------------------------------------------
-    @errno_edge
+    @metadata_op
     async def readlink(self, inode, ctx):
         remote = self._remote(inode)
         if remote is not None:
@@ -225,27 +232,27 @@ class HyCacheOperations(pyfuse3.Operations):
             raise FsError(errno.EINVAL)
         return node.target
 
-    @errno_edge
+    @metadata_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = await self.engine.create_file(parent_inode, name, mode, ctx.uid, ctx.gid, rdev)
         return self._entry(node)
 
-    @errno_edge
+    @metadata_op
     async def mkdir(self, parent_inode, name, mode, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
         await self.ns.journal.sync()
         return self._entry(node)
 
-    @errno_edge
+    @metadata_op
     async def symlink(self, parent_inode, name, target, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target=target)
         await self.ns.journal.sync()
         return self._entry(node)
 
-    @errno_edge
+    @metadata_op
     async def link(self, inode, new_parent_inode, new_name, ctx):
         async with self._writable(inode) as (node, _):
             new_parent_inode = await self._local_dir(new_parent_inode)
@@ -257,11 +264,11 @@ class HyCacheOperations(pyfuse3.Operations):
         parent = self._local(parent_ino)
         return parent is not None and name in self.ns.children.get(parent.ino, {})
 
-    @errno_edge
+    @metadata_op
     async def unlink(self, parent_inode, name, ctx):
         await self._remove(parent_inode, name, rmdir=False)
 
-    @errno_edge
+    @metadata_op
     async def rmdir(self, parent_inode, name, ctx):
         await self._remove(parent_inode, name, rmdir=True)
 
@@ -284,7 +291,7 @@ class HyCacheOperations(pyfuse3.Operations):
         await self.engine.remove(parent, name, rmdir=rmdir)
         await self.own.removed_here(inode, path)
 
-    @errno_edge
+    @metadata_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         if self.cluster is None:
             await self.engine.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
@@ -331,7 +338,7 @@ class HyCacheOperations(pyfuse3.Operations):
         await self.own.renamed_here(src, src_path, self.ns.child_path(new_parent, name_new), replaced)
 
     # -- directories -----------------------------------------------------------------
-    @errno_edge
+    @metadata_op
     async def opendir(self, inode, ctx):
         remote = self._remote(inode)
         if remote is not None:
@@ -353,7 +360,7 @@ class HyCacheOperations(pyfuse3.Operations):
         self._dir_handles[fh] = listing
         return fh
 
-    @errno_edge
+    @metadata_op
     async def readdir(self, fh, start_id, token):
         listing = self._dir_handles[fh]
         for i in range(start_id, len(listing)):
@@ -373,7 +380,7 @@ class HyCacheOperations(pyfuse3.Operations):
             if name not in (b".", b".."):
                 node.lookups += 1
 
-    @errno_edge
+    @metadata_op
     async def releasedir(self, fh):
         self._dir_handles.pop(fh, None)
 
@@ -385,12 +392,12 @@ class HyCacheOperations(pyfuse3.Operations):
     def _file_info(self, fh: int) -> pyfuse3.FileInfo:
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
 
-    @errno_edge
+    @metadata_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
                                              ctx.uid, ctx.gid)
-        fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid)
+        fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid, created=True)
         return self._file_info(fh), self._entry(node)
 
     @errno_edge
@@ -428,6 +435,8 @@ class HyCacheOperations(pyfuse3.Operations):
         blob = await self.cluster.open_remote(remote)
         fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
+        self.engine.io.remote_opens += 1
+        self.engine.io.misses += 1
         remote.open_count += 1
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache
@@ -447,7 +456,9 @@ class HyCacheOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         remote = self._remote_handles.get(fh)
         if remote is not None:
-            return await trio.to_thread.run_sync(os.pread, remote[1], size, off)
+            data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
+            self.engine.io.remote_read_bytes += len(data)
+            return data
         return await self.engine.read(fh, off, size)
 
     @errno_edge
@@ -480,7 +491,7 @@ class HyCacheOperations(pyfuse3.Operations):
         await self.engine.fsync(fh, datasync)
 
     # -- file system -----------------------------------------------------------------
-    @errno_edge
+    @metadata_op
     async def statfs(self, ctx):
         total, free, files, ffree = await self.engine.statfs()
         s = pyfuse3.StatvfsData()
@@ -492,7 +503,7 @@ class HyCacheOperations(pyfuse3.Operations):
         s.f_namemax = 255
         return s
 
-    @errno_edge
+    @metadata_op
     async def access(self, inode, mode, ctx):
         node = self.ns.get(inode)
         if ctx.uid == 0:
@@ -506,7 +517,7 @@ class HyCacheOperations(pyfuse3.Operations):
         return (mode & bits) == mode
 
     # -- extended attributes (user.hycache.* are the agent's controls) -----------------
-    @errno_edge
+    @metadata_op
     async def getxattr(self, inode, name, ctx):
         remote = self._remote(inode) if self._local(inode) is None else None
         if remote is not None:
@@ -534,7 +545,7 @@ class HyCacheOperations(pyfuse3.Operations):
         except KeyError:
             raise FsError(errno.ENODATA) from None
 
-    @errno_edge
+    @metadata_op
     async def setxattr(self, inode, name, value, ctx):
         async with self._writable(inode) as (node, _):
             await self._setxattr(node, name, value)
@@ -542,19 +553,13 @@ class HyCacheOperations(pyfuse3.Operations):
     async def _setxattr(self, node: Inode, name: bytes, value: bytes) -> None:
         inode = node.ino
         if name == XATTR_TIER:
-            wanted = value.strip().decode(errors="replace")
-            if wanted not in T.TIER_NAMES or not node.is_reg:
-                raise FsError(errno.EINVAL)
-            if wanted == T.FAST and node.size > self.engine.capacity:
-                raise FsError(errno.ENOSPC)
-            self.engine.start_migration(node, wanted, "promote" if wanted == T.FAST else "demote")
+            self.engine.request_move(node, value.strip().decode(errors="replace"))
             return
         if name == XATTR_PINNED:
             flag = value.strip()
             if flag not in (b"0", b"1"):
                 raise FsError(errno.EINVAL)
-            self.engine.pin(node, flag == b"1")
-            await self.ns.journal.sync()
+            await self.engine.set_pinned(node, flag == b"1")
             return
         if name.startswith(XATTR_PREFIX):
             raise FsError(errno.EPERM)
@@ -564,12 +569,12 @@ class HyCacheOperations(pyfuse3.Operations):
         self.ns.journal.inode(inode)
         await self.ns.journal.sync()
 
-    @errno_edge
+    @metadata_op
     async def listxattr(self, inode, ctx):
         node = self._local(inode)
         return [] if node is None else list(node.xattrs)
 
-    @errno_edge
+    @metadata_op
     async def removexattr(self, inode, name, ctx):
         async with self._writable(inode) as (node, _):
             await self._removexattr(node, name)

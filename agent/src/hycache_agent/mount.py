@@ -85,11 +85,18 @@ def _make_cluster(engine: TieringEngine) -> None:
     engine.cluster.attach()
 
 
+async def _metrics(engine: TieringEngine) -> tuple[bytes, str]:
+    from .metrics import CONTENT_TYPE, render
+
+    return await render(engine), CONTENT_TYPE
+
+
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
     from .peer import PeerServer, parse_addr
 
     cluster = engine.cluster
-    server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret)
+    server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret,
+                        metrics=lambda: _metrics(engine))
     host, port = parse_addr(engine.config.listen)
     await nursery.start(server.serve, host, port)
     await cluster.run(nursery)
@@ -101,6 +108,14 @@ async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
         await engine.run(nursery)
         if engine.cluster is not None:
             await _start_cluster(engine, nursery)
+        if engine.config.metrics_listen:
+            from .metrics import MetricsServer
+            from .peer import parse_addr
+
+            host, port = parse_addr(engine.config.metrics_listen)
+            await nursery.start(MetricsServer(engine).serve, host, port)
+        if engine.control is not None:
+            await nursery.start(engine.control.run)
         nursery.start_soon(_watch_signals, nursery)
         log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", engine.config.mountpoint,
                  engine.config.fast_dir, engine.capacity, engine.config.slow_dir, engine.policy.name)
@@ -134,10 +149,26 @@ def run_mount(config: AgentConfig) -> int:
         raise SystemExit(f"hycache-agent: mount point {mountpoint} is not a directory")
     if os.path.ismount(mountpoint):
         raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
+    token = None
+    if config.control_plane is not None:
+        from .control_link import TokenFileError, load_token
+
+        try:
+            token = load_token(config.control_token_file)
+        except TokenFileError as exc:
+            raise SystemExit(f"hycache-agent: {exc}") from None
     engine = TieringEngine(config)
     report = engine.start()
     if config.clustered:
         _make_cluster(engine)
+    if token is not None:
+        import socket
+
+        from .control_link import ControlLink
+
+        engine.control = ControlLink(engine, config.control_plane, token,
+                                     node_id=config.node_id or socket.gethostname(),
+                                     address=engine.cluster.advertise if engine.cluster is not None else None)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
     ops = HyCacheOperations(engine)
     pyfuse3.init(ops, str(mountpoint), mount_options(config))

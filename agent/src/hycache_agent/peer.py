@@ -35,7 +35,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Protocol, runtime_checkable
@@ -60,6 +60,7 @@ NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 ETAG_RE = re.compile(r"[\x21\x23-\x7e]{1,200}\Z")  # RFC 9110 etagc, no quote
 FILES = b"/" + API.encode() + b"/files"
 HEALTH = b"/" + API.encode() + b"/health"
+METRICS = b"/metrics"
 
 
 def agent_version() -> str:
@@ -362,7 +363,8 @@ class PeerServer:
     def __init__(self, files: PeerFiles, *, node_id: str, secret: bytes,
                  max_skew: float = MAX_SKEW, chunk_size: int = CHUNK,
                  idle_timeout: float = IDLE_TIMEOUT, io_threads: int = 8,
-                 clock: Callable[[], float] = time.time, version: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, version: str | None = None,
+                 metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None) -> None:
         if not NODE_ID_RE.match(node_id):
             raise ValueError(f"invalid node id {node_id!r}")
         if len(secret) < MIN_SECRET:
@@ -374,6 +376,7 @@ class PeerServer:
         self.chunk_size = chunk_size
         self.idle_timeout = idle_timeout
         self.clock = clock
+        self.metrics = metrics  # GET /metrics (Prometheus, no authentication): (body, content type)
         self.version = version or agent_version()
         self.limiter = trio.CapacityLimiter(io_threads)
         self.stats = PeerStats()
@@ -530,6 +533,17 @@ class PeerServer:
                 return
             await self._send_json(c, 200, {"node": self.node_id, "version": self.version, "api": API,
                                            "time": round(self.clock(), 3)}, head=method == "HEAD")
+            return
+
+        if path_part == METRICS and self.metrics is not None:
+            if method not in ("GET", "HEAD"):
+                await self._method_not_allowed(c, "GET, HEAD", method)
+                return
+            body, ctype = await self.metrics()
+            await self._send_head(c, 200, [("content-type", ctype), ("content-length", str(len(body)))])
+            if method == "GET":
+                await self._send(c, h11.Data(data=body))
+            await self._send(c, h11.EndOfMessage())
             return
 
         # everything else needs a valid signature

@@ -1,0 +1,329 @@
+"""The agent's link to the control plane: heartbeats up, actions and policies down.
+
+The protocol is in docs/control-plane.md ("The agents' link"): every ``interval`` seconds
+the agent POSTs ``/api/v1/nodes/{node_id}/heartbeats`` with its status and cumulative
+counters; the answer carries the actions to apply (pin, unpin, promote, demote of a path),
+the policy to run, and the action results the control plane has stored.
+
+The link never touches the data path: a control plane that is down, slow or refusing the
+token costs a logged warning per state change and a back-off, nothing else.  The pieces
+that decide (building a heartbeat, handling an answer) are methods that tests call
+directly with a real engine; :meth:`ControlLink.run` only adds the HTTP round trips.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import stat
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from .engine import PolicyError, TieringEngine
+from .namespace import FsError
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("pin", "unpin", "promote", "demote")
+MAX_BACKOFF = 10.0  # network errors back off to this at most
+AUTH_RETRY = 10.0  # 401/403: retried slowly (a revoked token must not flood anything)
+REQUEST_TIMEOUT = 5.0
+MIN_INTERVAL, MAX_INTERVAL = 0.2, 300.0
+SEEN_ACTIONS = 100_000  # action ids remembered (each is applied once)
+MAX_TOKEN = 64 << 10
+STATUS_MAX_AGE = 5.0  # seconds the file counts in a heartbeat's status may lag (counters never do)
+MAX_RESULTS = 1000  # action results per heartbeat (the oldest first; the rest follow)
+MAX_DETAIL = 2000  # characters of a result's detail
+
+
+class TokenFileError(Exception):
+    """The control-plane token file is missing, unsafe or empty."""
+
+
+def load_token(path: str | os.PathLike[str]) -> str:
+    """Read this node's control-plane token (the file's text, surrounding whitespace
+    stripped).  Refuses a file that is not a regular file, that another user owns, or
+    that anyone but its owner may read or write (mode 0600 or stricter).  Blocking."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as e:
+        raise TokenFileError(f"control token file {path}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenFileError(f"control token file {path} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o177:
+            raise TokenFileError(
+                f"control token file {path} has mode {mode:04o}; it must be 0600 or stricter "
+                f"(run: chmod 600 {path})")
+        if st.st_uid != os.geteuid():
+            raise TokenFileError(
+                f"control token file {path} is owned by uid {st.st_uid}, not by the agent's user "
+                f"(uid {os.geteuid()}); run: chown {os.geteuid()} {path}")
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            if len(data) > MAX_TOKEN:
+                raise TokenFileError(f"control token file {path} is larger than {MAX_TOKEN} bytes")
+    finally:
+        os.close(fd)
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise TokenFileError(f"control token file {path} is not ASCII text") from None
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise TokenFileError(f"control token file {path} must hold one token (no spaces), "
+                             f"e.g. the output of `hycache-control token create --scope node`")
+    return token
+
+
+class ControlLink:
+    """Heartbeats to one control plane and what its answers ask for."""
+
+    def __init__(self, engine: TieringEngine, url: str, token: str, *, node_id: str,
+                 address: str | None, interval: float = 1.0, version: str | None = None) -> None:
+        from .peer import agent_version
+
+        self.engine = engine
+        self.url = url.rstrip("/")
+        self._token = token
+        self.node_id = node_id
+        self.address = address
+        self.version = version or agent_version()
+        self.interval = interval
+        self.boot_id = str(uuid.uuid4())
+        self.seq = 0
+        self.state = "connecting"  # connecting | ok | unreachable | unauthorized
+        self.since = time.time()
+        self.last_error: str | None = None
+        self.heartbeats_sent = 0
+        self.last_ok: float | None = None
+        self.policy_error: str | None = None
+        self._bad_policy_version: int | None = None
+        # results waiting for the control plane's acknowledgement, by action id
+        self.pending: dict[int, dict[str, Any]] = {}
+        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.running: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        self.actions_applied = 0
+
+    @property
+    def heartbeat_url(self) -> str:
+        return f"{self.url}/api/v1/nodes/{self.node_id}/heartbeats"
+
+    def status_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "state": self.state, "since": self.since, "last_error": self.last_error,
+                "heartbeats_sent": self.heartbeats_sent, "last_ok": self.last_ok,
+                "boot_id": self.boot_id, "interval": self.interval,
+                "pending_results": len(self.pending), "actions_running": len(self.running),
+                "actions_applied": self.actions_applied, "policy_error": self.policy_error}
+
+    # ------------------------------------------------------------------ heartbeat
+    def build_heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
+        """The next heartbeat's body from a status dict (``await engine.status()``)."""
+        self.seq += 1
+        return {
+            "node_id": self.node_id,
+            "version": self.version,
+            "boot_id": self.boot_id,
+            "seq": self.seq,
+            "sent_at": round(time.time(), 3),
+            "address": self.address,
+            "status": status,
+            "counters": status["counters"],
+            "policy_version": self.engine.policy_version,
+            "action_results": list(itertools.islice(self.pending.values(), MAX_RESULTS)),
+        }
+
+    async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None) -> None:
+        """Apply a heartbeat's answer: drop acknowledged results, run the policy, start
+        the new actions (in ``nursery``, default the link's own).  A malformed part is
+        logged and skipped; the rest still applies."""
+        if not isinstance(answer, dict):
+            raise ValueError("the answer is not a JSON object")
+        interval = answer.get("interval")
+        if isinstance(interval, (int, float)) and not isinstance(interval, bool):
+            self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(interval)))
+        for acked in answer.get("acked_results") or ():
+            if isinstance(acked, int):
+                self.pending.pop(acked, None)
+        policy = answer.get("policy")
+        if policy is not None:
+            await self.apply_policy(policy)
+        actions = answer.get("actions")
+        if actions is None:
+            actions = []
+        if not isinstance(actions, list):
+            log.warning("control plane: 'actions' is not a list; ignored")
+            return
+        nursery = nursery or self._nursery
+        for action in actions:
+            aid = action.get("id") if isinstance(action, dict) else None
+            if not isinstance(aid, int) or isinstance(aid, bool):
+                log.warning("control plane: an action without an integer id: %r; ignored", action)
+                continue
+            if aid in self._seen:  # delivered again: applied (or being applied) once only
+                continue
+            self._seen[aid] = None
+            while len(self._seen) > SEEN_ACTIONS:
+                self._seen.popitem(last=False)
+            if nursery is None:
+                await self._run_action(action)
+            else:
+                self.running.add(aid)
+                nursery.start_soon(self._run_action, action)
+
+    async def _run_action(self, action: dict[str, Any]) -> None:
+        aid = action["id"]
+        try:
+            result = await self.apply_action(action)
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            log.exception("control plane action %r failed", action)
+            result = {"id": aid, "state": "failed", "detail": f"internal error: {exc}"}
+        finally:
+            self.running.discard(aid)
+        if isinstance(result.get("detail"), str) and len(result["detail"]) > MAX_DETAIL:
+            result["detail"] = result["detail"][:MAX_DETAIL - 1] + "…"
+        self.pending[aid] = result
+        self.actions_applied += 1
+
+    async def apply_action(self, action: dict[str, Any]) -> dict[str, Any]:
+        """Apply one action through the engine; returns its result for the heartbeat."""
+        aid, kind, path = action.get("id"), action.get("action"), action.get("path")
+        if kind not in ACTIONS:
+            return {"id": aid, "state": "failed", "detail": f"action: unknown action {kind!r}"}
+        if not isinstance(path, str) or not path.startswith("/"):
+            return {"id": aid, "state": "failed", "detail": f"path: want an absolute path, got {path!r}"}
+        engine = self.engine
+        try:
+            inode = engine.local_inode(path)
+        except FsError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return {"id": aid, "state": "failed", "detail": f"no such file on this node: {path}"}
+            return {"id": aid, "state": "failed", "detail": f"{path}: {os.strerror(exc.errno)}"}
+        if not inode.is_reg:
+            return {"id": aid, "state": "failed", "detail": f"not a regular file: {path}"}
+        log.info("control plane action %s: %s %s", aid, kind, path)
+        if kind in ("pin", "unpin"):
+            await engine.set_pinned(inode, kind == "pin")
+            return {"id": aid, "state": "done", "detail": "pinned" if kind == "pin" else "unpinned",
+                    "tier": inode.tier, "pinned": inode.pinned}
+        tier = "fast" if kind == "promote" else "slow"
+        try:
+            why = await engine.move(inode, tier)
+        except FsError as exc:
+            why = exc.args[1] if len(exc.args) > 1 else os.strerror(exc.errno)
+            if exc.errno == errno.ENOSPC:
+                why = f"no room: {why}"
+        if why is not None:
+            return {"id": aid, "state": "failed", "detail": f"{path}: {why}", "tier": inode.tier}
+        return {"id": aid, "state": "done", "detail": inode.tier, "tier": inode.tier}
+
+    async def apply_policy(self, policy: dict[str, Any]) -> bool:
+        """Run the answer's policy if its version differs from the applied one; keep it in
+        the state directory.  Returns True if it changed something."""
+        try:
+            version = int(policy["version"])
+            name, high, low = policy["policy"], policy["high_watermark"], policy["low_watermark"]
+        except (KeyError, TypeError, ValueError) as exc:
+            self._policy_failed(None, f"malformed policy {policy!r}: {exc}")
+            return False
+        if version == self.engine.policy_version or version == self._bad_policy_version:
+            return False
+        try:
+            self.engine.apply_policy(name, high, low, version)
+        except PolicyError as exc:
+            self._bad_policy_version = version
+            self._policy_failed(version, str(exc))
+            return False
+        self.policy_error = None
+        try:
+            await trio.to_thread.run_sync(self.engine.save_policy)
+        except OSError as exc:  # applied, but not kept: say so, keep running it
+            log.error("could not save the policy in %s: %s", self.engine.config.state_dir, exc)
+        return True
+
+    def _policy_failed(self, version: int | None, why: str) -> None:
+        if self.policy_error != why:
+            log.error("control plane policy version %s not applied: %s", version, why)
+        self.policy_error = why
+
+    # ------------------------------------------------------------------ the loop
+    def _set_state(self, state: str, error: str | None) -> None:
+        self.last_error = error if state != "ok" else self.last_error
+        if state == self.state:
+            return
+        previous, self.state, self.since = self.state, state, time.time()
+        if state == "ok":
+            log.info("control plane %s reachable%s", self.url, " again" if previous != "connecting" else "")
+        elif state == "unauthorized":
+            log.warning("control plane %s refuses this node's token (%s); retrying every %.0f s",
+                        self.url, error, AUTH_RETRY)
+        else:
+            log.warning("control plane %s unreachable (%s); retrying with back-off", self.url, error)
+
+    async def heartbeat(self, client) -> float:
+        """One round trip; returns the delay before the next one."""
+        import httpx
+
+        hb = self.build_heartbeat(await self.engine.status(max_age=STATUS_MAX_AGE))
+        self.heartbeats_sent += 1
+        try:
+            resp = await client.post(self.heartbeat_url, json=hb)
+        except httpx.HTTPError as exc:
+            self._set_state("unreachable", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return -1.0
+        if resp.status_code in (401, 403):
+            self._set_state("unauthorized", f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return AUTH_RETRY
+        if resp.status_code != 200:
+            self._set_state("unreachable", f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return -1.0
+        try:
+            answer = resp.json()
+        except ValueError as exc:
+            answer = exc
+        if not isinstance(answer, dict):
+            self._set_state("unreachable", f"bad answer (not a JSON object): {resp.text[:200]!r}")
+            return -1.0
+        self._set_state("ok", None)
+        self.last_ok = time.time()
+        await self.handle_answer(answer)
+        return self.interval
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeat until cancelled.  Errors back off (doubling, ≤ MAX_BACKOFF)."""
+        import httpx
+
+        def make_client():  # loads the TLS trust store: not on the loop thread
+            return httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT),
+                                     headers={"authorization": f"Bearer {self._token}",
+                                              "user-agent": f"hycache-agent/{self.version}"})
+
+        client = await trio.to_thread.run_sync(make_client)
+        failures = 0
+        async with client, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                t0 = trio.current_time()
+                try:
+                    delay = await self.heartbeat(client)
+                except Exception as exc:  # noqa: BLE001 - the link must never die
+                    log.exception("control plane heartbeat failed")
+                    self._set_state("unreachable", f"{type(exc).__name__}: {exc}")
+                    delay = -1.0
+                if delay < 0:
+                    failures += 1
+                    delay = min(MAX_BACKOFF, self.interval * 2 ** min(failures - 1, 8))
+                else:
+                    failures = 0
+                await trio.sleep_until(t0 + delay)

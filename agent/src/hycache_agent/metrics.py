@@ -1,0 +1,191 @@
+"""Prometheus ``/metrics`` for one agent (prometheus-client's text format).
+
+A custom collector turns one snapshot of the engine's status and counters (taken on the
+event loop thread by :func:`render`) into metric families; the text is rendered in a
+worker thread.  The peer service answers ``GET /metrics`` with it; an agent without a
+peer service (standalone) can serve it on ``--metrics-listen HOST:PORT``
+(:class:`MetricsServer`).  Example queries are in docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import h11
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+SCRAPE_MAX_AGE = 5.0  # seconds the file counts may lag behind (the counters never do)
+LINK_STATES = ("connecting", "ok", "unreachable", "unauthorized")
+DHT_STATES = ("connecting", "ok", "degraded")
+
+
+class SnapshotCollector:
+    """Metric families from one status dict (``await engine.status()``)."""
+
+    def __init__(self, status: dict[str, Any], node_id: str | None) -> None:
+        self.status = status
+        self.node_id = node_id or ""
+
+    def collect(self):
+        st = self.status
+        c = st["counters"]
+        tiers = ("fast", "slow")
+
+        def per_tier(cls, name, doc, key, source=None):
+            fam = cls(name, doc, labels=["tier"])
+            for t in tiers:
+                fam.add_metric([t], (c if source is None else source)[t][key])
+            return fam
+
+        yield per_tier(CounterMetricFamily, "hycache_read_bytes", "Bytes read by the tier that served them", "read_bytes")
+        yield per_tier(CounterMetricFamily, "hycache_write_bytes", "Bytes written to each tier", "write_bytes")
+        yield per_tier(CounterMetricFamily, "hycache_reads", "Read requests served by each tier", "reads")
+        yield per_tier(CounterMetricFamily, "hycache_writes", "Write requests to each tier", "writes")
+        yield per_tier(CounterMetricFamily, "hycache_tier_opens",
+                       "Opens for reading whose bytes were on each tier", "hits")
+        yield CounterMetricFamily("hycache_hits", "Opens for reading whose bytes were on the fast tier",
+                                  value=c["fast"]["hits"])
+        yield CounterMetricFamily("hycache_misses",
+                                  "Opens for reading whose bytes were on the slow tier or another node",
+                                  value=c["misses"])
+        yield CounterMetricFamily("hycache_remote_read_bytes", "Bytes read from files held by other nodes",
+                                  value=c["remote"]["read_bytes"])
+        yield CounterMetricFamily("hycache_remote_fetches", "Files fetched from other nodes",
+                                  value=c["remote"]["fetches"])
+        yield CounterMetricFamily("hycache_remote_fetch_bytes", "Bytes fetched from other nodes",
+                                  value=c["remote"]["fetch_bytes"])
+        yield CounterMetricFamily("hycache_metadata_ops", "FUSE metadata operations", value=c["metadata_ops"])
+        yield CounterMetricFamily("hycache_migrations", "Migrations between tiers completed", value=c["migrations"])
+        yield CounterMetricFamily("hycache_migration_bytes", "Bytes moved by completed migrations",
+                                  value=c["migration_bytes"])
+        mig = st["migrations"]
+        for key, doc in (("evictions", "Evictions to the slow tier"), ("promotions", "Promotions to the fast tier"),
+                         ("spills", "Files spilled to the slow tier while written"),
+                         ("migrations_failed", "Migrations that failed"),
+                         ("migrations_abandoned", "Migrations abandoned (file changed or deleted)")):
+            name = key if key.startswith("migrations_") else f"migration_{key}"
+            yield CounterMetricFamily(f"hycache_{name}", doc, value=mig[key])
+        yield GaugeMetricFamily("hycache_migrations_in_flight", "Migrations running now", value=len(mig["active"]))
+
+        yield per_tier(GaugeMetricFamily, "hycache_capacity_bytes", "Bytes of the tier the agent may use",
+                       "capacity", st["tiers"])
+        yield per_tier(GaugeMetricFamily, "hycache_device_capacity_bytes", "Size of the tier's file system",
+                       "device_capacity", st["tiers"])
+        yield per_tier(GaugeMetricFamily, "hycache_device_free_bytes", "Free bytes of the tier's file system",
+                       "device_free", st["tiers"])
+        yield per_tier(GaugeMetricFamily, "hycache_used_bytes", "Bytes of files on the tier", "used", st["tiers"])
+        yield per_tier(GaugeMetricFamily, "hycache_files", "Files on the tier", "files", st["tiers"])
+        wm = GaugeMetricFamily("hycache_watermark_ratio", "Eviction watermarks (fraction of capacity)",
+                               labels=["mark"])
+        wm.add_metric(["high"], st["watermarks"]["high"])
+        wm.add_metric(["low"], st["watermarks"]["low"])
+        yield wm
+        yield GaugeMetricFamily("hycache_policy_version", "Control-plane policy version applied (0: none)",
+                                value=st.get("policy_version", 0))
+        yield GaugeMetricFamily("hycache_open_handles", "Open file handles", value=st["open_handles"])
+        yield GaugeMetricFamily("hycache_uptime_seconds", "Seconds since the agent started",
+                                value=st["uptime_seconds"])
+        info = InfoMetricFamily("hycache_agent", "The agent's node id and eviction policy")
+        info.add_metric([], {"node": self.node_id, "policy": st["policy"]})
+        yield info
+
+        cluster = st.get("cluster")
+        backlog = GaugeMetricFamily("hycache_dht_backlog", "Metadata changes not yet published to the DHT",
+                                    value=cluster["backlog"] if cluster else 0)
+        yield backlog
+        if cluster:
+            state = GaugeMetricFamily("hycache_dht_state", "Link to the global namespace (1 = current state)",
+                                      labels=["state"])
+            for s in DHT_STATES:
+                state.add_metric([s], 1.0 if cluster["state"] == s else 0.0)
+            yield state
+        control = st.get("control")
+        if control:
+            state = GaugeMetricFamily("hycache_control_link_state", "Link to the control plane (1 = current state)",
+                                      labels=["state"])
+            for s in LINK_STATES:
+                state.add_metric([s], 1.0 if control["state"] == s else 0.0)
+            yield state
+            yield CounterMetricFamily("hycache_control_heartbeats", "Heartbeats sent to the control plane",
+                                      value=control["heartbeats_sent"])
+
+
+def render_snapshot(status: dict[str, Any], node_id: str | None) -> bytes:
+    """(any thread) The exposition text of one status snapshot."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(status, node_id))
+    return generate_latest(registry)
+
+
+async def render(engine) -> bytes:
+    """The agent's metrics: the snapshot on the loop thread, the text in a worker thread."""
+    status = await engine.status(max_age=SCRAPE_MAX_AGE)
+    node_id = engine.cluster.node_id if engine.cluster is not None else engine.config.node_id
+    if node_id is None:
+        import socket
+
+        node_id = socket.gethostname()
+    return await trio.to_thread.run_sync(render_snapshot, status, node_id)
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server for ``GET /metrics`` only (standalone agents)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.address: tuple[str, int] | None = None
+
+    async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.address = listeners[0].socket.getsockname()[:2]
+        log.info("metrics on http://%s:%d/metrics", *self.address)
+        task_status.started(self.address)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=16 << 10)
+        try:
+            while True:
+                event = ev = None
+                with trio.move_on_after(30):  # idle or stalled clients are dropped
+                    event = await self._next(conn, stream)
+                    ev = event
+                    while isinstance(ev, (h11.Request, h11.Data)):  # skip any request body
+                        ev = await self._next(conn, stream)
+                if not isinstance(event, h11.Request) or not isinstance(ev, h11.EndOfMessage):
+                    return
+                path = event.target.partition(b"?")[0]
+                if event.method not in (b"GET", b"HEAD"):
+                    status, body, ctype = 405, b"method not allowed\n", "text/plain"
+                elif path != b"/metrics":
+                    status, body, ctype = 404, b"not found: try /metrics\n", "text/plain"
+                else:
+                    status, body, ctype = 200, await render(self.engine), CONTENT_TYPE
+                head = h11.Response(status_code=status, headers=[("content-type", ctype),
+                                                                  ("content-length", str(len(body)))])
+                out = conn.send(head)
+                if event.method != b"HEAD":
+                    out += conn.send(h11.Data(data=body))
+                out += conn.send(h11.EndOfMessage())
+                await stream.send_all(out)
+                if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                    conn.start_next_cycle()
+                else:
+                    return
+        except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    @staticmethod
+    async def _next(conn: h11.Connection, stream: trio.SocketStream):
+        while (event := conn.next_event()) is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        return event

@@ -1,0 +1,61 @@
+"""The engine's counters for files held by another node (issue 8): an open of a remote
+file is a miss, its bytes count as remote reads, its fetch as a remote fetch; the peer
+service's /metrics shows them without authentication."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from clusterkit import AGENT, redis_addr, start_agents, wait_for, wait_published
+
+pytestmark = pytest.mark.mount
+
+K = 1 << 10
+
+
+@pytest.fixture
+def secret_file(tmp_path) -> Path:
+    p = tmp_path / "cluster-secret"
+    p.write_bytes(os.urandom(24).hex().encode())
+    p.chmod(0o600)
+    return p
+
+
+def counters(m) -> dict:
+    import json
+    import subprocess
+
+    out = subprocess.run([AGENT, "status", str(m.root), "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["counters"]
+
+
+def test_remote_reads_count_as_misses_remote_bytes_and_fetches(hycache_mount, redis_cluster, dht_namespace,
+                                                               secret_file):
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    payload = os.urandom(100 * K)
+    (a.mountpoint / "shared.bin").write_bytes(payload)
+    wait_published(a)
+    wait_for(lambda: (b.mountpoint / "shared.bin").exists(), what="a's file on b")
+    before = counters(b)
+    assert (b.mountpoint / "shared.bin").read_bytes() == payload
+    c = counters(b)
+    assert c["misses"] == before["misses"] + 1 and c["remote"]["opens"] == before["remote"]["opens"] + 1
+    assert c["remote"]["read_bytes"] == before["remote"]["read_bytes"] + 100 * K
+    assert c["remote"]["fetches"] == before["remote"]["fetches"] + 1
+    assert c["remote"]["fetch_bytes"] == before["remote"]["fetch_bytes"] + 100 * K
+    assert c["fast"]["hits"] == before["fast"]["hits"]  # nothing of it was local
+    assert c["metadata_ops"] > before["metadata_ops"]
+    # the holder counted nothing remote, and its write on its fast tier
+    ca = counters(a)
+    assert ca["fast"]["write_bytes"] >= 100 * K and ca["remote"]["read_bytes"] == 0
+    # b's peer service: /metrics without authentication
+    listen = b.opts["listen"]
+    text = httpx.get(f"http://{listen}/metrics", timeout=10).raise_for_status().text
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    assert got["hycache_remote_fetches_total"] >= 1 and got["hycache_remote_read_bytes_total"] >= 100 * K
+    assert got["hycache_misses_total"] >= 1
