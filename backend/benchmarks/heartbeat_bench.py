@@ -5,15 +5,14 @@ real ``hycache-control serve`` process) on PostgreSQL, plus dashboard-like reade
 
 Prints sustained requests/s, p50/p99 latency of heartbeats and reads, the server's CPU, and
 whether the samples reached the database.  Without ``--db`` it starts a temporary
-PostgreSQL (Debian's binaries, as the tests do).  The load generator runs in this process
-(asyncio + httpx) on the same machine: its CPU is reported too, since it competes with the
+PostgreSQL (Debian's binaries, as the tests do).  The load generator (``--procs`` processes,
+``--conns`` keep-alive connections each driving a slice of the nodes) runs on the same machine: its CPU is reported too, since it competes with the
 server for the cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import statistics
@@ -48,45 +47,95 @@ def status_doc(i: int) -> dict:
             "cluster": {"state": "ok", "backlog": 0, "node_id": f"n{i}", "published_ops": i * 10}}
 
 
-async def node_loop(client, i, token, interval, stop_at, lat, errors):
-    boot = f"boot-{i}"
-    seq = 0
-    await asyncio.sleep(interval * (i / 1000.0 % 1.0))  # spread the nodes over the interval
-    next_t = time.monotonic()
-    while time.monotonic() < stop_at:
-        seq += 1
-        body = {"node_id": f"n{i}", "version": "0.1.0", "boot_id": boot, "seq": seq, "sent_at": time.time(),
-                "address": f"10.0.{i // 250}.{i % 250}:7070", "status": status_doc(i),
-                "counters": {"fast": {"read_bytes": seq * 1_000_000, "write_bytes": seq * 10_000, "hits": seq * 5},
-                             "misses": seq, "metadata_ops": seq * 50},
-                "policy_version": 0, "action_results": []}
-        t0 = time.perf_counter()
-        try:
-            r = await client.post(f"/api/v1/nodes/n{i}/heartbeats", json=body, headers={"Authorization": f"Bearer {token}"})
-            if r.status_code == 200:
-                lat.append(time.perf_counter() - t0)
-                interval = r.json()["interval"]
-            else:
-                errors.append(r.status_code)
-        except httpx.HTTPError as e:
-            errors.append(type(e).__name__)
-        next_t += interval
-        await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+def node_thread(url, nodes, tokens, interval, stop_at, out):
+    """One connection driving a slice of the nodes, each at ``interval`` (as many agents
+    behind one keep-alive connection would)."""
+    lat, errors = [], []
+    next_t = {i: time.monotonic() + interval * k / max(1, len(nodes)) for k, i in enumerate(nodes)}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while time.monotonic() < stop_at:
+            i = min(next_t, key=next_t.get)
+            delay = next_t[i] - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            seq = int(time.time() * 1000)  # grows across runs of the bench
+            body = {"node_id": f"n{i}", "version": "0.1.0", "boot_id": f"boot-{i}", "seq": seq, "sent_at": time.time(),
+                    "address": f"10.0.{i // 250}.{i % 250}:7070", "status": status_doc(i),
+                    "counters": {"fast": {"read_bytes": seq * 1000, "write_bytes": seq * 10, "hits": seq // 100},
+                                 "misses": seq // 1000, "metadata_ops": seq // 20},
+                    "policy_version": 0, "action_results": []}
+            t0 = time.perf_counter()
+            try:
+                r = client.post(f"/api/v1/nodes/n{i}/heartbeats", json=body,
+                                headers={"Authorization": f"Bearer {tokens[i]}"})
+                if r.status_code == 200:
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    errors.append(r.status_code)
+            except httpx.HTTPError as e:
+                errors.append(type(e).__name__)
+            next_t[i] = max(next_t[i] + interval, time.monotonic() - interval)
+    out.put(("hb", lat, errors))
 
 
-async def reader_loop(client, admin, stop_at, lat, errors, node_ids):
+def reader_thread(url, admin, nodes, stop_at, out):
+    lat, errors = [], []
     k = 0
-    while time.monotonic() < stop_at:
-        k += 1
-        path = "/api/v1/nodes?limit=1000" if k % 2 else f"/api/v1/nodes/{node_ids[k % len(node_ids)]}/metrics"
-        t0 = time.perf_counter()
-        try:
-            r = await client.get(path, headers={"Authorization": f"Bearer {admin}"})
-            (lat if r.status_code == 200 else errors).append(time.perf_counter() - t0 if r.status_code == 200
-                                                             else r.status_code)
-        except httpx.HTTPError as e:
-            errors.append(type(e).__name__)
-        await asyncio.sleep(1.0)
+    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {admin}"}) as client:
+        while time.monotonic() < stop_at:
+            k += 1
+            path = "/api/v1/nodes?limit=1000" if k % 2 else f"/api/v1/nodes/n{k % nodes}/metrics"
+            t0 = time.perf_counter()
+            try:
+                r = client.get(path)
+                if r.status_code == 200:
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    errors.append(r.status_code)
+            except httpx.HTTPError as e:
+                errors.append(type(e).__name__)
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+    out.put(("rd", lat, errors))
+
+
+def load_process(url, slices, tokens, interval, stop_at, out, readers, admin, nodes):
+    import threading
+    ths = [threading.Thread(target=node_thread, args=(url, sl, tokens, interval, stop_at, out)) for sl in slices]
+    ths += [threading.Thread(target=reader_thread, args=(url, admin, nodes, stop_at, out)) for _ in range(readers)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    out.put(("cpu", time.process_time(), None))
+
+
+def drive(url, tokens, admin, nodes, readers, seconds, interval, procs, conns):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    stop_at = time.monotonic() + seconds
+    ids = list(range(nodes))
+    slices = [ids[k::conns] for k in range(conns)]
+    per = [slices[p::procs] for p in range(procs)]
+    ps = [ctx.Process(target=load_process, args=(url, per[p], tokens, interval, stop_at, out,
+                                                  readers if p == 0 else 0, admin, nodes)) for p in range(procs)]
+    for p in ps:
+        p.start()
+    hb_lat, hb_err, rd_lat, rd_err, cpu = [], [], [], [], 0.0
+    expected = conns + readers + procs
+    for _ in range(expected):
+        kind, a, b = out.get(timeout=seconds + 120)
+        if kind == "hb":
+            hb_lat += a
+            hb_err += b
+        elif kind == "rd":
+            rd_lat += a
+            rd_err += b
+        else:
+            cpu += a
+    for p in ps:
+        p.join()
+    return hb_lat, hb_err, rd_lat, rd_err, cpu
 
 
 def pct(values, p):
@@ -94,19 +143,6 @@ def pct(values, p):
         return float("nan")
     values = sorted(values)
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
-
-
-async def drive(url, tokens, admin, nodes, readers, seconds, interval):
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
-        hb_lat, hb_err, rd_lat, rd_err = [], [], [], []
-        stop_at = time.monotonic() + seconds
-        tasks = [asyncio.create_task(node_loop(client, i, tokens[i], interval, stop_at, hb_lat, hb_err))
-                 for i in range(nodes)]
-        tasks += [asyncio.create_task(reader_loop(client, admin, stop_at, rd_lat, rd_err,
-                                                  [f"n{i}" for i in range(nodes)])) for _ in range(readers)]
-        await asyncio.gather(*tasks)
-        return hb_lat, hb_err, rd_lat, rd_err
 
 
 def main() -> int:
@@ -117,6 +153,8 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--db", help="database URL (default: a temporary PostgreSQL)")
+    ap.add_argument("--procs", type=int, default=2, help="load generator processes")
+    ap.add_argument("--conns", type=int, default=64, help="keep-alive connections the nodes share")
     args = ap.parse_args()
 
     pg = None
@@ -151,13 +189,12 @@ def main() -> int:
                 return 1
             time.sleep(0.5)
         try:
-            asyncio.run(drive(url, tokens, admin, args.nodes, 0, args.warmup, args.interval))
-            cpu0, wall0, me0 = cpu_seconds(proc.pid), time.monotonic(), time.process_time()
-            hb_lat, hb_err, rd_lat, rd_err = asyncio.run(drive(url, tokens, admin, args.nodes, args.readers,
-                                                               args.seconds, args.interval))
+            drive(url, tokens, admin, args.nodes, 0, args.warmup, args.interval, args.procs, args.conns)
+            cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+            hb_lat, hb_err, rd_lat, rd_err, me = drive(url, tokens, admin, args.nodes, args.readers, args.seconds,
+                                                       args.interval, args.procs, args.conns)
             wall = time.monotonic() - wall0
             cpu = cpu_seconds(proc.pid) - cpu0
-            me = time.process_time() - me0
             time.sleep(2 * 0.5 + 0.5)
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
                 up = c.get("/api/v1/nodes", params={"state": "up", "limit": 1}).json()["total"]
@@ -177,6 +214,7 @@ def main() -> int:
         print(f"  sustained          {total / wall:.0f} requests/s")
         print(f"  server CPU         {cpu / wall * 100:.0f} % of one core; load generator {me / wall * 100:.0f} %")
         print(f"  after the run      {up} nodes up; node n0 has {samples} samples in the window")
+        print(f"  machine            {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
         return 0
     finally:
         if pg is not None:

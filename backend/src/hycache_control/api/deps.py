@@ -15,7 +15,7 @@ from ..services.tokens import Caller
 AUTH_LOC = ["header", "Authorization"]
 
 
-def get_control(request: Request) -> Control:
+async def get_control(request: Request) -> Control:  # no I/O: no thread-pool hop
     return request.app.state.control
 
 
