@@ -12,6 +12,10 @@
 #      pyfuse3 is a source distribution: the first sync compiles it (needs libfuse3-dev,
 #      pkg-config, a C compiler); uv keeps the built wheel in its cache (~/.cache/uv,
 #      or $UV_CACHE_DIR), so later syncs and fresh clones reuse it without compiling.
+#      pyfuse3 itself comes from .work/wheels (see pyproject.toml's [tool.uv.sources]):
+#      scripts/build-libfuse.sh builds libfuse 3.17 from Debian trixie's source package
+#      into $HYCACHE_TOOLS_DIR/libfuse-$LIBFUSE_VERSION and pyfuse3 with
+#      agent/patches/pyfuse3-passthrough.patch against it (FUSE passthrough).
 #   5. pjdfstest (crates.io, pinned) via `cargo install --locked` into
 #      $HYCACHE_TOOLS_DIR/pjdfstest-$PJDFSTEST_VERSION (default ~/.cache/hycache), outside
 #      the clone so that clean clones (CI) reuse it; linked as .work/bin/pjdfstest.
@@ -51,6 +55,7 @@ flock 9
 # ---------------------------------------------------------------- 1. apt packages
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
+    dpkg-dev meson ninja-build patch  # apt-get source + build of libfuse 3.17 (passthrough)
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)
     fio mergerfs attr acl             # benchmark, peer FUSE fs for comparisons, xattr/ACL tools
@@ -104,6 +109,17 @@ echo "$UV" >"$REPO/.work/uv-path"   # scripts/lib.sh reads this (test.sh, demo.s
 
 # ---------------------------------------------------------------- 4. Python env
 cd "$REPO"
+# libfuse 3.17 (FUSE passthrough) in a private prefix and pyfuse3 patched for it: built
+# once into $TOOLS_DIR (about 2 min), then copied to the path uv.lock names.
+if [[ ! -f "$TOOLS_DIR/libfuse-$LIBFUSE_VERSION/.done-$LIBFUSE_DEB_VERSION" ]]; then
+    say "building libfuse $LIBFUSE_VERSION and pyfuse3 $PYFUSE3_WHEEL_VERSION (one time, ~2 min)"
+fi
+WHEEL_LOG="$(mktemp)"
+WHEEL="$(bash "$REPO/scripts/build-libfuse.sh" "$TOOLS_DIR" "$UV" 2>"$WHEEL_LOG")" \
+    || { cat "$WHEEL_LOG" >&2; die "building libfuse/pyfuse3 failed"; }
+rm -f "$WHEEL_LOG"
+mkdir -p "$REPO/.work/wheels"
+cmp -s "$WHEEL" "$REPO/.work/wheels/$(basename "$WHEEL")" || cp "$WHEEL" "$REPO/.work/wheels/"
 # No network access for interpreters: use the machine's Python (pyenv 3.11).
 export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
 quiet "$UV" sync --frozen --all-packages

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Build libfuse $LIBFUSE_VERSION (FUSE passthrough) and pyfuse3 $PYFUSE3_VERSION patched
+# for passthrough against it; print the path of the resulting wheel.
+#
+#   bash scripts/build-libfuse.sh TOOLS_DIR UV
+#
+# libfuse: Debian 13 (trixie) `fuse3` source package, fetched with `apt-get source` under a
+# PRIVATE apt configuration (its own sources list, lists and cache directories under
+# TOOLS_DIR): the host's apt sources are never changed and no trixie binary package is
+# ever installed (they need glibc 2.38). Built with meson into
+# TOOLS_DIR/libfuse-$LIBFUSE_VERSION (soname libfuse3.so.4: the system's libfuse3.so.3 is
+# untouched).
+# pyfuse3: the sdist from PyPI, agent/patches/pyfuse3-passthrough.patch applied, built with
+# `uv build` against that prefix with an rpath to it (the extension finds the private
+# libfuse at run time without LD_LIBRARY_PATH), version $PYFUSE3_WHEEL_VERSION (a local
+# version label, so `pyfuse3==3.5.0` still matches). Both results are cached in TOOLS_DIR,
+# keyed by version and by the patch's hash. Called by scripts/bootstrap.sh.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=versions.env
+source "$REPO/scripts/versions.env"
+TOOLS_DIR="$1"
+UV="$2"
+PATCH="$REPO/agent/patches/pyfuse3-passthrough.patch"
+exec 3>&1 1>&2   # build chatter to stderr; only the wheel's path goes to stdout
+
+PREFIX="$TOOLS_DIR/libfuse-$LIBFUSE_VERSION"
+if [[ ! -f "$PREFIX/.done-$LIBFUSE_DEB_VERSION" ]]; then
+    work="$TOOLS_DIR/libfuse-build"
+    rm -rf "$work" "$PREFIX"
+    mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/src"
+    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+        >"$work/apt/sources.list"
+    APT_OPTS=(-o "Dir::Etc::sourcelist=$work/apt/sources.list" -o "Dir::Etc::sourceparts=-"
+              -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache"
+              -o "APT::Sandbox::User=root")
+    apt-get -q "${APT_OPTS[@]}" update
+    (cd "$work/src" && apt-get -q "${APT_OPTS[@]}" source --only-source "fuse3=$LIBFUSE_DEB_VERSION")
+    src="$work/src/fuse3-$LIBFUSE_VERSION"
+    meson setup "$src/build" "$src" --prefix="$PREFIX" --libdir=lib --buildtype=release \
+        -Dexamples=false -Dutils=false -Dtests=false -Ddisable-mtab=true -Duseroot=false \
+        -Dudevrulesdir="$PREFIX/udev" -Dinitscriptdir=
+    ninja -C "$src/build"
+    ninja -C "$src/build" install
+    touch "$PREFIX/.done-$LIBFUSE_DEB_VERSION"
+    rm -rf "$work"
+fi
+
+key="$(cat "$PATCH" "$REPO/scripts/versions.env" | sha256sum | cut -c1-12)"
+OUT="$TOOLS_DIR/pyfuse3-$PYFUSE3_WHEEL_VERSION-$key"
+wheel_name="pyfuse3-${PYFUSE3_WHEEL_VERSION}-cp311-cp311-linux_x86_64.whl"
+if [[ ! -f "$OUT/$wheel_name" ]]; then
+    work="$TOOLS_DIR/pyfuse3-build"
+    rm -rf "$work" && mkdir -p "$work"
+    (cd "$work" && python3 -m pip download -q --no-deps --no-binary :all: "pyfuse3==$PYFUSE3_VERSION" -d .)
+    tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
+    src="$work/pyfuse3-$PYFUSE3_VERSION"
+    patch -d "$src" -p1 --quiet <"$PATCH"
+    rm -f "$src/src/pyfuse3/__init__.c"   # generated from the patched .pyx by Cython
+    PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
+        SETUPTOOLS_SCM_PRETEND_VERSION="$PYFUSE3_WHEEL_VERSION" \
+        "$UV" build --quiet --wheel -o "$OUT" "$src"
+    [[ -f "$OUT/$wheel_name" ]] || { echo "expected $OUT/$wheel_name" >&2; ls "$OUT" >&2; exit 1; }
+    rm -rf "$work"
+fi
+echo "$OUT/$wheel_name" >&3
