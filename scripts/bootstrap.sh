@@ -137,4 +137,14 @@ if [[ ! -x "$PJD_BIN" ]] || [[ "$("$PJD_BIN" --version 2>/dev/null)" != "pjdfste
 fi
 ln -sfn "$PJD_BIN" "$REPO/.work/bin/pjdfstest"
 
-say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, .venv synced)"
+# ---------------------------------------------------------------- 6. fsx
+# The File System eXerciser (Rust rewrite, crates.io): not packaged in Debian.
+FSX_ROOT="$TOOLS_DIR/fsx-$FSX_VERSION"
+if [[ ! -x "$FSX_ROOT/bin/fsx" ]]; then
+    CARGO="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
+    say "building fsx $FSX_VERSION from crates.io (one time, ~2-4 min)"
+    quiet nice "$CARGO" install --locked --quiet --force --version "$FSX_VERSION" --root "$FSX_ROOT" fsx
+fi
+ln -sfn "$FSX_ROOT/bin/fsx" "$REPO/.work/bin/fsx"
+
+say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, fsx $FSX_VERSION, libfuse $LIBFUSE_VERSION, .venv synced)"

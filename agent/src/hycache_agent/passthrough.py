@@ -137,19 +137,31 @@ class Backings:
         b = self.by_ino.get(inode.ino)
         if b is None:
             return
-        st = await trio.to_thread.run_sync(os.fstat, b.fd)
-        if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
-            b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
-            self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+        b.refs += 1  # a release during the fstat must not close the descriptor under it
+        try:
+            st = await trio.to_thread.run_sync(os.fstat, b.fd)
+            if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
+                b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
+                self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+        finally:
+            await self._put(inode.ino, b)
 
     async def release(self, inode: Inode) -> None:
         """One open of ``inode`` is gone; the last one drops the registration."""
         b = self.by_ino.get(inode.ino)
         if b is None:
             return
+        try:
+            if b.refs == 1:  # the last: take the final size and times first
+                await self.refresh(inode)
+        finally:
+            await self._put(inode.ino, b)
+
+    async def _put(self, ino: int, b: Backing) -> None:
         b.refs -= 1
         if b.refs > 0:
             return
-        await self.refresh(inode)
-        del self.by_ino[inode.ino]
-        await trio.to_thread.run_sync(self._unregister, b.fd, b.backing_id)
+        if self.by_ino.get(ino) is b:
+            del self.by_ino[ino]
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._unregister, b.fd, b.backing_id)
