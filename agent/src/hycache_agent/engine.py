@@ -153,6 +153,7 @@ class TieringEngine:
         # agent sees no reads or writes, so a file is migrated only while nobody holds it
         self.passthrough: dict[str, Any] = {"enabled": False, "reason": "not negotiated yet"}
         self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
+        self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -362,7 +363,7 @@ class TieringEngine:
             return False
         if reason == "evict" and not self._evictable(inode):  # opened since it was chosen
             return False
-        if self.passthrough["enabled"] and inode.open_count:
+        if self.passthrough["enabled"] and inode.open_count and (inode.ino in self.backed or reason != "spill"):
             return False  # the kernel writes the blob itself: it must not move under an open
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
@@ -648,11 +649,22 @@ class TieringEngine:
                 self.start_migration(inode, T.FAST, "promote")
         return fh
 
+    async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
+        """May this open hand the blob to the kernel?  Not for a writer while the fast
+        tier is full and evicting closed files cannot make room: the kernel's writes could
+        not spill to the slow tier, so such a writer goes through the agent (spill, or
+        ENOSPC when both tiers are full)."""
+        if not self.passthrough["enabled"]:
+            return False
+        if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
+            return await self._room_for(1, inode)
+        return True
+
     def written_through(self, inode: Inode, size: int, mtime_ns: int) -> None:
         """The kernel wrote the blob directly (passthrough): take its size and mtime."""
         if self.ns.inodes.get(inode.ino) is not inode:
             return
-        if inode.tier == T.FAST and inode.migration is None:
+        if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
             self.fast_used += size - inode.size
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
@@ -660,7 +672,7 @@ class TieringEngine:
         if inode.replicas:  # the copies on other nodes are stale now
             inode.replicas = []
         self.ns.journal.inode(inode.ino)
-        self._check_watermark()
+        # the evictor is woken by the last release (engine.release), once the file is free
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles[fh]
@@ -716,7 +728,7 @@ class TieringEngine:
 
     async def _spill(self, inode: Inode) -> None:
         """Move the file being written to the slow tier (caller holds its lock)."""
-        if self.passthrough["enabled"] and inode.open_count:
+        if inode.ino in self.backed:
             # the kernel writes this blob itself while it is open: it stays (over the
             # capacity) and the evictor makes room once it is closed
             return

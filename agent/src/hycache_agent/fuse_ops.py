@@ -417,11 +417,12 @@ class HyCacheOperations(pyfuse3.Operations):
         await self.ns.journal.sync(durable=True)
 
     # -- files -----------------------------------------------------------------------
-    async def _file_info(self, fh: int, node: Inode) -> pyfuse3.FileInfo:
+    async def _file_info(self, fh: int, node: Inode, writing: bool) -> pyfuse3.FileInfo:
         """The open reply: with passthrough, the blob's backing id (and no keep_cache:
         the kernel answers EIO to both together)."""
         # set-ID files are written through the agent, which clears the bits on write
-        if self.backings.enabled and not node.mode & (stat.S_ISUID | stat.S_ISGID):
+        if ((node.ino in self.backings.by_ino or await self.engine.passthrough_for(node, writing))
+                and not node.mode & (stat.S_ISUID | stat.S_ISGID)):
             try:
                 bid = await self.backings.acquire(node)
             except BaseException:
@@ -438,7 +439,7 @@ class HyCacheOperations(pyfuse3.Operations):
         node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
                                              ctx.uid, ctx.gid)
         fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid)
-        return await self._file_info(fh, node), self._entry(node)
+        return await self._file_info(fh, node, True), self._entry(node)
 
     @errno_edge
     async def open(self, inode, flags, ctx):
@@ -469,7 +470,7 @@ class HyCacheOperations(pyfuse3.Operations):
             raise
         if leased:
             self._leased[fh] = local.ino
-        return await self._file_info(fh, local)
+        return await self._file_info(fh, local, writing)
 
     async def _open_remote(self, remote):
         blob = await self.cluster.open_remote(remote)
@@ -520,10 +521,13 @@ class HyCacheOperations(pyfuse3.Operations):
             node.open_count -= 1
             await trio.to_thread.run_sync(os.close, fd)
             return
+        # the handle first (flush already took the size): a file released just now is
+        # evictable at once; then the backing id (a last refresh for writes through a
+        # mapping after close, which aborts a migration that started meanwhile)
         node = self._backed.pop(fh, None)
+        await self.engine.release(fh)
         if node is not None:
             await self.backings.release(node)
-        await self.engine.release(fh)
         ino = self._leased.pop(fh, None)
         if ino is not None:
             await self.own.write_done(ino)

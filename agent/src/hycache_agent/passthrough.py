@@ -97,6 +97,7 @@ class Backings:
         """The backing id for an open of ``inode`` (0: serve it through the agent)."""
         b = self.by_ino.get(inode.ino)
         if b is None:
+            self.engine.backed.add(inode.ino)  # before the hop: no migration may start now
             tier = inode.tier
             path = self.engine.blob(inode)
 
@@ -112,6 +113,8 @@ class Backings:
             try:
                 fd, bid, st = await trio.to_thread.run_sync(register)
             except OSError as exc:
+                if inode.ino not in self.by_ino:
+                    self.engine.backed.discard(inode.ino)
                 log.warning("passthrough for inode %d refused (%s): served by the agent", inode.ino, exc)
                 return 0
             # another open of the same inode may have registered it during the hop
@@ -163,5 +166,6 @@ class Backings:
             return
         if self.by_ino.get(ino) is b:
             del self.by_ino[ino]
+            self.engine.backed.discard(ino)
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self._unregister, b.fd, b.backing_id)
