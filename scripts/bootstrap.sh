@@ -12,7 +12,7 @@
 #      pyfuse3 is a source distribution: the first sync compiles it (needs libfuse3-dev,
 #      pkg-config, a C compiler); uv keeps the built wheel in its cache (~/.cache/uv,
 #      or $UV_CACHE_DIR), so later syncs and fresh clones reuse it without compiling.
-#      pyfuse3 itself comes from .work/wheels (see pyproject.toml's [tool.uv.sources]):
+#      pyfuse3 itself comes from .work/pyfuse3 (see pyproject.toml's [tool.uv.sources]):
 #      scripts/build-libfuse.sh builds libfuse 3.17 from Debian trixie's source package
 #      into $HYCACHE_TOOLS_DIR/libfuse-$LIBFUSE_VERSION and pyfuse3 with
 #      agent/patches/pyfuse3-passthrough.patch against it (FUSE passthrough).
@@ -112,14 +112,16 @@ cd "$REPO"
 # libfuse 3.17 (FUSE passthrough) in a private prefix and pyfuse3 patched for it: built
 # once into $TOOLS_DIR (about 2 min), then copied to the path uv.lock names.
 if [[ ! -f "$TOOLS_DIR/libfuse-$LIBFUSE_VERSION/.done-$LIBFUSE_DEB_VERSION" ]]; then
-    say "building libfuse $LIBFUSE_VERSION and pyfuse3 $PYFUSE3_WHEEL_VERSION (one time, ~2 min)"
+    say "building libfuse $LIBFUSE_VERSION (one time, ~1 min; pyfuse3 is then built by uv sync)"
 fi
-WHEEL_LOG="$(mktemp)"
-WHEEL="$(bash "$REPO/scripts/build-libfuse.sh" "$TOOLS_DIR" "$UV" 2>"$WHEEL_LOG")" \
-    || { cat "$WHEEL_LOG" >&2; die "building libfuse/pyfuse3 failed"; }
-rm -f "$WHEEL_LOG"
-mkdir -p "$REPO/.work/wheels"
-cmp -s "$WHEEL" "$REPO/.work/wheels/$(basename "$WHEEL")" || cp "$WHEEL" "$REPO/.work/wheels/"
+BUILD_LOG="$(mktemp)"
+PYFUSE3_SRC="$(bash "$REPO/scripts/build-libfuse.sh" "$TOOLS_DIR" "$UV" 2>"$BUILD_LOG")" \
+    || { cat "$BUILD_LOG" >&2; die "building libfuse/preparing pyfuse3 failed"; }
+rm -f "$BUILD_LOG"
+# the source tree uv.lock names (a copy: uv keys its build cache on the tree's files)
+if ! diff -rq "$PYFUSE3_SRC" "$REPO/.work/pyfuse3" >/dev/null 2>&1; then
+    rm -rf "$REPO/.work/pyfuse3" && cp -a "$PYFUSE3_SRC" "$REPO/.work/pyfuse3"
+fi
 # No network access for interpreters: use the machine's Python (pyenv 3.11).
 export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
 quiet "$UV" sync --frozen --all-packages

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build libfuse $LIBFUSE_VERSION (FUSE passthrough) and pyfuse3 $PYFUSE3_VERSION patched
-# for passthrough against it; print the path of the resulting wheel.
+# Build libfuse $LIBFUSE_VERSION (FUSE passthrough) and prepare pyfuse3 $PYFUSE3_VERSION
+# patched for passthrough against it; print the path of the patched source tree.
 #
 #   bash scripts/build-libfuse.sh TOOLS_DIR UV
 #
@@ -10,11 +10,12 @@
 # ever installed (they need glibc 2.38). Built with meson into
 # TOOLS_DIR/libfuse-$LIBFUSE_VERSION (soname libfuse3.so.4: the system's libfuse3.so.3 is
 # untouched).
-# pyfuse3: the sdist from PyPI, agent/patches/pyfuse3-passthrough.patch applied, built with
-# `uv build` against that prefix with an rpath to it (the extension finds the private
-# libfuse at run time without LD_LIBRARY_PATH), version $PYFUSE3_WHEEL_VERSION (a local
-# version label, so `pyfuse3==3.5.0` still matches). Both results are cached in TOOLS_DIR,
-# keyed by version and by the patch's hash. Called by scripts/bootstrap.sh.
+# pyfuse3: the sdist from PyPI with agent/patches/pyfuse3-passthrough.patch applied, as a
+# source tree (printed on stdout); uv builds it against that prefix with an rpath to it
+# (the extension finds the private libfuse at run time without LD_LIBRARY_PATH), version
+# $PYFUSE3_WHEEL_VERSION (a local version label, so `pyfuse3==3.5.0` still matches). Both
+# are cached in TOOLS_DIR, keyed by version and by the patch's hash. Called by
+# scripts/bootstrap.sh.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=versions.env
@@ -22,7 +23,7 @@ source "$REPO/scripts/versions.env"
 TOOLS_DIR="$1"
 UV="$2"
 PATCH="$REPO/agent/patches/pyfuse3-passthrough.patch"
-exec 3>&1 1>&2   # build chatter to stderr; only the wheel's path goes to stdout
+exec 3>&1 1>&2   # build chatter to stderr; only the source tree's path goes to stdout
 
 PREFIX="$TOOLS_DIR/libfuse-$LIBFUSE_VERSION"
 if [[ ! -f "$PREFIX/.done-$LIBFUSE_DEB_VERSION" ]]; then
@@ -46,21 +47,22 @@ if [[ ! -f "$PREFIX/.done-$LIBFUSE_DEB_VERSION" ]]; then
     rm -rf "$work"
 fi
 
-key="$(cat "$PATCH" "$REPO/scripts/versions.env" | sha256sum | cut -c1-12)"
-OUT="$TOOLS_DIR/pyfuse3-$PYFUSE3_WHEEL_VERSION-$key"
-wheel_name="pyfuse3-${PYFUSE3_WHEEL_VERSION}-cp311-cp311-linux_x86_64.whl"
-if [[ ! -f "$OUT/$wheel_name" ]]; then
+# pyfuse3: the PyPI sdist with the patch applied, as a source tree that uv builds itself
+# (a directory source in pyproject.toml: uv.lock records no hash of a locally built wheel,
+# which could not be reproduced on another machine). Its build backend reads
+# hycache-libfuse-prefix to compile against the private libfuse with an rpath to it.
+key="$(cat "$PATCH" | sha256sum | cut -c1-12)"
+OUT="$TOOLS_DIR/pyfuse3-$PYFUSE3_VERSION-src-$key"
+if [[ ! -f "$OUT/hycache-libfuse-prefix" ]]; then
     work="$TOOLS_DIR/pyfuse3-build"
-    rm -rf "$work" && mkdir -p "$work"
+    rm -rf "$work" "$OUT" && mkdir -p "$work"
     (cd "$work" && python3 -m pip download -q --no-deps --no-binary :all: "pyfuse3==$PYFUSE3_VERSION" -d .)
     tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
     src="$work/pyfuse3-$PYFUSE3_VERSION"
     patch -d "$src" -p1 --quiet <"$PATCH"
     rm -f "$src/src/pyfuse3/__init__.c"   # generated from the patched .pyx by Cython
-    PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig" LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
-        SETUPTOOLS_SCM_PRETEND_VERSION="$PYFUSE3_WHEEL_VERSION" \
-        "$UV" build --quiet --wheel -o "$OUT" "$src"
-    [[ -f "$OUT/$wheel_name" ]] || { echo "expected $OUT/$wheel_name" >&2; ls "$OUT" >&2; exit 1; }
+    echo "$PREFIX" >"$src/hycache-libfuse-prefix"
+    mv "$src" "$OUT"
     rm -rf "$work"
 fi
-echo "$OUT/$wheel_name" >&3
+echo "$OUT" >&3
