@@ -16,7 +16,10 @@ Targets (all on the file system of --workdir, so they share the same disk):
   raw       a plain directory (the limit: what the fast tier does on its own)
   slow      a plain "slow" directory (same disk on a one-disk machine; opt-in)
   mergerfs  mergerfs -o MERGERFS_OPTS fast:slow mnt (an existing FUSE fs as the peer)
-  hycache   hycache-agent mount ROOT MNT --fast-capacity 64G (everything on the fast tier)
+  hycache   hycache-agent mount ROOT MNT --fast-capacity 64G --passthrough on (everything on
+            the fast tier; reads and writes go kernel -> blob)
+  hycache-nopt  the same with --passthrough off (every read and write through the agent,
+            kernel writeback cache on)
 
 Results: a table on stdout (value, % of raw, goal check), a Markdown report (--out,
 default docs/benchmarks.md), a plot next to it (img/bench_fs.png) and the raw numbers as
@@ -54,8 +57,8 @@ HYCACHE_FAST_CAPACITY = "64G"
 
 NOTES_MARKER = "## Notes"  # hand-written section of the report, kept when it is regenerated
 
-ALL_TARGETS = ["raw", "slow", "mergerfs", "hycache"]
-DEFAULT_TARGETS = ["raw", "mergerfs", "hycache"]
+ALL_TARGETS = ["raw", "slow", "mergerfs", "hycache", "hycache-nopt"]
+DEFAULT_TARGETS = ["raw", "mergerfs", "hycache", "hycache-nopt"]
 
 # name, fio rw, block size, goal (fraction of raw) for hycache or None
 WORKLOADS = [
@@ -136,12 +139,13 @@ class Target:
             d.mkdir()
         if self.name == "mergerfs":
             self.argv = ["mergerfs", "-f", "-o", MERGERFS_OPTS, f"{fast}:{slow}", str(mnt)]
-        elif self.name == "hycache":
+        elif self.name in ("hycache", "hycache-nopt"):
             if not AGENT_BIN.exists():
                 raise RuntimeError(f"{AGENT_BIN} missing: run scripts/bootstrap.sh")
             # ROOT/fast and ROOT/slow: the same layout as mergerfs' branches.
             self.argv = [str(AGENT_BIN), "mount", str(self.base), str(mnt),
-                         "--fast-capacity", HYCACHE_FAST_CAPACITY, "--log-level", "warning"]
+                         "--fast-capacity", HYCACHE_FAST_CAPACITY, "--log-level", "warning",
+                         "--passthrough", "on" if self.name == "hycache" else "off"]
         else:
             raise ValueError(self.name)
         self.description = shlex.join(self.argv)
@@ -383,7 +387,7 @@ def plot(res: dict, targets: list[str], args, png: Path) -> None:
     y = np.arange(len(labels))
     h = 0.8 / len(others)
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(labels) + 1.6))
-    colors = {"mergerfs": "#8c8c8c", "hycache": "#1f77b4", "slow": "#ff7f0e"}
+    colors = {"mergerfs": "#8c8c8c", "hycache": "#1f77b4", "hycache-nopt": "#9ecae1", "slow": "#ff7f0e"}
     for i, t in enumerate(others):
         vals = [100 * res[t][k]["value"] / res["raw"][k]["value"] if k in res.get(t, {}) else 0 for k in labels]
         ax.barh(y + (i - (len(others) - 1) / 2) * h, vals, h, label=t, color=colors.get(t))
@@ -527,7 +531,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cmdline = "python bench/fs_bench.py " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
     for tool in ["fio"] + (["mergerfs"] if "mergerfs" in args.targets else []) \
-            + (["fusermount3"] if set(args.targets) & {"mergerfs", "hycache"} else []):
+            + (["fusermount3"] if set(args.targets) & {"mergerfs", "hycache", "hycache-nopt"} else []):
         if shutil.which(tool) is None:
             print(f"fs_bench: {tool} not found: run scripts/bootstrap.sh", file=sys.stderr)
             return 2

@@ -12,6 +12,10 @@
 #      pyfuse3 is a source distribution: the first sync compiles it (needs libfuse3-dev,
 #      pkg-config, a C compiler); uv keeps the built wheel in its cache (~/.cache/uv,
 #      or $UV_CACHE_DIR), so later syncs and fresh clones reuse it without compiling.
+#      pyfuse3 itself comes from .work/pyfuse3 (see pyproject.toml's [tool.uv.sources]):
+#      scripts/build-libfuse.sh builds libfuse 3.17 from Debian trixie's source package
+#      into $HYCACHE_TOOLS_DIR/libfuse-$LIBFUSE_VERSION and pyfuse3 with
+#      agent/patches/pyfuse3-passthrough.patch against it (FUSE passthrough).
 #   5. pjdfstest (crates.io, pinned) via `cargo install --locked` into
 #      $HYCACHE_TOOLS_DIR/pjdfstest-$PJDFSTEST_VERSION (default ~/.cache/hycache), outside
 #      the clone so that clean clones (CI) reuse it; linked as .work/bin/pjdfstest.
@@ -56,6 +60,7 @@ flock 9
 # ---------------------------------------------------------------- 1. apt packages
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
+    dpkg-dev meson ninja-build patch  # apt-get source + build of libfuse 3.17 (passthrough)
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)
     postgresql postgresql-client      # the control plane's production database (tests/control start one)
@@ -111,6 +116,19 @@ echo "$UV" >"$REPO/.work/uv-path"   # scripts/lib.sh reads this (test.sh, demo.s
 
 # ---------------------------------------------------------------- 4. Python env
 cd "$REPO"
+# libfuse 3.17 (FUSE passthrough) in a private prefix and pyfuse3 patched for it: built
+# once into $TOOLS_DIR (about 2 min), then copied to the path uv.lock names.
+if [[ ! -f "$TOOLS_DIR/libfuse-$LIBFUSE_VERSION/.done-$LIBFUSE_DEB_VERSION" ]]; then
+    say "building libfuse $LIBFUSE_VERSION (one time, ~1 min; pyfuse3 is then built by uv sync)"
+fi
+BUILD_LOG="$(mktemp)"
+PYFUSE3_SRC="$(bash "$REPO/scripts/build-libfuse.sh" "$TOOLS_DIR" "$UV" 2>"$BUILD_LOG")" \
+    || { cat "$BUILD_LOG" >&2; die "building libfuse/preparing pyfuse3 failed"; }
+rm -f "$BUILD_LOG"
+# the source tree uv.lock names (a copy: uv keys its build cache on the tree's files)
+if ! diff -rq "$PYFUSE3_SRC" "$REPO/.work/pyfuse3" >/dev/null 2>&1; then
+    rm -rf "$REPO/.work/pyfuse3" && cp -a "$PYFUSE3_SRC" "$REPO/.work/pyfuse3"
+fi
 # No network access for interpreters: use the machine's Python (pyenv 3.11).
 export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
 quiet "$UV" sync --frozen --all-packages
@@ -152,4 +170,14 @@ if [[ -f "$FRONTEND/package-lock.json" ]]; then
     fi
 fi
 
-say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, .venv synced)"
+# ---------------------------------------------------------------- 7. fsx
+# The File System eXerciser (Rust rewrite, crates.io): not packaged in Debian.
+FSX_ROOT="$TOOLS_DIR/fsx-$FSX_VERSION"
+if [[ ! -x "$FSX_ROOT/bin/fsx" ]]; then
+    CARGO="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
+    say "building fsx $FSX_VERSION from crates.io (one time, ~2-4 min)"
+    quiet nice "$CARGO" install --locked --quiet --force --version "$FSX_VERSION" --root "$FSX_ROOT" fsx
+fi
+ln -sfn "$FSX_ROOT/bin/fsx" "$REPO/.work/bin/fsx"
+
+say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, fsx $FSX_VERSION, libfuse $LIBFUSE_VERSION, .venv synced)"

@@ -13,5 +13,13 @@ bootstrapped
 start=$SECONDS
 rc=0
 "$UV" run --frozen --all-packages pytest "$@" || rc=$?
+# The whole suite ran with the agent's default (--passthrough auto: on where the kernel and
+# privileges allow). Without arguments, the FUSE data-path suites run once more with
+# passthrough off (the writeback-cache path), so both modes are covered in one CI run.
+if [[ $# -eq 0 ]]; then
+    echo "test.sh: again with --passthrough off: agent mount/crash tests, pjdfstest, fsx, fio verify" >&2
+    "$UV" run --frozen --all-packages pytest --passthrough off -k "not mergerfs and not raw" \
+        tests/agent/test_mount.py tests/agent/test_crash.py tests/posix || rc=$?
+fi
 echo "test.sh: pytest exit status $rc after $((SECONDS - start)) s" >&2
 exit "$rc"

@@ -62,6 +62,22 @@ def fuse_unusable_reason() -> str | None:
 _FUSE_REASON = fuse_unusable_reason()
 
 
+# `--passthrough on|off|auto`: the agent's kernel FUSE passthrough mode for every mount the
+# tests start (unset: the agent's default, auto). scripts/test.sh runs the mount suites
+# once as they are (passthrough on where the host allows it) and a subset with it off.
+_PASSTHROUGH: str | None = None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--passthrough", choices=("auto", "on", "off"), default=None,
+                     help="hycache-agent --passthrough for the mounts the tests start")
+
+
+def pytest_configure(config):
+    global _PASSTHROUGH
+    _PASSTHROUGH = config.getoption("--passthrough")
+
+
 def pytest_collection_modifyitems(config, items):
     if _FUSE_REASON is None:
         return
@@ -163,6 +179,8 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
     mountpoint.mkdir(mode=0o755, exist_ok=True)
     if fast_capacity is not None:
         opts = {"fast_capacity": fast_capacity, **opts}
+    if _PASSTHROUGH is not None and "passthrough" not in opts:
+        opts = {**opts, "passthrough": _PASSTHROUGH}
     argv = [*(wrapper or []), str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
     log = base / "agent.log"
     with open(log, "ab") as logf:
@@ -257,4 +275,5 @@ def shared_tmp_path():
 
 def pytest_report_header(config):
     return [f"fuse: {'usable' if _FUSE_REASON is None else 'UNUSABLE: ' + _FUSE_REASON}",
+            f"agent passthrough: {_PASSTHROUGH or 'agent default (auto)'}",
             f"python: {sys.executable}"]

@@ -53,6 +53,11 @@ def test_where_and_status(shared_mount, fresh_dir):
     big.write_bytes(pattern(3 * M, 2))  # three times the fast tier: spills
     small.write_bytes(pattern(10 * K, 1))
     wait_idle(m)
+    if status(m)["passthrough"]["enabled"]:
+        # the kernel releases `big` asynchronously: `small` may have come while `big` still
+        # held the full fast tier (and spilled); an open promotes it once it is closed
+        small.read_bytes()
+        wait_for(lambda: info(small)["tier"] == "fast", 60, "small to be promoted after its read")
 
     p = cli("where", small, check=True)
     assert first_word(p) == "fast" and str(small) in p.stdout
@@ -74,7 +79,9 @@ def test_where_and_status(shared_mount, fresh_dir):
     assert fast["capacity"] == M and 0 <= fast["used"] <= M and fast["path"] == str(m.fast)
     assert fast["files"] >= 1 and fast["bytes"] == fast["used"]
     assert slow["files"] >= 1 and slow["bytes"] >= 3 * M and slow["capacity"] > 0 and slow["device_free"] > 0
-    assert st["migrations"]["spills"] >= 1 and st["migrations"]["active"] == []
+    # with passthrough the kernel writes the blob itself: the big file moves when closed
+    moved = st["migrations"]["spills"] + (st["migrations"]["evictions"] if st["passthrough"]["enabled"] else 0)
+    assert moved >= 1 and st["migrations"]["active"] == []
     for key in ("migrations_done", "migrations_failed", "evictions", "promotions", "bytes_demoted"):
         assert isinstance(st["migrations"][key], int)
     assert st["metadata"]["commits"] > 0 and st["metadata"]["error"] is None
@@ -242,6 +249,8 @@ def test_sparse_file_beyond_4gib_spills(shared_mount, fresh_dir):
         os.close(fd)
     st = os.stat(f)
     assert st.st_size == 5 * G + M
+    if status(shared_mount)["passthrough"]["enabled"]:  # no spill while open: evicted at close
+        wait_for(lambda: info(f)["tier"] == "slow", 120, "the 5 GiB file to leave the 1 MiB fast tier")
     i = info(f)
     assert i["tier"] == "slow" and i["size"] == 5 * G + M  # far above the 1 MiB fast tier
     blob = os.stat(i["blob"])

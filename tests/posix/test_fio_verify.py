@@ -12,10 +12,11 @@ import subprocess
 import pytest
 
 FIO_JOBS = [
-    # name, rw, bs
-    ("seq-1m", "write", "1m"),
-    ("rand-4k", "randwrite", "4k"),
-    ("rand-mixed-bs", "randwrite", "4k-256k"),
+    # name, rw, bs, O_DIRECT
+    ("seq-1m", "write", "1m", False),
+    ("rand-4k", "randwrite", "4k", False),
+    ("rand-mixed-bs", "randwrite", "4k-256k", False),
+    ("direct-rand-4k", "randwrite", "4k", True),   # O_DIRECT (fsx has no O_DIRECT mode)
 ]
 
 
@@ -29,13 +30,13 @@ def fio_bin() -> str:
 
 @pytest.mark.mount
 @pytest.mark.parametrize("fast_capacity", ["1M", "1G"], ids=["tiny-fast-tier", "large-fast-tier"])
-@pytest.mark.parametrize("name,rw,bs", FIO_JOBS, ids=[j[0] for j in FIO_JOBS])
-def test_fio_verify(hycache_mount, fio_bin, fast_capacity, name, rw, bs):
+@pytest.mark.parametrize("name,rw,bs,direct", FIO_JOBS, ids=[j[0] for j in FIO_JOBS])
+def test_fio_verify(hycache_mount, fio_bin, fast_capacity, name, rw, bs, direct):
     m = hycache_mount(fast_capacity=fast_capacity)
     work = m.mountpoint / "fio"
     work.mkdir()
     argv = [fio_bin, f"--name={name}", f"--directory={work}", f"--rw={rw}", f"--bs={bs}",
-            "--size=2M", "--numjobs=4", "--ioengine=psync", "--fallocate=none",
+            "--size=2M", "--numjobs=4", "--ioengine=psync", "--fallocate=none", f"--direct={int(direct)}",
             "--verify=crc32c", "--verify_fatal=1", "--verify_dump=0", "--do_verify=1",
             "--verify_state_save=0",
             "--end_fsync=1", "--group_reporting", "--output-format=json"]

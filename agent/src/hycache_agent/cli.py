@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not keep fast-tier copies of small remote files behind the memory cache")
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
+    m.add_argument("--passthrough", choices=("auto", "on", "off"),
+                   help="kernel FUSE passthrough for files on the local tiers: reads, writes and mmap "
+                        "skip the agent (auto, default: when the kernel, the pyfuse3 build and root "
+                        "privileges allow; on: fail to start otherwise; off: never)")
 
     s = sub.add_parser("status", help="tiers, usage, file counts, policy, migrations of a running agent")
     s.add_argument("root", type=Path, help="the agent's ROOT (or its mount point)")
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
-                "writeback_cache", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

@@ -36,6 +36,9 @@ class AgentConfig(BaseModel):
     promote_mode: Literal["background", "before-open"] = "background"
     kernel_cache: bool = True
     writeback_cache: bool = True
+    # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
+    # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow
+    passthrough: Literal["auto", "on", "off"] = "auto"
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")

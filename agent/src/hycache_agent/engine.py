@@ -217,6 +217,11 @@ class TieringEngine:
         self._nursery: trio.Nursery | None = None
         self._evict_wakeup = trio.Event()
         self.started = time.time()
+        # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
+        # agent sees no reads or writes, so a file is migrated only while nobody holds it
+        self.passthrough: dict[str, Any] = {"enabled": False, "reason": "not negotiated yet"}
+        self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
+        self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -441,6 +446,8 @@ class TieringEngine:
             return False
         if reason == "evict" and not self._evictable(inode):  # opened since it was chosen
             return False
+        if self.passthrough["enabled"] and inode.open_count and (inode.ino in self.backed or reason != "spill"):
+            return False  # the kernel writes the blob itself: it must not move under an open
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
         mig = Migration(inode.ino, src, dst, inode.size, reason)
@@ -570,8 +577,13 @@ class TieringEngine:
         """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
         # a migration in flight the other way (e.g. the tail of a demotion when the
         # file is opened again) finishes first; then this one decides afresh
-        while inode.migration is not None:
-            await inode.migration.done.wait()
+        while inode.migration is not None or (self.passthrough["enabled"] and inode.open_count):
+            if inode.migration is not None:
+                await inode.migration.done.wait()
+            else:  # passthrough: the blob moves only once the last handle is gone
+                await self._idle_event(inode).wait()
+            if self.ns.inodes.get(inode.ino) is not inode:
+                return "the file was deleted"
         if self.ns.inodes.get(inode.ino) is not inode:
             return "the file was deleted"
         if inode.tier == dst:
@@ -691,6 +703,12 @@ class TieringEngine:
         self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
 
+    def _idle_event(self, inode: Inode) -> trio.Event:
+        ev = self._idle.get(inode.ino)
+        if ev is None:
+            ev = self._idle[inode.ino] = trio.Event()
+        return ev
+
     async def open(self, inode: Inode, flags: int, uid: int, *, created: bool = False) -> int:
         """Open a local regular file.  ``created``: the open of create(2), not counted as
         a hit or a miss."""
@@ -698,6 +716,18 @@ class TieringEngine:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
+        before_open = (self.config.promote_mode == "before-open" and self.config.promote_on_open
+                       and inode.tier != T.FAST and inode.size <= self.config.high_watermark * self.capacity)
+        if self.passthrough["enabled"]:
+            # the handle may get the blob as its backing file: an open arriving during a
+            # migration waits for the switch (and before-open promotes while nobody holds it)
+            if before_open and not inode.open_count and inode.migration is None:
+                await self._background_migration(inode, T.FAST, "promote")
+            while inode.migration is not None:
+                await inode.migration.done.wait()
+            if self.ns.inodes.get(inode.ino) is not inode:
+                raise FsError(errno.ENOENT)
+            before_open = False
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:
@@ -717,11 +747,36 @@ class TieringEngine:
         if inode.tier == T.FAST:
             self.policy.touch(inode.ino, inode.size)
         elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
-            if self.config.promote_mode == "before-open":
+            if before_open:
                 await self._background_migration(inode, T.FAST, "promote")
-            else:
+            else:  # with passthrough: once the last handle is released
                 self.start_migration(inode, T.FAST, "promote")
         return fh
+
+    async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
+        """May this open hand the blob to the kernel?  Not for a writer while the fast
+        tier is full and evicting closed files cannot make room: the kernel's writes could
+        not spill to the slow tier, so such a writer goes through the agent (spill, or
+        ENOSPC when both tiers are full)."""
+        if not self.passthrough["enabled"]:
+            return False
+        if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
+            return await self._room_for(1, inode)
+        return True
+
+    def written_through(self, inode: Inode, size: int, mtime_ns: int) -> None:
+        """The kernel wrote the blob directly (passthrough): take its size and mtime."""
+        if self.ns.inodes.get(inode.ino) is not inode:
+            return
+        if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
+            self.fast_used += size - inode.size
+        inode.size = size
+        inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
+        inode.data_gen += 1
+        if inode.replicas:  # the copies on other nodes are stale now
+            inode.replicas = []
+        self.ns.journal.inode(inode.ino)
+        # the evictor is woken by the last release (engine.release), once the file is free
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         h = self.handles[fh]
@@ -784,6 +839,10 @@ class TieringEngine:
 
     async def _spill(self, inode: Inode) -> None:
         """Move the file being written to the slow tier (caller holds its lock)."""
+        if inode.ino in self.backed:
+            # the kernel writes this blob itself while it is open: it stays (over the
+            # capacity) and the evictor makes room once it is closed
+            return
         log.info("spilling inode %d (%s) to the slow tier: fast tier full", inode.ino, format_size(inode.size))
         for _ in range(3):
             if inode.migration is not None:  # a promotion, demotion or eviction got there first
@@ -834,6 +893,12 @@ class TieringEngine:
         h = self.handles.pop(fh)
         inode = h.inode
         inode.open_count -= 1
+        if not inode.open_count:
+            ev = self._idle.pop(inode.ino, None)
+            if ev is not None:
+                ev.set()
+            if self.passthrough["enabled"]:
+                self._check_watermark()  # passthrough writes grew it behind the evictor's back
         await trio.to_thread.run_sync(h.close_all)
         await self.maybe_free(inode)
 
@@ -1047,6 +1112,7 @@ class TieringEngine:
             "directories": dirs,
             "other_inodes": others,
             "open_handles": len(self.handles),
+            "passthrough": dict(self.passthrough),
             "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
             "cluster": None if self.cluster is None else self.cluster.status_dict(),
             "control": None if self.control is None else self.control.status_dict(),

@@ -16,6 +16,7 @@ import pyfuse3
 import trio
 
 from .engine import TieringEngine
+from .passthrough import Backings
 from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,40 @@ class HyCacheOperations(pyfuse3.Operations):
         # The kernel's writeback cache turns many small writes into few large ones (read
         # by pyfuse3 when the kernel sends INIT).
         self.enable_writeback_cache = engine.config.writeback_cache
+        # Passthrough is asked for at INIT when the host allows it (mount.py decides); the
+        # patched pyfuse3 then leaves the writeback cache off (the kernel refuses both).
+        self.enable_passthrough = False
+        self.max_backing_stack_depth = 1  # tiers may sit on overlayfs (containers)
+        # The agent clears set-user/group-ID bits itself (engine._kill_suid on write and
+        # truncate): with FUSE_HANDLE_KILLPRIV_V2 the kernel marks the super block NOSEC and
+        # stops sending GETXATTR security.capability before every write (docs/agent.md).
+        self.enable_killpriv_v2 = True
+        self.backings = Backings(engine)
+        self.nursery: trio.Nursery | None = None  # set by mount.py before the session runs
         self.attr_timeout = attr_timeout
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
         self.cluster = engine.cluster  # None when standalone
         self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd)
         self._leased: dict[int, int] = {}  # fh -> ino of a write handle holding the write lease
+        self._backed: dict[int, Inode] = {}  # fh -> inode of a handle answered with a backing id
         self.own = engine.cluster.ownership if engine.cluster is not None else None
         if self.own is not None:
             self.own.on_invalidate = self._invalidate_entry
+
+    def init(self) -> None:
+        """pyfuse3 calls this while answering INIT: a backing file can be registered only
+        after the reply, so the probe runs as a task."""
+        if self.enable_passthrough and self.nursery is not None:
+            self.nursery.start_soon(self._probe_passthrough)
+
+    async def _probe_passthrough(self) -> None:
+        self.backings.probe()
+        state = self.engine.passthrough
+        log.info("passthrough: %s (%s)", "on" if state["enabled"] else "off", state["reason"])
+        if not state["enabled"] and self.engine.config.passthrough == "on":
+            log.error("--passthrough on, but %s: stopping", state["reason"])
+            pyfuse3.terminate()
 
     def _invalidate_entry(self, parent: int, name: bytes) -> None:
         try:
@@ -157,6 +183,8 @@ class HyCacheOperations(pyfuse3.Operations):
                 raise
             node.lookups += 1
             return self._remote_attrs(node)
+        if inode.ino in self.backings.by_ino:
+            await self.backings.refresh(inode)
         return self._entry(inode)
 
     @errno_edge
@@ -173,7 +201,10 @@ class HyCacheOperations(pyfuse3.Operations):
             if node.local is not None and node.local.nlink > 0:  # taken over
                 return self._stat(inode, node.local, node.local.nlink, self.attr_timeout)
             return self._remote_attrs(await self.cluster.refresh(node))
-        return self._attrs(self.ns.get(inode))
+        node = self.ns.get(inode)
+        if inode in self.backings.by_ino:  # the kernel writes it directly: the blob knows
+            await self.backings.refresh(node)
+        return self._attrs(node)
 
     @metadata_op
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -181,6 +212,8 @@ class HyCacheOperations(pyfuse3.Operations):
             return await self._setattr(inode, node, attr, fields, ctx, leased)
 
     async def _setattr(self, inode, node, attr, fields, ctx, leased):
+        if node.ino in self.backings.by_ino:  # writes first, then this change on top
+            await self.backings.refresh(node)
         t = now_ns()
         if fields.update_size:
             if node.is_dir:
@@ -375,6 +408,8 @@ class HyCacheOperations(pyfuse3.Operations):
                 if name not in (b".", b".."):
                     remote.lookups += 1
                 continue
+            if ino in self.backings.by_ino:
+                await self.backings.refresh(node)
             if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
                 break
             if name not in (b".", b".."):
@@ -389,7 +424,20 @@ class HyCacheOperations(pyfuse3.Operations):
         await self.ns.journal.sync(durable=True)
 
     # -- files -----------------------------------------------------------------------
-    def _file_info(self, fh: int) -> pyfuse3.FileInfo:
+    async def _file_info(self, fh: int, node: Inode, writing: bool) -> pyfuse3.FileInfo:
+        """The open reply: with passthrough, the blob's backing id (and no keep_cache:
+        the kernel answers EIO to both together)."""
+        # set-ID files are written through the agent, which clears the bits on write
+        if ((node.ino in self.backings.by_ino or await self.engine.passthrough_for(node, writing))
+                and not node.mode & (stat.S_ISUID | stat.S_ISGID)):
+            try:
+                bid = await self.backings.acquire(node)
+            except BaseException:
+                await self.engine.release(fh)
+                raise
+            if bid:
+                self._backed[fh] = node
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
 
     @metadata_op
@@ -398,7 +446,7 @@ class HyCacheOperations(pyfuse3.Operations):
         node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
                                              ctx.uid, ctx.gid)
         fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid, created=True)
-        return self._file_info(fh), self._entry(node)
+        return await self._file_info(fh, node, True), self._entry(node)
 
     @errno_edge
     async def open(self, inode, flags, ctx):
@@ -429,7 +477,7 @@ class HyCacheOperations(pyfuse3.Operations):
             raise
         if leased:
             self._leased[fh] = local.ino
-        return self._file_info(fh)
+        return await self._file_info(fh, local, writing)
 
     async def _open_remote(self, remote, pid: int):
         reader = self.cluster.reader
@@ -481,6 +529,9 @@ class HyCacheOperations(pyfuse3.Operations):
     async def flush(self, fh):
         if fh in self._remote_handles:
             return
+        node = self._backed.get(fh)
+        if node is not None:
+            await self.backings.refresh(node)
         await self.engine.flush(fh)
         if self.cluster is not None and self.engine.handles[fh].writable:
             await self.cluster.replicator.closed(self.engine.handles[fh].inode)
@@ -496,7 +547,13 @@ class HyCacheOperations(pyfuse3.Operations):
             else:
                 fd.close()
             return
+        # the handle first (flush already took the size): a file released just now is
+        # evictable at once; then the backing id (a last refresh for writes through a
+        # mapping after close, which aborts a migration that started meanwhile)
+        node = self._backed.pop(fh, None)
         await self.engine.release(fh)
+        if node is not None:
+            await self.backings.release(node)
         ino = self._leased.pop(fh, None)
         if ino is not None:
             await self.own.write_done(ino)

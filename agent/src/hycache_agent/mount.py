@@ -10,6 +10,7 @@ import signal
 import pyfuse3
 import trio
 
+from . import passthrough
 from .config import AgentConfig
 from .control import ControlServer, socket_path
 from .engine import TieringEngine
@@ -118,8 +119,25 @@ async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
     await cluster.run(nursery)
 
 
+def _choose_passthrough(config: AgentConfig, engine: TieringEngine, ops: HyCacheOperations) -> None:
+    """Ask for kernel passthrough at INIT when this host allows it; the registration
+    itself is probed once the kernel has answered (HyCacheOperations.init)."""
+    if config.passthrough == "off":
+        engine.passthrough.update(enabled=False, reason="off (--passthrough off)")
+        return
+    why_not = passthrough.supported()
+    if why_not is not None:
+        if config.passthrough == "on":
+            raise SystemExit(f"hycache-agent: --passthrough on: {why_not}")
+        engine.passthrough.update(enabled=False, reason=why_not)
+        return
+    ops.enable_passthrough = True
+    engine.passthrough.update(enabled=False, reason="asked for at INIT; not probed yet")
+
+
 async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
     async with trio.open_nursery() as nursery:
+        ops.nursery = nursery
         await nursery.start(ControlServer(engine, socket_path(engine.config.state_dir)).serve)
         await engine.run(nursery)
         if engine.cluster is not None:
@@ -187,6 +205,7 @@ def run_mount(config: AgentConfig) -> int:
                                      address=engine.cluster.advertise if engine.cluster is not None else None)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
     ops = HyCacheOperations(engine)
+    _choose_passthrough(config, engine, ops)
     pyfuse3.init(ops, str(mountpoint), mount_options(config))
     unmounted_by_kernel = False
     try:

@@ -1,0 +1,171 @@
+"""Kernel FUSE passthrough (Linux >= 6.9): the kernel reads and writes a file's blob itself.
+
+An open of a file on a local tier answers with a *backing id*: the blob's descriptor,
+registered on the /dev/fuse descriptor (``pyfuse3.passthrough_open``, an ioctl that needs
+CAP_SYS_ADMIN).  Reads, writes and mmap then go kernel → blob without reaching the agent;
+open, flush, fsync, release, setattr and every metadata operation still do.
+
+One backing id per inode, shared by all its opens and dropped when the last one is
+released.  While a file has one, its blob must stay where it is: the engine migrates a
+file only when no handle holds it (``TieringEngine.passthrough``), and an open arriving
+during a migration waits for the switch.  Since the agent no longer sees writes, the
+blob itself is the truth for size and mtime while the file is open: ``refresh`` fstat()s
+the backing descriptor before attributes are answered.
+
+This module decides nothing about tiering; it keeps the registrations and their fds.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import platform
+from dataclasses import dataclass
+
+import pyfuse3
+import trio
+
+from .engine import TieringEngine
+from .namespace import Inode
+
+log = logging.getLogger(__name__)
+
+MIN_KERNEL = (6, 9)
+
+
+def supported() -> str | None:
+    """Why passthrough cannot be asked for on this host (None: it can)."""
+    if not hasattr(pyfuse3, "passthrough_open"):
+        return "pyfuse3 is built without passthrough (scripts/bootstrap.sh builds the patched one)"
+    try:
+        release = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+    except ValueError:
+        release = (0, 0)
+    if release < MIN_KERNEL:
+        return f"kernel {platform.release()} < {MIN_KERNEL[0]}.{MIN_KERNEL[1]}"
+    if os.geteuid() != 0:
+        return "registering a backing file needs root (CAP_SYS_ADMIN)"
+    return None
+
+
+@dataclass(eq=False)
+class Backing:
+    fd: int
+    backing_id: int
+    tier: str
+    refs: int = 0
+    size: int = 0  # the blob's size and mtime when the agent last looked
+    mtime_ns: int = 0
+
+
+class Backings:
+    """The registered backing files, by inode number."""
+
+    def __init__(self, engine: TieringEngine) -> None:
+        self.engine = engine
+        self.by_ino: dict[int, Backing] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.engine.passthrough["enabled"])
+
+    def probe(self) -> None:
+        """(after INIT) Register and drop a blob-tier file once: the kernel may refuse
+        (EPERM: no CAP_SYS_ADMIN or passthrough not negotiated; ELOOP: the tier sits on
+        a stacked file system deeper than allowed).  Sets the engine's status."""
+        state = self.engine.passthrough
+        if not getattr(pyfuse3, "passthrough_enabled", False):
+            state.update(enabled=False, reason="the kernel did not offer FUSE_PASSTHROUGH at INIT")
+            return
+        path = os.path.join(self.engine.tiers["fast"].data_dir, ".passthrough-probe")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                pyfuse3.passthrough_close(pyfuse3.passthrough_open(fd))
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        except OSError as exc:
+            state.update(enabled=False,
+                         reason=f"registering a backing file failed: {os.strerror(exc.errno or errno.EIO)} "
+                                "(the writeback cache is off for this mount)")
+            return
+        state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
+
+    async def acquire(self, inode: Inode) -> int:
+        """The backing id for an open of ``inode`` (0: serve it through the agent)."""
+        b = self.by_ino.get(inode.ino)
+        if b is None:
+            self.engine.backed.add(inode.ino)  # before the hop: no migration may start now
+            tier = inode.tier
+            path = self.engine.blob(inode)
+
+            def register() -> tuple[int, int, os.stat_result]:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    return fd, pyfuse3.passthrough_open(fd), st
+                except BaseException:
+                    os.close(fd)
+                    raise
+
+            try:
+                fd, bid, st = await trio.to_thread.run_sync(register)
+            except OSError as exc:
+                if inode.ino not in self.by_ino:
+                    self.engine.backed.discard(inode.ino)
+                log.warning("passthrough for inode %d refused (%s): served by the agent", inode.ino, exc)
+                return 0
+            # another open of the same inode may have registered it during the hop
+            other = self.by_ino.get(inode.ino)
+            if other is not None:
+                await trio.to_thread.run_sync(self._unregister, fd, bid)
+                b = other
+            else:
+                b = self.by_ino[inode.ino] = Backing(fd, bid, tier, 0, st.st_size, st.st_mtime_ns)
+        b.refs += 1
+        return b.backing_id
+
+    @staticmethod
+    def _unregister(fd: int, bid: int) -> None:
+        try:
+            pyfuse3.passthrough_close(bid)
+        except OSError as exc:  # the kernel keeps its own reference to the file anyway
+            log.warning("closing backing id %d: %s", bid, exc)
+        os.close(fd)
+
+    async def refresh(self, inode: Inode) -> None:
+        """Bring size and mtime up to what the kernel wrote into the blob."""
+        b = self.by_ino.get(inode.ino)
+        if b is None:
+            return
+        b.refs += 1  # a release during the fstat must not close the descriptor under it
+        try:
+            st = await trio.to_thread.run_sync(os.fstat, b.fd)
+            if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
+                b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
+                self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+        finally:
+            await self._put(inode.ino, b)
+
+    async def release(self, inode: Inode) -> None:
+        """One open of ``inode`` is gone; the last one drops the registration."""
+        b = self.by_ino.get(inode.ino)
+        if b is None:
+            return
+        try:
+            if b.refs == 1:  # the last: take the final size and times first
+                await self.refresh(inode)
+        finally:
+            await self._put(inode.ino, b)
+
+    async def _put(self, ino: int, b: Backing) -> None:
+        b.refs -= 1
+        if b.refs > 0:
+            return
+        if self.by_ino.get(ino) is b:
+            del self.by_ino[ino]
+            self.engine.backed.discard(ino)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._unregister, b.fd, b.backing_id)
