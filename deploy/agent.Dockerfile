@@ -21,6 +21,7 @@ FROM debian:bookworm-slim AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         python3 python3-dev gcc libc6-dev libfuse3-dev pkg-config ca-certificates \
+        dpkg-dev meson ninja-build patch \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=uv /uv /usr/local/bin/uv
 ENV UV_PYTHON=/usr/bin/python3.11 \
@@ -29,6 +30,12 @@ ENV UV_PYTHON=/usr/bin/python3.11 \
     UV_COMPILE_BYTECODE=1 \
     UV_LINK_MODE=copy
 WORKDIR /src
+# 0. libfuse 3.17 (FUSE passthrough) from Debian trixie's source package into a private
+#    prefix, and pyfuse3 patched for it in .work/pyfuse3, the path uv.lock names — the
+#    same script as scripts/bootstrap.sh (docs/agent.md, "Kernel FUSE passthrough")
+COPY scripts/build-libfuse.sh scripts/versions.env scripts/
+COPY agent/patches agent/patches
+RUN mkdir -p .work && cp -a "$(bash scripts/build-libfuse.sh /opt/hycache/tools uv)" .work/pyfuse3
 # 1. third-party dependencies only: this layer is reused until uv.lock changes
 COPY pyproject.toml uv.lock ./
 COPY core/pyproject.toml core/pyproject.toml
@@ -53,6 +60,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 fuse3 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/hycache/.venv /opt/hycache/.venv
+# the private libfuse 3.17 the patched pyfuse3 links to (rpath: the same path)
+COPY --from=build /opt/hycache/tools/libfuse-3.17.2 /opt/hycache/tools/libfuse-3.17.2
 COPY --chmod=0755 deploy/agent-entrypoint.sh /usr/local/bin/hycache-agent-entrypoint
 ENV PATH=/opt/hycache/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1

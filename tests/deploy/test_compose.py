@@ -561,6 +561,15 @@ def test_dockerfile_build_stage_installs_the_agent(tmp_path):
                     shutil.copy2(f, target)
         elif w == "RUN":
             _, words = split_flags(r)
+            if "scripts/build-libfuse.sh" in r:
+                # libfuse + patched pyfuse3: the same script as bootstrap, with this host's
+                # tools directory (built there already) instead of the image's
+                tools = Path(os.environ.get("HYCACHE_TOOLS_DIR", Path.home() / ".cache" / "hycache"))
+                src = subprocess.run(["bash", str(host("scripts/build-libfuse.sh")), str(tools), _uv()],
+                                     capture_output=True, text=True, timeout=600)
+                assert src.returncode == 0, f"RUN {r}\n{src.stderr[-2000:]}"
+                shutil.copytree(src.stdout.strip(), host(".work/pyfuse3"), symlinks=True)
+                continue
             if words[:1] != ["uv"]:
                 continue  # apt-get: the image's business
             run_env = dict(os.environ)
