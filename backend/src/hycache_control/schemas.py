@@ -334,8 +334,12 @@ class PolicyDelivery(BaseModel):
 
 class ActionDelivery(BaseModel):
     id: int
-    action: ActionName
+    action: Literal["pin", "unpin", "promote", "demote", "prefetch"]
     path: str
+    #: plan steps only (2-Layer Scheduling): which manifest, job and step of its node's plan
+    manifest_id: int | None = None
+    job: str | None = None
+    step: int | None = None
 
 
 class HeartbeatAnswer(BaseModel):
