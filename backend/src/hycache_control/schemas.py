@@ -156,6 +156,8 @@ class NodeOut(BaseModel):
     tiers: dict[str, TierView]
     hit_ratio: float | None
     rates: Rates | None
+    #: the latest heartbeat's cumulative counters (of its boot_id), as the agent sent them
+    counters: dict[str, Any] | None = None
     migrations: MigrationsView
     updated_at: float
 
