@@ -83,6 +83,7 @@ class RemoteNode:
     lookups: int = 0
     cache_blob: str | None = None  # local copy of a remote file's bytes
     cache_version: int = -1
+    cache_size: int = 0  # bytes of cache_blob, counted in the engine's fast-tier use
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
 
@@ -612,9 +613,15 @@ class ClusterLink:
                     del self._fetch_locks[node.path]
             if node.cache_blob:
                 await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
+                self.engine.remote_copy_removed(node.cache_size)
+                node.cache_blob, node.cache_size = None, 0
         return True
 
     # ------------------------------------------------------------------ remote reads
+    def has_copy(self, node: RemoteNode) -> bool:
+        """Whether this node's fast tier already holds the node's current version."""
+        return bool(node.cache_blob) and node.cache_version == node.meta.version
+
     async def open_remote(self, node: RemoteNode) -> str:
         """A local copy of a remote file's current version (fetched if needed)."""
         if node.meta.kind != "file":
@@ -645,7 +652,9 @@ class ClusterLink:
             log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
             if node.cache_blob and node.cache_blob != dest:
                 await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
-            node.cache_blob, node.cache_version = dest, node.meta.version
+            self.engine.remote_copy_removed(node.cache_size if node.cache_blob else 0)
+            self.engine.remote_copy_added(size)
+            node.cache_blob, node.cache_version, node.cache_size = dest, node.meta.version, size
             return dest
         log.error("no holder of %r could serve it (%s)", node.path, last)
         raise FsError(errno.EIO)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from . import tiers as T
 from .engine import TieringEngine
 from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
@@ -432,11 +433,17 @@ class HyCacheOperations(pyfuse3.Operations):
         return self._file_info(fh)
 
     async def _open_remote(self, remote):
+        # a copy already on this node's fast tier (prefetched by a plan, or kept from an
+        # earlier open) is read without a fetch: a fast-tier hit; otherwise a miss
+        hit = self.cluster.has_copy(remote)
         blob = await self.cluster.open_remote(remote)
         fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
         self.engine.io.remote_opens += 1
-        self.engine.io.misses += 1
+        if hit:
+            self.engine.io.tiers[T.FAST].hits += 1
+        else:
+            self.engine.io.misses += 1
         remote.open_count += 1
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache
