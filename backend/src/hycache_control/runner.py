@@ -18,8 +18,11 @@ What it does, exactly:
   waits for its parents (on any node), then for its own before-steps (prefetch/evict) to
   reach a final state (at most ``--plan-wait`` seconds), then reports start, reads each
   input whole, writes each output, and reports finish.  Nodes run in parallel.
-- Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` before
-  and after, once every node has sent a heartbeat newer than the last job's finish.
+- A job's outputs are published (the namespace shows them on its node) before it reports
+  finish, so the plans of the jobs that read them find them.
+- Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` after
+  the inputs were created (before submitting) and after the last job, each time once every
+  node has sent a heartbeat newer than that moment.
 """
 
 from __future__ import annotations
@@ -124,6 +127,21 @@ class Runner:
                 return c
             time.sleep(0.2)
 
+    def wait_published(self, files: dict[str, int], node: str, timeout: float = 60.0) -> None:
+        """Until the namespace (the DHT, through the API) shows each file on ``node`` with its
+        size: the agents publish their metadata asynchronously."""
+        deadline = time.monotonic() + timeout
+        left = dict(files)
+        while left:
+            for f, size in list(left.items()):
+                r = self.http.get("/files/info", params={"path": "/" + f.lstrip("/")})
+                if r.status_code == 200 and r.json().get("size") == size and r.json().get("primary") == node:
+                    del left[f]
+            if left:
+                if time.monotonic() > deadline:
+                    raise RunError(f"not published by node {node} within {timeout:.0f} s: {', '.join(sorted(left))}")
+                time.sleep(0.1)
+
     def run(self, document: Any) -> dict[str, Any]:
         doc = scale_document(document, self.scale)
         wf = parse_workflow(doc, source="manifest")
@@ -142,14 +160,15 @@ class Runner:
                 if not (p.exists() and p.stat().st_size == size):
                     _write(p, size)
                 created[f] = node
+        for node in nodes:
+            self.wait_published({f: wf.sizes[f] for f, n in created.items() if n == node}, node)
+        before = self._wait_heartbeats_after(time.time())
         # 2. submit
-        t_submit = time.time()
         m = self._call("POST", "/manifests", json=doc,
                        params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack})
         mid = m["id"]
         self.log(f"manifest {mid}: {len(wf.jobs)} jobs placed ({self.solver}); "
                  f"{m['transfer_bytes']['placed']} bytes to move between nodes")
-        before = self._wait_heartbeats_after(t_submit)
         # 3. run
         placement = m["placement"]
         order: dict[str, list[str]] = {n: [] for n in nodes}
@@ -186,6 +205,7 @@ class Runner:
                     rd = sum(_read(self.mounts[node] / f.lstrip("/")) for f in job.inputs)
                     wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
                     secs = time.monotonic() - start
+                    self.wait_published(dict(job.outputs), node)
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
                                     "started": start - t0, "plan_steps": plan}
