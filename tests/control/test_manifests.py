@@ -167,9 +167,16 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
         assert api.post(f"/api/v1/manifests/{mid}/jobs/{j}/finish").status_code == 200
     skipped_want = [s for s in plans["b"] if s["job"] == b_jobs[0] and s["action"] in ("prefetch", "evict")]
     v = api.get(f"/api/v1/manifests/{mid}").json()
-    assert v["steps"]["b"]["skipped"] == len(skipped_want) > 0
     items = [i for i in v["step_items"] if i["node"] == "b" and i["job"] == b_jobs[0]]
-    assert all(i["state"] == "skipped" for i in items if i["plan_action"] in ("prefetch", "evict"))
+    before = [i for i in items if i["plan_action"] in ("prefetch", "evict")]
+    assert len(before) == len(skipped_want) > 0
+    assert all(i["state"] == "skipped" and "finished before delivery" in i["detail"] for i in before)
+    # unpin/evict of a remote copy (a file whose primary is on another node) is skipped
+    # from the start: the agent's remote cache manages those copies
+    remote = [i for i in v["step_items"] if "remote copy" in (i["detail"] or "")]
+    assert remote and all(i["state"] == "skipped" and i["plan_action"] in ("unpin", "evict") for i in remote)
+    assert all(v["placement"][i["job"]] == i["node"] for i in remote)
+    assert v["steps"]["b"]["skipped"] == len(skipped_want) + sum(i["node"] == "b" for i in remote)
     # finishing twice is fine, starting a finished job is 409
     assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/start").status_code == 409
     assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/finish").status_code == 200
@@ -186,7 +193,8 @@ def test_delete_cancels_undelivered_steps(api: Api, store):  # noqa: F811
     assert v["state"] == "cancelled"
     total = sum(len(p) for p in m["plans"].values())
     cancelled = sum(c["cancelled"] for c in v["steps"].values())
-    assert cancelled == total - len(delivered)
+    skipped = sum(c["skipped"] for c in m["steps"].values())  # remote copies' unpins, skipped at submission
+    assert cancelled == total - len(delivered) - skipped > 0
     # delivered steps are still re-sent until reported; nothing new is released
     api.post(f"/api/v1/manifests/{mid}/jobs/{m['jobs'][0]['id']}/start")
     again = beat(api, "a")

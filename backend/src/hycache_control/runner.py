@@ -86,9 +86,22 @@ def _write(path: Path, size: int) -> int:
     return size
 
 
+def _open_retrying(path: Path, timeout: float = 5.0):
+    """A file another node just published may still be a cached negative entry in this
+    mount's kernel (the entry timeout is 1 s): retry ENOENT for a few seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _read(path: Path) -> int:
     n = 0
-    with open(path, "rb") as f:
+    with _open_retrying(path) as f:
         while chunk := f.read(CHUNK):
             n += len(chunk)
     return n
@@ -221,12 +234,20 @@ class Runner:
         makespan = time.monotonic() - t0
         if errors:
             raise RunError("; ".join(errors))
+        # the last after-steps (pin/unpin once a job finished) are carried out too
+        deadline = time.monotonic() + self.plan_wait
+        while True:
+            final = self._call("GET", f"/manifests/{mid}")
+            if all(i["state"] in FINAL for i in final["step_items"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         after = self._wait_heartbeats_after(time.time())
-        final = self._call("GET", f"/manifests/{mid}")
         return {"manifest_id": mid, "name": m["name"], "format": m["format"], "scale": self.scale,
                 "solver": self.solver, "placement": placement, "transfer_bytes": m["transfer_bytes"],
                 "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
                 "jobs": {j.id: results[j.id] for j in wf.jobs}, "steps": final["steps"],
+                "failed_steps": [{k: i[k] for k in ("node", "job", "step", "plan_action", "path", "detail")}
+                                 for i in final["step_items"] if i["state"] == "failed"],
                 "counters": {n: {"before": before[n]["counters"], "after": after[n]["counters"]} for n in nodes}}
 
 

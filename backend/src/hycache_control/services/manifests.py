@@ -166,10 +166,23 @@ class ManifestService:
                 position[node] = position.get(node, 0) + 1
             s.add(m)
             s.flush()
+            # where each file's primary copy is: its current location, or its writer's node
+            owner = dict(locations)
+            for job in wf.jobs:
+                for f in job.outputs:
+                    owner[f] = result["placement"][job.id]
             items = []
             for node, steps in result["plans"].items():
                 for st in steps:
-                    items.append(ActionItem(path=ns_path(st["path"]), node=node, state="pending", updated_at=now,
+                    state, detail = "pending", None
+                    if st["action"] in ("unpin", "evict") and owner.get(st["path"]) not in (None, node):
+                        # a prefetched copy of another node's file sits in this node's remote
+                        # cache, which the agent evicts by its own policy; its pin/unpin/demote
+                        # act on files whose primary copy is on the node only
+                        state = "skipped"
+                        detail = f"a remote copy (primary on {owner[st['path']]}): the node's remote cache evicts it"
+                    items.append(ActionItem(path=ns_path(st["path"]), node=node, state=state, detail=detail,
+                                            updated_at=now,
                                             kind=AGENT_ACTION[st["action"]], plan_action=st["action"], job=st["job"],
                                             step=st["step"], size=st.get("size"),
                                             source=None if st.get("source") is None else str(st["source"])))
