@@ -22,6 +22,8 @@ from .nodes import NodeService
 
 #: items delivered per heartbeat answer at most
 MAX_DELIVERY = 500
+#: items read per query while looking for deliverable ones
+PAGE = 2000
 FINAL = ("done", "failed", "skipped", "cancelled")
 
 
@@ -141,17 +143,30 @@ class ActionService:
                 return []
         now = time.time()
         with self.db.session() as s:
-            rows = list(s.execute(select(ActionItem, Action.action).join(Action)
-                                  .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")))
-                                  .order_by(ActionItem.id).limit(MAX_DELIVERY)))
-            if not rows:
+            # open items in id order, a page at a time, until MAX_DELIVERY are deliverable
+            # (plan steps held for their job's turn do not block the ones after them)
+            rows, verdict, after_id, seen = [], {}, 0, 0
+            while len(rows) < MAX_DELIVERY:
+                page = list(s.execute(select(ActionItem, Action.action).join(Action)
+                                      .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
+                                             ActionItem.id > after_id)
+                                      .order_by(ActionItem.id).limit(PAGE)))
+                if not page:
+                    break
+                seen += len(page)
+                after_id = page[-1][0].id
+                plan_items = [item for item, _ in page if item.job is not None]
+                v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
+                verdict.update(v)
+                rows.extend(r for r in page if v.get(r[0].id) != "hold")
+            if not seen:
                 with self._lock:
                     self._pending_nodes.discard(node)
                 return []
-            plan_items = [item for item, _ in rows if item.job is not None]
-            verdict = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
             changed, out = [], []
             for item, action in rows:
+                if len(out) >= MAX_DELIVERY:
+                    break
                 v = verdict.get(item.id, "release")
                 if v == "skip" and item.state == "pending":
                     item.state, item.detail, item.updated_at = "skipped", f"job {item.job} finished before delivery", now
