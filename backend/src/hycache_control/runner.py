@@ -109,7 +109,8 @@ def _read(path: Path) -> int:
 
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
-                 slack: float = 0.1, plan_wait: float = 60.0, log=None) -> None:
+                 slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, log=None) -> None:
+        self.plans = plans
         self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                                  timeout=60.0)
         self.mounts = mounts
@@ -178,7 +179,8 @@ class Runner:
         before = self._wait_heartbeats_after(time.time())
         # 2. submit
         m = self._call("POST", "/manifests", json=doc,
-                       params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack})
+                       params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack,
+                               "plans": "true" if self.plans else "false"})
         mid = m["id"]
         self.log(f"manifest {mid}: {len(wf.jobs)} jobs placed ({self.solver}); "
                  f"{m['transfer_bytes']['placed']} bytes to move between nodes")
@@ -311,7 +313,7 @@ def main(args) -> int:
         print(f"hycache-control run: error: MANIFEST: {e}", file=sys.stderr)
         return 2
     runner = Runner(args.api, token, mounts, scale=args.scale, solver=args.solver, slack=args.slack,
-                    plan_wait=args.plan_wait)
+                    plan_wait=args.plan_wait, plans=not args.no_plans)
     try:
         res = runner.run(document)
     except RunError as e:

@@ -220,14 +220,15 @@ def create_manifest(control: ControlDep, c: Admin,
                     body: Annotated[Any, Body(description="a HyCache manifest or a WfFormat 1.4/1.5 instance")],
                     nodes: Annotated[str | None, Query(max_length=10_000, description="comma-separated node ids (default: the live nodes)")] = None,
                     solver: Annotated[Literal["greedy", "local", "exact", "round-robin"], Query()] = "local",
-                    slack: Annotated[float, Query(ge=0, le=100)] = 0.1) -> dict:
+                    slack: Annotated[float, Query(ge=0, le=100)] = 0.1,
+                    plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True) -> dict:
     names = None
     if nodes is not None:
         names = [n.strip() for n in nodes.split(",") if n.strip()]
         if not names or len(set(names)) != len(names):
             raise RequestValidationError([{"loc": ("query", "nodes"), "msg": "a comma-separated list of distinct node ids",
                                            "type": "value_error", "input": nodes[:200]}])
-    return control.manifests.create(body, nodes=names, solver=solver, slack=slack, actor=c.name)
+    return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name)
 
 
 @router.get("/manifests", responses=ERRORS, operation_id="listManifests", tags=["manifests"])

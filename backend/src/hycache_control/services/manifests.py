@@ -128,7 +128,7 @@ class ManifestService:
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
-               actor: str | None) -> dict[str, Any]:
+               actor: str | None, plans: bool = True) -> dict[str, Any]:
         try:
             wf = parse_workflow(document, source="body")
         except WorkflowError as e:
@@ -146,9 +146,11 @@ class ManifestService:
         try:
             if solver == "exact":
                 with _stdout_to_stderr():
-                    result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations)
+                    result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations,
+                                   plans=plans)
             else:
-                result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations)
+                result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations,
+                               plans=plans)
         except PlacementError as e:
             raise Invalid(("body",), str(e)) from None
         result["locations"] = locations
@@ -156,7 +158,7 @@ class ManifestService:
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
-                         options={"nodes": nodes, "solver": solver, "slack": slack}, result=result,
+                         options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans}, result=result,
                          created_at=now, updated_at=now)
             position: dict[str, int] = {}
             for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
