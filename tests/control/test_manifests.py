@@ -201,3 +201,17 @@ def test_delete_cancels_undelivered_steps(api: Api, store):  # noqa: F811
     assert sorted(d["id"] for d in again) == sorted(d["id"] for d in delivered)
     assert beat(api, "b") == []
     assert api.client.delete("/api/v1/manifests/12345", headers=api.h()).status_code == 404
+
+
+def test_exact_solver_keeps_the_servers_stdout_clean(api: Api, store, capfd):  # noqa: F811
+    for n in ("a", "b"):
+        api.beat(n, status=STATUS)
+    capfd.readouterr()
+    r = api.post("/api/v1/manifests?solver=exact&plans=false&nodes=a,b", TINY)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    assert m["solver"] == "exact" and m["optimal"] is True
+    assert m["plans"] == {} and sum(c["total"] for c in m["steps"].values()) == 0
+    assert m["transfer_bytes"]["placed"] <= place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
+                                                  solver="local")["transfer_bytes"]["placed"]
+    assert capfd.readouterr().out == ""
