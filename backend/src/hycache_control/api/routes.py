@@ -19,8 +19,10 @@ from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth
 router = APIRouter(prefix="/api/v1")
 
 NodeId = Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")]
-ERRORS = {401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
+ERRORS = {400: {"model": S.ErrorOut, "description": "the body is not JSON"},
+          401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
           403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
+          413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
           422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
 ERRORS_404 = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
 NOT_MODIFIED = {304: {"description": "not modified (If-None-Match matched the ETag)"}}
@@ -214,7 +216,7 @@ JobId = Annotated[str, Path(min_length=1, max_length=200)]
 ERRORS_409 = {**ERRORS_404, 409: {"model": S.ErrorOut, "description": "not in a state that allows this"}}
 
 
-@router.post("/manifests", status_code=201, responses={**ERRORS, 413: {"model": S.ErrorOut}},
+@router.post("/manifests", status_code=201, responses=ERRORS,
              operation_id="createManifest", tags=["manifests"])
 def create_manifest(control: ControlDep, c: Admin,
                     body: Annotated[Any, Body(description="a HyCache manifest or a WfFormat 1.4/1.5 instance")],
