@@ -127,6 +127,9 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     for d, s in zip(got, want):
         assert d["manifest_id"] == mid and d["path"] == "/" + s["path"]
         assert d["action"] == {"prefetch": "prefetch", "evict": "demote"}[s["action"]]
+    # step progress goes to the stream's `action` events (what /stream sends)
+    ups = [u for _, u in api.control.actions.updates_after(0) if u.get("manifest_id") == mid]
+    assert {(u["job"], u["step"]) for u in ups if u["state"] == "delivered"} == {(d["job"], d["step"]) for d in got}
     # b's first job has a parent on a that has not finished: nothing for b yet
     b_first = order["b"][0]
     assert parents[b_first] and beat(api, "b") == []
