@@ -149,8 +149,9 @@ def check_invariants(engine, *, idle: bool = True) -> None:
 
     # -- accounting and the policy --------------------------------------------------------
     if idle:
-        if engine.fast_used != fast_bytes:
-            problems.append(f"fast_used {engine.fast_used} != {fast_bytes} bytes of fast-tier files")
+        if engine.fast_used != fast_bytes + engine.remote_cache_used:
+            problems.append(f"fast_used {engine.fast_used} != {fast_bytes} bytes of fast-tier files "
+                            f"+ {engine.remote_cache_used} of remote copies")
     elif engine.fast_used < 0:
         problems.append(f"fast_used is negative: {engine.fast_used}")
     policy_keys = list(engine.policy.eviction_order())

@@ -89,6 +89,7 @@ class RemoteNode:
     # HCCache: the holder ETag every read of this inode is served from (the kernel's page
     # cache is per inode, so all handles of the node must serve one version of the bytes)
     pinned_etag: str | None = None
+    cache_size: int = 0  # bytes of cache_blob, counted in the engine's fast-tier use
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
 
@@ -630,9 +631,15 @@ class ClusterLink:
                     del self._fetch_locks[node.path]
             if node.cache_blob:
                 await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
+                self.engine.remote_copy_removed(node.cache_size)
+                node.cache_blob, node.cache_size = None, 0
         return True
 
     # ------------------------------------------------------------------ remote reads
+    def has_copy(self, node: RemoteNode) -> bool:
+        """Whether this node's fast tier already holds the node's current version."""
+        return bool(node.cache_blob) and node.cache_version == node.meta.version
+
     async def open_remote(self, node: RemoteNode) -> str:
         """A local copy of a remote file's current version (fetched if needed)."""
         if node.meta.kind != "file":
@@ -663,7 +670,10 @@ class ClusterLink:
             log.info("fetched %r (%d bytes) from %s in %.3f s", node.path, size, holder, time.monotonic() - t0)
             if node.cache_blob and node.cache_blob != dest:
                 await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
+            self.engine.remote_copy_removed(node.cache_size if node.cache_blob else 0)
+            self.engine.remote_copy_added(size)
             node.cache_blob, node.cache_version, node.cache_etag = dest, node.meta.version, etag
+            node.cache_size = size
             return dest
         log.error("no holder of %r could serve it (%s)", node.path, last)
         raise FsError(errno.EIO)

@@ -30,7 +30,9 @@ from .namespace import FsError
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("pin", "unpin", "promote", "demote")
+ACTIONS = ("pin", "unpin", "promote", "demote", "prefetch")
+# a plan step's fields (2-layer scheduling), copied from the action into its result
+PLAN_FIELDS = ("manifest_id", "job", "step")
 MAX_BACKOFF = 10.0  # network errors back off to this at most
 AUTH_RETRY = 10.0  # 401/403: retried slowly (a revoked token must not flood anything)
 REQUEST_TIMEOUT = 5.0
@@ -196,13 +198,23 @@ class ControlLink:
         self.actions_applied += 1
 
     async def apply_action(self, action: dict[str, Any]) -> dict[str, Any]:
-        """Apply one action through the engine; returns its result for the heartbeat."""
+        """Apply one action through the engine; returns its result for the heartbeat
+        (with the plan step's ``manifest_id``, ``job`` and ``step`` when it is one)."""
+        result = await self._apply(action)
+        for key in PLAN_FIELDS:
+            if key in action:
+                result[key] = action[key]
+        return result
+
+    async def _apply(self, action: dict[str, Any]) -> dict[str, Any]:
         aid, kind, path = action.get("id"), action.get("action"), action.get("path")
         if kind not in ACTIONS:
             return {"id": aid, "state": "failed", "detail": f"action: unknown action {kind!r}"}
         if not isinstance(path, str) or not path.startswith("/"):
             return {"id": aid, "state": "failed", "detail": f"path: want an absolute path, got {path!r}"}
         engine = self.engine
+        if kind == "prefetch":
+            return await self._prefetch(aid, path)
         try:
             inode = engine.local_inode(path)
         except FsError as exc:
@@ -226,6 +238,21 @@ class ControlLink:
         if why is not None:
             return {"id": aid, "state": "failed", "detail": f"{path}: {why}", "tier": inode.tier}
         return {"id": aid, "state": "done", "detail": inode.tier, "tier": inode.tier}
+
+    async def _prefetch(self, aid: int, path: str) -> dict[str, Any]:
+        """A plan step: the file's bytes onto this node's fast tier (promoted if local,
+        fetched into the remote cache if another node holds it)."""
+        log.info("control plane action %s: prefetch %s", aid, path)
+        try:
+            detail = await self.engine.prefetch(path)
+        except FsError as exc:
+            why = exc.args[1] if len(exc.args) > 1 else os.strerror(exc.errno)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return {"id": aid, "state": "failed", "detail": f"no such file: {path}"}
+            if exc.errno == errno.ENOSPC and not why.startswith("no room"):
+                why = f"no room: {why}"
+            return {"id": aid, "state": "failed", "detail": f"{path}: {why}"}
+        return {"id": aid, "state": "done", "detail": detail, "tier": "fast"}
 
     async def apply_policy(self, policy: dict[str, Any]) -> bool:
         """Run the answer's policy if its version differs from the applied one; keep it in

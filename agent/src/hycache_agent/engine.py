@@ -196,7 +196,10 @@ class TieringEngine:
         self.store: SQLiteStore | None = None
         self.ns: Namespace | None = None
         self.capacity = 0
-        self.fast_used = 0  # logical bytes of fast-tier files plus reservations of promotions
+        # logical bytes of fast-tier files, plus reservations of promotions, plus the local
+        # copies of other nodes' files under fast/remote-cache/ (remote_cache_used of it)
+        self.fast_used = 0
+        self.remote_cache_used = 0
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._locks: dict[int, trio.Lock] = {}
@@ -968,6 +971,69 @@ class TieringEngine:
         self._check_move(inode, tier)
         return await self.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
 
+    # ------------------------------------------------------------------ remote copies
+    def remote_copy_added(self, nbytes: int) -> None:
+        """A copy of another node's file landed in fast/remote-cache/: it takes fast-tier
+        room like any fast-tier file (the evictor makes room among local files)."""
+        self.fast_used += nbytes
+        self.remote_cache_used += nbytes
+        self._check_watermark()
+
+    def remote_copy_removed(self, nbytes: int) -> None:
+        self.fast_used -= nbytes
+        self.remote_cache_used -= nbytes
+
+    async def prefetch(self, path: str | bytes) -> str:
+        """Bring a file's bytes onto this node's fast tier ahead of the job that reads it
+        (a plan step of the 2-layer scheduling).  A local file on the slow tier is promoted
+        (waited for); a file whose primary is another node is fetched into this node's
+        remote cache on the fast tier, where a later open finds it (a fast-tier hit).  Room
+        is made like for a promotion (closed, unpinned files are evicted) and never beyond
+        the capacity.  Returns what was done; raises FsError (ENOENT: no such file, ENOSPC:
+        no room, …) with the reason as its second argument."""
+        raw = os.fsencode(path)
+        try:
+            inode = self.local_inode(raw)
+        except FsError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR) or self.cluster is None:
+                raise
+            return await self._prefetch_remote(raw)
+        if not inode.is_reg:
+            raise FsError(errno.EINVAL, "not a regular file")
+        if inode.tier == T.FAST:
+            return "already fast"
+        why = await self.move(inode, T.FAST)
+        if why is not None:
+            raise FsError(errno.ENOSPC, why)
+        return T.FAST
+
+    async def _prefetch_remote(self, raw: bytes) -> str:
+        cluster = self.cluster
+        meta = await cluster.query("get", raw, missing=None)
+        if meta is cluster.UNREACHABLE:
+            raise FsError(errno.EIO, "the metadata store is unreachable")
+        if meta is None or (meta.primary == cluster.node_id and meta.kind != "dir"):
+            raise FsError(errno.ENOENT, "no such file")
+        if meta.kind != "file":
+            raise FsError(errno.EINVAL, "not a regular file")
+        node = cluster.remote_node(raw, meta)
+        async with cluster.fetch_lock(raw):
+            if cluster.has_copy(node):
+                return "already fast (remote copy)"
+            size = node.meta.size
+            if size > self.capacity:
+                raise FsError(errno.ENOSPC, f"{format_size(size)} is larger than the fast tier")
+            if not await self._room_for(size, None):
+                raise FsError(errno.ENOSPC, f"no room for {format_size(size)} on the fast tier "
+                                            f"({format_size(self.fast_used)} of {format_size(self.capacity)} "
+                                            "used by pinned, open or moving files)")
+            self.fast_used += size  # reserved while fetching (the copy is counted once there)
+            try:
+                await cluster.fetch_locked(node)
+            finally:
+                self.fast_used -= size
+        return f"fast (fetched {format_size(node.cache_size)} from {meta.primary})"
+
     def local_inode(self, path: str | bytes) -> Inode:
         """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
         raw = os.fsencode(path)
@@ -1101,6 +1167,7 @@ class TieringEngine:
                 T.FAST: {"path": str(self.tiers[T.FAST].path), "capacity": self.capacity,
                          "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
                          "used": self.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                         "remote_cache_bytes": self.remote_cache_used,
                          "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
                 T.SLOW: {"path": str(self.tiers[T.SLOW].path),
                          "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,

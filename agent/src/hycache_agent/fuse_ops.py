@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from . import tiers as T
 from .engine import TieringEngine
 from .passthrough import Backings
 from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
@@ -480,20 +481,28 @@ class HyCacheOperations(pyfuse3.Operations):
         return await self._file_info(fh, local, writing)
 
     async def _open_remote(self, remote, pid: int):
+        await self.cluster.refresh(remote)
+        if remote.meta.kind != "file":
+            raise FsError(errno.EISDIR if remote.is_dir else errno.ENXIO)
         reader = self.cluster.reader
-        if reader is not None:  # HCCache: blocks/objects on demand (remote_read.py)
-            await self.cluster.refresh(remote)
-            if remote.meta.kind != "file":
-                raise FsError(errno.EISDIR if remote.is_dir else errno.ENXIO)
-            if remote.superseded:  # a newer version is a new inode: the kernel looks it up again
-                raise FsError(errno.ESTALE)
+        if reader is not None and remote.superseded:  # a newer version is a new inode: looked up again
+            raise FsError(errno.ESTALE)
+        # a copy of this version already on this node's fast tier (prefetched by a plan, or
+        # kept from an earlier read) is read from there without a fetch: a fast-tier hit;
+        # otherwise a miss, read through HCCache (blocks/objects on demand, remote_read.py)
+        # or, with HCCache off, fetched whole to the fast tier first
+        hit = self.cluster.has_copy(remote)
+        if reader is not None and not hit:
             fd = reader.open(remote, pid)
         else:
             blob = await self.cluster.open_remote(remote)
             fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
         fh = next(self.engine._fh)
         self.engine.io.remote_opens += 1
-        self.engine.io.misses += 1
+        if hit:
+            self.engine.io.tiers[T.FAST].hits += 1
+        else:
+            self.engine.io.misses += 1
         remote.open_count += 1
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache

@@ -199,7 +199,11 @@ class RemoteReader:
         if node.meta.version == version and node.cache_version != version and node.lookups + node.open_count > 0:
             if node.cache_blob and node.cache_blob != dest:
                 await trio.to_thread.run_sync(_unlink_quiet, node.cache_blob)
+            # the copy takes fast-tier room like a prefetched one (engine.fast_used)
+            self.link.engine.remote_copy_removed(node.cache_size if node.cache_blob else 0)
+            self.link.engine.remote_copy_added(len(data))
             node.cache_blob, node.cache_version, node.cache_etag = dest, version, etag
+            node.cache_size = len(data)
         elif node.cache_blob != dest:
             await trio.to_thread.run_sync(_unlink_quiet, dest)
 

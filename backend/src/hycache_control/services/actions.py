@@ -22,7 +22,9 @@ from .nodes import NodeService
 
 #: items delivered per heartbeat answer at most
 MAX_DELIVERY = 500
-FINAL = ("done", "failed")
+#: items read per query while looking for deliverable ones
+PAGE = 2000
+FINAL = ("done", "failed", "skipped", "cancelled")
 
 
 def action_state(items: list[ActionItem]) -> str:
@@ -43,7 +45,11 @@ def action_view(a: Action) -> dict[str, Any]:
 
 
 def item_view(i: ActionItem) -> dict[str, Any]:
-    return {"id": i.id, "path": i.path, "node": i.node, "state": i.state, "detail": i.detail, "tier": i.tier}
+    v = {"id": i.id, "path": i.path, "node": i.node, "state": i.state, "detail": i.detail, "tier": i.tier}
+    if i.job is not None:
+        v.update(action=i.kind, plan_action=i.plan_action, job=i.job, step=i.step, size=i.size, source=i.source,
+                 manifest_id=i.parent.manifest_id if i.parent is not None else None)
+    return v
 
 
 class ActionService:
@@ -57,6 +63,9 @@ class ActionService:
         self.updates: collections.deque[tuple[int, dict]] = collections.deque(maxlen=10_000)
         self._seq = itertools.count(1)
         self.last_update = 0
+        #: plan steps (items of a manifest's action) are released by this hook:
+        #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
+        self.gate = None
         with db.session() as s:
             self._pending_nodes: set[str] = set(s.scalars(
                 select(ActionItem.node).where(ActionItem.state.in_(("pending", "delivered"))).distinct()))
@@ -103,17 +112,24 @@ class ActionService:
         self._publish(view["items"])
         return view
 
+    def wake(self, nodes) -> None:
+        """Items may now be deliverable to ``nodes`` (new plan steps, a job started)."""
+        with self._lock:
+            self._pending_nodes.update(n for n in nodes if n)
+
     def get(self, action_id: int) -> dict[str, Any]:
         with self.db.session() as s:
-            a = s.scalar(select(Action).where(Action.id == action_id).options(selectinload(Action.items)))
+            a = s.scalar(select(Action).where(Action.id == action_id, Action.manifest_id.is_(None))
+                         .options(selectinload(Action.items)))
             if a is None:
                 raise NotFound(("path", "action_id"), f"no action {action_id}")
             return action_view(a)
 
     def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         with self.db.session() as s:
-            total = s.scalar(select(func.count()).select_from(Action)) or 0
-            rows = s.scalars(select(Action).options(selectinload(Action.items)).order_by(Action.id.desc())
+            total = s.scalar(select(func.count()).select_from(Action).where(Action.manifest_id.is_(None))) or 0
+            rows = s.scalars(select(Action).where(Action.manifest_id.is_(None))
+                             .options(selectinload(Action.items)).order_by(Action.id.desc())
                              .limit(limit).offset(offset))
             return [action_view(a) for a in rows], total
 
@@ -127,20 +143,46 @@ class ActionService:
                 return []
         now = time.time()
         with self.db.session() as s:
-            rows = list(s.execute(select(ActionItem, Action.action).join(Action)
-                                  .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")))
-                                  .order_by(ActionItem.id).limit(MAX_DELIVERY)))
-            if not rows:
+            # open items in id order, a page at a time, until MAX_DELIVERY are deliverable
+            # (plan steps held for their job's turn do not block the ones after them)
+            rows, verdict, after_id, seen = [], {}, 0, 0
+            while len(rows) < MAX_DELIVERY:
+                page = list(s.execute(select(ActionItem, Action.action).join(Action)
+                                      .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
+                                             ActionItem.id > after_id)
+                                      .order_by(ActionItem.id).limit(PAGE)))
+                if not page:
+                    break
+                seen += len(page)
+                after_id = page[-1][0].id
+                plan_items = [item for item, _ in page if item.job is not None]
+                v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
+                verdict.update(v)
+                rows.extend(r for r in page if v.get(r[0].id) != "hold")
+            if not seen:
                 with self._lock:
                     self._pending_nodes.discard(node)
                 return []
-            changed = []
-            for item, _ in rows:
+            changed, out = [], []
+            for item, action in rows:
+                if len(out) >= MAX_DELIVERY:
+                    break
+                v = verdict.get(item.id, "release")
+                if v == "skip" and item.state == "pending":
+                    item.state, item.detail, item.updated_at = "skipped", f"job {item.job} finished before delivery", now
+                    item.parent.updated_at = now
+                    changed.append(item_view(item))
+                    continue
+                if v == "hold":
+                    continue
                 if item.state == "pending":
                     item.state, item.updated_at = "delivered", now
                     item.parent.updated_at = now
                     changed.append(item_view(item))
-            out = [{"id": item.id, "action": action, "path": item.path} for item, action in rows]
+                d = {"id": item.id, "action": item.kind or action, "path": item.path}
+                if item.job is not None:
+                    d.update(manifest_id=item.parent.manifest_id, job=item.job, step=item.step)
+                out.append(d)
         self._publish(changed)
         return out
 

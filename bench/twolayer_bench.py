@@ -1,0 +1,170 @@
+"""One workflow run three ways on a real local cluster (Redis Cluster, the control plane,
+two agents with FUSE mounts): round-robin placement with the agents' LRU only, layer 1 only
+(placement by data, no plans), and full 2LS (placement + plans carried out by the agents).
+Each way runs on a fresh cluster state (its own DHT namespace, control-plane database and
+agents).  Prints bytes moved between nodes (the agents' remote fetch bytes), fast-tier hit
+ratio (hits / (hits + misses) of the jobs' opens), slow-tier bytes read, and makespan.
+
+    .venv/bin/python bench/twolayer_bench.py [--manifest F] [--scale 0.05] [--fast-capacity 16M] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from hycache_control.runner import Runner
+from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = REPO / ".venv" / "bin"
+TINY = REPO / "tests" / "core" / "data" / "wfformat-1.5-tiny.json"
+WAYS = [("round-robin + LRU", "round-robin", False), ("layer 1 only", "local", False), ("full 2LS", "local", True)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def private(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"twolayer_bench: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def mounted(path: Path) -> bool:
+    return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+
+
+def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -> dict:
+    base.mkdir(parents=True)
+    ns = "bench-" + uuid.uuid4().hex[:8]
+    db = f"sqlite:///{base / 'control.db'}"
+    procs: list[tuple[subprocess.Popen, Path | None]] = []
+
+    def tok(*a: str) -> str:
+        return subprocess.run([str(BIN / "hycache-control"), "token", "create", "--db", db, *a],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    admin = tok("--scope", "admin")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(base / "control.log", "ab")
+    procs.append((subprocess.Popen([str(BIN / "hycache-control"), "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
+                                    "--redis", seeds, "--dht-namespace", ns, "--heartbeat-interval", "0.5",
+                                    "--state-dir", str(base)], stdout=log, stderr=log, start_new_session=True), None))
+    try:
+        wait(lambda: _ok(url + "/healthz"), 60, "the control plane")
+        secret = private(base / "cluster.secret", os.urandom(32).hex())
+        mounts = {}
+        for name in ("a", "b"):
+            d = base / name
+            (d / "root").mkdir(parents=True)
+            (d / "mnt").mkdir()
+            tf = private(base / f"{name}.token", tok("--scope", "node", "--node-id", name))
+            alog = open(d / "agent.log", "ab")
+            p = subprocess.Popen([str(BIN / "hycache-agent"), "mount", str(d / "root"), str(d / "mnt"),
+                                  "--fast-capacity", args.fast_capacity, "--redis", seeds, "--dht-namespace", ns,
+                                  "--node-id", name, "--listen", f"127.0.0.1:{free_port()}",
+                                  "--cluster-secret-file", str(secret), "--control-plane", url,
+                                  "--control-token-file", str(tf)],
+                                 stdout=alog, stderr=alog, stdin=subprocess.DEVNULL, start_new_session=True)
+            procs.append((p, d / "mnt"))
+            wait(lambda: mounted(d / "mnt"), 60, f"agent {name} mounted")
+            mounts[name] = d / "mnt"
+        h = {"Authorization": f"Bearer {admin}"}
+        wait(lambda: {n["id"] for n in httpx.get(url + "/api/v1/nodes", headers=h).json()["items"]
+                      if n["state"] == "up" and n["tiers"]} >= {"a", "b"}, 60, "both agents up")
+        res = Runner(url, admin, mounts, scale=args.scale, solver=solver, plans=plans, plan_wait=60,
+                     log=lambda m: None).run(doc)
+    finally:
+        for p, mnt in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            if mnt is not None and mounted(mnt):
+                subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+    c = res["counters"]
+
+    def delta(n, *keys):
+        a, b = c[n]["after"], c[n]["before"]
+        for k in keys:
+            a, b = a.get(k, {}) if isinstance(a, dict) else 0, b.get(k, {}) if isinstance(b, dict) else 0
+        return int(a or 0) - int(b or 0)
+    hits = sum(delta(n, "fast", "hits") for n in c)
+    misses = sum(delta(n, "misses") for n in c)
+    return {"moved_bytes": sum(delta(n, "remote", "fetch_bytes") for n in c),
+            "planned_transfer_bytes": res["transfer_bytes"]["placed"],
+            "hit_ratio": hits / (hits + misses) if hits + misses else None, "hits": hits, "misses": misses,
+            "slow_read_bytes": sum(delta(n, "slow", "read_bytes") for n in c),
+            "makespan": res["makespan"], "failed_steps": len(res["failed_steps"])}
+
+
+def _ok(u: str) -> bool:
+    try:
+        return httpx.get(u, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--manifest", default=str(TINY), help="manifest (default: the tiny WfFormat 1.5 instance)")
+    ap.add_argument("--scale", type=float, default=0.05, help="size factor (default 0.05)")
+    ap.add_argument("--fast-capacity", default="16M", help="each agent's fast tier (default 16M)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    doc = json.loads(Path(args.manifest).read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="twolayer-bench-"))
+    os.chmod(tmp, 0o755)
+    cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
+    cluster.start()
+    out = {}
+    try:
+        seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+        for i, (label, solver, plans) in enumerate(WAYS):
+            out[label] = run_way(tmp / f"way{i}", seeds, doc, args, solver, plans)
+            print(f"{label}: {out[label]}", file=sys.stderr)
+    finally:
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table("way", "bytes moved between nodes", "fast-tier hit ratio", "slow-tier bytes read", "makespan s")
+        for label, r in out.items():
+            t.add_row(label, str(r["moved_bytes"]), "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}",
+                      str(r["slow_read_bytes"]), f"{r['makespan']:.2f}")
+        Console().print(t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
