@@ -57,6 +57,21 @@ def parser() -> argparse.ArgumentParser:
     _common(tr)
     tr.add_argument("id", type=int)
 
+    r = sub.add_parser("run", help="run a workflow manifest on the cluster through the nodes' mounts",
+                       description="Submit MANIFEST, then run each job on its placed node as real reads and "
+                                   "writes (sizes × --scale) through that node's mount, reporting start/finish.")
+    r.add_argument("manifest", metavar="MANIFEST", help="a HyCache manifest or WfFormat 1.4/1.5 instance (JSON)")
+    r.add_argument("--api", required=True, metavar="URL", help="the control plane, e.g. http://127.0.0.1:8080")
+    r.add_argument("--token-file", required=True, metavar="FILE", help="an admin token")
+    r.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
+                   help="a node and its mount on this machine (repeat for every node to use)")
+    r.add_argument("--scale", type=float, default=1.0, help="multiply every file size by this (default 1)")
+    r.add_argument("--solver", default="local", choices=["greedy", "local", "exact", "round-robin"])
+    r.add_argument("--slack", type=float, default=0.1, help="load bound slack (default 0.1)")
+    r.add_argument("--plan-wait", type=float, default=60.0, metavar="S",
+                   help="wait at most S seconds for a job's prefetch/evict steps before starting it")
+    r.add_argument("--json", action="store_true", help="print the result as JSON")
+
     o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
     o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     return ap
@@ -95,6 +110,9 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "serve":
         return _serve(args)
+    if args.cmd == "run":
+        from .runner import main as run_main
+        return run_main(args)
     if args.cmd == "db":
         from .db import Database
         s = _settings(args)

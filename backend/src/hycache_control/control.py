@@ -11,6 +11,7 @@ from typing import Any
 from .db import Database
 from .services.actions import ActionService
 from .services.events import EventService
+from .services.manifests import ManifestService
 from .services.metrics import MetricsService, MetricsWriter
 from .services.namespace import NamespaceService
 from .services.nodes import NodeService
@@ -47,6 +48,7 @@ class Control:
         self.nodes.writer = self.writer
         self.policies = PolicyService(self.db, self.events)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events)
+        self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 

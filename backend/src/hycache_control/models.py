@@ -58,10 +58,13 @@ class Policy(Base):
 class Action(Base):
     __tablename__ = "actions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    action: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(16))  # pin | unpin | promote | demote | plan (a manifest's steps)
     actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    #: set for the action that carries a manifest's plan steps (not listed under /actions)
+    manifest_id: Mapped[int | None] = mapped_column(ForeignKey("manifests.id", ondelete="CASCADE"), nullable=True,
+                                                    index=True)
     items: Mapped[list[ActionItem]] = relationship(back_populates="parent", order_by="ActionItem.id",
                                                    cascade="all, delete-orphan")
 
@@ -74,13 +77,57 @@ class ActionItem(Base):
     action_id: Mapped[int] = mapped_column(ForeignKey("actions.id", ondelete="CASCADE"), index=True)
     path: Mapped[str] = mapped_column(Text)
     node: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    state: Mapped[str] = mapped_column(String(16))  # pending | delivered | done | failed
+    #: pending | delivered | done | failed; plan steps also skipped (their job finished
+    #: before delivery) | cancelled (the manifest was deleted before delivery)
+    state: Mapped[str] = mapped_column(String(16))
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
     tier: Mapped[str | None] = mapped_column(String(16), nullable=True)
     updated_at: Mapped[float] = mapped_column(Float)
+    # -- plan steps only (null for plain file actions) --
+    #: the agent action of this step: prefetch | demote | pin | unpin (evict is sent as demote)
+    kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    job: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    plan_action: Mapped[str | None] = mapped_column(String(16), nullable=True)  # as planned: prefetch | evict | pin | unpin
+    size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    source: Mapped[str | None] = mapped_column(String(200), nullable=True)
     parent: Mapped[Action] = relationship(back_populates="items")
 
     __table_args__ = (Index("ix_action_items_node_state", "node", "state"),)
+
+
+class Manifest(Base):
+    """A submitted workflow manifest, its placement (2LS layer 1) and plans (layer 2)."""
+
+    __tablename__ = "manifests"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    format: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16))  # planned | running | done | cancelled
+    actor: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)  # hycache_core.scheduling.place() output
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    jobs: Mapped[list[ManifestJob]] = relationship(back_populates="manifest", order_by="ManifestJob.id",
+                                                   cascade="all, delete-orphan")
+
+
+class ManifestJob(Base):
+    __tablename__ = "manifest_jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    manifest_id: Mapped[int] = mapped_column(ForeignKey("manifests.id", ondelete="CASCADE"), index=True)
+    job: Mapped[str] = mapped_column(String(200))
+    node: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int] = mapped_column(Integer)  # order of the job among its node's jobs (0 first)
+    parents: Mapped[list[str]] = mapped_column(JSON, default=list)
+    state: Mapped[str] = mapped_column(String(16))  # pending | running | done
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    manifest: Mapped[Manifest] = relationship(back_populates="jobs")
+
+    __table_args__ = (Index("ix_manifest_jobs_manifest_job", "manifest_id", "job", unique=True),)
 
 
 class Event(Base):

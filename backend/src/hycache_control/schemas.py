@@ -156,6 +156,8 @@ class NodeOut(BaseModel):
     tiers: dict[str, TierView]
     hit_ratio: float | None
     rates: Rates | None
+    #: the latest heartbeat's cumulative counters (of its boot_id), as the agent sent them
+    counters: dict[str, Any] | None = None
     migrations: MigrationsView
     updated_at: float
 
@@ -334,8 +336,12 @@ class PolicyDelivery(BaseModel):
 
 class ActionDelivery(BaseModel):
     id: int
-    action: ActionName
+    action: Literal["pin", "unpin", "promote", "demote", "prefetch"]
     path: str
+    #: plan steps only (2-Layer Scheduling): which manifest, job and step of its node's plan
+    manifest_id: int | None = None
+    job: str | None = None
+    step: int | None = None
 
 
 class HeartbeatAnswer(BaseModel):

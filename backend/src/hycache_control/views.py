@@ -52,6 +52,7 @@ def node_view(n: LiveNode, policy: dict[str, Any]) -> dict[str, Any]:
         "tiers": {t: tier_view(st, t) for t in ("fast", "slow")} if st else {},
         "hit_ratio": rates.get("hit_ratio") if rates else None,
         "rates": rates,
+        "counters": n.counters,
         "migrations": {"active": active, "done": int(mig.get("migrations_done", 0) or 0),
                        "bytes": int(mig.get("bytes_promoted", 0) or 0) + int(mig.get("bytes_demoted", 0) or 0)},
         "updated_at": n.updated_at,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
@@ -205,3 +205,64 @@ def list_events(control: ControlDep, _: Reader, page: PagingDep,
     rows, total = control.events.list(kind, node, since_id, page.limit, page.offset)
     return {"items": [S.EventOut.model_validate(r, from_attributes=True) for r in rows], "total": total,
             "limit": page.limit, "offset": page.offset}
+
+
+# -- manifests (2-Layer Scheduling) -----------------------------------------------------------
+
+ManifestId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+JobId = Annotated[str, Path(min_length=1, max_length=200)]
+ERRORS_409 = {**ERRORS_404, 409: {"model": S.ErrorOut, "description": "not in a state that allows this"}}
+
+
+@router.post("/manifests", status_code=201, responses={**ERRORS, 413: {"model": S.ErrorOut}},
+             operation_id="createManifest", tags=["manifests"])
+def create_manifest(control: ControlDep, c: Admin,
+                    body: Annotated[Any, Body(description="a HyCache manifest or a WfFormat 1.4/1.5 instance")],
+                    nodes: Annotated[str | None, Query(max_length=10_000, description="comma-separated node ids (default: the live nodes)")] = None,
+                    solver: Annotated[Literal["greedy", "local", "exact", "round-robin"], Query()] = "local",
+                    slack: Annotated[float, Query(ge=0, le=100)] = 0.1) -> dict:
+    names = None
+    if nodes is not None:
+        names = [n.strip() for n in nodes.split(",") if n.strip()]
+        if not names or len(set(names)) != len(names):
+            raise RequestValidationError([{"loc": ("query", "nodes"), "msg": "a comma-separated list of distinct node ids",
+                                           "type": "value_error", "input": nodes[:200]}])
+    return control.manifests.create(body, nodes=names, solver=solver, slack=slack, actor=c.name)
+
+
+@router.get("/manifests", responses=ERRORS, operation_id="listManifests", tags=["manifests"])
+def list_manifests(control: ControlDep, _: Reader, page: PagingDep) -> dict:
+    items, total = control.manifests.list(page.limit, page.offset)
+    return {"items": items, "total": total, "limit": page.limit, "offset": page.offset}
+
+
+@router.get("/manifests/{manifest_id}", responses=ERRORS_404, operation_id="getManifest", tags=["manifests"])
+def get_manifest(control: ControlDep, _: Reader, manifest_id: ManifestId) -> dict:
+    return control.manifests.get(manifest_id)
+
+
+@router.delete("/manifests/{manifest_id}", responses=ERRORS_404, operation_id="cancelManifest", tags=["manifests"])
+def cancel_manifest(control: ControlDep, c: Admin, manifest_id: ManifestId) -> dict:
+    return control.manifests.cancel(manifest_id, c.name)
+
+
+def _job_event(control, c, manifest_id: int, job: str, what: str) -> dict:
+    if c.scope == "node":
+        if c.node_id != control.manifests.job_node(manifest_id, job):
+            raise auth_error(403, f"a node token may only report jobs placed on its node ({c.node_id})", "forbidden")
+    elif c.scope != "admin":
+        raise auth_error(403, f"a {c.scope} token may not report jobs (needs admin or the job's node token)",
+                         "forbidden")
+    return control.manifests.job_event(manifest_id, job, what, c.name)
+
+
+@router.post("/manifests/{manifest_id}/jobs/{job}/start", responses=ERRORS_409, operation_id="startJob",
+             tags=["manifests"])
+def start_job(control: ControlDep, c: CallerDep, manifest_id: ManifestId, job: JobId) -> dict:
+    return _job_event(control, c, manifest_id, job, "start")
+
+
+@router.post("/manifests/{manifest_id}/jobs/{job}/finish", responses=ERRORS_409, operation_id="finishJob",
+             tags=["manifests"])
+def finish_job(control: ControlDep, c: CallerDep, manifest_id: ManifestId, job: JobId) -> dict:
+    return _job_event(control, c, manifest_id, job, "finish")

@@ -22,7 +22,7 @@ from .nodes import NodeService
 
 #: items delivered per heartbeat answer at most
 MAX_DELIVERY = 500
-FINAL = ("done", "failed")
+FINAL = ("done", "failed", "skipped", "cancelled")
 
 
 def action_state(items: list[ActionItem]) -> str:
@@ -43,7 +43,11 @@ def action_view(a: Action) -> dict[str, Any]:
 
 
 def item_view(i: ActionItem) -> dict[str, Any]:
-    return {"id": i.id, "path": i.path, "node": i.node, "state": i.state, "detail": i.detail, "tier": i.tier}
+    v = {"id": i.id, "path": i.path, "node": i.node, "state": i.state, "detail": i.detail, "tier": i.tier}
+    if i.job is not None:
+        v.update(action=i.kind, plan_action=i.plan_action, job=i.job, step=i.step, size=i.size, source=i.source,
+                 manifest_id=i.parent.manifest_id if i.parent is not None else None)
+    return v
 
 
 class ActionService:
@@ -57,6 +61,9 @@ class ActionService:
         self.updates: collections.deque[tuple[int, dict]] = collections.deque(maxlen=10_000)
         self._seq = itertools.count(1)
         self.last_update = 0
+        #: plan steps (items of a manifest's action) are released by this hook:
+        #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
+        self.gate = None
         with db.session() as s:
             self._pending_nodes: set[str] = set(s.scalars(
                 select(ActionItem.node).where(ActionItem.state.in_(("pending", "delivered"))).distinct()))
@@ -103,17 +110,24 @@ class ActionService:
         self._publish(view["items"])
         return view
 
+    def wake(self, nodes) -> None:
+        """Items may now be deliverable to ``nodes`` (new plan steps, a job started)."""
+        with self._lock:
+            self._pending_nodes.update(n for n in nodes if n)
+
     def get(self, action_id: int) -> dict[str, Any]:
         with self.db.session() as s:
-            a = s.scalar(select(Action).where(Action.id == action_id).options(selectinload(Action.items)))
+            a = s.scalar(select(Action).where(Action.id == action_id, Action.manifest_id.is_(None))
+                         .options(selectinload(Action.items)))
             if a is None:
                 raise NotFound(("path", "action_id"), f"no action {action_id}")
             return action_view(a)
 
     def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         with self.db.session() as s:
-            total = s.scalar(select(func.count()).select_from(Action)) or 0
-            rows = s.scalars(select(Action).options(selectinload(Action.items)).order_by(Action.id.desc())
+            total = s.scalar(select(func.count()).select_from(Action).where(Action.manifest_id.is_(None))) or 0
+            rows = s.scalars(select(Action).where(Action.manifest_id.is_(None))
+                             .options(selectinload(Action.items)).order_by(Action.id.desc())
                              .limit(limit).offset(offset))
             return [action_view(a) for a in rows], total
 
@@ -134,13 +148,26 @@ class ActionService:
                 with self._lock:
                     self._pending_nodes.discard(node)
                 return []
-            changed = []
-            for item, _ in rows:
+            plan_items = [item for item, _ in rows if item.job is not None]
+            verdict = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
+            changed, out = [], []
+            for item, action in rows:
+                v = verdict.get(item.id, "release")
+                if v == "skip" and item.state == "pending":
+                    item.state, item.detail, item.updated_at = "skipped", f"job {item.job} finished before delivery", now
+                    item.parent.updated_at = now
+                    changed.append(item_view(item))
+                    continue
+                if v == "hold":
+                    continue
                 if item.state == "pending":
                     item.state, item.updated_at = "delivered", now
                     item.parent.updated_at = now
                     changed.append(item_view(item))
-            out = [{"id": item.id, "action": action, "path": item.path} for item, action in rows]
+                d = {"id": item.id, "action": item.kind or action, "path": item.path}
+                if item.job is not None:
+                    d.update(manifest_id=item.parent.manifest_id, job=item.job, step=item.step)
+                out.append(d)
         self._publish(changed)
         return out
 

@@ -1,0 +1,286 @@
+"""``hycache-control run``: the workflow runner.
+
+Submits a manifest to the control plane, then runs each job on its placed node as real
+reads and writes of the manifest's sizes (times ``--scale``) through that node's mount (the
+mounts are on this machine), in dependency order, reporting start and finish, and prints a
+summary.
+
+What it does, exactly:
+- The document is submitted with every size multiplied by ``--scale`` (rounded, at least 1
+  byte for a non-empty file), so the placement and the plans are made for the bytes that
+  are really written (fast-tier capacities are real too).
+- Input files that no job writes are created first: each is written through the mount of a
+  node chosen round-robin over ``--mount`` (in the order the files are first read), so the
+  DHT records that node as its primary before the manifest is submitted and placement
+  sees where it is.  Files already present with the scaled size are kept.
+- A manifest file name ``x`` is the path ``/x`` in the namespace (``MOUNT/x``).
+- Each node runs its jobs one at a time in plan order (the order its plan assumes); a job
+  waits for its parents (on any node), then for its own before-steps (prefetch/evict) to
+  reach a final state (at most ``--plan-wait`` seconds), then reports start, reads each
+  input whole, writes each output, and reports finish.  Nodes run in parallel.
+- Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` before
+  and after, once every node has sent a heartbeat newer than the last job's finish.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hycache_core.workflow import HYCACHE, WFFORMAT_14, detect_format, parse_workflow
+
+CHUNK = 1 << 20
+FINAL = ("done", "failed", "skipped", "cancelled")
+
+
+class RunError(Exception):
+    pass
+
+
+def _scaled(size: Any, scale: float) -> Any:
+    if not isinstance(size, (int, float)) or isinstance(size, bool) or size <= 0:
+        return size
+    return max(1, round(size * scale))
+
+
+def scale_document(doc: Any, scale: float) -> Any:
+    """The document with every file size multiplied by ``scale`` (any of the three formats)."""
+    if scale == 1:
+        return doc
+    out = copy.deepcopy(doc)
+    fmt = detect_format(out)
+    if fmt == HYCACHE:
+        for job in out.get("jobs", []):
+            for a in job.get("accesses", []):
+                a["size"] = _scaled(a.get("size"), scale)
+    elif fmt == WFFORMAT_14:
+        for t in out["workflow"].get("tasks", []):
+            for f in t.get("files", []) or []:
+                f["sizeInBytes"] = _scaled(f.get("sizeInBytes"), scale)
+    else:
+        for f in out["workflow"].get("specification", {}).get("files", []) or []:
+            f["sizeInBytes"] = _scaled(f.get("sizeInBytes"), scale)
+    return out
+
+
+def _write(path: Path, size: int) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    block = b"h" * min(CHUNK, max(size, 1))
+    left = size
+    with open(path, "wb") as f:
+        while left > 0:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+    return size
+
+
+def _read(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            n += len(chunk)
+    return n
+
+
+class Runner:
+    def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
+                 slack: float = 0.1, plan_wait: float = 60.0, log=None) -> None:
+        self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
+                                 timeout=60.0)
+        self.mounts = mounts
+        self.scale = scale
+        self.solver = solver
+        self.slack = slack
+        self.plan_wait = plan_wait
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+
+    def _call(self, method: str, url: str, **kw) -> Any:
+        r = self.http.request(method, url, **kw)
+        if r.status_code >= 400:
+            raise RunError(f"{method} {url}: {r.status_code} {r.text[:2000]}")
+        return r.json()
+
+    def counters(self) -> dict[str, dict]:
+        out = {}
+        for n in self.mounts:
+            v = self._call("GET", f"/nodes/{n}")
+            out[n] = {"counters": v.get("counters") or {}, "last_heartbeat": v.get("last_heartbeat")}
+        return out
+
+    def _wait_heartbeats_after(self, t: float, timeout: float = 30.0) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            c = self.counters()
+            if all((v["last_heartbeat"] or 0) > t for v in c.values()) or time.monotonic() > deadline:
+                return c
+            time.sleep(0.2)
+
+    def run(self, document: Any) -> dict[str, Any]:
+        doc = scale_document(document, self.scale)
+        wf = parse_workflow(doc, source="manifest")
+        written = {f for j in wf.jobs for f in j.outputs}
+        nodes = list(self.mounts)
+        # 1. inputs no job writes: through a round-robin node's mount
+        created: dict[str, str] = {}
+        k = 0
+        for job in wf.jobs:
+            for f, size in job.inputs.items():
+                if f in written or f in created:
+                    continue
+                node = nodes[k % len(nodes)]
+                k += 1
+                p = self.mounts[node] / f.lstrip("/")
+                if not (p.exists() and p.stat().st_size == size):
+                    _write(p, size)
+                created[f] = node
+        # 2. submit
+        t_submit = time.time()
+        m = self._call("POST", "/manifests", json=doc,
+                       params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack})
+        mid = m["id"]
+        self.log(f"manifest {mid}: {len(wf.jobs)} jobs placed ({self.solver}); "
+                 f"{m['transfer_bytes']['placed']} bytes to move between nodes")
+        before = self._wait_heartbeats_after(t_submit)
+        # 3. run
+        placement = m["placement"]
+        order: dict[str, list[str]] = {n: [] for n in nodes}
+        for j in sorted(m["jobs"], key=lambda j: (j["node"], j["position"])):
+            order[j["node"]].append(j["id"])
+        done: dict[str, threading.Event] = {j.id: threading.Event() for j in wf.jobs}
+        results: dict[str, dict] = {}
+        errors: list[str] = []
+        t0 = time.monotonic()
+
+        def wait_plan(job: str) -> dict[str, int]:
+            deadline = time.monotonic() + self.plan_wait
+            while True:
+                v = self._call("GET", f"/manifests/{mid}")
+                mine = [i for i in v["step_items"] if i["job"] == job and i["plan_action"] in ("prefetch", "evict")]
+                if all(i["state"] in FINAL for i in mine) or time.monotonic() > deadline:
+                    states: dict[str, int] = {}
+                    for i in mine:
+                        states[i["state"]] = states.get(i["state"], 0) + 1
+                    return states
+                time.sleep(0.1)
+
+        def node_worker(node: str) -> None:
+            try:
+                for jid in order[node]:
+                    job = wf.job(jid)
+                    for p in job.parents:
+                        while not done[p].wait(0.5):
+                            if errors:
+                                return
+                    plan = wait_plan(jid)
+                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
+                    start = time.monotonic()
+                    rd = sum(_read(self.mounts[node] / f.lstrip("/")) for f in job.inputs)
+                    wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
+                    secs = time.monotonic() - start
+                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
+                    results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
+                                    "started": start - t0, "plan_steps": plan}
+                    done[jid].set()
+            except Exception as e:  # reported, and the other workers stop
+                errors.append(f"node {node}: {e}")
+
+        threads = [threading.Thread(target=node_worker, args=(n,), name=f"run-{n}") for n in nodes if order[n]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        makespan = time.monotonic() - t0
+        if errors:
+            raise RunError("; ".join(errors))
+        after = self._wait_heartbeats_after(time.time())
+        final = self._call("GET", f"/manifests/{mid}")
+        return {"manifest_id": mid, "name": m["name"], "format": m["format"], "scale": self.scale,
+                "solver": self.solver, "placement": placement, "transfer_bytes": m["transfer_bytes"],
+                "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
+                "jobs": {j.id: results[j.id] for j in wf.jobs}, "steps": final["steps"],
+                "counters": {n: {"before": before[n]["counters"], "after": after[n]["counters"]} for n in nodes}}
+
+
+def _c(counters: dict, *keys: str) -> int:
+    v: Any = counters
+    for k in keys:
+        v = (v or {}).get(k) if isinstance(v, dict) else None
+    return int(v or 0)
+
+
+def print_summary(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"[bold]manifest {res['manifest_id']}[/] {res['name'] or ''} ({res['format']}, scale {res['scale']}, "
+              f"solver {res['solver']}): makespan {res['makespan']:.2f} s; planned transfer "
+              f"{res['transfer_bytes']['placed']} B (round-robin {res['transfer_bytes']['round_robin']} B)")
+    t = Table("job", "node", "seconds", "read B", "written B", "plan steps before start")
+    for jid, j in res["jobs"].items():
+        t.add_row(jid, j["node"], f"{j['seconds']:.3f}", str(j["bytes_read"]), str(j["bytes_written"]),
+                  ", ".join(f"{k} {v}" for k, v in sorted(j["plan_steps"].items())) or "-")
+    con.print(t)
+    n = Table("node", "hits", "misses", "remote fetch B", "slow read B", "steps done/failed/skipped/total")
+    for node, c in res["counters"].items():
+        b, a = c["before"], c["after"]
+        s = res["steps"].get(node, {})
+        n.add_row(node, f"{_c(b, 'fast', 'hits')} → {_c(a, 'fast', 'hits')}",
+                  f"{_c(b, 'misses')} → {_c(a, 'misses')}",
+                  f"{_c(b, 'remote', 'fetch_bytes')} → {_c(a, 'remote', 'fetch_bytes')}",
+                  f"{_c(b, 'slow', 'read_bytes')} → {_c(a, 'slow', 'read_bytes')}",
+                  f"{s.get('done', 0)}/{s.get('failed', 0)}/{s.get('skipped', 0)}/{s.get('total', 0)}")
+    con.print(n)
+
+
+def main(args) -> int:
+    mounts: dict[str, Path] = {}
+    for spec in args.mount:
+        node, sep, mnt = spec.partition("=")
+        if not sep or not node or not mnt:
+            print(f"hycache-control run: error: --mount: expected NODE=MOUNTPOINT, got {spec!r}", file=sys.stderr)
+            return 2
+        if node in mounts:
+            print(f"hycache-control run: error: --mount: node {node} given twice", file=sys.stderr)
+            return 2
+        if not os.path.isdir(mnt):
+            print(f"hycache-control run: error: --mount: {mnt} is not a directory", file=sys.stderr)
+            return 2
+        mounts[node] = Path(mnt)
+    if args.scale <= 0:
+        print("hycache-control run: error: --scale: must be > 0", file=sys.stderr)
+        return 2
+    try:
+        token = Path(args.token_file).read_text().strip()
+    except OSError as e:
+        print(f"hycache-control run: error: --token-file: {e}", file=sys.stderr)
+        return 2
+    try:
+        document = json.loads(Path(args.manifest).read_text())
+    except (OSError, ValueError) as e:
+        print(f"hycache-control run: error: MANIFEST: {e}", file=sys.stderr)
+        return 2
+    runner = Runner(args.api, token, mounts, scale=args.scale, solver=args.solver, slack=args.slack,
+                    plan_wait=args.plan_wait)
+    try:
+        res = runner.run(document)
+    except RunError as e:
+        print(f"hycache-control run: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a WorkflowError names the field
+        print(f"hycache-control run: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print_summary(res)
+    return 0

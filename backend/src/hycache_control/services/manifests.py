@@ -1,0 +1,325 @@
+"""Workflow manifests and 2-Layer Scheduling on the live cluster.
+
+A manifest (the project's format or a WfCommons WfFormat 1.4/1.5 instance) is parsed by
+``hycache_core.workflow``, placed by ``hycache_core.scheduling.place`` on the live nodes with
+the files' current locations (their primary node in the DHT) and each node's fast-tier
+capacity, and stored with its placement and per-node plans.  Every plan step becomes an
+action item of one ``plan`` action (the actions machinery delivers it in heartbeat answers
+and takes its result back); ``evict`` is sent as ``demote``.
+
+When a step is released to its node.  A job's steps are of two kinds (see
+``plan_node``): *before* the job — ``prefetch`` and ``evict`` (its inputs staged, room
+made) — and *after* it — ``pin`` of an output the job wrote, ``unpin`` of files with no
+later reference on the node.
+- before-steps of job J are released once every earlier job of J's node (in plan order)
+  has started and every parent of J has finished: J's turn has come (it is the next job
+  to start there), and the files it reads exist (a parent on another node wrote them).
+  Releasing only when the job before it has started lets J's prefetches overlap that job
+  (the point of planning ahead) while the evictions of a job two or more places ahead
+  cannot throw out files that the jobs before it still need on the fast tier.  A
+  before-step whose job finished before the step was delivered is ``skipped``.
+- after-steps of J are released when J has finished (the output exists; the job no longer
+  needs the file).
+``DELETE`` cancels every step not yet delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, selectinload
+
+from hycache_core.scheduling import PlacementError, place
+from hycache_core.workflow import WorkflowError, parse_workflow
+
+from ..db import Database
+from ..models import Action, ActionItem, Manifest, ManifestJob
+from .actions import ActionService, item_view
+from .errors import Invalid, NotFound, ServiceError
+from .events import EventService
+from .namespace import NamespaceService
+from .nodes import NodeService
+
+#: the agent action that carries out each planned step
+AGENT_ACTION = {"prefetch": "prefetch", "evict": "demote", "pin": "pin", "unpin": "unpin"}
+BEFORE = ("prefetch", "evict")  # steps before their job; pin/unpin come after it
+STEP_STATES = ("done", "failed", "skipped", "cancelled", "pending")
+
+_stdout_lock = threading.Lock()
+
+
+class Conflict(ServiceError):
+    status = 409
+    type = "conflict"
+
+
+class ManifestInvalid(ServiceError):
+    """422 with the parser's errors (loc prefixed with "body") and the detected format."""
+
+    status = 422
+    type = "value_error"
+
+    def __init__(self, fmt: str, errors: list[dict]) -> None:
+        super().__init__(("body",), "invalid manifest")
+        self.format = fmt
+        self.errors = errors
+
+    def detail(self) -> list[dict]:
+        return [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": "value_error", "format": self.format}
+                for e in self.errors]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """HiGHS writes to fd 1 from C: point fd 1 at stderr while it runs (the server's stdout
+    stays clean; logs go to stderr anyway)."""
+    with _stdout_lock:
+        saved = os.dup(1)
+        try:
+            os.dup2(2, 1)
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def ns_path(name: str) -> str:
+    """A manifest's file name → its path in the namespace (relative names are under /)."""
+    return name if name.startswith("/") else "/" + name
+
+
+class ManifestService:
+    def __init__(self, db: Database, namespace: NamespaceService, nodes: NodeService, actions: ActionService,
+                 events: EventService) -> None:
+        self.db = db
+        self.namespace = namespace
+        self.nodes = nodes
+        self.actions = actions
+        self.events = events
+        actions.gate = self.gate
+
+    # -- submit ---------------------------------------------------------------------------------
+
+    def _live_nodes(self) -> list[str]:
+        return [n.id for n in self.nodes.snapshot() if n.state in ("up", "degraded")]
+
+    def _capacity(self, nodes: list[str]) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for n in nodes:
+            live = self.nodes.get(n)
+            fast = ((live.status or {}).get("tiers") or {}).get("fast") if live is not None else None
+            cap = (fast or {}).get("capacity")
+            out[n] = int(cap) if isinstance(cap, (int, float)) and cap > 0 else None
+        return out
+
+    def _locations(self, files) -> dict[str, str]:
+        out = {}
+        if not self.namespace.configured:
+            return out
+        for f in files:
+            meta = self.namespace.get(ns_path(f))
+            if meta is not None and meta.kind == "file" and meta.primary:
+                out[f] = meta.primary
+        return out
+
+    def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
+               actor: str | None) -> dict[str, Any]:
+        try:
+            wf = parse_workflow(document, source="body")
+        except WorkflowError as e:
+            raise ManifestInvalid(e.format, e.errors) from None
+        if nodes is None:
+            nodes = self._live_nodes()
+            if not nodes:
+                raise Invalid(("query", "nodes"), "no live nodes to place the manifest on (and none given)")
+        else:
+            unknown = [n for n in nodes if not self.nodes.known(n)]
+            if unknown:
+                raise Invalid(("query", "nodes"), f"unknown node(s): {', '.join(unknown)}")
+        capacity = self._capacity(nodes)
+        locations = self._locations(wf.sizes)
+        try:
+            if solver == "exact":
+                with _stdout_to_stderr():
+                    result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations)
+            else:
+                result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations)
+        except PlacementError as e:
+            raise Invalid(("body",), str(e)) from None
+        result["locations"] = locations
+        result["capacity"] = capacity
+        now = time.time()
+        with self.db.session() as s:
+            m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
+                         options={"nodes": nodes, "solver": solver, "slack": slack}, result=result,
+                         created_at=now, updated_at=now)
+            position: dict[str, int] = {}
+            for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
+                node = result["placement"][job.id]
+                m.jobs.append(ManifestJob(job=job.id, node=node, position=position.get(node, 0), state="pending",
+                                          parents=list(job.parents)))
+                position[node] = position.get(node, 0) + 1
+            s.add(m)
+            s.flush()
+            items = []
+            for node, steps in result["plans"].items():
+                for st in steps:
+                    items.append(ActionItem(path=ns_path(st["path"]), node=node, state="pending", updated_at=now,
+                                            kind=AGENT_ACTION[st["action"]], plan_action=st["action"], job=st["job"],
+                                            step=st["step"], size=st.get("size"),
+                                            source=None if st.get("source") is None else str(st["source"])))
+            s.add(Action(action="plan", actor=actor, created_at=now, updated_at=now, manifest_id=m.id, items=items))
+            s.flush()
+            mid = m.id
+        self.actions.wake(result["plans"].keys())
+        self.events.record("audit", f"manifest {mid} submitted", "ok", actor=actor,
+                           detail=f"{len(wf.jobs)} jobs on {len(nodes)} nodes ({solver}); "
+                                  f"{result['transfer_bytes']['placed']} bytes to move")
+        return self.get(mid)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def _view(self, s: Session, m: Manifest, *, full: bool = True) -> dict[str, Any]:
+        r = m.result
+        items = list(s.scalars(select(ActionItem).join(Action).where(Action.manifest_id == m.id)
+                               .options(selectinload(ActionItem.parent)).order_by(ActionItem.node, ActionItem.step)))
+        summary: dict[str, dict[str, int]] = {n: {"total": 0, **{k: 0 for k in STEP_STATES}} for n in r["plans"]}
+        for it in items:
+            c = summary.setdefault(it.node, {"total": 0, **{k: 0 for k in STEP_STATES}})
+            c["total"] += 1
+            c["pending" if it.state in ("pending", "delivered") else it.state] += 1
+        v = {"id": m.id, "name": m.name, "format": m.format, "state": m.state, "actor": m.actor,
+             "placement": r["placement"], "transfer_bytes": r["transfer_bytes"],
+             "slow_tier_bytes": r["slow_tier_bytes"], "load": r["load"], "load_bound": r.get("load_bound"),
+             "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
+             "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
+                       "started_at": j.started_at, "finished_at": j.finished_at} for j in m.jobs],
+             "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
+        if full:
+            v["plans"] = r["plans"]
+            v["step_items"] = [item_view(i) for i in items]
+            v["locations"] = r.get("locations", {})
+        return v
+
+    def get(self, manifest_id: int) -> dict[str, Any]:
+        with self.db.session() as s:
+            m = s.scalar(select(Manifest).where(Manifest.id == manifest_id).options(selectinload(Manifest.jobs)))
+            if m is None:
+                raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+            return self._view(s, m)
+
+    def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
+        with self.db.session() as s:
+            total = s.scalar(select(func.count()).select_from(Manifest)) or 0
+            rows = s.scalars(select(Manifest).options(selectinload(Manifest.jobs)).order_by(Manifest.id.desc())
+                             .limit(limit).offset(offset))
+            return [self._view(s, m, full=False) for m in rows], total
+
+    # -- cancel -------------------------------------------------------------------------------
+
+    def cancel(self, manifest_id: int, actor: str | None) -> dict[str, Any]:
+        now = time.time()
+        with self.db.session() as s:
+            m = s.get(Manifest, manifest_id)
+            if m is None:
+                raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+            items = list(s.scalars(select(ActionItem).join(Action).options(selectinload(ActionItem.parent))
+                                   .where(Action.manifest_id == manifest_id, ActionItem.state == "pending")))
+            for it in items:
+                it.state, it.detail, it.updated_at = "cancelled", "the manifest was cancelled", now
+            if m.state != "done":
+                m.state = "cancelled"
+            m.updated_at = now
+            changed = [item_view(i) for i in items]
+        self.actions._publish(changed)
+        self.events.record("audit", f"manifest {manifest_id} cancelled", "ok", actor=actor,
+                           detail=f"{len(changed)} steps cancelled before delivery")
+        return self.get(manifest_id)
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def job_node(self, manifest_id: int, job: str) -> str:
+        with self.db.session() as s:
+            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
+            if j is None:
+                if s.get(Manifest, manifest_id) is None:
+                    raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            return j.node
+
+    def job_event(self, manifest_id: int, job: str, what: str, actor: str | None) -> dict[str, Any]:
+        """``what``: start | finish."""
+        now = time.time()
+        skipped: list[dict] = []
+        with self.db.session() as s:
+            m = s.get(Manifest, manifest_id)
+            if m is None:
+                raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
+            if j is None:
+                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            if m.state == "cancelled":
+                raise Conflict(("path", "manifest_id"), f"manifest {manifest_id} was cancelled")
+            if what == "start":
+                if j.state == "done":
+                    raise Conflict(("path", "job"), f"job {job!r} already finished")
+                if j.state == "pending":
+                    j.state, j.started_at = "running", now
+            else:
+                if j.state == "pending":
+                    raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
+                if j.state == "running":
+                    j.state, j.finished_at = "done", now
+                    items = list(s.scalars(select(ActionItem).join(Action).options(selectinload(ActionItem.parent))
+                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                                  ActionItem.state == "pending",
+                                                  ActionItem.plan_action.in_(BEFORE))))
+                    for it in items:
+                        it.state, it.detail, it.updated_at = "skipped", f"job {job} finished before delivery", now
+                    skipped = [item_view(i) for i in items]
+            states = set(s.scalars(select(ManifestJob.state).where(ManifestJob.manifest_id == manifest_id)))
+            m.state = "done" if states == {"done"} else ("running" if states - {"pending"} else "planned")
+            m.updated_at = now
+            node = j.node
+            out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
+                   "started_at": j.started_at, "finished_at": j.finished_at}
+        self.actions._publish(skipped)
+        self.actions.wake([node])
+        return out
+
+    # -- delivery gate (called by ActionService.deliver inside its session) ---------------------
+
+    def gate(self, s: Session, items: list[ActionItem]) -> dict[int, str]:
+        """release | hold | skip for each plan step (the module docstring says when)."""
+        mids = {i.parent.manifest_id for i in items}
+        jobs: dict[tuple[int, str], ManifestJob] = {}
+        first_unstarted: dict[tuple[int, str], int] = {}
+        cancelled = set(s.scalars(select(Manifest.id).where(Manifest.id.in_(mids), Manifest.state == "cancelled")))
+        for j in s.scalars(select(ManifestJob).where(ManifestJob.manifest_id.in_(mids))):
+            jobs[(j.manifest_id, j.job)] = j
+            if j.state == "pending":
+                key = (j.manifest_id, j.node)
+                first_unstarted[key] = min(first_unstarted.get(key, 1 << 30), j.position)
+        out = {}
+        for it in items:
+            mid = it.parent.manifest_id
+            j = jobs.get((mid, it.job))
+            if mid in cancelled and it.state == "pending":
+                out[it.id] = "hold"
+            elif j is None:
+                out[it.id] = "release"
+            elif it.plan_action not in BEFORE:
+                out[it.id] = "release" if j.state == "done" else "hold"
+            elif j.state == "done":
+                out[it.id] = "skip"
+            elif (j.position <= first_unstarted.get((mid, j.node), 1 << 30)
+                  and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
+                out[it.id] = "release"
+            else:
+                out[it.id] = "hold"
+        return out

@@ -1,0 +1,195 @@
+"""Manifests over REST (issue 9): validation, placement on the live nodes with the DHT's
+file locations, plans delivered as action items in heartbeat answers, job start/finish,
+cancellation.  The control plane in-process on SQLite with the real Redis Cluster."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from hycache_core.scheduling import place
+from hycache_core.workflow import parse_workflow
+
+from .conftest import Api
+from .test_api import file_meta, store  # noqa: F401  (the store fixture)
+
+TINY = json.loads((Path(__file__).resolve().parents[1] / "core" / "data" / "wfformat-1.5-tiny.json").read_text())
+CAP = 256 << 20
+STATUS = {"tiers": {"fast": {"capacity": CAP, "used": 0}, "slow": {"capacity": 1 << 40, "used": 0}}}
+
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def tasks(doc):
+    return doc["workflow"]["specification"]["tasks"]
+
+
+def detail_locs(r) -> list[tuple]:
+    assert r.status_code == 422, r.text
+    return [tuple(d["loc"]) for d in r.json()["detail"]]
+
+
+def test_invalid_manifests_are_422_naming_the_field(api: Api):
+    api.beat("a", status=STATUS)
+    cyc = copy.deepcopy(TINY)
+    tasks(cyc)[0]["parents"] = ["ID06"]
+    r = api.post("/api/v1/manifests", cyc)
+    assert ("body", "workflow", "specification", "tasks", 0, "parents") in detail_locs(r)
+    assert "cyclic" in r.json()["detail"][0]["msg"] and r.json()["detail"][0]["format"] == "wfformat-1.5"
+
+    unk = copy.deepcopy(TINY)
+    tasks(unk)[1]["parents"] = ["NOPE"]
+    r = api.post("/api/v1/manifests", unk)
+    assert detail_locs(r) == [("body", "workflow", "specification", "tasks", 1, "parents", 0)]
+    assert "NOPE" in r.json()["detail"][0]["msg"]
+
+    neg = copy.deepcopy(TINY)
+    neg["workflow"]["specification"]["files"][1]["sizeInBytes"] = -5
+    r = api.post("/api/v1/manifests", neg)
+    assert detail_locs(r) == [("body", "workflow", "specification", "files", 1, "sizeInBytes")]
+
+    dup = copy.deepcopy(TINY)
+    tasks(dup)[2]["id"] = "ID02"
+    r = api.post("/api/v1/manifests", dup)
+    assert ("body", "workflow", "specification", "tasks", 2, "id") in detail_locs(r)
+    assert any("duplicate" in d["msg"] for d in r.json()["detail"])
+
+    for junk in ([1, 2, 3], "hello", {"hello": 1}):
+        r = api.post("/api/v1/manifests", junk)
+        assert r.status_code == 422, r.text
+        assert all(d["loc"][0] == "body" and d["format"] == "hycache-manifest" for d in r.json()["detail"])
+    assert ("body", "jobs") in detail_locs(api.post("/api/v1/manifests", {"hello": 1}))
+
+    # too large: 413 (the fixture's body bound is 64 KiB)
+    big = copy.deepcopy(TINY)
+    big["description"] = "x" * 70_000
+    assert api.post("/api/v1/manifests", big).status_code == 413
+    # a read token may not submit
+    assert api.post("/api/v1/manifests", TINY, token=api.read).status_code == 403
+    # unknown node
+    assert ("query", "nodes") in detail_locs(api.post("/api/v1/manifests?nodes=a,zz", TINY))
+    assert api.get("/api/v1/manifests").json()["total"] == 0
+
+
+def submit(api: Api, store) -> dict:  # noqa: F811
+    store.create(b"/raw.dat", file_meta("a", size=100 << 20))
+    store.create(b"/ref.db", file_meta("b", size=64 << 20))
+    for n in ("a", "b"):
+        assert api.beat(n, status=STATUS).status_code == 200
+    r = api.post("/api/v1/manifests", TINY)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def beat(api: Api, node: str, results=None) -> list[dict]:
+    api.seq = getattr(api, "seq", 10) + 1
+    ans = api.beat(node, seq=api.seq, status=STATUS, action_results=results or []).json()
+    return ans["actions"]
+
+
+def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa: F811
+    m = submit(api, store)
+    expected = place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
+                     locations={"raw.dat": "a", "ref.db": "b"})
+    assert m["placement"] == expected["placement"]
+    assert m["transfer_bytes"] == expected["transfer_bytes"]
+    assert m["transfer_bytes"]["placed"] < m["transfer_bytes"]["round_robin"]
+    assert m["slow_tier_bytes"] == expected["slow_tier_bytes"]
+    assert m["plans"] == expected["plans"] and m["load"] == pytest.approx(expected["load"])
+    assert m["format"] == "wfformat-1.5" and m["name"] == "tiny-chunks" and m["state"] == "planned"
+    assert {j["id"]: j["node"] for j in m["jobs"]} == m["placement"]
+    assert all(j["state"] == "pending" for j in m["jobs"])
+    assert {n: c["total"] for n, c in m["steps"].items()} == {n: len(p) for n, p in expected["plans"].items()}
+    got = api.get(f"/api/v1/manifests/{m['id']}").json()
+    assert got["placement"] == m["placement"] and got["plans"] == m["plans"]
+    lst = api.get("/api/v1/manifests", token=api.read).json()
+    assert lst["total"] == 1 and lst["items"][0]["id"] == m["id"]
+    # the plan's action is not a file action
+    assert api.get("/api/v1/actions").json()["total"] == 0
+    assert api.get("/api/v1/manifests/999").status_code == 404
+
+
+def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # noqa: F811
+    m = submit(api, store)
+    mid, plans, placement = m["id"], m["plans"], m["placement"]
+    order = {n: [j["id"] for j in sorted(m["jobs"], key=lambda j: j["position"]) if j["node"] == n] for n in plans}
+    parents = {t["id"]: t["parents"] for t in tasks(TINY)}
+    a_first = order["a"][0]
+    assert not parents[a_first]
+    # only the before-steps (prefetch/evict) of a's first job are released now
+    got = beat(api, "a")
+    want = [s for s in plans["a"] if s["job"] == a_first and s["action"] in ("prefetch", "evict")]
+    assert want, plans["a"]
+    assert [(d["job"], d["step"]) for d in got] == [(s["job"], s["step"]) for s in want]
+    for d, s in zip(got, want):
+        assert d["manifest_id"] == mid and d["path"] == "/" + s["path"]
+        assert d["action"] == {"prefetch": "prefetch", "evict": "demote"}[s["action"]]
+    # b's first job has a parent on a that has not finished: nothing for b yet
+    b_first = order["b"][0]
+    assert parents[b_first] and beat(api, "b") == []
+
+    # job reports: 404 unknown, 409 finish before start, node token of the other node 403
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/NOPE/start").status_code == 404
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{a_first}/finish").status_code == 409
+    other = "b" if placement[a_first] == "a" else "a"
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{a_first}/start", token=api.node_token(other)).status_code == 403
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{a_first}/start", token=api.read).status_code == 403
+    r = api.post(f"/api/v1/manifests/{mid}/jobs/{a_first}/start", token=api.node_token("a"))
+    assert r.status_code == 200 and r.json()["state"] == "running"
+    assert api.get(f"/api/v1/manifests/{mid}").json()["state"] == "running"
+
+    # a reports its results: done, visible in the steps summary
+    results = [{"id": d["id"], "state": "done", "detail": "fast", "tier": "fast"} for d in got]
+    nxt = beat(api, "a", results)
+    summary = api.get(f"/api/v1/manifests/{mid}").json()["steps"]["a"]
+    assert summary["done"] == len(got) and summary["total"] == len(plans["a"])
+    # the second job of a now has its turn (the first started), if its parents are done
+    second = order["a"][1]
+    second_before = [s["step"] for s in plans["a"] if s["job"] == second and s["action"] in ("prefetch", "evict")]
+    if all(p == a_first for p in parents[second]):
+        assert [d["step"] for d in nxt] == []  # its parent (a_first) has not finished yet
+    # finish a's first job: its after-steps (pin/unpin) are released; later jobs' before-steps too
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{a_first}/finish").status_code == 200
+    got2 = beat(api, "a")
+    after = [s["step"] for s in plans["a"] if s["job"] == a_first and s["action"] in ("pin", "unpin")]
+    assert [d["step"] for d in got2] == sorted(after + second_before)
+    # a job that finishes before its before-steps are delivered: those are skipped
+    b_jobs = order["b"]
+    for j in b_jobs[:1]:
+        for p in parents[j]:
+            if p != a_first:
+                api.post(f"/api/v1/manifests/{mid}/jobs/{p}/start")
+                api.post(f"/api/v1/manifests/{mid}/jobs/{p}/finish")
+        assert api.post(f"/api/v1/manifests/{mid}/jobs/{j}/start").status_code == 200
+        assert api.post(f"/api/v1/manifests/{mid}/jobs/{j}/finish").status_code == 200
+    skipped_want = [s for s in plans["b"] if s["job"] == b_jobs[0] and s["action"] in ("prefetch", "evict")]
+    v = api.get(f"/api/v1/manifests/{mid}").json()
+    assert v["steps"]["b"]["skipped"] == len(skipped_want) > 0
+    items = [i for i in v["step_items"] if i["node"] == "b" and i["job"] == b_jobs[0]]
+    assert all(i["state"] == "skipped" for i in items if i["plan_action"] in ("prefetch", "evict"))
+    # finishing twice is fine, starting a finished job is 409
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/start").status_code == 409
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/finish").status_code == 200
+
+
+def test_delete_cancels_undelivered_steps(api: Api, store):  # noqa: F811
+    m = submit(api, store)
+    mid = m["id"]
+    delivered = beat(api, "a")
+    assert delivered
+    r = api.client.delete(f"/api/v1/manifests/{mid}", headers=api.h())
+    assert r.status_code == 200, r.text
+    v = r.json()
+    assert v["state"] == "cancelled"
+    total = sum(len(p) for p in m["plans"].values())
+    cancelled = sum(c["cancelled"] for c in v["steps"].values())
+    assert cancelled == total - len(delivered)
+    # delivered steps are still re-sent until reported; nothing new is released
+    api.post(f"/api/v1/manifests/{mid}/jobs/{m['jobs'][0]['id']}/start")
+    again = beat(api, "a")
+    assert sorted(d["id"] for d in again) == sorted(d["id"] for d in delivered)
+    assert beat(api, "b") == []
+    assert api.client.delete("/api/v1/manifests/12345", headers=api.h()).status_code == 404
