@@ -151,6 +151,16 @@ class Cluster:
             out[name] = json.loads(st.stdout)["counters"]
         return out
 
+    def wait_published(self) -> None:
+        def drained():
+            for mnt in self.mounts.values():
+                st = subprocess.run([AGENT, "status", str(mnt.parent), "--json"], capture_output=True, text=True)
+                if st.returncode != 0 or json.loads(st.stdout)["cluster"]["backlog"]:
+                    return False
+            return True
+        self._wait(drained, "the agents' outboxes to drain", timeout=120)
+        time.sleep(1.2)  # the kernel's entry timeout
+
     def stop(self) -> None:
         for p in reversed(self.procs):  # agents first, then the control plane
             if p.poll() is None:
@@ -166,7 +176,19 @@ class Cluster:
             log.close()
 
 
-class NoPlanRunner(Runner):
+class BenchRunner(Runner):
+    """The runner, waiting before it submits until every input it wrote is published in the
+    DHT (so that placement sees where it is and every node can open it)."""
+
+    cluster: Cluster
+
+    def _call(self, method: str, url: str, **kw):
+        if method == "POST" and url == "/manifests":
+            self.cluster.wait_published()
+        return super()._call(method, url, **kw)
+
+
+class NoPlanRunner(BenchRunner):
     """The runner with the manifest's plans cancelled at once (placement only)."""
 
     def _call(self, method: str, url: str, **kw):
@@ -190,7 +212,8 @@ def run_mode(base: Path, redis: str, mode: tuple, args, doc: dict) -> dict:
     name, solver, plans = mode
     cluster = Cluster(base / name, redis, f"tl-{os.getpid()}-{name}", args.nodes, args.fast)
     try:
-        cls = Runner if plans else NoPlanRunner
+        cls = BenchRunner if plans else NoPlanRunner
+        cls.cluster = cluster
         runner = cls(cluster.url, cluster.admin, cluster.mounts, scale=args.scale, solver=solver,
                      plan_wait=args.plan_wait, log=lambda msg: print(f"[{name}] {msg}", file=sys.stderr))
         before = cluster.counters()
