@@ -183,7 +183,9 @@ class BenchRunner(Runner):
     cluster: Cluster
 
     def _call(self, method: str, url: str, **kw):
-        if method == "POST" and url == "/manifests":
+        # before the submission and before each job's start: the outputs of finished jobs
+        # (the job's parents) are published, so a job on another node finds them
+        if method == "POST" and (url == "/manifests" or url.endswith("/start")):
             self.cluster.wait_published()
         return super()._call(method, url, **kw)
 
@@ -192,7 +194,10 @@ class NoPlanRunner(BenchRunner):
     """The runner with the manifest's plans cancelled at once (placement only)."""
 
     def _call(self, method: str, url: str, **kw):
-        if method == "POST" and (url.endswith("/start") or url.endswith("/finish")):
+        if method == "POST" and url.endswith("/start"):
+            self.cluster.wait_published()
+            return {}
+        if method == "POST" and url.endswith("/finish"):
             return {}
         out = super()._call(method, url, **kw)
         if method == "POST" and url == "/manifests":
