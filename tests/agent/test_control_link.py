@@ -289,7 +289,9 @@ def test_agent_refuses_an_open_token_file_and_reports_the_link(hycache_mount, sh
 # --------------------------------------------------------------------------- mounts
 @pytest.mark.mount
 def test_counters_on_a_mount(hycache_mount):
-    m = hycache_mount("1G", no_kernel_cache=True, no_promote_on_open=True)
+    # byte counters need the reads and writes to reach the agent: with kernel passthrough
+    # they go from the kernel to the blob and only opens (hits, misses) are counted
+    m = hycache_mount("1G", no_kernel_cache=True, no_promote_on_open=True, passthrough="off")
     f = m.mountpoint / "data.bin"
     payload = os.urandom(256 * K)
     f.write_bytes(payload)
@@ -332,7 +334,7 @@ def scrape(url: str) -> dict[str, dict[tuple, float]]:
 @pytest.mark.mount
 def test_metrics_standalone_parse_and_follow_the_counters(hycache_mount):
     port = free_port()
-    m = hycache_mount("1G", no_kernel_cache=True, metrics_listen=f"127.0.0.1:{port}")
+    m = hycache_mount("1G", no_kernel_cache=True, metrics_listen=f"127.0.0.1:{port}", passthrough="off")
     (m.mountpoint / "a").write_bytes(b"q" * 5000)
     assert (m.mountpoint / "a").read_bytes() == b"q" * 5000
     got = scrape(f"http://127.0.0.1:{port}/metrics")
@@ -356,7 +358,7 @@ def test_metrics_on_the_peer_service_without_authentication(hycache_mount, share
     secret.chmod(0o600)
     port = free_port()
     m = hycache_mount("1G", meta_store=shared_tmp_path / "meta.db", cluster_secret_file=secret,
-                      node_id="peer-a", listen=f"127.0.0.1:{port}")
+                      node_id="peer-a", listen=f"127.0.0.1:{port}", passthrough="off")
     (m.mountpoint / "x").write_bytes(b"1234")
     got = scrape(f"http://127.0.0.1:{port}/metrics")
     assert got["hycache_write_bytes_total"][(("tier", "fast"),)] == 4

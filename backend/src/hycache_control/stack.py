@@ -175,7 +175,7 @@ class Stack:
     def __init__(self, workdir: str | Path | None = None, *, agents: int = 2, fast_capacity: str = "8M",
                  redis_seeds: list[tuple[str, int]] | None = None, namespace: str | None = None,
                  heartbeat_interval: float = 1.0, state_file: str | Path | None = None,
-                 agent_args: list[str] | None = None) -> None:
+                 agent_args: list[str] | None = None, passthrough: str = "off") -> None:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="hycache-stack-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o755)
@@ -185,7 +185,10 @@ class Stack:
         self.namespace = namespace or f"stack-{secrets.token_hex(4)}"
         self.heartbeat_interval = heartbeat_interval
         self.state_file = Path(state_file) if state_file else self.workdir / "stack.json"
-        self.agent_args = agent_args or []
+        # The dashboard's throughput charts need the agents to see reads and writes; with
+        # kernel passthrough the kernel moves the bytes and an agent counts only opens
+        # (hits, misses), so the stack runs its agents without it unless asked.
+        self.agent_args = ["--passthrough", passthrough, *(agent_args or [])]
         self.redis: LocalRedisCluster | None = None
         self.state: dict = {}
 
