@@ -36,7 +36,8 @@ def counters(m) -> dict:
 
 def test_remote_reads_count_as_misses_remote_bytes_and_fetches(hycache_mount, redis_cluster, dht_namespace,
                                                                secret_file):
-    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    # passthrough off: the holder's write is counted in bytes only when it reaches the agent
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, passthrough="off")
     payload = os.urandom(100 * K)
     (a.mountpoint / "shared.bin").write_bytes(payload)
     wait_published(a)
