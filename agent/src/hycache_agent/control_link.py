@@ -18,7 +18,6 @@ import errno
 import itertools
 import logging
 import os
-import stat
 import time
 import uuid
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import trio
 
 from .engine import PolicyError, TieringEngine
+from .secretfile import read_protected
 from .namespace import FsError
 
 log = logging.getLogger(__name__)
@@ -53,30 +53,10 @@ def load_token(path: str | os.PathLike[str]) -> str:
     stripped).  Refuses a file that is not a regular file, that another user owns, or
     that anyone but its owner may read or write (mode 0600 or stricter).  Blocking."""
     path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError as e:
-        raise TokenFileError(f"control token file {path}: {e.strerror}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TokenFileError(f"control token file {path} is not a regular file")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o177:
-            raise TokenFileError(
-                f"control token file {path} has mode {mode:04o}; it must be 0600 or stricter "
-                f"(run: chmod 600 {path})")
-        if st.st_uid != os.geteuid():
-            raise TokenFileError(
-                f"control token file {path} is owned by uid {st.st_uid}, not by the agent's user "
-                f"(uid {os.geteuid()}); run: chown {os.geteuid()} {path}")
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-            if len(data) > MAX_TOKEN:
-                raise TokenFileError(f"control token file {path} is larger than {MAX_TOKEN} bytes")
-    finally:
-        os.close(fd)
+    data = read_protected(path, what="control token file", error=TokenFileError, forbidden=0o177,
+                          refusal="{what} {path} has mode {mode}; it must be 0600 or stricter "
+                                  "(run: chmod 600 {path})", must_own=True,
+                          limit=MAX_TOKEN)
     try:
         token = data.decode("ascii").strip()
     except UnicodeDecodeError:

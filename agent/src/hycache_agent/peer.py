@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import re
-import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -44,6 +43,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 import h11
 import trio
 
+from .secretfile import read_protected
 from .tiers import remove_blob
 
 log = logging.getLogger(__name__)
@@ -115,26 +115,9 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
     a regular file, and a secret shorter than 16 bytes.  Blocking: call it at start-up or
     through ``trio.to_thread.run_sync``."""
     path = os.fspath(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError as e:
-        raise SecretFileError(f"cluster secret file {path}: {e.strerror}") from e
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SecretFileError(f"cluster secret file {path} is not a regular file")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o007:
-            raise SecretFileError(
-                f"cluster secret file {path} is accessible by other users (mode {mode:04o}); "
-                f"run: chmod o-rwx {path}   (0600, or 0640 to share it with a group)")
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-            if len(data) > 1 << 20:
-                raise SecretFileError(f"cluster secret file {path} is larger than 1 MiB")
-    finally:
-        os.close(fd)
+    data = read_protected(path, what="cluster secret file", error=SecretFileError, forbidden=0o007,
+                          refusal="{what} {path} is accessible by other users (mode {mode}); run: "
+                                  "chmod o-rwx {path}   (0600, or 0640 to share it with a group)")
     secret = data.strip()
     if len(secret) < MIN_SECRET:
         raise SecretFileError(
