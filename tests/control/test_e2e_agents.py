@@ -68,6 +68,11 @@ def test_two_agents_linked_to_the_control_plane(hycache_mount, redis_cluster, dh
         view = node("a")
         assert view["tiers"]["fast"]["capacity"] == st["tiers"]["fast"]["capacity"]
         assert view["policy"]["policy"] == st["policy"]
+        # HCCache (on by default) and passthrough as the agent reports them
+        assert view["hccache"]["mode"] == st["hccache"]["mode"] == "hybrid"
+        assert view["hccache"]["limit_bytes"] == st["hccache"]["limit_bytes"] == 256 << 20
+        # (the passthrough probe runs after the mount: a heartbeat may predate its answer)
+        wait_for(lambda: node("a")["passthrough"] == agent_status(a)["passthrough"], 30, "passthrough state")
 
         # a file written through a's mount shows in /files with its node and tier
         (a.mountpoint / "f.bin").write_bytes(b"x" * 200_000)

@@ -158,6 +158,12 @@ class NodeOut(BaseModel):
     rates: Rates | None
     #: the latest heartbeat's cumulative counters (of its boot_id), as the agent sent them
     counters: dict[str, Any] | None = None
+    #: the agent's HCCache (memory cache of remote reads, paper 002): mode, hit_ratio,
+    #: byte_hit_ratio, abd, ecdal, ecdab, memory_bytes, limit_bytes, dedup_saved_bytes, …;
+    #: null when the agent runs without it
+    hccache: dict[str, Any] | None = None
+    #: kernel FUSE passthrough on that agent: {enabled, reason}
+    passthrough: dict[str, Any] | None = None
     migrations: MigrationsView
     updated_at: float
 

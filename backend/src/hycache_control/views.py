@@ -53,6 +53,8 @@ def node_view(n: LiveNode, policy: dict[str, Any]) -> dict[str, Any]:
         "hit_ratio": rates.get("hit_ratio") if rates else None,
         "rates": rates,
         "counters": n.counters,
+        "hccache": _get(st, "hccache", default=None) if st else None,
+        "passthrough": _get(st, "passthrough", default=None) if st else None,
         "migrations": {"active": active, "done": int(mig.get("migrations_done", 0) or 0),
                        "bytes": int(mig.get("bytes_promoted", 0) or 0) + int(mig.get("bytes_demoted", 0) or 0)},
         "updated_at": n.updated_at,

@@ -710,6 +710,10 @@ export interface components {
                 [key: string]: unknown;
             } | null;
             dht: components["schemas"]["DhtView"];
+            /** Hccache */
+            hccache?: {
+                [key: string]: unknown;
+            } | null;
             /**
              * Heartbeats
              * @default 0
@@ -722,6 +726,10 @@ export interface components {
             /** Last Heartbeat */
             last_heartbeat: number | null;
             migrations: components["schemas"]["MigrationsView"];
+            /** Passthrough */
+            passthrough?: {
+                [key: string]: unknown;
+            } | null;
             policy: components["schemas"]["PolicyView"];
             rates: components["schemas"]["Rates"] | null;
             /**
