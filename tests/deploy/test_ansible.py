@@ -137,6 +137,9 @@ def rendered(tmp_path_factory):
     inventory = {"all": {
         "vars": {"hycache_cluster_secret": SECRET, "hycache_build_dir": str(tmp / "build"),
                  "hycache_python": sys.executable,
+                 # libfuse 3.17 for passthrough: this machine's build (bootstrap made it)
+                 "hycache_libfuse_tools_dir": os.environ.get(
+                     "HYCACHE_TOOLS_DIR", str(Path.home() / ".cache" / "hycache")),
                  # offline from this machine's uv cache (what the variable is for: mirrors)
                  "hycache_uv_environment": {"UV_CACHE_DIR": uv_cache, "UV_OFFLINE": "1",
                                             "UV_LINK_MODE": "hardlink", "UV_COMPILE_BYTECODE": "0"}},
