@@ -2,7 +2,7 @@
 // control plane. Serial: later scenarios use the files the earlier ones wrote.
 import { expect, test, type Page } from '@playwright/test';
 import AxeBuilder from '@axe-core/playwright';
-import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { agentWhere, signIn, stack, stackCommand } from './stack';
 
@@ -124,11 +124,19 @@ test('the policy form validates and applies a policy live', async ({ page }) => 
 /** the manifest the WfCommons scenario submitted (its view is photographed below) */
 let manifestUrl = '/jobs';
 
-test('submit a WfCommons instance and see its placement and the bytes moved', async ({ page }) => {
+test('submit a WfCommons instance and see its placement and the bytes moved', async ({ page }, info) => {
+  // the tiny instance's files are 1–96 MiB; the stack's fast tiers are 8 MiB: sizes scaled
+  // by 1/64, as `hycache-control run --scale` does, so every job fits
+  const tiny = JSON.parse(readFileSync(join(process.cwd(), '..', 'tests', 'core', 'data', 'wfformat-1.5-tiny.json'), 'utf8')) as {
+    workflow: { specification: { files: { sizeInBytes: number }[] } };
+  };
+  for (const f of tiny.workflow.specification.files) f.sizeInBytes = Math.ceil(f.sizeInBytes / 64);
+  const upload = info.outputPath('wfformat-1.5-tiny-scaled.json');
+  writeFileSync(upload, JSON.stringify(tiny, null, 1));
   await signIn(page, stack().admin_token);
   await page.getByRole('link', { name: 'Jobs' }).click();
   await expect(page.getByRole('heading', { level: 1, name: 'Jobs' })).toBeVisible();
-  await page.getByLabel('Manifest file').setInputFiles(join(process.cwd(), '..', 'tests', 'core', 'data', 'wfformat-1.5-tiny.json'));
+  await page.getByLabel('Manifest file').setInputFiles(upload);
   await expect(page.getByLabel(/^Manifest \(JSON/)).toHaveValue(/tiny-chunks/);
   await page.getByLabel('Solver').selectOption('greedy');
   await page.getByRole('button', { name: 'Place manifest' }).click();
