@@ -64,7 +64,7 @@ export function WorkflowGraph({ jobs, colors }: { jobs: ManifestJob[]; colors: R
       </ul>
       {/* focusable: a wide graph scrolls sideways, also from the keyboard */}
       <div className="workflow-scroll" tabIndex={0} role="group" aria-label="Workflow graph (scrolls sideways when wide)">
-        <svg role="img" aria-label={`Workflow graph: ${jobs.length} jobs in ${layers.length} layers on ${nodes.length} nodes`} width={width} height={height} viewBox={`0 0 ${width} ${height}`}>
+        <svg role="img" aria-label={`Workflow graph: ${jobs.length} jobs in ${layers.length} layers on ${nodes.length} nodes`} width={width} height={height} viewBox={`0 0 ${width} ${height}`} style={{ maxWidth: '100%', height: 'auto' }}>
           <defs>
             <marker id="wf-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse">
               <path d="M 0 0 L 10 5 L 0 10 z" fill="var(--fg-muted)" />
