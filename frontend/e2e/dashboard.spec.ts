@@ -2,7 +2,7 @@
 // control plane. Serial: later scenarios use the files the earlier ones wrote.
 import { expect, test, type Page } from '@playwright/test';
 import AxeBuilder from '@axe-core/playwright';
-import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { agentWhere, signIn, stack, stackCommand } from './stack';
 
@@ -121,6 +121,74 @@ test('the policy form validates and applies a policy live', async ({ page }) => 
   await expect(page.getByRole('table')).toContainText('policy');
 });
 
+/** the manifest the WfCommons scenario submitted (its view is photographed below) */
+let manifestUrl = '/jobs';
+
+test('submit a WfCommons instance and see its placement and the bytes moved', async ({ page }, info) => {
+  // the tiny instance's files are 1–96 MiB; the stack's fast tiers are 8 MiB: sizes scaled
+  // by 1/64, as `hycache-control run --scale` does, so every job fits
+  const tiny = JSON.parse(readFileSync(join(process.cwd(), '..', 'tests', 'core', 'data', 'wfformat-1.5-tiny.json'), 'utf8')) as {
+    workflow: { specification: { files: { sizeInBytes: number }[] } };
+  };
+  for (const f of tiny.workflow.specification.files) f.sizeInBytes = Math.ceil(f.sizeInBytes / 64);
+  const upload = info.outputPath('wfformat-1.5-tiny-scaled.json');
+  writeFileSync(upload, JSON.stringify(tiny, null, 1));
+  await signIn(page, stack().admin_token);
+  await page.getByRole('link', { name: 'Jobs' }).click();
+  await expect(page.getByRole('heading', { level: 1, name: 'Jobs' })).toBeVisible();
+  await page.getByLabel('Manifest file').setInputFiles(upload);
+  await expect(page.getByLabel(/^Manifest \(JSON/)).toHaveValue(/tiny-chunks/);
+  await page.getByLabel('Solver').selectOption('greedy');
+  await page.getByRole('button', { name: 'Place manifest' }).click();
+  await expect(page.getByRole('heading', { level: 1, name: 'tiny-chunks' })).toBeVisible({ timeout: 60_000 });
+  manifestUrl = new URL(page.url()).pathname;
+  expect(manifestUrl).toMatch(/^\/jobs\/\d+$/);
+  // the placement table: every job on one of the two nodes
+  const placement = page.getByRole('table', { name: 'Placement' });
+  for (const id of ['ID01', 'ID02', 'ID03', 'ID04', 'ID05']) {
+    await expect(placement.getByRole('row', { name: new RegExp(`^${id}`) }).getByRole('cell').first()).toHaveText(/^\s*(a|b)\s*$/);
+  }
+  // the graph: a box per job, edges from the parents
+  await expect(page.getByRole('img', { name: /^Workflow graph: \d+ jobs in \d+ layers/ })).toBeVisible();
+  await expect(page.locator('g.wf-job[data-job="ID05"]')).toHaveCount(1);
+  expect(await page.locator('line.wf-edge').count()).toBeGreaterThanOrEqual(6);
+  // the bytes chart: bars for placed and round-robin, with their unit
+  const chart = page.getByRole('figure', { name: 'Bytes moved' });
+  await expect(chart.getByText('(MiB)')).toBeVisible();
+  await expect(chart.getByText(/placed: .* · round-robin: /)).toBeVisible();
+  expect(await chart.locator('.recharts-bar-rectangle').count()).toBeGreaterThanOrEqual(2);
+  // each node's plan
+  await expect(page.getByRole('group', { name: /^Plan of node (a|b)$/ }).first()).toBeVisible();
+  // the deep link works on its own, and the list shows the manifest
+  await page.goto(manifestUrl);
+  await expect(page.getByRole('heading', { level: 1, name: 'tiny-chunks' })).toBeVisible();
+  await page.goto('/jobs');
+  await expect(page.getByRole('table', { name: 'Manifests' }).getByRole('link', { name: 'tiny-chunks' }).first()).toBeVisible();
+});
+
+test('a malformed manifest shows the field error inline', async ({ page }) => {
+  await signIn(page, stack().admin_token);
+  await page.goto('/jobs');
+  const bad = { schemaVersion: '1.5', name: 'bad', workflow: { specification: { tasks: [{ name: 'no-id', parents: [], children: [] }] } } };
+  const text = page.getByLabel(/^Manifest \(JSON/);
+  await text.fill(JSON.stringify(bad));
+  await page.getByRole('button', { name: 'Place manifest' }).click();
+  await expect(text).toHaveAttribute('aria-invalid', 'true');
+  await expect(text).toHaveAccessibleDescription(/workflow\.specification\.tasks\[0\]\.id/);
+  await expect(page.getByRole('alert').filter({ hasText: 'The manifest was not accepted' })).toBeVisible();
+  await expect(page).toHaveURL(/\/jobs$/);
+});
+
+test('a read-only token sees the manifests but no submit form or cancel', async ({ page }) => {
+  await signIn(page, stack().read_token);
+  await page.goto('/jobs');
+  await expect(page.getByRole('table', { name: 'Manifests' })).toBeVisible();
+  await expect(page.getByRole('button', { name: 'Place manifest' })).toHaveCount(0);
+  await page.goto(manifestUrl);
+  await expect(page.getByRole('table', { name: 'Placement' })).toBeVisible();
+  await expect(page.getByRole('button', { name: 'Cancel manifest' })).toHaveCount(0);
+});
+
 test('a killed agent goes down, and comes back up when restarted', async ({ page }) => {
   await signIn(page, stack().admin_token);
   await expect(nodeCard(page, 'b').getByText('up', { exact: true })).toBeVisible();
@@ -157,6 +225,7 @@ const VIEWS: { name: string; url: () => string; heading: RegExp }[] = [
   { name: 'events', url: () => '/events', heading: /^Events$/ },
   { name: 'actions', url: () => '/actions', heading: /^Actions$/ },
   { name: 'jobs', url: () => '/jobs', heading: /^Jobs$/ },
+  { name: 'job', url: () => manifestUrl, heading: /^tiny-chunks$/ },
 ];
 
 async function axeAndShoot(page: Page, name: string, outputPath: (n: string) => string) {

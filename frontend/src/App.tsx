@@ -7,6 +7,7 @@ import { ActionView, ActionsView } from './routes/ActionView';
 import { Events } from './routes/Events';
 import { Files } from './routes/Files';
 import { FileView } from './routes/FileView';
+import { JobView } from './routes/JobView';
 import { Jobs } from './routes/Jobs';
 import { NodeView } from './routes/NodeView';
 import { NotFound } from './routes/NotFound';
@@ -35,6 +36,7 @@ export const routes: RouteObject[] = [
           { path: 'policies/:nodeId', element: <Policies /> },
           { path: 'events', element: <Events /> },
           { path: 'jobs', element: <Jobs /> },
+          { path: 'jobs/:manifestId', element: <JobView /> },
           { path: '*', element: <NotFound /> },
         ],
       },

@@ -102,6 +102,8 @@ def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa
     assert m["format"] == "wfformat-1.5" and m["name"] == "tiny-chunks" and m["state"] == "planned"
     assert {j["id"]: j["node"] for j in m["jobs"]} == m["placement"]
     assert all(j["state"] == "pending" for j in m["jobs"])
+    # each job carries its parents (the dashboard draws the workflow graph from them)
+    assert {j["id"]: sorted(j["parents"]) for j in m["jobs"]} == {j.id: sorted(j.parents) for j in parse_workflow(TINY).jobs}
     assert {n: c["total"] for n, c in m["steps"].items()} == {n: len(p) for n, p in expected["plans"].items()}
     got = api.get(f"/api/v1/manifests/{m['id']}").json()
     assert got["placement"] == m["placement"] and got["plans"] == m["plans"]

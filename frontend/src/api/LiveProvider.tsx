@@ -35,6 +35,13 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
   } else if (m.event === 'action') {
     // one action item changed: patch it into the cached action that holds it
     const item = data as ActionItem;
+    // a plan step of a manifest: its view (step counts, job states) is re-read
+    const manifestId = (data as { manifest_id?: number | null }).manifest_id;
+    if (typeof manifestId === 'number') {
+      void qc.invalidateQueries({ queryKey: keys.manifest(manifestId) });
+      void qc.invalidateQueries({ queryKey: keys.manifests, exact: true });
+      return;
+    }
     let found = false;
     for (const [key, action] of qc.getQueriesData<Action>({ queryKey: ['actions'] })) {
       if (!action || !Array.isArray(action.items) || !action.items.some((i) => i.id === item.id)) continue;

@@ -1,7 +1,7 @@
 // TanStack Query hooks: one per REST resource; the stream (LiveProvider) keeps them fresh.
 import { keepPreviousData, useInfiniteQuery, useMutation, useQuery, useQueryClient } from '@tanstack/react-query';
 import { api, call } from './client';
-import type { ActionKind, EventKind, MetricSample, PolicyUpdate } from './types';
+import type { ActionKind, EventKind, Manifest, ManifestOptions, ManifestPage, MetricSample, PolicyUpdate } from './types';
 
 export const keys = {
   whoami: (token: string | null) => ['whoami', token] as const,
@@ -15,6 +15,8 @@ export const keys = {
   actions: ['actions'] as const,
   policy: (id: string) => ['policy', id] as const,
   events: (kind: string, node: string) => ['events', kind, node] as const,
+  manifests: ['manifests'] as const,
+  manifest: (id: number) => ['manifests', id] as const,
 };
 
 export function useNodes() {
@@ -117,4 +119,49 @@ export function useEvents(kind: EventKind | '', node: string) {
 /** The latest samples the stream brought for a node (LiveProvider appends them). */
 export function useLiveSamples(id: string) {
   return useQuery<MetricSample[]>({ queryKey: keys.liveSamples(id), queryFn: () => [], staleTime: Infinity, gcTime: Infinity });
+}
+
+export function useManifests() {
+  return useQuery({
+    queryKey: keys.manifests,
+    queryFn: async () => (await call(api.GET('/api/v1/manifests', { params: { query: { limit: 50 } } }))) as unknown as ManifestPage,
+    refetchInterval: 15_000,
+  });
+}
+
+/** One manifest; the stream's plan-step updates invalidate it (LiveProvider). */
+export function useManifest(id: number) {
+  return useQuery({
+    queryKey: keys.manifest(id),
+    queryFn: async () => (await call(api.GET('/api/v1/manifests/{manifest_id}', { params: { path: { manifest_id: id } } }))) as unknown as Manifest,
+    // a fallback while the manifest is under way (the stream is the live path)
+    refetchInterval: (q) => (q.state.data && (q.state.data.state === 'done' || q.state.data.state === 'cancelled') ? false : 10_000),
+  });
+}
+
+export function useSubmitManifest() {
+  const qc = useQueryClient();
+  return useMutation({
+    mutationFn: async (v: { document: unknown; options: ManifestOptions }) => {
+      const nodes = v.options.nodes.trim();
+      const query = { solver: v.options.solver, slack: v.options.slack, ...(nodes ? { nodes } : {}) };
+      return (await call(api.POST('/api/v1/manifests', { params: { query }, body: v.document }))) as unknown as Manifest;
+    },
+    onSuccess: (m) => {
+      qc.setQueryData(keys.manifest(m.id), m);
+      void qc.invalidateQueries({ queryKey: keys.manifests, exact: true });
+    },
+  });
+}
+
+export function useCancelManifest(id: number) {
+  const qc = useQueryClient();
+  return useMutation({
+    mutationFn: async () =>
+      (await call(api.DELETE('/api/v1/manifests/{manifest_id}', { params: { path: { manifest_id: id } } }))) as unknown as Manifest,
+    onSuccess: (m) => {
+      qc.setQueryData(keys.manifest(id), (old: Manifest | undefined) => ({ ...old, ...m }));
+      void qc.invalidateQueries({ queryKey: keys.manifests });
+    },
+  });
 }

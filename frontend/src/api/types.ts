@@ -28,3 +28,69 @@ export interface ValidationError {
   msg: string;
   type: string;
 }
+
+// Manifests (2-Layer Scheduling): the control plane answers these as free-form objects in
+// the OpenAPI document, so their shapes are written here, after docs/control-plane.md.
+export type ManifestState = 'planned' | 'running' | 'done' | 'cancelled';
+export type JobState = 'pending' | 'running' | 'done';
+export type Solver = 'greedy' | 'local' | 'exact' | 'round-robin';
+export interface ManifestJob {
+  id: string;
+  node: string;
+  position: number;
+  state: JobState;
+  started_at: number | null;
+  finished_at: number | null;
+  /** the jobs this one waits for (older control planes leave it out) */
+  parents?: string[];
+}
+export interface StepCounts {
+  total: number;
+  done: number;
+  failed: number;
+  skipped: number;
+  cancelled: number;
+  pending: number;
+}
+export interface TransferBytes {
+  placed: number;
+  round_robin: number;
+  recorded: number | null;
+}
+export interface StepItem {
+  id: number;
+  node: string;
+  job: string;
+  step: number;
+  plan_action: string;
+  path: string;
+  size: number | null;
+  state: string;
+  detail: string | null;
+}
+export interface Manifest {
+  id: number;
+  name: string;
+  format: string;
+  state: ManifestState;
+  placement: Record<string, string>;
+  transfer_bytes: TransferBytes;
+  slow_tier_bytes?: TransferBytes;
+  solver?: string | null;
+  jobs: ManifestJob[];
+  steps: Record<string, StepCounts>;
+  step_items?: StepItem[];
+  created_at: number;
+  updated_at: number;
+}
+export interface ManifestPage {
+  items: Manifest[];
+  total: number;
+  limit: number;
+  offset: number;
+}
+export interface ManifestOptions {
+  nodes: string;
+  solver: Solver;
+  slack: number;
+}

@@ -213,7 +213,8 @@ class ManifestService:
              "slow_tier_bytes": r["slow_tier_bytes"], "load": r["load"], "load_bound": r.get("load_bound"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
              "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
-                       "started_at": j.started_at, "finished_at": j.finished_at} for j in m.jobs],
+                       "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+                      for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
             v["plans"] = r["plans"]
@@ -302,7 +303,7 @@ class ManifestService:
             m.updated_at = now
             node = j.node
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
-                   "started_at": j.started_at, "finished_at": j.finished_at}
+                   "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
         self.actions._publish(skipped)
         self.actions.wake([node])
         return out
