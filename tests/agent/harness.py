@@ -12,6 +12,7 @@ every looked-up inode at once, so an unlinked file lives exactly as long as its 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -28,6 +29,14 @@ from .invariants import check_invariants, check_persisted, settle
 
 CHUNK = 128 << 10
 BODY_TIMEOUT = 120.0  # the kernel sends writes of at most 128 KiB (max_write) by default
+
+
+async def kernel_lookup(ops, parent: int, name: bytes, ctx) -> pyfuse3.EntryAttributes:
+    """LOOKUP as the kernel takes it: a negative entry (inode 0) is ENOENT."""
+    attrs = await ops.lookup(parent, name, ctx)
+    if attrs.st_ino == 0:
+        raise pyfuse3.FUSEError(errno.ENOENT)
+    return attrs
 
 
 @dataclass
@@ -79,15 +88,20 @@ class Harness:
     async def errno(self, coro) -> int:
         """Run an operation that must fail; return its errno (and check invariants)."""
         try:
-            await coro
+            result = await coro
         except pyfuse3.FUSEError as exc:
             await self.check()
             return exc.errno
+        if isinstance(result, pyfuse3.EntryAttributes) and result.st_ino == 0:
+            # a negative entry: lookup's "no such name" that the kernel may cache
+            assert result.entry_timeout > 0, "a negative entry without a timeout is an ENOENT to send"
+            await self.check()
+            return errno.ENOENT
         raise AssertionError("operation succeeded but was expected to fail")
 
     # -- names -----------------------------------------------------------------------
     async def lookup(self, name: bytes, parent: int = ROOT_INO) -> int:
-        ino = await self._forget(await self.ops.lookup(parent, name, self.ctx))
+        ino = await self._forget(await kernel_lookup(self.ops, parent, name, self.ctx))
         await self.check()
         return ino
 

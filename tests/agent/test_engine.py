@@ -19,7 +19,7 @@ import trio
 from hycache_agent import tiers as T
 from hycache_agent.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 
-from .harness import CHUNK, Fields, run_engine
+from .harness import CHUNK, Fields, kernel_lookup, run_engine
 from .invariants import check_invariants, settle
 
 K = 1 << 10
@@ -599,7 +599,7 @@ def test_concurrent_writers_and_migrations(tmp_path):
             for round_ in range(6):
                 name = b"w%d-%d" % (w, round_ % 3)
                 try:
-                    attrs = await h.ops.lookup(ROOT_INO, name, h.ctx)
+                    attrs = await kernel_lookup(h.ops, ROOT_INO, name, h.ctx)
                     ino = attrs.st_ino
                     await h.ops.forget([(ino, 1)])
                     fi = await h.ops.open(ino, os.O_RDWR, h.ctx)
@@ -788,14 +788,14 @@ def test_concurrent_random_operations(tmp_path, seed):
                                 await ops.rename(ROOT_INO, name, ROOT_INO, r.choice(names),
                                                  r.choice([0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE]), ctx)
                             else:
-                                a = await ops.lookup(ROOT_INO, name, ctx)
+                                a = await kernel_lookup(ops, ROOT_INO, name, ctx)
                                 held.append(a.st_ino)
                                 a2 = await ops.link(a.st_ino, ROOT_INO, r.choice(names), ctx)
                                 held.append(a2.st_ino)
                     elif op == "write":
                         async with dirlock:  # open(O_CREAT): lookup-or-create under the dir lock
                             try:
-                                a = await ops.lookup(ROOT_INO, name, ctx)
+                                a = await kernel_lookup(ops, ROOT_INO, name, ctx)
                                 held.append(a.st_ino)
                                 fh = (await ops.open(a.st_ino, os.O_RDWR, ctx)).fh
                             except pyfuse3.FUSEError:
@@ -809,7 +809,7 @@ def test_concurrent_random_operations(tmp_path, seed):
                             await ops.flush(fh)
                             await ops.release(fh)
                     else:
-                        a = await ops.lookup(ROOT_INO, name, ctx)
+                        a = await kernel_lookup(ops, ROOT_INO, name, ctx)
                         held.append(a.st_ino)
                         if op == "trunc":
                             attr = pyfuse3.EntryAttributes()

@@ -132,7 +132,6 @@ class ClusterLink:
         self._remote_by_path: dict[bytes, RemoteNode] = {}
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
-        self._count_rows: list = []
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
@@ -259,12 +258,10 @@ class ClusterLink:
             for path in ns.paths_of(inode):
                 rows.append(("put", path, None, packed))
         rows += tail
-        self._count_rows = rows  # counted into the backlog when the commit succeeds
-        return rows
+        return rows  # counted into the backlog when the commit succeeds (_committed)
 
-    def _committed(self) -> None:
-        self.status.backlog += len(self._count_rows)
-        self._count_rows = []
+    def _committed(self, rows: int) -> None:
+        self.status.backlog += rows
         self._wakeup.set()
 
     async def _republish_all(self) -> None:
