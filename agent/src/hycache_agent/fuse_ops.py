@@ -560,13 +560,14 @@ class HyCacheOperations(pyfuse3.Operations):
     async def flush(self, fh):
         if fh in self._remote_handles:
             return
-        replicated = self.cluster is not None and self.cluster.replicator.count > 0
         node = self._backed.get(fh)
-        if node is not None and replicated:  # replicas are made of the final bytes
+        if node is not None and self.cluster is not None and self.engine.handles[fh].writable:
+            # other nodes see the size at close (queued before whatever this node does next,
+            # e.g. the rename of a file just written), and replicas are made of the final
+            # bytes; standalone, the last release takes it (getattr until then asks the blob)
             await self.backings.refresh(node)
-        # (otherwise the last release takes the final size: getattr until then asks the blob)
         await self.engine.flush(fh)
-        if replicated and self.engine.handles[fh].writable:
+        if self.cluster is not None and self.engine.handles[fh].writable:
             await self.cluster.replicator.closed(self.engine.handles[fh].inode)
 
     @errno_edge

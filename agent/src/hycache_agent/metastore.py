@@ -123,7 +123,11 @@ class SQLiteStore:
             snap.counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
             return snap
 
-    def apply(self, batch: Iterable[tuple[str, tuple[Any, ...]]], durable: bool = False) -> None:
+    def apply(self, batch: Iterable[tuple[str, tuple[Any, ...]]], durable: bool = False,
+              outbox_seq: bool = False) -> int | None:
+        """One transaction.  ``outbox_seq``: return the outbox's last sequence number as of
+        this commit (the batch queued outbox rows)."""
+        last = None
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -132,6 +136,8 @@ class SQLiteStore:
                 # each of which hands the GIL over); the order is kept
                 for sql, group in itertools.groupby(batch, key=lambda op: op[0]):
                     cur.executemany(sql, [params for _, params in group])
+                if outbox_seq:
+                    last = cur.execute("SELECT max(seq) FROM outbox").fetchone()[0]
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
@@ -139,6 +145,7 @@ class SQLiteStore:
             if durable:
                 # WAL + synchronous=NORMAL syncs at checkpoint; force the log to disk now.
                 self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return last
 
     def outbox_head(self, limit: int) -> list[tuple[int, str, bytes, bytes | None, bytes | None]]:
         with self._lock:
@@ -146,10 +153,22 @@ class SQLiteStore:
                 "SELECT seq, op, path, path2, meta FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
 
     def outbox_done(self, upto_seq: int) -> int:
-        """Delete the rows applied up to ``upto_seq``; returns how many are left."""
+        """Delete the rows applied up to ``upto_seq``; returns how many are left (from the
+        sequence numbers, O(log n): rows are added in order and removed from the head, and
+        the count is exactly 0 when none is left)."""
         with self._lock:
             self._db.execute("DELETE FROM outbox WHERE seq <= ?", (upto_seq,))
-            return self._db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+            last = self._db.execute("SELECT max(seq) FROM outbox").fetchone()[0]
+            return 0 if last is None else last - upto_seq
+
+    def outbox_published_upto(self) -> int:
+        """The sequence number below the outbox's first row (all before it are published)."""
+        with self._lock:
+            first = self._db.execute("SELECT min(seq) FROM outbox").fetchone()[0]
+            if first is not None:
+                return first - 1
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+            return row[0] if row else 0
 
     def outbox_size(self) -> int:
         with self._lock:
@@ -199,7 +218,8 @@ class MetaJournal:
         # set by the cluster link: turns the batch's changes into outbox rows
         # (op, path, path2, meta) given the dirty inodes; called on the trio thread
         self.outbox_hook: Callable[[set[int]], list[tuple[str, bytes, bytes | None, bytes | None]]] | None = None
-        # called on the trio thread after each commit with its number of outbox rows
+        # called on the trio thread after a commit that queued outbox rows, with the
+        # outbox's last sequence number then
         self.on_commit: Callable[[int], None] | None = None
         # the committer: batches applied in order on the lane's thread; a failed batch is
         # retried before the next, so nothing recorded is ever dropped or reordered
@@ -324,7 +344,7 @@ class MetaJournal:
         waits: commits stay in order) and reported to whoever waits meanwhile."""
         while True:
             try:
-                self.store.apply(batch.sql, batch.durable)
+                last_seq = self.store.apply(batch.sql, batch.durable, outbox_seq=batch.outbox_rows > 0)
             except Exception as exc:
                 log.error("metadata commit failed (%d changes kept for retry): %s", len(batch.sql), exc)
                 self.failed = exc
@@ -339,12 +359,12 @@ class MetaJournal:
             self._durable_upto = batch.upto
             if batch.durable:
                 self._checkpointed_upto = batch.upto
-            return batch.outbox_rows
+            return last_seq
 
-    def _committed(self, rows: int | None, error: BaseException | None) -> None:
+    def _committed(self, last_seq: int | None, error: BaseException | None) -> None:
         """(trio thread)"""
-        if rows and self.on_commit is not None:
-            self.on_commit(rows)
+        if last_seq is not None and self.on_commit is not None:
+            self.on_commit(last_seq)
         if self._deferred and not self._unapplied:
             self._submit()
         for w in [w for w in self._waiters if self._reached(w)]:
