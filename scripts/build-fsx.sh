@@ -41,7 +41,8 @@ done
 if [[ ! -f "$crate" ]]; then
     # cargo's rule: `dl` with {crate}/{version}/... markers is a template, else
     # "$dl/{crate}/{version}/download"
-    dl="$(curl -fsSL --retry 3 "$CRATES_IO_INDEX/config.json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["dl"])')"
+    dl="$(curl -fsSL --retry 3 "$CRATES_IO_INDEX/config.json" \
+          | python3 -c 'import json,sys; print(json.load(sys.stdin)["dl"])')"
     if [[ "$dl" == *"{"* ]]; then
         url="${dl//\{crate\}/fsx}"
         url="${url//\{version\}/$FSX_VERSION}"
