@@ -24,6 +24,9 @@
 #      is missing or older than any source; the control plane serves frontend/dist at /.
 #      Nothing built is committed. Needs Node.js >= 20.19 (skipped with a warning without).
 #      Chromium (apt) is for the dashboard's browser tests (Playwright drives it).
+#   7. fsx (crates.io, pinned) with tests/posix/patches/fsx-odirect.patch (O_DIRECT mode):
+#      scripts/build-fsx.sh, `cargo install --locked --path` of the patched crate into
+#      $HYCACHE_TOOLS_DIR/fsx-$FSX_VERSION-odirect-<patch hash>; linked as .work/bin/fsx.
 #
 # Works without a tty (CI=true, no stdin). Needs root (or sudo) only for steps 1-2.
 set -euo pipefail
@@ -171,13 +174,17 @@ if [[ -f "$FRONTEND/package-lock.json" ]]; then
 fi
 
 # ---------------------------------------------------------------- 7. fsx
-# The File System eXerciser (Rust rewrite, crates.io): not packaged in Debian.
-FSX_ROOT="$TOOLS_DIR/fsx-$FSX_VERSION"
-if [[ ! -x "$FSX_ROOT/bin/fsx" ]]; then
-    CARGO="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
-    say "building fsx $FSX_VERSION from crates.io (one time, ~2-4 min)"
-    quiet nice "$CARGO" install --locked --quiet --force --version "$FSX_VERSION" --root "$FSX_ROOT" fsx
+# The File System eXerciser (Rust rewrite, crates.io): not packaged in Debian. Built with
+# tests/posix/patches/fsx-odirect.patch (an O_DIRECT mode) by scripts/build-fsx.sh into
+# $TOOLS_DIR/fsx-$FSX_VERSION-odirect-<patch hash> (one time, ~1-3 min), linked as .work/bin/fsx.
+FSX_KEY="$(sha256sum <"$REPO/tests/posix/patches/fsx-odirect.patch" | cut -c1-12)"
+if [[ ! -f "$TOOLS_DIR/fsx-$FSX_VERSION-odirect-$FSX_KEY/.done" ]]; then
+    say "building fsx $FSX_VERSION from crates.io with the O_DIRECT patch (one time, ~1-3 min)"
 fi
-ln -sfn "$FSX_ROOT/bin/fsx" "$REPO/.work/bin/fsx"
+BUILD_LOG="$(mktemp)"
+FSX_BIN="$(bash "$REPO/scripts/build-fsx.sh" "$TOOLS_DIR" 2>"$BUILD_LOG")" \
+    || { cat "$BUILD_LOG" >&2; die "building fsx failed"; }
+rm -f "$BUILD_LOG"
+ln -sfn "$FSX_BIN" "$REPO/.work/bin/fsx"
 
-say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, fsx $FSX_VERSION, libfuse $LIBFUSE_VERSION, .venv synced)"
+say "ok (uv $UV_VERSION, pjdfstest $PJDFSTEST_VERSION, fsx $FSX_VERSION+odirect, libfuse $LIBFUSE_VERSION, .venv synced)"

@@ -16,7 +16,7 @@ FIO_JOBS = [
     ("seq-1m", "write", "1m", False),
     ("rand-4k", "randwrite", "4k", False),
     ("rand-mixed-bs", "randwrite", "4k-256k", False),
-    ("direct-rand-4k", "randwrite", "4k", True),   # O_DIRECT (fsx has no O_DIRECT mode)
+    ("direct-rand-4k", "randwrite", "4k", True),   # O_DIRECT, 4 writers (fsx: test_fsx.py direct modes)
 ]
 
 

@@ -389,15 +389,21 @@ class TieringEngine:
     async def _io(self, h: Handle, fn, *args):
         """Run ``fn(fd, *args)`` in a worker thread on the handle's descriptor for the
         blob that holds the file now: one thread hop, including a (re)open after a
-        migration moved the file."""
+        migration moved the file.  Reads take no lock: a migration may switch and remove
+        the chosen blob before the worker opens it (ENOENT); then the current one serves."""
         inode = h.inode
-        tier, gen = inode.tier, self._blob_gens.get(inode.ino, 0)
-        path = self.tiers[tier].blob(inode.ino)
+        while True:
+            tier, gen = inode.tier, self._blob_gens.get(inode.ino, 0)
+            path = self.tiers[tier].blob(inode.ino)
 
-        def job():
-            return fn(h.fd_for(path, tier, gen), *args)
+            def job(path=path, tier=tier, gen=gen):
+                return fn(h.fd_for(path, tier, gen), *args)
 
-        return await trio.to_thread.run_sync(job)
+            try:
+                return await trio.to_thread.run_sync(job)
+            except FileNotFoundError:
+                if (inode.tier, self._blob_gens.get(inode.ino, 0)) == (tier, gen):
+                    raise  # not moved meanwhile: a real ENOENT
 
     def _evictable(self, inode: Inode | None) -> bool:
         """May the evictor move this file now?  Not if pinned, open, being migrated or
