@@ -159,6 +159,13 @@ class HyCacheOperations(pyfuse3.Operations):
             return remote.local
         return None
 
+    async def _settled(self, node: Inode) -> None:
+        """Size and times of a file the kernel wrote itself (passthrough) brought up to date
+        before its metadata is published under a new name (a file written, closed and at
+        once renamed must show its final size on the other nodes)."""
+        if node.ino in self.backings.by_ino:
+            await self.backings.refresh(node)
+
     @contextlib.asynccontextmanager
     async def _writable(self, ino: int, *, truncate: bool = False):
         """The local inode to change for ``ino`` (yields ``(inode, leased)``): a file held
@@ -308,6 +315,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @metadata_op
     async def link(self, inode, new_parent_inode, new_name, ctx):
         async with self._writable(inode) as (node, _):
+            await self._settled(node)
             new_parent_inode = await self._local_dir(new_parent_inode)
             node = self.ns.link(node.ino, new_parent_inode, new_name)
             await self.ns.journal.sync()
@@ -373,6 +381,7 @@ class HyCacheOperations(pyfuse3.Operations):
             return
         old_parent = self._local(parent_inode_old).ino
         src = self.ns.lookup(old_parent, name_old)
+        await self._settled(src)
         replaced = None
         if not dst_is_local:
             replaced = await self.cluster.lookup(parent_inode_new, name_new)
@@ -560,14 +569,14 @@ class HyCacheOperations(pyfuse3.Operations):
     async def flush(self, fh):
         if fh in self._remote_handles:
             return
+        replicated = self.cluster is not None and self.cluster.replicator.count > 0
         node = self._backed.get(fh)
-        if node is not None and self.cluster is not None and self.engine.handles[fh].writable:
-            # other nodes see the size at close (queued before whatever this node does next,
-            # e.g. the rename of a file just written), and replicas are made of the final
-            # bytes; standalone, the last release takes it (getattr until then asks the blob)
-            await self.backings.refresh(node)
+        if node is not None and replicated and self.engine.handles[fh].writable:
+            await self.backings.refresh(node)  # replicas are made of the final bytes
+        # (otherwise the last release takes the final size and queues its publication;
+        # getattr until then, and a rename or link of it, ask the blob: _settled)
         await self.engine.flush(fh)
-        if self.cluster is not None and self.engine.handles[fh].writable:
+        if replicated and self.engine.handles[fh].writable:
             await self.cluster.replicator.closed(self.engine.handles[fh].inode)
 
     @errno_edge
