@@ -113,3 +113,11 @@ def test_metadata_run_on_a_plain_directory(tmp_path: Path) -> None:
     finally:
         t.stop()
     assert not (tmp_path / "raw").exists()
+
+
+def test_target_order_rotates_so_no_target_is_always_first() -> None:
+    ts = ["raw", "hycache", "mergerfs"]
+    assert fb.rotated(ts, 0) == ts
+    assert fb.rotated(ts, 4) == ["hycache", "mergerfs", "raw"]
+    assert {fb.rotated(ts, k)[0] for k in range(3)} == set(ts)
+    assert fb.rotated([], 2) == []
