@@ -166,6 +166,34 @@ class Caches:
                 f.write("3\n")
 
 
+class DiskCounter:
+    """Bytes read from the block device under the work dir (/sys/class/block/X/stat,
+    machine-wide: other processes count too). A cache-neutrality witness: a cold read job
+    reads about all of its bytes from the disk; one that reads much less was served from a
+    cache. None when the device cannot be found."""
+
+    def __init__(self, workdir: Path):
+        src = run(["findmnt", "-n", "-o", "SOURCE", "-T", str(workdir)]).stdout.strip()
+        stat = Path(f"/sys/class/block/{Path(src).name}/stat") if src.startswith("/dev/") else None
+        self.stat = stat if stat is not None and stat.exists() else None
+
+    def read_bytes(self) -> int | None:
+        if self.stat is None:
+            return None
+        return int(self.stat.read_text().split()[2]) * 512  # field 3: sectors read
+
+
+def cache_suspects(res: dict, limit: float = 0.5) -> list[str]:
+    """Read cells of which a pass read less than ``limit`` of its bytes from the disk."""
+    out = []
+    for t, cells in res.items():
+        for key, c in cells.items():
+            low = [(i, x) for i, x in enumerate(c.get("disk_read_share", [])) if x < limit]
+            if low:
+                out.append(f"{t} {key} (pass {', '.join(f'{i + 1}: {x:.0%}' for i, x in low)})")
+    return out
+
+
 def mounts_under(root: Path) -> list[Path]:
     out = []
     with open("/proc/self/mounts") as f:
@@ -444,6 +472,8 @@ def bench_all(targets: list[Target], args, caches: Caches) -> dict:
     row); --repeat passes over everything."""
     samples: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
     iops: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
+    disk_share: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
+    disk = DiskCounter(args.workdir)
     fio_targets = [t for t in targets if t.fio] if "fio" in args.parts else []
     maxjobs = max(args.numjobs)
     for t in fio_targets:
@@ -459,12 +489,18 @@ def bench_all(targets: list[Target], args, caches: Caches) -> dict:
                 step += 1
                 for t in rotated(fio_targets, step):
                     caches.drop()
+                    before = disk.read_bytes()
                     r = fio(fio_argv(t.path, "bench", rw, bs, nj, args.size, io_size), rw)
+                    from_disk = disk.read_bytes() - before
                     mib = r["bw_bytes"] / 2**20
                     samples[t.name].setdefault(key, []).append(mib)
                     iops[t.name].setdefault(key, []).append(r["iops"])
+                    share = from_disk / r["io_bytes"] if r["io_bytes"] and from_disk is not None else None
+                    if rw.endswith("read") and share is not None:
+                        disk_share[t.name].setdefault(key, []).append(share)
                     log(f"{tag} {t.name:19} {key:16} {mib:9.1f} MiB/s {r['iops']:9.0f} IOPS "
-                        f"{r['runtime_ms'] / 1000:6.1f} s")
+                        f"{r['runtime_ms'] / 1000:6.1f} s"
+                        + (f"  disk read {share:4.0%} of it" if rw.endswith("read") and share is not None else ""))
                     if not t.alive():
                         raise RuntimeError(f"{t.name} died during {key}:\n{t.log_tail()}")
         for w in args.writers if "meta" in args.parts else []:
@@ -485,6 +521,8 @@ def bench_all(targets: list[Target], args, caches: Caches) -> dict:
             cell = {"value": median(xs), "min": min(xs), "max": max(xs), "samples": xs, "unit": unit_for(key)}
             if key in iops[t.name]:
                 cell["iops"] = median(iops[t.name][key])
+            if key in disk_share[t.name]:
+                cell["disk_read_share"] = disk_share[t.name][key]
             results[t.name][key] = cell
     return results
 
@@ -598,6 +636,10 @@ def print_table(res: dict, targets: list[str], args) -> None:
     console.print(tbl)
     if any(t in NO_FSYNC_TARGETS for t in targets) and "fio" in args.parts:
         console.print(NO_FSYNC_NOTE.replace("`", ""))
+    suspects = cache_suspects(res)
+    if suspects:
+        console.print("[red]read jobs that read < 50 % of their bytes from the disk (a cache served them; "
+                      f"suspect cells):[/red] {', '.join(suspects)}")
     met, total, missed = summary(res, args)
     if total:
         console.print(f"issue 11 targets met: {met} of {total}" + (f"; missed: {', '.join(missed)}" if missed else ""))
@@ -799,6 +841,12 @@ def write_report(res: dict, targets: list[str], args, caches: Caches, info: dict
     lines += [""]
     if any(t in NO_FSYNC_TARGETS for t in targets) and "fio" in args.parts:
         lines += [NO_FSYNC_NOTE, ""]
+    if "fio" in args.parts:
+        suspects = cache_suspects(res)
+        lines += [("Cache check: read jobs that read less than half of their bytes from the disk "
+                   f"(served from a cache, so these cells are suspect): {', '.join(suspects)}." if suspects else
+                   "Cache check: every read job read at least half of its bytes from the disk "
+                   "(`/sys/class/block/*/stat`), i.e. none was served from a cache."), ""]
     if total:
         lines += [f"Targets of issue 11 met: **{met} of {total}**"
                   + (f"; missed: {', '.join(missed)}." if missed else "."), ""]

@@ -121,3 +121,16 @@ def test_target_order_rotates_so_no_target_is_always_first() -> None:
     assert fb.rotated(ts, 4) == ["hycache", "mergerfs", "raw"]
     assert {fb.rotated(ts, k)[0] for k in range(3)} == set(ts)
     assert fb.rotated([], 2) == []
+
+
+def test_cache_suspects_name_the_pass() -> None:
+    res = {"hycache": {"seq read 1M j1": {**cell(9000, samples=[9000, 1000]), "disk_read_share": [0.02, 1.2]}},
+           "raw": {"seq read 1M j1": {**cell(1000), "disk_read_share": [1.1]}}}
+    assert fb.cache_suspects(res) == ["hycache seq read 1M j1 (pass 1: 2%)"]
+
+
+def test_disk_counter_reads_the_work_dirs_device(tmp_path: Path) -> None:
+    d = fb.DiskCounter(tmp_path)
+    if d.stat is None:
+        pytest.skip("the work dir is not on a block device here")
+    assert d.read_bytes() >= 0
