@@ -28,7 +28,8 @@ Size-based jobs, no time_based: each job reads or writes each of its bytes once 
 the whole file; 4 KiB rows: --io-4k of it, random jobs on distinct blocks thanks to fio's
 random map); `sync; echo 3 > drop_caches` before every job; invalidate=1; writes end with
 end_fsync=1 (the write-back to disk is inside the measured time); buffered direct=0,
-ioengine=psync, fallocate=none.
+ioengine=psync, fallocate=none. Every read job also counts the bytes read from the disk:
+a pass that read less than half of its bytes from the disk is flagged (a cache served it).
 
 Metadata rows: create (open O_CREAT|O_EXCL + write 4 KiB + close), stat, remove with 1 and
 4 writers (4 processes, each in its own directory, started together at a barrier; rate =
@@ -66,7 +67,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
@@ -776,6 +777,10 @@ def method_lines(args, caches: Caches) -> list[str]:
         "bypass exactly the caches that differ between targets. `fallocate=none`: FUSE file "
         "systems answer fallocate differently (mergerfs, pyfuse3's example), the layout must not "
         "depend on it.",
+        "- Cache check: for every read job the script counts the bytes read from the work "
+        "dir's block device (`/sys/class/block/*/stat`, machine-wide, so other processes and "
+        "read-ahead count too) and flags a cell when a pass read less than half of the job's "
+        "bytes from the disk: such a job was served from a cache, and the cell is suspect.",
         "- Read-ahead is each target's own: the raw directory gets ext4's on the disk "
         "(`read_ahead_kb` below), the FUSE targets without passthrough get the FUSE mount's "
         "(the kernel's per-mount default, capped by the daemon's max_readahead), `hycache` with "
