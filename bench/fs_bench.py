@@ -23,7 +23,8 @@ first after a row change, which runs slower on a virtual disk whose host cache w
                        started for the run: metadata rows only unless --dht-fio
 
 fio rows (cache-neutral, see "Method" in the report): sequential read and write at 1 MiB
-and 4 KiB, random 4 KiB read and write, numjobs 1 and 4 (one file of --size per job).
+and 4 KiB, random 4 KiB read and write, 1 and 4 concurrent jobs (job i on its own file
+bench.i of --size, named explicitly).
 Size-based jobs, no time_based: each job reads or writes each of its bytes once (1 MiB rows:
 the whole file; 4 KiB rows: --io-4k of it, random jobs on distinct blocks thanks to fio's
 random map); `sync; echo 3 > drop_caches` before every job; invalidate=1; writes end with
@@ -347,15 +348,22 @@ class Target:
 
 # ============================================================================ fio
 def fio_argv(path: Path, name: str, rw: str, bs: str, numjobs: int, size: str, io_size: str | None) -> list[str]:
-    """One size-based, cache-neutral fio job (see the module docstring)."""
-    argv = ["fio", f"--name={name}", f"--directory={path}", "--filename_format=bench.$jobnum",
-            f"--rw={rw}", f"--bs={bs}", f"--size={size}", f"--numjobs={numjobs}",
+    """One size-based, cache-neutral fio run of ``numjobs`` concurrent jobs (see the module
+    docstring), job i on its own file PATH/bench.i.
+
+    The files are named explicitly, one job section each: fio's ``--numjobs`` with
+    ``--filename_format=bench.$jobnum`` named a one-job read "bench" (a new file that fio
+    laid out and then read back from the page cache) and let the four jobs of a read run
+    share that one file."""
+    argv = ["fio", f"--rw={rw}", f"--bs={bs}", f"--size={size}",
             "--ioengine=psync", "--direct=0", "--invalidate=1", "--fallocate=none",
             "--group_reporting", "--output-format=json"]
     if io_size:
         argv.append(f"--io_size={io_size}")
     if "write" in rw:
         argv.append("--end_fsync=1")
+    for i in range(numjobs):  # global options above, then one section per job; all run at once
+        argv += [f"--name={name}{i}", f"--filename={path / f'bench.{i}'}"]
     return argv
 
 
@@ -759,9 +767,13 @@ def method_lines(args, caches: Caches) -> list[str]:
     return [
         f"- fio ({'median of ' + str(args.repeat) + ' passes, whiskers and ranges: min–max' if args.repeat > 1 else 'one pass'}): "
         f"`--ioengine=psync --direct=0 --invalidate=1 --fallocate=none`, `--end_fsync=1` for writes, "
-        f"`--size={args.size}` per job (one file per job), numjobs {', '.join(map(str, args.numjobs))}, "
-        f"`--group_reporting --output-format=json`. The files are laid out once per target "
-        f"(sequential 1 MiB writes through the target); write jobs overwrite them in place.",
+        f"`--size={args.size}` per job, {' or '.join(map(str, args.numjobs))} concurrent jobs (`jN`), "
+        f"`--group_reporting --output-format=json`. Job i has its own file `bench.i`, named "
+        f"explicitly (`--name=benchI --filename=DIR/bench.I` per job, not `--numjobs` with "
+        f"`--filename_format`, with which fio named a one-job read `bench`, a new file it laid out "
+        f"and read back from the page cache, and let the four jobs of a read share that file). "
+        f"The files are laid out once per target (sequential 1 MiB writes through the target); "
+        f"write jobs overwrite them in place.",
         "- **Cache-neutral.** Size-based jobs, no `time_based`: a job reads or writes each of its "
         f"bytes once (1 MiB rows: the whole file; 4 KiB rows: `--io_size={args.io_4k}` of it, the "
         "random ones on distinct blocks, because fio's random map — on by default — never picks a "

@@ -69,8 +69,12 @@ def test_fio_argv_is_size_based_and_cache_neutral() -> None:
     argv = fb.fio_argv(Path("/x"), "bench", "randwrite", "4k", 4, "256M", "64M")
     assert "--time_based" not in argv and not any(a.startswith("--runtime") for a in argv)
     for opt in ("--invalidate=1", "--direct=0", "--fallocate=none", "--end_fsync=1", "--io_size=64M",
-                "--size=256M", "--numjobs=4"):
+                "--size=256M"):
         assert opt in argv
+    # four jobs, each on its own, explicitly named file (not fio's numjobs/filename_format)
+    assert [a for a in argv if a.startswith("--filename=")] == [f"--filename=/x/bench.{i}" for i in range(4)]
+    assert len([a for a in argv if a.startswith("--name=")]) == 4
+    assert not any(a.startswith(("--numjobs", "--filename_format")) for a in argv)
     reads = fb.fio_argv(Path("/x"), "bench", "read", "1m", 1, "256M", None)
     assert "--end_fsync=1" not in reads and not any(a.startswith("--io_size") for a in reads)
 
