@@ -778,10 +778,12 @@ def method_lines(args, caches: Caches) -> list[str]:
         f"bytes once (1 MiB rows: the whole file; 4 KiB rows: `--io_size={args.io_4k}` of it, the "
         "random ones on distinct blocks, because fio's random map — on by default — never picks a "
         "block twice), so no read is served from a page cache the job itself filled, as a "
-        "time-based job looping over its file was. "
+        "time-based job looping over its file was (and fio's invalidation between loops does not "
+        "reach a passthrough backing file, so there `hycache` re-read from memory). "
         + ("`sync; echo 3 > /proc/sys/vm/drop_caches` before every job" if caches.enabled
            else "**caches NOT dropped in this run (--warm or not root)**")
-        + " and `invalidate=1` (fio drops the file's pages at job start): every job starts cold, "
+        + " and `invalidate=1` (fio drops the file's pages at job start; through passthrough that "
+        "stops at the FUSE file, the cache drop covers the backing file): every job starts cold, "
         "on every target, in the FUSE page cache and in the backing ext4's. `end_fsync=1`: a "
         "write job ends with fsync and fio counts it in the job's runtime, so the write-back to "
         "disk is inside the measured time (without it a 256 MiB buffered write measures memcpy "
@@ -796,8 +798,8 @@ def method_lines(args, caches: Caches) -> list[str]:
         "- Read-ahead is each target's own: the raw directory gets ext4's on the disk "
         "(`read_ahead_kb` below), the FUSE targets without passthrough get the FUSE mount's "
         "(the kernel's per-mount default, capped by the daemon's max_readahead), `hycache` with "
-        "passthrough the backing file's (ext4's again). On random 4 KiB reads a larger read-ahead "
-        "window reads blocks a later request of the same job asks for: see Notes.",
+        "passthrough the backing file's (ext4's again). No knob is changed: size-based random 4 KiB "
+        "reads cost one disk read per block on raw and on hycache alike (see Notes).",
         f"- Metadata: {args.files} files of 4 KiB per writer; create = open(O_CREAT|O_EXCL) + "
         "write 4 KiB + close, then stat, then unlink, each phase after a cache drop; "
         f"{' and '.join(map(str, args.writers))} writer(s) = processes, each in its own "
