@@ -16,6 +16,7 @@ _spec = importlib.util.spec_from_file_location("fs_bench", REPO / "bench" / "fs_
 fb = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("fs_bench", fb)  # dataclasses look their module up there
 _spec.loader.exec_module(fb)
+import fs_report as fr  # noqa: E402  (bench/fs_report.py: rows, checks, tables)
 
 
 def cell(value: float, unit: str = "MiB/s", samples: list[float] | None = None) -> dict:
@@ -86,13 +87,13 @@ def test_checks_of_issue_11() -> None:
         "pyfuse3-passthrough": {"create w1": cell(1200, "ops/s")},
         "hycache-dht": {"create w1": cell(800, "ops/s")},
     }
-    assert [ok for _t, ok in fb.checks(res, "seq read 1M j1")] == [True]      # exactly 0.9x
-    assert [ok for _t, ok in fb.checks(res, "rand read 4K j1")] == [False]
-    create = fb.checks(res, "create w1")
+    assert [ok for _t, ok in fr.checks(res, "seq read 1M j1")] == [True]      # exactly 0.9x
+    assert [ok for _t, ok in fr.checks(res, "rand read 4K j1")] == [False]
+    create = fr.checks(res, "create w1")
     assert [ok for _t, ok in create] == [False, True]                         # < pyfuse3; dht = 0.8x
     assert "pyfuse3" in create[0][0] and "dht" in create[1][0]
-    assert fb.checks(res, "stat w1") == []
-    met, total, missed = fb.summary(res, fb.parse_args(["--writers", "1"]))
+    assert fr.checks(res, "stat w1") == []
+    met, total, missed = fr.summary(res, fb.parse_args(["--writers", "1"]))
     assert (met, total) == (2, 4) and len(missed) == 2
 
 
@@ -102,7 +103,7 @@ def test_table_cells_show_ratio_spread_and_the_fsync_mark() -> None:
         "raw": {"seq write 1M j1": cell(1000, samples=[900, 1000, 1100])},
         "pyfuse3-passthrough": {"seq write 1M j1": cell(1500, samples=[1400, 1500, 1600])},
     }
-    rows = fb.table_rows(res, ["raw", "pyfuse3-passthrough"], args, "|")
+    rows = fr.table_rows(res, ["raw", "pyfuse3-passthrough"], args, "|")
     assert rows == [["seq write 1M j1", "MiB/s", "1,000|900–1,100", "1,500 (1.50×) †|1,400–1,600", ""]]
 
 
@@ -130,7 +131,7 @@ def test_target_order_rotates_so_no_target_is_always_first() -> None:
 def test_cache_suspects_name_the_pass() -> None:
     res = {"hycache": {"seq read 1M j1": {**cell(9000, samples=[9000, 1000]), "disk_read_share": [0.02, 1.2]}},
            "raw": {"seq read 1M j1": {**cell(1000), "disk_read_share": [1.1]}}}
-    assert fb.cache_suspects(res) == ["hycache seq read 1M j1 (pass 1: 2%)"]
+    assert fr.cache_suspects(res) == ["hycache seq read 1M j1 (pass 1: 2%)"]
 
 
 def test_disk_counter_reads_the_work_dirs_device(tmp_path: Path) -> None:
