@@ -23,8 +23,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,43 +36,7 @@ sys.path.insert(0, str(REPO / "dht" / "src"))
 from hycache_core.sizes import parse_size  # noqa: E402
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Agent:
-    def __init__(self, base: Path, name: str, redis: str | None, secret: Path) -> None:
-        self.root, self.mnt = base / name, base / name / "mnt"
-        self.mnt.mkdir(parents=True)
-        argv = [AGENT, "mount", str(self.root), str(self.mnt), "--log-level", "WARNING"]
-        if redis:
-            argv += ["--redis", redis, "--node-id", name, "--listen", f"127.0.0.1:{free_port()}",
-                     "--cluster-secret-file", str(secret), "--dht-namespace", f"bench-{os.getpid()}"]
-        self.log = open(self.root / "agent.log", "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"agent {name} did not mount; see {self.root / 'agent.log'}")
-            time.sleep(0.05)
-
-    def backlog(self) -> int:
-        out = subprocess.run([AGENT, "status", str(self.root), "--json"], capture_output=True, text=True)
-        cluster = json.loads(out.stdout).get("cluster") if out.returncode == 0 else None
-        return 0 if not cluster else cluster["backlog"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                subprocess.run(["fusermount3", "-uz", str(self.mnt)])
-                self.proc.kill()
-        self.log.close()
+from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
 
 
 def _client(args) -> tuple[float, float]:
@@ -99,9 +61,8 @@ def metadata_run(agents: list[Agent], files: int) -> dict:
             results = pool.map(_client, jobs)
         except OSError:
             for a in agents:
-                a.log.flush()
-                tail = (a.root / "agent.log").read_text(errors="replace").splitlines()[-30:]
-                print(f"--- {a.root / 'agent.log'} ---", *tail, sep="\n", file=sys.stderr)
+                tail = a.log_tail().splitlines()[-30:]
+                print(f"--- {a.logfile} ---", *tail, sep="\n", file=sys.stderr)
             raise
         wall = time.perf_counter() - t0
     total = files * len(agents)
@@ -163,19 +124,23 @@ def main() -> int:
     cluster = LocalRedisCluster(work / "redis", find_free_base(6, start=36000, stop=40000))
     cluster.start()
     redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    namespace = f"bench-{os.getpid()}"
     rows = []
     try:
         ceiling = redis_benchmark(cluster)
         print("redis-benchmark (C, 50 connections, the ceiling):", ceiling, flush=True)
         rows.append({"mode": "redis-benchmark", **ceiling})
-        agent = Agent(work / "standalone", "solo", None, secret)
+        agent = Agent(work / "standalone" / "solo", "solo").start()
         try:
             rows.append({"mode": "standalone", **metadata_run([agent], a.files)})
         finally:
             agent.stop()
         for n in [int(x) for x in a.agents.split(",")]:
-            agents = [Agent(work / f"dht{n}", f"n{i}", redis, secret) for i in range(n)]
+            agents = []
             try:
+                for i in range(n):
+                    agents.append(Agent(work / f"dht{n}" / f"n{i}", f"n{i}", redis=redis, secret=secret,
+                                        namespace=namespace).start())
                 rows.append({"mode": "dht", **metadata_run(agents, a.files)})
             finally:
                 for ag in agents:
@@ -185,8 +150,10 @@ def main() -> int:
                   f"stats/s {r['stats_per_s']:8.0f}  (publication finished {r['publish_tail_s']:.2f} s after "
                   f"the last create)", flush=True)
         size = parse_size(a.read_size)
-        x, y = Agent(work / "read", "x", redis, secret), Agent(work / "read", "y", redis, secret)
+        x = Agent(work / "read" / "x", "x", redis=redis, secret=secret, namespace=namespace).start()
+        y = None
         try:
+            y = Agent(work / "read" / "y", "y", redis=redis, secret=secret, namespace=namespace).start()
             path = x.mnt / "big.bin"
             with open(path, "wb") as f:
                 block = os.urandom(1 << 20)
@@ -216,7 +183,8 @@ def main() -> int:
             rows.append({"mode": "takeover", "size": size, "fetch_s": fresh, "cached_s": cached})
         finally:
             x.stop()
-            y.stop()
+            if y is not None:
+                y.stop()
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)

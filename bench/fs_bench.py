@@ -1,40 +1,64 @@
 #!/usr/bin/env python3
-"""File-system benchmark: the raw fast directory vs mergerfs vs a HyCache mount, in one run.
+"""File-system benchmark of issue 11, in one run: the raw directory, HyCache with and
+without kernel FUSE passthrough, HyCache joined to a Redis Cluster, mergerfs, and pyfuse3's
+own passthrough example (the framework's floor).
 
-For every target it runs fio (Debian package, --output-format=json):
+Targets (all on the file system of --workdir, so they share one disk; all mounted for the
+whole run; every workload runs on every target in turn, so a change in background load hits
+all targets alike, and the order rotates by one at every row, so no target is always the
+first after a row change, which runs slower on a virtual disk whose host cache warms up):
 
-  * sequential read and write at 4 KiB and 1 MiB, random 4 KiB read and write,
-  * each with numjobs 1 and 4 (one file of --size per job, ioengine psync, buffered I/O),
-  * time-based (--runtime seconds), starting cold: files are laid out first, then
-    `sync; echo 3 > /proc/sys/vm/drop_caches` before every job; writes end with fsync
-    (end_fsync=1) so dirty page-cache data is counted;
+  raw                  a plain directory: the limit
+  slow                 a second plain directory (same disk on a one-disk machine; opt-in)
+  hycache              hycache-agent mount --passthrough on (reads, writes, mmap: kernel -> blob)
+  hycache-nopt         the same with --passthrough off (every read and write through the
+                       agent, kernel writeback cache on)
+  mergerfs             mergerfs fast:slow (an existing FUSE file system)
+  pyfuse3-passthrough  pyfuse3's examples/passthroughfs.py from the patched pyfuse3 source
+                       tree the venv was built from, run by the venv's Python: the same
+                       pyfuse3 and libfuse 3.17 build as the agent. A pyfuse3 file system that
+                       only forwards; it does NOT use kernel passthrough (writeback cache off,
+                       its defaults) and implements no fsync (its write rows are marked)
+  hycache-dht          the agent with --passthrough on, joined to a local Redis Cluster
+                       started for the run: metadata rows only unless --dht-fio
 
-and a metadata loop (Python): create N small files (4 KiB each), stat them (after dropping
-caches), remove them, reported as operations per second.
+fio rows (cache-neutral, see "Method" in the report): sequential read and write at 1 MiB
+and 4 KiB, random 4 KiB read and write, 1 and 4 concurrent jobs (job i on its own file
+bench.i of --size, named explicitly).
+Size-based jobs, no time_based: each job reads or writes each of its bytes once (1 MiB rows:
+the whole file; 4 KiB rows: --io-4k of it, random jobs on distinct blocks thanks to fio's
+random map); `sync; echo 3 > drop_caches` before every job; invalidate=1; writes end with
+end_fsync=1 (the write-back to disk is inside the measured time); buffered direct=0,
+ioengine=psync, fallocate=none. Every read job also counts the bytes read from the disk:
+a pass that read less than half of its bytes from the disk is flagged (a cache served it).
 
-Targets (all on the file system of --workdir, so they share the same disk):
-  raw       a plain directory (the limit: what the fast tier does on its own)
-  slow      a plain "slow" directory (same disk on a one-disk machine; opt-in)
-  mergerfs  mergerfs -o MERGERFS_OPTS fast:slow mnt (an existing FUSE fs as the peer)
-  hycache   hycache-agent mount ROOT MNT --fast-capacity 64G --passthrough on (everything on
-            the fast tier; reads and writes go kernel -> blob)
-  hycache-nopt  the same with --passthrough off (every read and write through the agent,
-            kernel writeback cache on)
+Metadata rows: create (open O_CREAT|O_EXCL + write 4 KiB + close), stat, remove with 1 and
+4 writers (4 processes, each in its own directory, started together at a barrier; rate =
+total operations / wall time of the slowest), caches dropped before each phase. For
+hycache-dht also the publication tail: seconds from the last create (or remove) until the
+agent's outbox is empty (`hycache-agent status ROOT --json` -> cluster.backlog).
 
-Results: a table on stdout (value, % of raw, goal check), a Markdown report (--out,
-default docs/benchmarks.md), a plot next to it (img/bench_fs.png) and the raw numbers as
-JSON in the work directory. Goals for hycache: >= 80 % of raw at 1 MiB sequential, >= 50 %
-at 4 KiB, and at least mergerfs everywhere.
+Targets of issue 11, checked per row (PASS/MISS): every fio row of hycache >= 0.9 x raw;
+hycache creates >= pyfuse3-passthrough creates; hycache-dht creates >= 0.8 x hycache
+creates (1 and 4 writers).
 
-Mounts are always unmounted on exit, Ctrl-C and SIGTERM included.
-This is a script with printed results, never a test with timed assertions.
+Results: the median of --repeat passes and the spread (min-max) per cell; a table on
+stdout, a Markdown report (--out, default docs/benchmarks.md; its hand-written "## Notes"
+section is kept), a plot beside it (img/bench_fs.png: x raw per row for every target, the
+0.9 line, a second panel for the metadata rows) and the raw numbers as JSON (--json).
+
+Needs root (drop_caches, FUSE mounts), fio, mergerfs, fusermount3, redis-server (for
+hycache-dht): scripts/bootstrap.sh installs them. Mounts, daemons and the Redis Cluster are
+always stopped on exit, Ctrl-C and SIGTERM included; a run killed with SIGKILL leaves them
+for the next run to clean up first. A script with printed results, never a test with timed
+assertions.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -43,33 +67,29 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from fusemount import force_unmount, is_mounted, stop_daemon  # bench/fusemount.py, shared with tests/conftest.py
+# bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
+from fusemount import Agent, FuseDaemon, force_unmount
+# bench/fs_report.py: the rows, the issue-11 checks, the table, the page and the plot
+from fs_report import (META_OPS, TAIL_OPS, WORKLOADS, fio_key, meta_key, plot, print_table, tail_key,
+                       unit_for, write_report)
 
 REPO = Path(__file__).resolve().parent.parent
+VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
 
 MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files=partial,"
                  "dropcacheonclose=false,moveonenospc=true,fsname=mergerfs-bench")
 HYCACHE_FAST_CAPACITY = "64G"
 
-NOTES_MARKER = "## Notes"  # hand-written section of the report, kept when it is regenerated
 
-ALL_TARGETS = ["raw", "slow", "mergerfs", "hycache", "hycache-nopt"]
-DEFAULT_TARGETS = ["raw", "mergerfs", "hycache", "hycache-nopt"]
+ALL_TARGETS = ["raw", "slow", "hycache", "hycache-nopt", "mergerfs", "pyfuse3-passthrough", "hycache-dht"]
+DEFAULT_TARGETS = [t for t in ALL_TARGETS if t != "slow"]
+AGENT_TARGETS = {"hycache", "hycache-nopt", "hycache-dht"}
+FUSE_TARGETS = AGENT_TARGETS | {"mergerfs", "pyfuse3-passthrough"}
 
-# name, fio rw, block size, goal (fraction of raw) for hycache or None
-WORKLOADS = [
-    ("seq read 1M", "read", "1m", 0.80),
-    ("seq write 1M", "write", "1m", 0.80),
-    ("seq read 4K", "read", "4k", 0.50),
-    ("seq write 4K", "write", "4k", 0.50),
-    ("rand read 4K", "randread", "4k", 0.50),
-    ("rand write 4K", "randwrite", "4k", 0.50),
-]
-META_OPS = ["create", "stat", "remove"]
 
 
 # ============================================================================ helpers
@@ -82,9 +102,22 @@ def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def parse_size(s: str) -> int:
-    s = s.strip().upper().removesuffix("B").removesuffix("I")
+    """'256M' -> bytes (K/M/G/T, optional i/B suffix); a bad value raises ValueError."""
+    t = s.strip().upper().removesuffix("B").removesuffix("I")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+    try:
+        n = int(float(t[:-1]) * mult[t[-1]]) if t and t[-1] in mult else int(t)
+    except (ValueError, IndexError):
+        raise ValueError(f"not a size: {s!r} (e.g. 256M)") from None
+    if n <= 0:
+        raise ValueError(f"not a positive size: {s!r}")
+    return n
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 class Caches:
@@ -102,6 +135,23 @@ class Caches:
                 f.write("3\n")
 
 
+class DiskCounter:
+    """Bytes read from the block device under the work dir (/sys/class/block/X/stat,
+    machine-wide: other processes count too). A cache-neutrality witness: a cold read job
+    reads about all of its bytes from the disk; one that reads much less was served from a
+    cache. None when the device cannot be found."""
+
+    def __init__(self, workdir: Path):
+        src = run(["findmnt", "-n", "-o", "SOURCE", "-T", str(workdir)]).stdout.strip()
+        stat = Path(f"/sys/class/block/{Path(src).name}/stat") if src.startswith("/dev/") else None
+        self.stat = stat if stat is not None and stat.exists() else None
+
+    def read_bytes(self) -> int | None:
+        if self.stat is None:
+            return None
+        return int(self.stat.read_text().split()[2]) * 512  # field 3: sectors read
+
+
 def mounts_under(root: Path) -> list[Path]:
     out = []
     with open("/proc/self/mounts") as f:
@@ -112,20 +162,89 @@ def mounts_under(root: Path) -> list[Path]:
     return out
 
 
+def pyfuse3_example() -> Path:
+    """examples/passthroughfs.py of the pyfuse3 source tree the venv's pyfuse3 was built
+    from (its direct_url.json: uv installs it from that path), else .work/pyfuse3."""
+    probe = run([str(VENV_PYTHON), "-c",
+                 "import importlib.metadata as m; print(m.distribution('pyfuse3').read_text('direct_url.json') or '')"])
+    candidates = []
+    if probe.returncode == 0 and probe.stdout.strip():
+        try:
+            url = json.loads(probe.stdout)["url"]
+            if url.startswith("file://"):
+                candidates.append(Path(url.removeprefix("file://")) / "examples" / "passthroughfs.py")
+        except (ValueError, KeyError):
+            pass
+    candidates.append(REPO / ".work" / "pyfuse3" / "examples" / "passthroughfs.py")
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise RuntimeError("pyfuse3's examples/passthroughfs.py not found (looked at "
+                       f"{', '.join(map(str, candidates))}): run scripts/bootstrap.sh")
+
+
+def libfuse_version() -> str:
+    out = run([str(VENV_PYTHON), "-c", "import pyfuse3; print(pyfuse3.__version__)"])
+    prefix = REPO / ".work" / "pyfuse3" / "hycache-libfuse-prefix"
+    lib = prefix.read_text().strip() if prefix.exists() else "?"
+    return f"pyfuse3 {out.stdout.strip() or '?'}, libfuse prefix {lib}"
+
+
+# ============================================================================ the DHT
+class Cluster:
+    """A local Redis Cluster for hycache-dht (as bench/cluster_bench.py starts one)."""
+
+    def __init__(self, workdir: Path):
+        self.dir = workdir / "redis"
+        self.secret = workdir / "cluster-secret"
+        self.namespace = f"fsbench-{os.getpid()}"
+        self.cluster = None
+
+    def start(self) -> None:
+        from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+
+        self.stop_stale()
+        self.secret.write_text(os.urandom(32).hex())
+        self.secret.chmod(0o600)
+        self.cluster = LocalRedisCluster(self.dir, find_free_base(6, start=44000, stop=48000))
+        self.cluster.start()
+
+    @property
+    def redis(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.cluster.nodes[:3])
+
+    def stop_stale(self) -> None:
+        """A run killed with SIGKILL leaves its redis-servers running: stop them."""
+        from hycache_dht.localcluster import LocalRedisCluster
+
+        meta = self.dir / "cluster.json"
+        if meta.exists():
+            try:
+                m = json.loads(meta.read_text())
+                log(f"stopping the stale Redis Cluster in {self.dir}")
+                LocalRedisCluster(self.dir, m["base_port"], masters=m["masters"], replicas=m["replicas"]).stop()
+            except (ValueError, KeyError, OSError) as e:
+                log(f"could not stop the stale cluster in {self.dir}: {e}")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 # ============================================================================ targets
 @dataclass
 class Target:
     name: str
-    base: Path                 # scratch dir for this target
-    path: Path | None = None   # where the benchmark files go
-    proc: subprocess.Popen | None = None
-    mountpoint: Path | None = None
-    logfile: Path | None = None
+    base: Path                    # scratch dir for this target
+    path: Path | None = None      # where the benchmark files go
+    daemon: FuseDaemon | None = None
     description: str = ""
-    argv: list[str] = field(default_factory=list)
+    fio: bool = True              # runs the fio rows
 
-    # ------------------------------------------------------------------ set up
-    def start(self) -> None:
+    def start(self, cluster: Cluster | None) -> None:
         if self.base.exists():
             shutil.rmtree(self.base)
         self.base.mkdir(parents=True)
@@ -134,62 +253,77 @@ class Target:
             self.path.mkdir()
             self.description = f"plain directory {self.path}"
             return
-        fast, slow, mnt = self.base / "fast", self.base / "slow", self.base / "mnt"
-        for d in (fast, slow, mnt):
-            d.mkdir()
+        logfile = self.base.parent / f"{self.name}.log"
+        mnt = self.base / "mnt"
         if self.name == "mergerfs":
-            self.argv = ["mergerfs", "-f", "-o", MERGERFS_OPTS, f"{fast}:{slow}", str(mnt)]
-        elif self.name in ("hycache", "hycache-nopt"):
+            fast, slow = self.base / "fast", self.base / "slow"
+            fast.mkdir()
+            slow.mkdir()
+            self.daemon = FuseDaemon(self.name, ["mergerfs", "-f", "-o", MERGERFS_OPTS, f"{fast}:{slow}", str(mnt)],
+                                     mnt, logfile)
+        elif self.name == "pyfuse3-passthrough":
+            src = self.base / "src"
+            src.mkdir()
+            # Its defaults: no --debug/--debug-fuse, no writeback cache; trio, one thread.
+            # It exits cleanly on unmount, not on SIGTERM.
+            self.daemon = FuseDaemon(self.name, [str(VENV_PYTHON), str(pyfuse3_example()), str(src), str(mnt)],
+                                     mnt, logfile, unmount_to_stop=True)
+        elif self.name in AGENT_TARGETS:
             if not AGENT_BIN.exists():
                 raise RuntimeError(f"{AGENT_BIN} missing: run scripts/bootstrap.sh")
-            # ROOT/fast and ROOT/slow: the same layout as mergerfs' branches.
-            self.argv = [str(AGENT_BIN), "mount", str(self.base), str(mnt),
-                         "--fast-capacity", HYCACHE_FAST_CAPACITY, "--log-level", "warning",
-                         "--passthrough", "on" if self.name == "hycache" else "off"]
+            opts = ["--fast-capacity", HYCACHE_FAST_CAPACITY,
+                    "--passthrough", "off" if self.name == "hycache-nopt" else "on"]
+            if self.name == "hycache-dht":
+                assert cluster is not None
+                # one node: nothing to rebalance with, so no background rebalance checks
+                self.daemon = Agent(self.base, self.name, *opts, "--rebalance-interval", "0",
+                                    redis=cluster.redis, secret=cluster.secret, namespace=cluster.namespace,
+                                    log_level="warning", agent_bin=AGENT_BIN)
+            else:
+                self.daemon = Agent(self.base, self.name, *opts, log_level="warning", agent_bin=AGENT_BIN)
         else:
             raise ValueError(self.name)
-        self.description = shlex.join(self.argv)
-        self.logfile = self.base.parent / f"{self.name}.log"
-        with open(self.logfile, "wb") as out:
-            # Own session: a terminal Ctrl-C reaches us, and we unmount in order.
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        self.mountpoint = mnt
-        deadline = time.monotonic() + 30
-        while not is_mounted(mnt):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before mounting:\n"
-                                   + self.logfile.read_text(errors="replace")[-3000:])
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not mount within 30 s:\n"
-                                   + self.logfile.read_text(errors="replace")[-3000:])
-            time.sleep(0.05)
+        self.description = shlex.join(self.daemon.argv)
+        self.daemon.start()
         self.path = mnt / "bench"
         self.path.mkdir()
 
-    # ------------------------------------------------------------------ tear down
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            if stop_daemon(self.proc, self.mountpoint, timeout=30) != 0:
-                log(f"{self.name} exited {self.proc.returncode} (log: {self.logfile})")
-        if self.mountpoint is not None:
-            force_unmount(self.mountpoint)
+        if self.daemon is not None:
+            rc = self.daemon.stop()
+            if rc not in (0, None):
+                log(f"{self.name} exited {rc} (log: {self.daemon.logfile})")
         shutil.rmtree(self.base, ignore_errors=True)
 
     def alive(self) -> bool:
-        return self.proc is None or self.proc.poll() is None
+        return self.daemon is None or self.daemon.alive()
+
+    def log_tail(self) -> str:
+        return self.daemon.log_tail(2000) if self.daemon is not None else ""
 
 
-# ============================================================================ measuring
-def fio(path: Path, name: str, rw: str, bs: str, numjobs: int, size: str, runtime: float | None,
-        extra: list[str] = ()) -> dict:
-    argv = ["fio", f"--name={name}", f"--directory={path}", "--filename_format=bench.$jobnum",
-            f"--rw={rw}", f"--bs={bs}", f"--size={size}", f"--numjobs={numjobs}",
-            "--ioengine=psync", "--direct=0", "--fallocate=none", "--end_fsync=1",
-            "--group_reporting", "--output-format=json", *extra]
-    if runtime:
-        argv += ["--time_based", f"--runtime={runtime}"]
-    timeout = (runtime or 0) + 600
+# ============================================================================ fio
+def fio_argv(path: Path, name: str, rw: str, bs: str, numjobs: int, size: str, io_size: str | None) -> list[str]:
+    """One size-based, cache-neutral fio run of ``numjobs`` concurrent jobs (see the module
+    docstring), job i on its own file PATH/bench.i.
+
+    The files are named explicitly, one job section each: fio's ``--numjobs`` with
+    ``--filename_format=bench.$jobnum`` named a one-job read "bench" (a new file that fio
+    laid out and then read back from the page cache) and let the four jobs of a read run
+    share that one file."""
+    argv = ["fio", f"--rw={rw}", f"--bs={bs}", f"--size={size}",
+            "--ioengine=psync", "--direct=0", "--invalidate=1", "--fallocate=none",
+            "--group_reporting", "--output-format=json"]
+    if io_size:
+        argv.append(f"--io_size={io_size}")
+    if "write" in rw:
+        argv.append("--end_fsync=1")
+    for i in range(numjobs):  # global options above, then one section per job; all run at once
+        argv += [f"--name={name}{i}", f"--filename={path / f'bench.{i}'}"]
+    return argv
+
+
+def fio(argv: list[str], rw: str, timeout: float = 1800) -> dict:
     # fio forks one process per job: run it in its own process group and kill the whole
     # group on any interruption, so no job keeps a file open on a mount we unmount.
     p = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -205,143 +339,157 @@ def fio(path: Path, name: str, rw: str, bs: str, numjobs: int, size: str, runtim
         raise
     if p.returncode != 0:
         raise RuntimeError(f"fio failed ({p.returncode}): {shlex.join(argv)}\n{stderr[-2000:]}")
-    out = stdout[stdout.index("{"):]  # fio may print notes before the JSON
-    job = json.loads(out)["jobs"][0]
+    job = json.loads(stdout[stdout.index("{"):])["jobs"][0]  # fio may print notes before the JSON
     side = job["read"] if rw.endswith("read") else job["write"]
     return {"bw_bytes": side["bw_bytes"], "iops": side["iops"], "runtime_ms": side["runtime"],
-            "io_bytes": side["io_bytes"], "argv": shlex.join(argv)}
+            "io_bytes": side["io_bytes"]}
 
 
-def metadata_loop(path: Path, n: int, caches: Caches) -> dict[str, float]:
-    d = path / "meta"
-    d.mkdir()
+# ============================================================================ metadata
+def _meta_worker(directory: str, n: int, barrier, conn) -> None:
+    """One writer (a process): waits for an op name, meets the others at the barrier,
+    does the op on its n files, sends back its elapsed seconds (or an error)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent cleans up
     payload = b"x" * 4096
-    names = [str(d / f"f{i:06d}") for i in range(n)]
-    caches.drop()
-    t0 = time.perf_counter()
-    for p in names:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        os.write(fd, payload)
-        os.close(fd)
-    t1 = time.perf_counter()
-    caches.drop()
-    t2 = time.perf_counter()
-    for p in names:
-        os.stat(p)
-    t3 = time.perf_counter()
-    caches.drop()
-    t4 = time.perf_counter()
-    for p in names:
-        os.unlink(p)
-    t5 = time.perf_counter()
-    os.rmdir(d)
-    return {"create": n / (t1 - t0), "stat": n / (t3 - t2), "remove": n / (t5 - t4)}
+    names = [os.path.join(directory, f"f{i:06d}") for i in range(n)]
+    while True:
+        op = conn.recv()
+        if op is None:
+            return
+        try:
+            barrier.wait(timeout=120)
+            t0 = time.perf_counter()
+            if op == "create":
+                for p in names:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    os.write(fd, payload)
+                    os.close(fd)
+            elif op == "stat":
+                for p in names:
+                    os.stat(p)
+            elif op == "remove":
+                for p in names:
+                    os.unlink(p)
+            else:
+                raise ValueError(op)
+            conn.send(("ok", time.perf_counter() - t0))
+        except Exception as e:  # reported by the parent
+            conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, float]:
+    """create/stat/remove of n files per writer; returns {key: ops/s or tail seconds}."""
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(writers)
+    dirs = [t.path / f"meta-w{writers}-{i}" for i in range(writers)]
+    procs, conns = [], []
+    for d in dirs:
+        d.mkdir()
+    out: dict[str, float] = {}
+    try:
+        for d in dirs:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_meta_worker, args=(str(d), n, barrier, child), daemon=True)
+            p.start()
+            procs.append(p)
+            conns.append(parent)
+        for op in META_OPS:
+            caches.drop()
+            for c in conns:
+                c.send(op)
+            times = []
+            for c in conns:
+                if not c.poll(1800):
+                    raise RuntimeError(f"{t.name}: {op} with {writers} writers did not finish in 30 min")
+                status, v = c.recv()
+                if status != "ok":
+                    raise RuntimeError(f"{t.name}: {op} with {writers} writers failed: {v}")
+                times.append(v)
+            out[meta_key(op, writers)] = writers * n / max(times)
+            if t.name == "hycache-dht" and op in TAIL_OPS:
+                out[tail_key(op, writers)] = t.daemon.wait_published(timeout=600)
+        for c in conns:
+            c.send(None)
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for d in dirs:
+        d.rmdir()
+    return out
+
+
+# ============================================================================ the run
+def rotated(xs: list, k: int) -> list:
+    """xs rotated left by k: the first job after a row change runs measurably slower on this
+    virtual disk (its host's cache warms up), so no target may always be first."""
+    if not xs:
+        return xs
+    k %= len(xs)
+    return xs[k:] + xs[:k]
 
 
 def bench_all(targets: list[Target], args, caches: Caches) -> dict:
-    """Interleaved: for each workload, every target in turn (so a change in background load
-    hits all targets alike); --repeat passes over everything, the median is reported."""
+    """Interleaved: for each row, every target in turn (the order rotating by one at every
+    row); --repeat passes over everything."""
     samples: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
-    extra: dict[str, dict[str, dict]] = {t.name: {} for t in targets}
+    iops: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
+    disk_share: dict[str, dict[str, list[float]]] = {t.name: {} for t in targets}
+    disk = DiskCounter(args.workdir)
+    fio_targets = [t for t in targets if t.fio] if "fio" in args.parts else []
     maxjobs = max(args.numjobs)
-    for t in targets:
+    for t in fio_targets:
         log(f"{t.name}: laying out {maxjobs} x {args.size} in {t.path}")
-        fio(t.path, "layout", "write", "1m", maxjobs, args.size, None)
+        fio(fio_argv(t.path, "layout", "write", "1m", maxjobs, args.size, None), "write")
+    step = 0  # rows run so far: the target order rotates by one at every row
     for rep in range(args.repeat):
-        for label, rw, bs, _goal in WORKLOADS:
+        tag = f"[{rep + 1}/{args.repeat}]"
+        for label, rw, bs in WORKLOADS:
             for nj in args.numjobs:
-                key = f"{label} j{nj}"
-                for t in targets:
+                key = fio_key(label, nj)
+                io_size = args.io_4k if bs == "4k" else None
+                step += 1
+                for t in rotated(fio_targets, step):
                     caches.drop()
-                    r = fio(t.path, "bench", rw, bs, nj, args.size, args.runtime)
-                    samples[t.name].setdefault(key, []).append(r["bw_bytes"] / 2**20)
-                    extra[t.name][key] = {"iops": r["iops"], "argv": r["argv"]}
-                    log(f"[{rep + 1}/{args.repeat}] {t.name:8} {key:18} {r['bw_bytes'] / 2**20:9.1f} MiB/s "
-                        f"{r['iops']:10.0f} IOPS")
+                    before = disk.read_bytes()
+                    r = fio(fio_argv(t.path, "bench", rw, bs, nj, args.size, io_size), rw)
+                    from_disk = disk.read_bytes() - before
+                    mib = r["bw_bytes"] / 2**20
+                    samples[t.name].setdefault(key, []).append(mib)
+                    iops[t.name].setdefault(key, []).append(r["iops"])
+                    share = from_disk / r["io_bytes"] if r["io_bytes"] and from_disk is not None else None
+                    if rw.endswith("read") and share is not None:
+                        disk_share[t.name].setdefault(key, []).append(share)
+                    log(f"{tag} {t.name:19} {key:16} {mib:9.1f} MiB/s {r['iops']:9.0f} IOPS "
+                        f"{r['runtime_ms'] / 1000:6.1f} s"
+                        + (f"  disk read {share:4.0%} of it" if rw.endswith("read") and share is not None else ""))
                     if not t.alive():
-                        raise RuntimeError(f"{t.name} died during {key}; log: {t.logfile}")
-        for t in targets:
-            meta = metadata_loop(t.path, args.files, caches)
-            for op, v in meta.items():
-                samples[t.name].setdefault(f"{op} files", []).append(v)
-                log(f"[{rep + 1}/{args.repeat}] {t.name:8} {op + ' files':18} {v:9.0f} ops/s")
+                        raise RuntimeError(f"{t.name} died during {key}:\n{t.log_tail()}")
+        for w in args.writers if "meta" in args.parts else []:
+            step += 1
+            for t in rotated(targets, step):
+                for key, v in metadata_run(t, w, args.files, caches).items():
+                    samples[t.name].setdefault(key, []).append(v)
+                    log(f"{tag} {t.name:19} {key:16} " + (f"{v:9.2f} s" if "tail" in key else f"{v:9.0f} ops/s"))
+                if not t.alive():
+                    raise RuntimeError(f"{t.name} died during the metadata rows:\n{t.log_tail()}")
     results: dict[str, dict] = {}
-    for t in targets:
+    for t in fio_targets:
         for f in t.path.glob("bench.*"):
             f.unlink()
+    for t in targets:
         results[t.name] = {}
         for key, xs in samples[t.name].items():
-            results[t.name][key] = {"value": median(xs), "samples": xs,
-                                    "unit": "ops/s" if key.endswith(" files") else "MiB/s",
-                                    **extra[t.name].get(key, {})}
+            cell = {"value": median(xs), "min": min(xs), "max": max(xs), "samples": xs, "unit": unit_for(key)}
+            if key in iops[t.name]:
+                cell["iops"] = median(iops[t.name][key])
+            if key in disk_share[t.name]:
+                cell["disk_read_share"] = disk_share[t.name][key]
+            results[t.name][key] = cell
     return results
-
-
-# ============================================================================ reporting
-def row_keys(args) -> list[tuple[str, float | None]]:
-    keys = [(f"{label} j{nj}", goal) for label, _rw, _bs, goal in WORKLOADS for nj in args.numjobs]
-    return keys + [(f"{op} files", None) for op in META_OPS]
-
-
-def verdict(res: dict, key: str, goal: float | None) -> tuple[str, bool | None]:
-    """Goal check for hycache: fraction of raw, and at least mergerfs."""
-    if "hycache" not in res or key not in res["hycache"]:
-        return "", None
-    hv = res["hycache"][key]["value"]
-    parts, ok = [], True
-    if goal is not None and "raw" in res:
-        want = goal * res["raw"][key]["value"]
-        ok &= hv >= want
-        parts.append(f"≥{goal:.0%} raw")
-    if "mergerfs" in res:
-        ok &= hv >= res["mergerfs"][key]["value"]
-        parts.append("≥ mergerfs")
-    if not parts:
-        return "", None
-    return " & ".join(parts), ok
-
-
-def fmt(v: float, unit: str) -> str:
-    return f"{v:,.0f}" if unit == "ops/s" or v >= 100 else f"{v:,.1f}"
-
-
-def table_rows(res: dict, targets: list[str], args) -> list[list[str]]:
-    rows = []
-    for key, goal in row_keys(args):
-        unit = next(res[t][key]["unit"] for t in targets if key in res.get(t, {}))
-        row = [key, unit]
-        for t in targets:
-            if key not in res.get(t, {}):
-                row.append("—")
-                continue
-            v = res[t][key]["value"]
-            cell = fmt(v, unit)
-            if t != "raw" and "raw" in res and key in res["raw"]:
-                cell += f" ({v / res['raw'][key]['value']:.0%})"
-            row.append(cell)
-        goal_txt, ok = verdict(res, key, goal)
-        row.append("" if ok is None else f"{'PASS' if ok else 'MISS'} ({goal_txt})")
-        rows.append(row)
-    return rows
-
-
-def print_table(res: dict, targets: list[str], args) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    tbl = Table(title="fs_bench: throughput (and % of raw fast dir)")
-    for col in ["workload", "unit", *targets, "hycache goal"]:
-        tbl.add_column(col, justify="left" if col in ("workload", "unit", "hycache goal") else "right")
-    for row in table_rows(res, targets, args):
-        style = "green" if row[-1].startswith("PASS") else "red" if row[-1].startswith("MISS") else None
-        tbl.add_row(*row[:-1], f"[{style}]{row[-1]}[/{style}]" if style else row[-1])
-    Console(width=None if sys.stdout.isatty() else 150).print(tbl)
 
 
 def machine_info(workdir: Path) -> dict[str, str]:
@@ -364,164 +512,98 @@ def machine_info(workdir: Path) -> dict[str, str]:
     info["OS / kernel"] = f"{osname}, Linux {platform.release()}"
     fm = run(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "-T", str(workdir)]).stdout.strip()
     info["work dir file system"] = f"{workdir}: {fm}"
+    src = fm.split()[0] if fm else ""
+    if src.startswith("/dev/"):
+        ra = Path(f"/sys/class/block/{Path(src).name}/queue/read_ahead_kb")
+        if ra.exists():
+            info["its disk's read_ahead_kb"] = ra.read_text().strip()
     info["fio"] = run(["fio", "--version"]).stdout.strip()
-    mv = run(["mergerfs", "--version"])
-    info["mergerfs"] = (mv.stdout or mv.stderr).strip().splitlines()[0] if shutil.which("mergerfs") else "-"
+    if shutil.which("mergerfs"):
+        mv = run(["mergerfs", "--version"])
+        info["mergerfs"] = ((mv.stdout or mv.stderr).strip().splitlines() or ["?"])[0]
+    info["pyfuse3 / libfuse"] = libfuse_version()
     info["python"] = platform.python_version()
     info["HyCache commit"] = run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]).stdout.strip()
     return info
 
 
-def plot(res: dict, targets: list[str], args, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    keys = row_keys(args)
-    others = [t for t in targets if t != "raw"]
-    if "raw" not in res or not others:
-        return
-    labels = [k for k, _ in keys]
-    y = np.arange(len(labels))
-    h = 0.8 / len(others)
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(labels) + 1.6))
-    colors = {"mergerfs": "#8c8c8c", "hycache": "#1f77b4", "hycache-nopt": "#9ecae1", "slow": "#ff7f0e"}
-    for i, t in enumerate(others):
-        vals = [100 * res[t][k]["value"] / res["raw"][k]["value"] if k in res.get(t, {}) else 0 for k in labels]
-        ax.barh(y + (i - (len(others) - 1) / 2) * h, vals, h, label=t, color=colors.get(t))
-    for j, (_k, goal) in enumerate(keys):
-        if goal is not None:
-            ax.plot([goal * 100] * 2, [j - 0.45, j + 0.45], color="red", lw=1.2)
-    ax.axvline(100, color="black", lw=0.8, ls="--")
-    ax.set_yticks(y, labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("% of raw fast directory (red ticks: HyCache goals)")
-    ax.set_title("fs_bench: throughput relative to the raw fast directory")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
-def write_report(res: dict, targets: list[str], args, info: dict, descriptions: dict, md: Path,
-                 png: Path, cmdline: str, elapsed: float) -> None:
-    rows = table_rows(res, targets, args)
-    header = ["workload", "unit", *targets, "hycache goal"]
-    lines = [
-        "# File-system benchmarks",
-        "",
-        "Generated by `bench/fs_bench.py` — a script with printed results, not a test. "
-        "Re-run it to refresh this page:",
-        "",
-        "```",
-        cmdline,
-        "```",
-        "",
-        f"Run: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}, {elapsed / 60:.1f} min"
-        + (" (**--quick**: small files, short runs — indicative only)" if args.quick else ""),
-        "",
-        "## Results",
-        "",
-        "Throughput in MiB/s (fio) or operations per second (metadata loop); in brackets the "
-        "share of the raw fast directory. Goals for HyCache: ≥ 80 % of raw at 1 MiB sequential, "
-        "≥ 50 % at 4 KiB, and at least mergerfs everywhere. `jN` = fio numjobs (N files, N "
-        "processes).",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] * 2 + ["---:"] * len(targets) + ["---"]) + "|",
-    ]
-    for row in rows:
-        lines.append("| " + " | ".join(row) + " |")
-    missed = [r[0] for r in rows if r[-1].startswith("MISS")]
-    lines += [""]
-    if "hycache" in targets:
-        lines.append(f"HyCache goals missed: {len(missed)} of {sum(1 for r in rows if r[-1])}"
-                     + (f" ({', '.join(missed)})." if missed else "."))
-        lines.append("")
-    lines += [f"![relative throughput]({os.path.relpath(png, md.parent)})", "", "## Method", ""]
-    lines += [
-        f"- fio: `ioengine=psync`, buffered I/O (`direct=0`), `fallocate=none`, `end_fsync=1`, "
-        f"`--size={args.size}` per job, time-based `--runtime={args.runtime}` s, numjobs "
-        f"{', '.join(map(str, args.numjobs))}, `group_reporting`, `--output-format=json`; "
-        f"median of {args.repeat} pass(es). "
-        "Files are laid out once per target (sequential 1 MiB writes, through the target); "
-        "the write jobs overwrite them.",
-        "- Cold start: `sync; echo 3 > /proc/sys/vm/drop_caches` before every job"
-        + ("" if args.drop_caches else " (**disabled for this run: --warm**)")
-        + ". A time-based run loops over its file, so later passes of a sequential read can hit "
-          "the page cache; this is the same for every target.",
-        f"- Metadata: {args.files} files of 4 KiB in one directory: create (open O_CREAT|O_EXCL, "
-        "write, close), stat, unlink, from one Python process; caches dropped before each phase.",
-        "- Every target lives on the same file system (below), so they share one disk: `raw` is the "
-        "limit a tier-over-the-fast-dir can reach. All targets are mounted for the whole run and "
-        "the jobs are interleaved (each workload on every target in turn), so changes in "
-        "background load hit every target alike. The machine is shared: see the load average "
-        "below; numbers move by ±30 % between runs on a busy 2-core machine.",
-        "",
-        "| target | how |",
-        "|---|---|",
-    ]
-    for t in targets:
-        lines.append(f"| {t} | `{descriptions.get(t, '')}` |")
-    lines += [
-        "",
-        f"mergerfs options (chosen to be fair: page cache on as for HyCache, create on the first "
-        f"branch = the fast dir, spill to the next branch when full): `{MERGERFS_OPTS}`.",
-        "",
-        "## Machine",
-        "",
-        "| | |",
-        "|---|---|",
-    ]
-    for k, v in info.items():
-        lines.append(f"| {k} | {v} |")
-    lines.append("")
-    # A hand-written "## Notes" section (analysis) survives regeneration.
-    if md.exists():
-        old = md.read_text()
-        if NOTES_MARKER in old:
-            lines += ["", old[old.index(NOTES_MARKER):].rstrip(), ""]
-    md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text("\n".join(lines))
-
-
 # ============================================================================ main
+EPILOG = """\
+defaults: full run = --size 256M --io-4k 64M --files 1000 --repeat 3 (about 15 min on the
+2-core development machine), writes docs/benchmarks.md, docs/img/bench_fs.png and
+WORKDIR/results-*.json; --quick = --size 32M --io-4k 16M --files 200 --repeat 1, writes
+under .work/bench/quick/.
+
+examples:
+  sudo .venv/bin/python bench/fs_bench.py                       # the issue-11 run
+  .venv/bin/python bench/fs_bench.py --quick
+  .venv/bin/python bench/fs_bench.py --targets raw,hycache --repeat 1 --out /tmp/b/benchmarks.md
+"""
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Example: .venv/bin/python bench/fs_bench.py --quick --targets raw,mergerfs",
+        prog="fs_bench.py", description=__doc__, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                     help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: %(default)s)")
     ap.add_argument("--quick", action="store_true",
-                    help="small files, 1 s runs, 300 metadata files (~1-2 min); "
+                    help="small files, one pass, 200 metadata files per writer (a few minutes); "
                          "writes to .work/bench/quick/ unless --out is given")
     ap.add_argument("--out", type=Path, default=None,
                     help="Markdown report (default docs/benchmarks.md; the plot goes to "
                          "img/bench_fs.png beside it)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="raw results as JSON (default WORKDIR/results-YYYYmmdd-HHMMSS.json)")
     ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "bench",
                     help="scratch directory; every target lives under it (default: %(default)s)")
-    ap.add_argument("--size", default=None, help="file size per fio job (default 256M, quick 32M)")
-    ap.add_argument("--runtime", type=float, default=None, help="seconds per fio job (default 5, quick 1)")
+    ap.add_argument("--size", default=None,
+                    help="file size per fio job; the 1 MiB rows read/write it whole (default 256M, quick 32M)")
+    ap.add_argument("--io-4k", default=None,
+                    help="bytes each 4 KiB job reads/writes of its file (fio io_size; default 64M, quick 16M)")
     ap.add_argument("--numjobs", default="1,4", help="fio numjobs values (default: %(default)s)")
-    ap.add_argument("--files", type=int, default=None, help="metadata loop files (default 2000, quick 300)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="passes over all workloads; the median is reported (default: %(default)s)")
+    ap.add_argument("--writers", default="1,4", help="metadata writer counts (default: %(default)s)")
+    ap.add_argument("--files", type=int, default=None,
+                    help="metadata files per writer (default 1000, quick 200)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="passes over every row; the median and min–max are reported (default 3, quick 1)")
+    ap.add_argument("--parts", default="fio,meta",
+                    help="what to run: fio rows, metadata rows or both (default: %(default)s)")
+    ap.add_argument("--dht-fio", action="store_true",
+                    help="run the fio rows on hycache-dht too (default: metadata rows only)")
     ap.add_argument("--warm", dest="drop_caches", action="store_false",
-                    help="do not drop the page cache before each job")
+                    help="do not drop the caches before each job (not cache-neutral; for experiments)")
     a = ap.parse_args(argv)
     a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     bad = [t for t in a.targets if t not in ALL_TARGETS]
     if bad:
-        ap.error(f"unknown target(s) {bad}; choose from {ALL_TARGETS}")
+        ap.error(f"--targets: unknown target(s) {bad}; choose from {ALL_TARGETS}")
     a.targets = [t for t in ALL_TARGETS if t in a.targets]  # raw first
-    a.numjobs = [int(x) for x in a.numjobs.split(",")]
+    try:
+        a.numjobs = [int(x) for x in a.numjobs.split(",")]
+        a.writers = [int(x) for x in a.writers.split(",")]
+    except ValueError:
+        ap.error("--numjobs/--writers: comma-separated integers, e.g. 1,4")
+    if min(a.numjobs + a.writers) < 1:
+        ap.error("--numjobs/--writers: values must be ≥ 1")
+    a.parts = {x.strip() for x in a.parts.split(",") if x.strip()}
+    if not a.parts or a.parts - {"fio", "meta"}:
+        ap.error(f"--parts: a comma-separated subset of fio,meta, not {','.join(sorted(a.parts)) or 'nothing'}")
+    if "meta" not in a.parts and not a.dht_fio and "hycache-dht" in a.targets:
+        a.targets.remove("hycache-dht")  # it would have no row to run
     a.size = a.size or ("32M" if a.quick else "256M")
-    a.runtime = a.runtime or (1 if a.quick else 5)
-    a.files = a.files or (300 if a.quick else 2000)
+    a.io_4k = a.io_4k or ("16M" if a.quick else "64M")
+    for opt in ("size", "io_4k"):
+        try:
+            parse_size(getattr(a, opt))
+        except ValueError as e:
+            ap.error(f"--{opt.replace('_', '-')}: {e}")
+    if parse_size(a.io_4k) > parse_size(a.size):
+        ap.error(f"--io-4k ({a.io_4k}) must not exceed --size ({a.size})")
+    a.files = a.files or (200 if a.quick else 1000)
+    a.repeat = a.repeat or (1 if a.quick else 3)
+    if a.files < 1 or a.repeat < 1:
+        ap.error("--files and --repeat must be ≥ 1")
     if a.out is None:
         a.out = (REPO / ".work" / "bench" / "quick" / "benchmarks.md") if a.quick else (REPO / "docs" / "benchmarks.md")
     return a
@@ -530,18 +612,24 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     cmdline = "python bench/fs_bench.py " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
-    for tool in ["fio"] + (["mergerfs"] if "mergerfs" in args.targets else []) \
-            + (["fusermount3"] if set(args.targets) & {"mergerfs", "hycache", "hycache-nopt"} else []):
+    tools = ["fio"] + (["mergerfs"] if "mergerfs" in args.targets else []) \
+        + (["fusermount3"] if set(args.targets) & FUSE_TARGETS else []) \
+        + (["redis-server"] if "hycache-dht" in args.targets else [])
+    for tool in tools:
         if shutil.which(tool) is None:
             print(f"fs_bench: {tool} not found: run scripts/bootstrap.sh", file=sys.stderr)
             return 2
+    if set(args.targets) & FUSE_TARGETS and not VENV_PYTHON.exists():
+        print(f"fs_bench: {VENV_PYTHON} missing: run scripts/bootstrap.sh", file=sys.stderr)
+        return 2
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     for mp in mounts_under(workdir):  # leftovers of a killed run
         log(f"unmounting stale {mp}")
         force_unmount(mp)
+    n_fio = sum(1 for t in args.targets if t != "hycache-dht" or args.dht_fio) if "fio" in args.parts else 0
     free = shutil.disk_usage(workdir).free
-    need = 2 * max(args.numjobs) * parse_size(args.size) + (64 << 20)
+    need = n_fio * max(args.numjobs) * parse_size(args.size) + (256 << 20)
     if free < need:
         print(f"fs_bench: {workdir} has {free >> 20} MiB free, needs {need >> 20} MiB", file=sys.stderr)
         return 2
@@ -558,12 +646,17 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     load_before = os.getloadavg()
     started: list[Target] = []
+    cluster = Cluster(workdir) if "hycache-dht" in args.targets else None
     try:
+        if cluster is not None:
+            log("starting a local Redis Cluster for hycache-dht")
+            cluster.start()
+            descriptions["redis"] = cluster.redis
         for name in args.targets:
-            t = Target(name, workdir / name)
+            t = Target(name, workdir / name, fio=name != "hycache-dht" or args.dht_fio)
             started.append(t)
             log(f"starting {name}")
-            t.start()
+            t.start(cluster)
             descriptions[name] = t.description
         res = bench_all(started, args, caches)
     except KeyboardInterrupt:
@@ -572,27 +665,33 @@ def main(argv=None) -> int:
     except Exception as e:
         log(f"error: {e}")
         for t in started:
-            if t.logfile and t.logfile.exists():
-                log(f"{t.name} log tail:\n" + t.logfile.read_text(errors="replace")[-2000:])
+            if not t.alive():
+                log(f"{t.name} is dead; its log's tail:\n{t.log_tail()}")
         return 1
     finally:
         for t in reversed(started):
             t.stop()
         for mp in mounts_under(workdir):
             force_unmount(mp)
+        if cluster is not None:
+            cluster.stop()
     elapsed = time.monotonic() - t_start
     load_after = os.getloadavg()
 
     print_table(res, args.targets, args)
     info = machine_info(workdir)
-    info["load average (1 min) before / after"] = f"{load_before[0]:.1f} / {load_after[0]:.1f} on {os.cpu_count()} cores"
+    info["load average (1 min) before / after"] = (f"{load_before[0]:.1f} / {load_after[0]:.1f} "
+                                                   f"on {os.cpu_count()} cores")
     md = args.out.resolve()
     png = md.parent / "img" / "bench_fs.png"
-    raw_json = workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    raw_json = (args.json or workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json").resolve()
+    raw_json.parent.mkdir(parents=True, exist_ok=True)
     raw_json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": info,
-                                    "descriptions": descriptions, "results": res}, indent=1))
+                                    "elapsed_s": elapsed, "descriptions": descriptions, "results": res},
+                                   indent=1))
     plot(res, args.targets, args, png)
-    write_report(res, args.targets, args, info, descriptions, md, png, cmdline, elapsed)
+    write_report(res, args.targets, args, caches.enabled, info, descriptions, md, png, cmdline, elapsed,
+                 MERGERFS_OPTS)
     log(f"done in {elapsed / 60:.1f} min: {md}, {png}, {raw_json}")
     return 0
 

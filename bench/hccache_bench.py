@@ -33,58 +33,19 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
 from hycache_core.sizes import format_size, parse_size  # noqa: E402
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
 
+from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
+
 SMALL_LIMIT = 256 << 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Agent:
-    def __init__(self, base: Path, name: str, redis: str, secret: Path, namespace: str, *extra: str) -> None:
-        self.root, self.mnt = base / name, base / name / "mnt"
-        self.mnt.mkdir(parents=True)
-        argv = [AGENT, "mount", str(self.root), str(self.mnt), "--log-level", "WARNING", "--redis", redis,
-                "--node-id", name, "--listen", f"127.0.0.1:{free_port()}", "--cluster-secret-file", str(secret),
-                "--dht-namespace", namespace, "--rebalance-interval", "0", *extra]
-        self.log = open(self.root / "agent.log", "wb")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"agent {name} did not mount; see {self.root / 'agent.log'}")
-            time.sleep(0.05)
-
-    def status(self) -> dict:
-        out = subprocess.run([AGENT, "status", str(self.root), "--json"], capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                subprocess.run(["fusermount3", "-uz", str(self.mnt)])
-                self.proc.kill()
-        self.log.close()
 
 
 def make_files(n_small: int, n_large: int, large_size: int, rnd: random.Random) -> dict[str, bytes]:
@@ -203,7 +164,11 @@ def main() -> int:
     namespace = f"hccbench-{os.getpid()}"
     rows = []
     try:
-        x = Agent(work, "x", redis, secret, namespace, "--hccache-size", "0")
+        def agent(name: str, *extra: str) -> Agent:
+            return Agent(work / name, name, "--rebalance-interval", "0", *extra, redis=redis, secret=secret,
+                         namespace=namespace).start()
+
+        x = agent("x", "--hccache-size", "0")
         try:
             (x.mnt / "www").mkdir()
             for name, data in files.items():
@@ -213,8 +178,8 @@ def main() -> int:
             time.sleep(1.5)
             for mode in a.modes.split(","):
                 extra = ["--no-hccache-second-level"] if mode == "hybrid-mem" else []
-                y = Agent(work, f"y-{mode}", redis, secret, namespace, "--hccache-size", a.cache,
-                          "--hccache-mode", mode.split("-")[0], "--hccache-block-size", a.block, *extra)
+                y = agent(f"y-{mode}", "--hccache-size", a.cache, "--hccache-mode", mode.split("-")[0],
+                          "--hccache-block-size", a.block, *extra)
                 try:
                     deadline = time.monotonic() + 30
                     while not (y.mnt / "www").exists() and time.monotonic() < deadline:
