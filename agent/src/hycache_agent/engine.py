@@ -214,6 +214,7 @@ class TieringEngine:
         self.backing_pool: Any = None
         self.pooled_backings: dict[int, Any] = {}
         self._doomed: list[str] = []  # blobs of freed inodes, removed in batches by _reaper
+        self._reaping: trio.Event | None = None  # set when a removal batch in flight is done
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
         self._reaper_wakeup = trio.Event()
         self._pool_wakeup = trio.Event()
@@ -335,7 +336,8 @@ class TieringEngine:
         self._check_watermark()
 
     def close(self) -> None:
-        for lane in self.lanes:
+        self._nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        for lane in self.lanes:  # committed by sync_blocking() below
             lane.close()
         for h in self.handles.values():
             h.close_all()
@@ -474,9 +476,26 @@ class TieringEngine:
         while True:
             await self._reaper_wakeup.wait()
             self._reaper_wakeup = trio.Event()
-            doomed, self._doomed = self._doomed, []
-            if doomed:
+            await self.reap_now()
+
+    async def reap_now(self) -> bool:
+        """Remove the blobs of freed inodes now.  Also called before a write or a spill
+        gives up with ENOSPC: a device full of deleted files' bytes must not fail it.
+        Returns whether anything was (being) removed."""
+        reaping = self._reaping
+        if reaping is not None:
+            await reaping.wait()
+        doomed, self._doomed = self._doomed, []
+        if not doomed:
+            return reaping is not None
+        self._reaping = done = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in doomed])
+        finally:
+            self._reaping = None
+            done.set()
+        return True
 
     # ------------------------------------------------------------------ migration
     async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
@@ -888,6 +907,8 @@ class TieringEngine:
                     n = await self._io(h, os.pwrite, buf, off)
                 except OSError as exc:
                     self.fast_used -= reserve
+                    if exc.errno == errno.ENOSPC and attempt == 1 and await self.reap_now():
+                        continue  # deleted files' bytes were still on the device
                     if exc.errno == errno.ENOSPC and inode.tier == T.FAST and attempt == 1:
                         await self._spill(inode)  # the fast device itself is full
                         continue
@@ -925,6 +946,7 @@ class TieringEngine:
                 await inode.migration.done.wait()
             if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
                 return
+            await self.reap_now()  # the slow device may still hold deleted files' bytes
         raise FsError(errno.ENOSPC)
 
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
@@ -975,7 +997,8 @@ class TieringEngine:
         await self.maybe_free(inode)
 
     async def maybe_free(self, inode: Inode) -> None:
-        """Delete an inode's bytes once nothing refers to it (no name, handle or lookup)."""
+        """Delete an inode's bytes once nothing refers to it (no name, handle or lookup);
+        the blobs go in the next removal batch (_reaper)."""
         if inode.nlink > 0 or inode.open_count > 0 or inode.lookups > 0:
             return
         if self.ns.inodes.get(inode.ino) is not inode:

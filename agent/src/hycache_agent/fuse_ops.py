@@ -571,10 +571,10 @@ class HyCacheOperations(pyfuse3.Operations):
             return
         replicated = self.cluster is not None and self.cluster.replicator.count > 0
         node = self._backed.get(fh)
-        if node is not None and replicated and self.engine.handles[fh].writable:
-            await self.backings.refresh(node)  # replicas are made of the final bytes
-        # (otherwise the last release takes the final size and queues its publication;
-        # getattr until then, and a rename or link of it, ask the blob: _settled)
+        if node is not None and self.engine.handles[fh].writable:
+            # the size the kernel wrote counts at close: in the fast tier's accounting (the
+            # next writer's room), on the other nodes, and in replicas (the final bytes)
+            await self.backings.refresh(node)
         await self.engine.flush(fh)
         if replicated and self.engine.handles[fh].writable:
             await self.cluster.replicator.closed(self.engine.handles[fh].inode)
