@@ -140,6 +140,10 @@ ops = st.lists(st.tuples(
 ), max_size=60)
 
 
+def content(f: str, v: int, size: int) -> bytes:
+    return (f"{f}{v}-".encode() * size)[:size]
+
+
 @settings(max_examples=300, deadline=None)
 @given(ops, st.sampled_from(["hybrid", "block"]), st.integers(0, 3000), st.booleans())
 def test_against_a_dict_model(program, mode, limit, collide):
@@ -159,12 +163,17 @@ def test_against_a_dict_model(program, mode, limit, collide):
             model = {k: d for k, d in model.items() if k[0] != f}
             objects = {k: d for k, d in objects.items() if k[0] != f}
         if op == "insert":
-            data = data + bytes([rnd.randrange(3)])
+            # a version's content never changes: block j of (f, v) is always the same bytes
+            # (the cache keeps the first copy of a block it is given again)
+            data = content(f, v, size)[j * 16:(j + 1) * 16] or bytes([rnd.randrange(3)])
             c.insert(f, v, size, j, data)
             model[(f, v, j)] = data
             objects.pop((f, v), None)
             current[f] = v
         elif op == "object":
+            # a whole object is the file's content at this version (one size, the same
+            # bytes as its blocks)
+            data = content(f, v, size)
             c.insert_object(f, v, data)
             objects[(f, v)] = data
             if c.is_small(len(data)):  # the whole object replaces the group
