@@ -54,6 +54,7 @@ REMOTE_INO_BASE = 1 << 48
 HEARTBEAT_SECONDS = 2.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
+PUBLISH_LINGER_SECONDS = 0.01  # after a commit wakes the publisher, for more rows to join
 SMALL_DIR = 1024
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
@@ -105,6 +106,7 @@ class LinkStatus:
     last_error: str | None = None
     published_ops: int = 0
     publish_batches: int = 0
+    coalesced: int = 0  # queued puts folded into a newer put of the same path (one batch)
     conflicts: int = 0
     remote_fetches: int = 0
     remote_bytes: int = 0
@@ -132,10 +134,10 @@ class ClusterLink:
         self._remote_by_path: dict[bytes, RemoteNode] = {}
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
-        self._count_rows: list = []
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
+        self._published_upto = 0  # the outbox's sequence number published so far (attach)
         # the node registry as of the last heartbeat: id -> {addr, load, age, alive}
         self.known_nodes: dict[str, dict[str, Any]] = {}
         self.rebalancer = Rebalancer(self, interval=rebalance_interval, rounds=rebalance_rounds)
@@ -154,6 +156,7 @@ class ClusterLink:
         ns.events = []
         ns.journal.outbox_hook = self._outbox_rows
         ns.journal.on_commit = self._committed
+        self._published_upto = self.engine.store.outbox_published_upto()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         for entry in os.scandir(self.cache_dir):  # a remote cache does not survive a restart
             os.unlink(entry.path)
@@ -259,12 +262,13 @@ class ClusterLink:
             for path in ns.paths_of(inode):
                 rows.append(("put", path, None, packed))
         rows += tail
-        self._count_rows = rows  # counted into the backlog when the commit succeeds
-        return rows
+        return rows  # counted into the backlog when the commit succeeds (_committed)
 
-    def _committed(self) -> None:
-        self.status.backlog += len(self._count_rows)
-        self._count_rows = []
+    def _committed(self, last_seq: int) -> None:
+        """A commit queued outbox rows, up to ``last_seq``: wake the publisher.  (The
+        callback may come after the publisher already sent them: the backlog counts from
+        what it has published, never twice.)"""
+        self.status.backlog = max(self.status.backlog, last_seq - self._published_upto)
         self._wakeup.set()
 
     async def _republish_all(self) -> None:
@@ -293,8 +297,10 @@ class ClusterLink:
         backoff = 0.1
         store_db = self.engine.store
         first = True
+        rows = None
         while True:
-            rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
+            if rows is None:
+                rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
             if first:  # rows left by the previous run
                 self.status.backlog = await trio.to_thread.run_sync(store_db.outbox_size)
                 first = False
@@ -302,6 +308,7 @@ class ClusterLink:
                 with trio.move_on_after(1.0):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                rows = None
                 continue
             if not rows:
                 if self.status.state != "ok":
@@ -309,6 +316,10 @@ class ClusterLink:
                 with trio.move_on_after(1.0):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
+                # pipelined publication: what the next few commits queue goes out in the
+                # same batch (one pipeline per hash slot) instead of one batch each
+                await trio.sleep(PUBLISH_LINGER_SECONDS)
+                rows = None
                 continue
             try:
                 acked, superseded = await trio.to_thread.run_sync(self._apply_rows, rows)
@@ -316,11 +327,19 @@ class ClusterLink:
                 self._degraded(exc)
                 await trio.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
+                rows = None
                 continue
             backoff = 0.1
-            # the exact count from the outbox itself (commits add to it in between)
-            self.status.backlog = await trio.to_thread.run_sync(store_db.outbox_done, rows[-1][0])
-            self.status.published_ops += len(rows)
+            published = len(rows)
+
+            def done_and_next(upto: int) -> tuple[int, list]:
+                return store_db.outbox_done(upto), store_db.outbox_head(PUBLISH_BATCH)
+
+            # the count from the outbox itself (commits add to it in between), and the
+            # next rows, in one hop
+            self._published_upto = rows[-1][0]
+            self.status.backlog, rows = await trio.to_thread.run_sync(done_and_next, rows[-1][0])
+            self.status.published_ops += published
             self.status.publish_batches += 1
             self._ok()
             for path in acked:
@@ -340,6 +359,7 @@ class ClusterLink:
         whose puts were applied, and those refused because another node holds them now.
         Puts carry the owner guard: this node (and, for a takeover, the old holder)."""
         run: list[Op] = []
+        latest: dict[bytes, int] = {}  # path -> index of its put in ``run``
         acked: list[bytes] = []
         superseded: list[tuple[bytes, NotPrimary]] = []
         messages: list[tuple[bytes, bytes, bytes]] = []
@@ -359,6 +379,7 @@ class ClusterLink:
                     elif op.op == "put":
                         acked.append(op.path)
                 run.clear()
+                latest.clear()
             if messages:
                 self.ownership.send_messages(self.store, messages)
                 messages.clear()
@@ -374,8 +395,18 @@ class ClusterLink:
                 flush()
             if op == "put":
                 owners = (me,) if path2 is None else (me, bytes(path2).decode())
-                run.append(Op.put(path, _unpack_row_meta(bytes(meta)), owners=owners))
+                i = latest.get(path)
+                if i is not None:
+                    # a newer put of a path already in this run (a create, then its size at
+                    # close): one put with the newest metadata, at the first one's place
+                    owners = tuple(dict.fromkeys(run[i].owners + owners))
+                    run[i] = Op.put(path, _unpack_row_meta(bytes(meta)), owners=owners)
+                    self.status.coalesced += 1
+                else:
+                    latest[path] = len(run)
+                    run.append(Op.put(path, _unpack_row_meta(bytes(meta)), owners=owners))
             elif op == "delete":
+                latest.pop(path, None)
                 run.append(Op.delete(path))
             elif op == "release":
                 flush()

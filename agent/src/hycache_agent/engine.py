@@ -39,6 +39,7 @@ from hycache_core.sizes import format_size
 
 from . import tiers as T
 from .config import AgentConfig
+from .lane import Lane
 from .metastore import MetaJournal, SQLiteStore
 from .namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
 
@@ -207,6 +208,15 @@ class TieringEngine:
         # even if the tier *name* matches again (slow→fast→slow)
         self._blob_gens: dict[int, int] = {}
         self._blob_pool: list[int] = []  # inode numbers with an empty blob ready on the fast tier
+        # With passthrough, pool blobs are registered as backing files ahead of their
+        # create (the FUSE layer's Backings, set once the kernel accepted passthrough), so
+        # a create needs no thread hop at all: ino -> what backing_pool.prepare returned.
+        self.backing_pool: Any = None
+        self.pooled_backings: dict[int, Any] = {}
+        self._doomed: list[str] = []  # blobs of freed inodes, removed in batches by _reaper
+        self._reaping: trio.Event | None = None  # set when a removal batch in flight is done
+        self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
+        self._reaper_wakeup = trio.Event()
         self._pool_wakeup = trio.Event()
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
@@ -244,6 +254,7 @@ class TieringEngine:
             self.policy_version = saved["version"]
             log.info("running the saved control-plane policy version %d: %s, watermarks %.2f/%.2f",
                      self.policy_version, saved["policy"], saved["high_watermark"], saved["low_watermark"])
+        report = self.recover()  # first: it fixes the sizes the capacity counts
         fast_vfs = self.tiers[T.FAST].statvfs()
         self.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
         if self.config.fast_capacity:
@@ -254,14 +265,17 @@ class TieringEngine:
             own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
             self.capacity = min(self.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
         self.policy = load_policy(self.config.policy, capacity=self.capacity)  # size-aware ones want it
-        report = self.recover()
+        resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
+                          key=lambda i: i.last_access)
+        for inode in resident:  # the policy queue in last-access order
+            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+        self.fast_used = sum(i.size for i in resident)
         self.ns.journal.sync_blocking()
         return report
 
     def recover(self) -> dict[str, int]:
         """Resolve what a crash left: staged copies, duplicate copies of a migrated file,
-        blobs of deleted inodes, nameless inodes; refresh sizes from the blobs; rebuild
-        the policy queue in last-access order."""
+        blobs of deleted inodes, nameless inodes; refresh sizes from the blobs."""
         ns = self.ns
         report = {"temp_removed": 0, "duplicates_removed": 0, "orphan_blobs_removed": 0,
                   "orphan_inodes_removed": 0, "missing_blobs": 0, "sizes_fixed": 0}
@@ -306,11 +320,6 @@ class TieringEngine:
                 inode.size = st.st_size
                 ns.journal.inode(inode.ino)
                 report["sizes_fixed"] += 1
-        resident = sorted((i for i in ns.inodes.values() if i.is_reg and i.tier == T.FAST),
-                          key=lambda i: i.last_access)
-        for inode in resident:
-            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-        self.fast_used = sum(i.size for i in resident)
         if any(report.values()):
             log.warning("recovery: %s", report)
         return report
@@ -321,15 +330,27 @@ class TieringEngine:
         nursery.start_soon(self._evictor)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self._blob_pool_filler)
+        nursery.start_soon(self._reaper)
+        for lane in [self.ns.journal.lane, *self.lanes]:
+            nursery.start_soon(lane.drainer)
         self._check_watermark()
 
     def close(self) -> None:
+        self._nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        for lane in self.lanes:  # committed by sync_blocking() below
+            lane.close()
         for h in self.handles.values():
             h.close_all()
         self.handles.clear()
         for ino in self._blob_pool:  # unused pre-created blobs
+            entry = self.pooled_backings.pop(ino, None)
+            if entry is not None:
+                self.backing_pool.discard(entry)
             T.remove_blob(self.tiers[T.FAST].blob(ino))
         self._blob_pool.clear()
+        for path in self._doomed:
+            T.remove_blob(path)
+        self._doomed.clear()
         if self.ns is not None:
             self.ns.journal.counter("access_seq", self.ns.access_seq)
             self.ns.journal.sync_blocking()
@@ -389,7 +410,7 @@ class TieringEngine:
     def _evictable(self, inode: Inode | None) -> bool:
         """May the evictor move this file now?  Not if pinned, open, being migrated or
         locked by a writer (checked again when a chosen victim's turn comes)."""
-        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not inode.open_count
+        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not self._held(inode)
                 and inode.migration is None and self.ns.inodes.get(inode.ino) is inode
                 and not self._locks.get(inode.ino, _UNLOCKED).locked())
 
@@ -439,11 +460,42 @@ class TieringEngine:
     async def _flusher(self) -> None:
         while True:
             await trio.sleep(1.0)
-            if self.ns.journal.pending:
-                try:
-                    await self.ns.journal.sync()
-                except Exception:
-                    pass  # logged by the journal; retried next round
+            self.ns.journal.commit_soon()  # what rides on no other commit (times, heat)
+
+    def commit_soon(self) -> None:
+        """Commit what is recorded so far in the background: the caller answers the kernel
+        at once, and the commit overlaps with the application's next steps.  Names made
+        this way are durable within a commit's time; a writer's close waits for its file's
+        name (:meth:`flush`), fsync and fsyncdir for everything."""
+        if self._nursery is not None:  # (not serving yet: the next sync takes it)
+            self.ns.journal.commit_soon()
+
+    async def _reaper(self) -> None:
+        """Remove the blobs of freed inodes in batches, off the requests' path (a crash
+        before that leaves orphans, which the recovery pass removes)."""
+        while True:
+            await self._reaper_wakeup.wait()
+            self._reaper_wakeup = trio.Event()
+            await self.reap_now()
+
+    async def reap_now(self) -> bool:
+        """Remove the blobs of freed inodes now.  Also called before a write or a spill
+        gives up with ENOSPC: a device full of deleted files' bytes must not fail it.
+        Returns whether anything was (being) removed."""
+        reaping = self._reaping
+        if reaping is not None:
+            await reaping.wait()
+        doomed, self._doomed = self._doomed, []
+        if not doomed:
+            return reaping is not None
+        self._reaping = done = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in doomed])
+        finally:
+            self._reaping = None
+            done.set()
+        return True
 
     # ------------------------------------------------------------------ migration
     async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
@@ -455,7 +507,7 @@ class TieringEngine:
             return False
         if reason == "evict" and not self._evictable(inode):  # opened since it was chosen
             return False
-        if self.passthrough["enabled"] and inode.open_count and (inode.ino in self.backed or reason != "spill"):
+        if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
             return False  # the kernel writes the blob itself: it must not move under an open
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
@@ -586,7 +638,7 @@ class TieringEngine:
         """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
         # a migration in flight the other way (e.g. the tail of a demotion when the
         # file is opened again) finishes first; then this one decides afresh
-        while inode.migration is not None or (self.passthrough["enabled"] and inode.open_count):
+        while inode.migration is not None or self.passthrough["enabled"] and self._held(inode):
             if inode.migration is not None:
                 await inode.migration.done.wait()
             else:  # passthrough: the blob moves only once the last handle is gone
@@ -632,25 +684,29 @@ class TieringEngine:
         the recovery pass after a crash (they have no inode)."""
         fast = self.tiers[T.FAST]
 
-        def make(inos: list[int]) -> list[int]:
+        def make(inos: list[int], pool) -> list[tuple[int, Any]]:
             made = []
             for ino in inos:
                 try:
                     T.create_blob(fast.blob(ino))
                 except OSError:
                     break
-                made.append(ino)
+                made.append((ino, pool.prepare(fast.blob(ino)) if pool is not None else None))
             return made
 
         while True:
             if len(self._blob_pool) < BLOB_POOL_LOW:
                 inos = [self.ns.allocate_ino() for _ in range(BLOB_POOL_BATCH)]
                 self.pool_filling = set(inos)
+                pool = self.backing_pool if self.passthrough["enabled"] else None
                 try:
-                    made = await trio.to_thread.run_sync(make, inos)
+                    made = await trio.to_thread.run_sync(make, inos, pool)
                 finally:
                     self.pool_filling = set()
-                self._blob_pool.extend(made)
+                for ino, entry in made:
+                    self._blob_pool.append(ino)
+                    if entry is not None:
+                        self.pooled_backings[ino] = entry
                 if len(made) < len(inos):  # fast device full: try again later
                     await trio.sleep(1.0)
                 continue
@@ -659,6 +715,8 @@ class TieringEngine:
 
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                           rdev: int = 0) -> Inode:
+        """A new file and its name.  The name is committed in the background
+        (:meth:`commit_soon`): a create costs no thread hop when the pool has a blob."""
         ns = self.ns
         check_name(name)
         if name in ns.dir(parent):
@@ -673,12 +731,15 @@ class TieringEngine:
         try:
             inode = ns.new_inode(parent, name, mode, uid, gid, rdev=rdev, tier=tier, ino=ino)
         except FsError:
+            entry = self.pooled_backings.pop(ino, None)
+            if entry is not None:
+                await trio.to_thread.run_sync(self.backing_pool.discard, entry)
             if tier is not None:
                 await trio.to_thread.run_sync(T.remove_blob, self.tiers[tier].blob(ino))
             raise
         if tier == T.FAST:
             self.policy.admit(inode.ino, 0)
-        await ns.journal.sync()
+        self.commit_soon()
         return inode
 
     async def adopt_file(self, parent: int, name: bytes, attrs, src: str | None, taken_from: str) -> Inode:
@@ -711,6 +772,26 @@ class TieringEngine:
             self.policy.admit(inode.ino, size)
         self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
+
+    def _held(self, inode: Inode) -> bool:
+        """Open, or (passthrough) its blob still registered with the kernel: its final size
+        is known only once the FUSE layer has dropped the backing (:meth:`backing_dropped`)."""
+        return bool(inode.open_count) or inode.ino in self.backed
+
+    def _now_free(self, inode: Inode) -> None:
+        ev = self._idle.pop(inode.ino, None)
+        if ev is not None:
+            ev.set()
+        if self.passthrough["enabled"]:
+            self._check_watermark()  # passthrough writes grew it behind the evictor's back
+
+    def backing_dropped(self, ino: int) -> None:
+        """The FUSE layer dropped the inode's backing file (passthrough) after taking its
+        final size: it may move now."""
+        self.backed.discard(ino)
+        inode = self.ns.inodes.get(ino)
+        if inode is not None and not self._held(inode):
+            self._now_free(inode)
 
     def _idle_event(self, inode: Inode) -> trio.Event:
         ev = self._idle.get(inode.ino)
@@ -785,6 +866,8 @@ class TieringEngine:
         if inode.replicas:  # the copies on other nodes are stale now
             inode.replicas = []
         self.ns.journal.inode(inode.ino)
+        if self.cluster is not None:  # its publication to the other nodes
+            self.commit_soon()
         # the evictor is woken by the last release (engine.release), once the file is free
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -824,6 +907,8 @@ class TieringEngine:
                     n = await self._io(h, os.pwrite, buf, off)
                 except OSError as exc:
                     self.fast_used -= reserve
+                    if exc.errno == errno.ENOSPC and attempt == 1 and await self.reap_now():
+                        continue  # deleted files' bytes were still on the device
                     if exc.errno == errno.ENOSPC and inode.tier == T.FAST and attempt == 1:
                         await self._spill(inode)  # the fast device itself is full
                         continue
@@ -861,6 +946,7 @@ class TieringEngine:
                 await inode.migration.done.wait()
             if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
                 return
+            await self.reap_now()  # the slow device may still hold deleted files' bytes
         raise FsError(errno.ENOSPC)
 
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
@@ -884,14 +970,16 @@ class TieringEngine:
         self._check_watermark()
 
     async def flush(self, fh: int) -> None:
-        """close(2).  Nothing to wait for: the file's name was committed when it was
-        created or renamed, its bytes are in its blob as soon as each write returned
-        (they survive an agent crash; fsync makes them survive a power failure), and
-        the recovery pass takes the size from the blob.  Size and times reach the
-        metadata store with the next group commit (at most a second later) — at once
-        in a cluster, where the commit also queues their publication to the other nodes."""
-        if self.cluster is not None:
-            await self.ns.journal.sync()
+        """close(2) of a writer waits only for its file's name to be committed (usually
+        done already: create commits in the background).  Its bytes are in its blob as soon
+        as each write returned (they survive an agent crash; fsync makes them survive a
+        power failure), and the recovery pass takes the size from the blob.  Size and
+        times reach the metadata store with a later group commit (at most a second; at
+        once in a cluster, where the commit also queues their publication to the other
+        nodes, and a restart republishes every local name)."""
+        h = self.handles[fh]
+        if h.writable and not self.ns.journal.is_durable(h.inode.name_seq):
+            await self.ns.journal.sync(upto=h.inode.name_seq)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
@@ -902,17 +990,15 @@ class TieringEngine:
         h = self.handles.pop(fh)
         inode = h.inode
         inode.open_count -= 1
-        if not inode.open_count:
-            ev = self._idle.pop(inode.ino, None)
-            if ev is not None:
-                ev.set()
-            if self.passthrough["enabled"]:
-                self._check_watermark()  # passthrough writes grew it behind the evictor's back
-        await trio.to_thread.run_sync(h.close_all)
+        if not self._held(inode):
+            self._now_free(inode)
+        if h.fd >= 0 or h.stale_fds:  # (none when the kernel did the I/O: passthrough)
+            await trio.to_thread.run_sync(h.close_all)
         await self.maybe_free(inode)
 
     async def maybe_free(self, inode: Inode) -> None:
-        """Delete an inode's bytes once nothing refers to it (no name, handle or lookup)."""
+        """Delete an inode's bytes once nothing refers to it (no name, handle or lookup);
+        the blobs go in the next removal batch (_reaper)."""
         if inode.nlink > 0 or inode.open_count > 0 or inode.lookups > 0:
             return
         if self.ns.inodes.get(inode.ino) is not inode:
@@ -926,8 +1012,8 @@ class TieringEngine:
             if inode.tier == T.FAST:
                 self.fast_used -= inode.size
             self.policy.remove(inode.ino)
-            blobs = [tier.blob(inode.ino) for tier in self.tiers.values()]
-            await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in blobs])
+            self._doomed.extend(tier.blob(inode.ino) for tier in self.tiers.values())
+            self._reaper_wakeup.set()
 
     async def forget(self, ino: int, n: int) -> None:
         inode = self.ns.inodes.get(ino)
@@ -937,9 +1023,11 @@ class TieringEngine:
         await self.maybe_free(inode)
 
     async def remove(self, parent: int, name: bytes, *, rmdir: bool) -> None:
+        """unlink/rmdir, committed in the background (as a local file system's journal
+        does; fsyncdir waits for it)."""
         inode = self.ns.unlink(parent, name, rmdir=rmdir)
         await self.maybe_free(inode)
-        await self.ns.journal.sync()
+        self.commit_soon()
 
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int) -> None:
         replaced = self.ns.rename(old_parent, old_name, new_parent, new_name, flags)

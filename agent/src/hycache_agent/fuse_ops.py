@@ -16,6 +16,7 @@ import pyfuse3
 import trio
 
 from . import tiers as T
+from .cluster import META_TTL_SECONDS
 from .engine import TieringEngine
 from .passthrough import Backings
 from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
@@ -27,6 +28,12 @@ XATTR_TIER = b"user.hycache.tier"
 XATTR_PINNED = b"user.hycache.pinned"
 XATTR_INFO = b"user.hycache.info"
 VIRTUAL_XATTRS = (XATTR_TIER, XATTR_PINNED, XATTR_INFO)
+
+# How long the kernel may keep a negative lookup: standalone, only this mount makes names
+# (and the kernel drops its negative dentry when it does); in a cluster another node may
+# publish the name, so no longer than the agent's own view of other nodes' names.
+NEGATIVE_TIMEOUT = 30.0
+REMOTE_NEGATIVE_TIMEOUT = META_TTL_SECONDS
 
 
 def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
@@ -152,6 +159,13 @@ class HyCacheOperations(pyfuse3.Operations):
             return remote.local
         return None
 
+    async def _settled(self, node: Inode) -> None:
+        """Size and times of a file the kernel wrote itself (passthrough) brought up to date
+        before its metadata is published under a new name (a file written, closed and at
+        once renamed must show its final size on the other nodes)."""
+        if node.ino in self.backings.by_ino:
+            await self.backings.refresh(node)
+
     @contextlib.asynccontextmanager
     async def _writable(self, ino: int, *, truncate: bool = False):
         """The local inode to change for ``ino`` (yields ``(inode, leased)``): a file held
@@ -172,16 +186,28 @@ class HyCacheOperations(pyfuse3.Operations):
             finally:
                 await self.own.write_done(local.ino)
 
+    def _negative(self) -> pyfuse3.EntryAttributes:
+        """"No such name", kept by the kernel as a negative dentry for a while (inode 0: a
+        reply with a timeout, unlike the error ENOENT).  Names made through this mount
+        replace it at once; a name another node publishes shows within the global
+        namespace's own staleness (the agent caches small directories' listings as long)."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        a.entry_timeout = NEGATIVE_TIMEOUT if self.cluster is None else REMOTE_NEGATIVE_TIMEOUT
+        return a
+
     @metadata_op
     async def lookup(self, parent_inode, name, ctx=None):
         try:
             inode = self.ns.lookup(parent_inode, name)
         except FsError as exc:
-            if exc.errno != errno.ENOENT or self.cluster is None:
+            if exc.errno != errno.ENOENT:
                 raise
+            if self.cluster is None:
+                return self._negative()
             node = await self.cluster.lookup(parent_inode, name)
             if node is None:
-                raise
+                return self._negative()
             node.lookups += 1
             return self._remote_attrs(node)
         if inode.ino in self.backings.by_ino:
@@ -276,19 +302,20 @@ class HyCacheOperations(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFDIR | stat.S_IMODE(mode), ctx.uid, ctx.gid)
-        await self.ns.journal.sync()
+        self.engine.commit_soon()  # names inside it commit after it (commits are in order)
         return self._entry(node)
 
     @metadata_op
     async def symlink(self, parent_inode, name, target, ctx):
         parent_inode = await self._local_dir(parent_inode)
         node = self.ns.new_inode(parent_inode, name, stat.S_IFLNK | 0o777, ctx.uid, ctx.gid, target=target)
-        await self.ns.journal.sync()
+        self.engine.commit_soon()
         return self._entry(node)
 
     @metadata_op
     async def link(self, inode, new_parent_inode, new_name, ctx):
         async with self._writable(inode) as (node, _):
+            await self._settled(node)
             new_parent_inode = await self._local_dir(new_parent_inode)
             node = self.ns.link(node.ino, new_parent_inode, new_name)
             await self.ns.journal.sync()
@@ -354,6 +381,7 @@ class HyCacheOperations(pyfuse3.Operations):
             return
         old_parent = self._local(parent_inode_old).ino
         src = self.ns.lookup(old_parent, name_old)
+        await self._settled(src)
         replaced = None
         if not dst_is_local:
             replaced = await self.cluster.lookup(parent_inode_new, name_new)
@@ -439,6 +467,7 @@ class HyCacheOperations(pyfuse3.Operations):
             if bid:
                 self._backed[fh] = node
                 return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
+        await self.backings.drop_pooled(node)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
 
     @metadata_op
@@ -467,6 +496,8 @@ class HyCacheOperations(pyfuse3.Operations):
             # (writeback cache): ESTALE makes it walk the path again with LOOKUP_REVAL, find
             # the local inode and open that (the lease stays held for the retried open).
             raise FsError(errno.ESTALE)
+        if local is None:
+            raise FsError(errno.ENOENT)
         if writing and self.own is not None and local.is_reg:
             await self.own.lease_for_write(local, nonblocking)
             leased = True
@@ -538,11 +569,14 @@ class HyCacheOperations(pyfuse3.Operations):
     async def flush(self, fh):
         if fh in self._remote_handles:
             return
+        replicated = self.cluster is not None and self.cluster.replicator.count > 0
         node = self._backed.get(fh)
-        if node is not None:
+        if node is not None and self.engine.handles[fh].writable:
+            # the size the kernel wrote counts at close: in the fast tier's accounting (the
+            # next writer's room), on the other nodes, and in replicas (the final bytes)
             await self.backings.refresh(node)
         await self.engine.flush(fh)
-        if self.cluster is not None and self.engine.handles[fh].writable:
+        if replicated and self.engine.handles[fh].writable:
             await self.cluster.replicator.closed(self.engine.handles[fh].inode)
 
     @errno_edge
@@ -614,6 +648,8 @@ class HyCacheOperations(pyfuse3.Operations):
             raise FsError(errno.ENODATA)
         node = self._local(inode) or self.ns.get(inode)
         if name == XATTR_INFO:
+            if node.ino in self.backings.by_ino:  # size and times as the kernel wrote them
+                await self.backings.refresh(node)
             return json.dumps(self.engine.file_info(node)).encode()
         if name == XATTR_TIER:
             if not node.is_reg:

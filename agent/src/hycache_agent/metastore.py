@@ -1,11 +1,13 @@
 """The local metadata store: the namespace's durable state in SQLite, with group commit.
 
 The namespace lives in memory (every lookup and getattr is a dictionary access); this
-module makes each change durable before the operation that made it is acknowledged.
-Changes are recorded on the trio thread as *intents* (inode X is dirty, entry (P, name)
-now points to Y, ...). :meth:`MetaJournal.sync` turns every pending intent into one SQLite
-transaction and commits it on a worker thread, so concurrent operations share a commit
-(group commit) and no SQLite call ever runs on the event loop thread.
+module makes its changes durable.  Changes are recorded on the trio thread as *intents*
+(inode X is dirty, entry (P, name) now points to Y, ...).  A commit turns every pending
+intent into one SQLite transaction (group commit), built on the trio thread and applied
+by the journal's own committer thread, in order, so no SQLite call ever runs on the event
+loop thread.  :meth:`MetaJournal.commit_soon` hands a batch over and returns at once (the
+commit overlaps with whatever the application does next); :meth:`MetaJournal.sync` waits
+for one.  The committer wakes the event loop only when somebody waits.
 
 SQLite runs in WAL mode with ``synchronous=NORMAL``: a committed transaction survives a
 crash of the agent process (SIGKILL); an fsync on a file also checkpoints durability for a
@@ -14,15 +16,20 @@ power failure via :meth:`MetaJournal.sync` with ``durable=True``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sqlite3
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
+
+from .lane import Lane
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +123,21 @@ class SQLiteStore:
             snap.counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
             return snap
 
-    def apply(self, batch: Iterable[tuple[str, tuple[Any, ...]]], durable: bool = False) -> None:
+    def apply(self, batch: Iterable[tuple[str, tuple[Any, ...]]], durable: bool = False,
+              outbox_seq: bool = False) -> int | None:
+        """One transaction.  ``outbox_seq``: return the outbox's last sequence number as of
+        this commit (the batch queued outbox rows)."""
+        last = None
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in batch:
-                    cur.execute(sql, params)
+                # runs of the same statement as one executemany (fewer calls into SQLite,
+                # each of which hands the GIL over); the order is kept
+                for sql, group in itertools.groupby(batch, key=lambda op: op[0]):
+                    cur.executemany(sql, [params for _, params in group])
+                if outbox_seq:
+                    last = cur.execute("SELECT max(seq) FROM outbox").fetchone()[0]
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
@@ -130,6 +145,7 @@ class SQLiteStore:
             if durable:
                 # WAL + synchronous=NORMAL syncs at checkpoint; force the log to disk now.
                 self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return last
 
     def outbox_head(self, limit: int) -> list[tuple[int, str, bytes, bytes | None, bytes | None]]:
         with self._lock:
@@ -137,10 +153,22 @@ class SQLiteStore:
                 "SELECT seq, op, path, path2, meta FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
 
     def outbox_done(self, upto_seq: int) -> int:
-        """Delete the rows applied up to ``upto_seq``; returns how many are left."""
+        """Delete the rows applied up to ``upto_seq``; returns how many are left (from the
+        sequence numbers, O(log n): rows are added in order and removed from the head, and
+        the count is exactly 0 when none is left)."""
         with self._lock:
             self._db.execute("DELETE FROM outbox WHERE seq <= ?", (upto_seq,))
-            return self._db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+            last = self._db.execute("SELECT max(seq) FROM outbox").fetchone()[0]
+            return 0 if last is None else last - upto_seq
+
+    def outbox_published_upto(self) -> int:
+        """The sequence number below the outbox's first row (all before it are published)."""
+        with self._lock:
+            first = self._db.execute("SELECT min(seq) FROM outbox").fetchone()[0]
+            if first is not None:
+                return first - 1
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+            return row[0] if row else 0
 
     def outbox_size(self) -> int:
         with self._lock:
@@ -154,8 +182,26 @@ class SQLiteStore:
                 self._db.close()
 
 
+@dataclass(eq=False)
+class _Batch:
+    upto: int  # the journal sequence number this batch makes durable
+    sql: list[tuple[str, tuple[Any, ...]]]
+    durable: bool  # also checkpoint the WAL (fsync, fsyncdir)
+    outbox_rows: int
+
+
+@dataclass(eq=False)
+class _Waiter:
+    target: int
+    durable: bool
+    event: trio.Event
+    error: BaseException | None = None
+
+
 class MetaJournal:
     """Pending namespace changes, made durable in group commits off the event loop."""
+
+    RETRY_SECONDS = 0.5  # after a failed commit (disk full, I/O error): the batch is retried
 
     def __init__(self, store: SQLiteStore, inode_row: Callable[[int], tuple[Any, ...] | None]) -> None:
         self.store = store
@@ -164,16 +210,23 @@ class MetaJournal:
         self._ops: list[tuple[str, tuple[Any, ...]]] = []
         self._counters: dict[str, int] = {}
         self._recorded = 0  # sequence number of the last recorded change
-        self._durable_upto = 0
-        self._lock = trio.Lock()
+        self._queued_upto = 0  # ... of the last one handed to the committer
+        self._durable_upto = 0  # ... of the last one committed (written by the committer)
+        self._checkpointed_upto = 0  # ... committed with durable=True
         self.commits = 0
         self.failed: BaseException | None = None
         # set by the cluster link: turns the batch's changes into outbox rows
         # (op, path, path2, meta) given the dirty inodes; called on the trio thread
         self.outbox_hook: Callable[[set[int]], list[tuple[str, bytes, bytes | None, bytes | None]]] | None = None
-        self.on_commit: Callable[[], None] | None = None
-        self._outbox_retry: list = []
-        self._outbox_taken: list = []
+        # called on the trio thread after a commit that queued outbox rows, with the
+        # outbox's last sequence number then
+        self.on_commit: Callable[[int], None] | None = None
+        # the committer: batches applied in order on the lane's thread; a failed batch is
+        # retried before the next, so nothing recorded is ever dropped or reordered
+        self.lane = Lane("journal")
+        self._unapplied: deque[_Batch] = deque()  # handed over, not committed yet
+        self._deferred = False  # commit_soon() came while a commit was in flight
+        self._waiters: list[_Waiter] = []
 
     # -- recording (trio thread, synchronous, O(1)) ---------------------------------
     def inode(self, ino: int) -> None:
@@ -209,13 +262,24 @@ class MetaJournal:
     def pending(self) -> int:
         return self._recorded - self._durable_upto
 
-    def _take_batch(self) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, tuple[Any, ...]]], set[int]]:
-        """(the whole batch, its entry/xattr operations, its dirty inodes) — the last two
-        are what a failed commit puts back for the next attempt."""
-        ops = self._ops
-        self._ops = []
-        batch = list(ops)
-        dirty = self._dirty_inodes
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last recorded change: ``sync(upto=seq)`` returns once
+        it is committed (commits are in order, so everything recorded before it is too)."""
+        return self._recorded
+
+    def is_durable(self, seq: int) -> bool:
+        return self._durable_upto >= seq
+
+    @property
+    def queued(self) -> int:
+        """Batches handed to the committer and not committed yet."""
+        return len(self._unapplied)
+
+    def _take_batch(self, durable: bool = False) -> _Batch:
+        """(trio thread) Every pending intent as one transaction."""
+        batch, self._ops = self._ops, []
+        dirty, self._dirty_inodes = self._dirty_inodes, set()
         for ino in dirty:
             row = self._inode_row(ino)
             if row is None:
@@ -223,43 +287,103 @@ class MetaJournal:
                 batch.append(("DELETE FROM xattrs WHERE ino = ?", (ino,)))
             else:
                 batch.append((_UPSERT_INODE, row))
-        self._dirty_inodes = set()
         for name, value in self._counters.items():
             batch.append(("INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)", (name, value)))
         self._counters = {}
-        rows, self._outbox_retry = self._outbox_retry, []
-        if self.outbox_hook is not None:
-            rows.extend(self.outbox_hook(dirty))
+        rows = self.outbox_hook(dirty) if self.outbox_hook is not None else []
         for row in rows:
             batch.append(("INSERT INTO outbox (op, path, path2, meta) VALUES (?, ?, ?, ?)", row))
-        self._outbox_taken = rows
-        return batch, ops, dirty
+        self._queued_upto = self._recorded
+        return _Batch(self._recorded, batch, durable, len(rows))
 
     # -- committing ------------------------------------------------------------------
-    async def sync(self, durable: bool = False) -> None:
-        """Return once every change recorded before this call is committed."""
-        target = self._recorded
-        async with self._lock:
-            if self._durable_upto >= target and not durable:
-                return
-            upto = self._recorded
-            batch, ops, dirty = self._take_batch()
+    def commit_soon(self) -> None:
+        """(trio thread) Commit everything recorded so far, in the background: handed to
+        the committer at once, or, while a commit is in flight, with the next one (group
+        commit: concurrent operations share a transaction)."""
+        if self._recorded <= self._queued_upto:
+            return
+        if self._unapplied:
+            self._deferred = True
+            return
+        self._submit()
+
+    def _submit(self, durable: bool = False) -> None:
+        self._deferred = False
+        batch = self._take_batch(durable)
+        self._unapplied.append(batch)
+        self.lane.submit(self._apply, batch, then=self._committed)
+
+    async def sync(self, durable: bool = False, upto: int | None = None) -> None:
+        """Return once every change recorded before this call (or up to sequence number
+        ``upto``) is committed; a commit in flight that covers them is waited for, not
+        repeated.  ``durable``: also forced to disk (fsync).  Raises the commit's error
+        if it failed (the changes stay queued and are retried)."""
+        target = self._recorded if upto is None else upto
+        if not durable and self._durable_upto >= target:
+            return
+        if target > self._queued_upto or durable:
+            self._submit(durable)
+        waiter = _Waiter(target, durable, trio.Event())
+        self._waiters.append(waiter)
+        try:
+            with self.lane.watching():
+                if not self._reached(waiter) and waiter.error is None:
+                    await waiter.event.wait()
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        if waiter.error is not None and not self._reached(waiter):
+            raise waiter.error
+
+    def _reached(self, w: _Waiter) -> bool:
+        return (self._checkpointed_upto if w.durable else self._durable_upto) >= w.target
+
+    def _apply(self, batch: _Batch) -> int:
+        """(committer thread) Apply one batch; a failure is retried (everything after it
+        waits: commits stay in order) and reported to whoever waits meanwhile."""
+        while True:
             try:
-                await trio.to_thread.run_sync(self.store.apply, batch, durable)
-            except Exception as exc:  # keep the changes so the next sync retries them
-                self._ops[:0] = ops
-                self._dirty_inodes |= dirty
-                self._outbox_retry = self._outbox_taken + self._outbox_retry
+                last_seq = self.store.apply(batch.sql, batch.durable, outbox_seq=batch.outbox_rows > 0)
+            except Exception as exc:
+                log.error("metadata commit failed (%d changes kept for retry): %s", len(batch.sql), exc)
                 self.failed = exc
-                log.error("metadata commit failed (%d changes kept for retry): %s", len(batch), exc)
-                raise
+                self.lane.call_soon(self._fail_waiters, exc)
+                if self.lane.closing:  # sync_blocking() takes it from here
+                    raise
+                time.sleep(self.RETRY_SECONDS)
+                continue
+            self._unapplied.popleft()
             self.failed = None
             self.commits += 1
-            self._durable_upto = upto
-            if self.on_commit is not None:
-                self.on_commit()
+            self._durable_upto = batch.upto
+            if batch.durable:
+                self._checkpointed_upto = batch.upto
+            return last_seq
+
+    def _committed(self, last_seq: int | None, error: BaseException | None) -> None:
+        """(trio thread)"""
+        if last_seq is not None and self.on_commit is not None:
+            self.on_commit(last_seq)
+        if self._deferred and not self._unapplied:
+            self._submit()
+        for w in [w for w in self._waiters if self._reached(w)]:
+            self._waiters.remove(w)
+            w.event.set()
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        """(trio thread)"""
+        for w in self._waiters:
+            w.error = error
+            w.event.set()
+        self._waiters.clear()
 
     def sync_blocking(self) -> None:
-        """Commit everything from the calling thread (start-up and shutdown only)."""
-        self.store.apply(self._take_batch()[0], True)
-        self._durable_upto = self._recorded
+        """Commit everything from the calling thread (start-up and shutdown only: the
+        committer is stopped first)."""
+        self.lane.close()
+        while self._unapplied:  # left by a failing committer: in order, before the rest
+            self.store.apply(self._unapplied[0].sql, True)
+            self._unapplied.popleft()
+        self.store.apply(self._take_batch(True).sql, True)
+        self._durable_upto = self._checkpointed_upto = self._recorded

@@ -60,6 +60,9 @@ class Inode:
     published: bool = False
     replicas: list[str] = field(default_factory=list)  # nodes holding a copy of the current bytes
     replicated_gen: int = -1  # data_gen the replicas were made from
+    # the journal sequence number of the last change that gave this inode a name (create,
+    # link): a writer's close waits until it is committed (MetaJournal.sync(upto=...))
+    name_seq: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -244,6 +247,7 @@ class Namespace:
         self.journal.inode(ino)
         self.journal.link(parent, name, ino)
         self.journal.counter("next_ino", self.next_ino)
+        inode.name_seq = self.journal.seq
         return inode
 
     def allocate_ino(self) -> int:
@@ -272,6 +276,7 @@ class Namespace:
         self._dir_changed(self.inodes[parent], t)
         self.journal.inode(ino)
         self.journal.link(parent, name, ino)
+        inode.name_seq = self.journal.seq
         return inode
 
     def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:

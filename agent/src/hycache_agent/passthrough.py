@@ -27,6 +27,7 @@ import pyfuse3
 import trio
 
 from .engine import TieringEngine
+from .lane import Lane
 from .namespace import Inode
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,31 @@ def supported() -> str | None:
     return None
 
 
+def open_backing(path: str) -> tuple[int, int, os.stat_result]:
+    """(blocking) Open a blob and register it as a backing file: (fd, backing id, stat)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        return fd, pyfuse3.passthrough_open(fd), st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def close_backing(fd: int, backing_id: int) -> os.stat_result | None:
+    """(blocking) The blob's last size and times, then drop the registration and the fd."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        st = None
+    try:
+        pyfuse3.passthrough_close(backing_id)
+    except OSError as exc:  # the kernel keeps its own reference to the file anyway
+        log.warning("closing backing id %d: %s", backing_id, exc)
+    os.close(fd)
+    return st
+
+
 @dataclass(eq=False)
 class Backing:
     fd: int
@@ -57,6 +83,7 @@ class Backing:
     refs: int = 0
     size: int = 0  # the blob's size and mtime when the agent last looked
     mtime_ns: int = 0
+    closed: trio.Event | None = None  # set while the last release drops it (and once dropped)
 
 
 class Backings:
@@ -65,6 +92,28 @@ class Backings:
     def __init__(self, engine: TieringEngine) -> None:
         self.engine = engine
         self.by_ino: dict[int, Backing] = {}
+        self.pooled = 0  # opens answered with a backing registered ahead (the blob pool)
+        # the last release of a file drops its backing here, without waiting for it
+        self.lane = Lane("backings")
+        engine.lanes.append(self.lane)
+
+    # -- the engine's blob pool registers blobs ahead of their create (worker thread) ----
+    @staticmethod
+    def prepare(path: str) -> tuple[int, int, os.stat_result] | None:
+        try:
+            return open_backing(path)
+        except OSError as exc:
+            log.warning("registering pool blob %s as a backing file: %s", path, exc)
+            return None
+
+    @staticmethod
+    def discard(entry: tuple[int, int, os.stat_result]) -> None:
+        fd, bid, _st = entry
+        try:
+            pyfuse3.passthrough_close(bid)
+        except OSError:  # (at shutdown the session is gone, and with it every id)
+            pass
+        os.close(fd)
 
     @property
     def enabled(self) -> bool:
@@ -92,53 +141,59 @@ class Backings:
                                 "(the writeback cache is off for this mount)")
             return
         state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
+        self.engine.backing_pool = self
+
+    async def drop_pooled(self, inode: Inode) -> None:
+        """A new file served through the agent after all (set-ID bits, a full fast tier):
+        its blob's ahead-of-time registration goes."""
+        pooled = self.engine.pooled_backings.pop(inode.ino, None)
+        if pooled is not None:
+            await trio.to_thread.run_sync(self.discard, pooled)
 
     async def acquire(self, inode: Inode) -> int:
         """The backing id for an open of ``inode`` (0: serve it through the agent)."""
         b = self.by_ino.get(inode.ino)
+        while b is not None and b.closed is not None:  # being dropped: wait, then a new one
+            with self.lane.watching():
+                await b.closed.wait()
+            b = self.by_ino.get(inode.ino)
+        pooled = self.engine.pooled_backings.pop(inode.ino, None)
+        if b is None and pooled is not None and inode.tier == "fast":  # a new file: no hop
+            fd, bid, st = pooled
+            self.engine.backed.add(inode.ino)
+            b = self.by_ino[inode.ino] = Backing(fd, bid, inode.tier, 0, st.st_size, st.st_mtime_ns)
+            self.pooled += 1
+        elif pooled is not None:
+            await trio.to_thread.run_sync(self.discard, pooled)
         if b is None:
             self.engine.backed.add(inode.ino)  # before the hop: no migration may start now
             tier = inode.tier
             path = self.engine.blob(inode)
-
-            def register() -> tuple[int, int, os.stat_result]:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-                try:
-                    st = os.fstat(fd)
-                    return fd, pyfuse3.passthrough_open(fd), st
-                except BaseException:
-                    os.close(fd)
-                    raise
-
             try:
-                fd, bid, st = await trio.to_thread.run_sync(register)
+                fd, bid, st = await trio.to_thread.run_sync(open_backing, path)
             except OSError as exc:
                 if inode.ino not in self.by_ino:
-                    self.engine.backed.discard(inode.ino)
+                    self.engine.backing_dropped(inode.ino)
                 log.warning("passthrough for inode %d refused (%s): served by the agent", inode.ino, exc)
                 return 0
             # another open of the same inode may have registered it during the hop
             other = self.by_ino.get(inode.ino)
             if other is not None:
-                await trio.to_thread.run_sync(self._unregister, fd, bid)
+                await trio.to_thread.run_sync(close_backing, fd, bid)
                 b = other
             else:
                 b = self.by_ino[inode.ino] = Backing(fd, bid, tier, 0, st.st_size, st.st_mtime_ns)
         b.refs += 1
         return b.backing_id
 
-    @staticmethod
-    def _unregister(fd: int, bid: int) -> None:
-        try:
-            pyfuse3.passthrough_close(bid)
-        except OSError as exc:  # the kernel keeps its own reference to the file anyway
-            log.warning("closing backing id %d: %s", bid, exc)
-        os.close(fd)
-
     async def refresh(self, inode: Inode) -> None:
         """Bring size and mtime up to what the kernel wrote into the blob."""
         b = self.by_ino.get(inode.ino)
         if b is None:
+            return
+        if b.closed is not None:  # the last release is taking the final size right now
+            with self.lane.watching():
+                await b.closed.wait()
             return
         b.refs += 1  # a release during the fstat must not close the descriptor under it
         try:
@@ -147,25 +202,32 @@ class Backings:
                 b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
                 self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
         finally:
-            await self._put(inode.ino, b)
+            await self._put(inode.ino, b, inode)
 
     async def release(self, inode: Inode) -> None:
-        """One open of ``inode`` is gone; the last one drops the registration."""
+        """One open of ``inode`` is gone; the last one takes the final size and times and
+        drops the registration (one thread hop for both)."""
         b = self.by_ino.get(inode.ino)
-        if b is None:
-            return
-        try:
-            if b.refs == 1:  # the last: take the final size and times first
-                await self.refresh(inode)
-        finally:
-            await self._put(inode.ino, b)
+        if b is not None:
+            await self._put(inode.ino, b, inode)
 
-    async def _put(self, ino: int, b: Backing) -> None:
+    async def _put(self, ino: int, b: Backing, inode: Inode | None = None) -> None:
         b.refs -= 1
         if b.refs > 0:
             return
-        if self.by_ino.get(ino) is b:
-            del self.by_ino[ino]
-            self.engine.backed.discard(ino)
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._unregister, b.fd, b.backing_id)
+        # Dropped on the lane (the release is answered at once).  It stays listed until
+        # then, so that opens and attribute requests arriving meanwhile wait for the final
+        # size instead of reading a stale one.
+        b.closed = trio.Event()
+
+        def dropped(st: os.stat_result | None, error: BaseException | None) -> None:
+            if inode is not None and st is not None and (st.st_size != b.size or st.st_mtime_ns != b.mtime_ns):
+                self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+            if self.by_ino.get(ino) is b:
+                del self.by_ino[ino]
+                self.engine.backing_dropped(ino)
+            b.closed.set()
+            if error is not None:
+                log.warning("dropping the backing file of inode %d: %s", ino, error)
+
+        self.lane.submit(close_backing, b.fd, b.backing_id, then=dropped)

@@ -11,6 +11,7 @@ Every function here blocks; callers run them with ``trio.to_thread.run_sync``.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,8 +33,12 @@ class Tier:
     def data_dir(self) -> Path:
         return self.path / "data"
 
+    @functools.cached_property
+    def _data_prefix(self) -> str:
+        return str(self.data_dir)
+
     def blob(self, ino: int) -> str:
-        return f"{self.data_dir}/{ino & 0xFF:02x}/{ino:x}"
+        return f"{self._data_prefix}/{ino & 0xFF:02x}/{ino:x}"
 
     def temp_blob(self, ino: int) -> str:
         return self.blob(ino) + TEMP_SUFFIX

@@ -1,0 +1,124 @@
+"""A lane: one dedicated worker thread for short blocking jobs, run in order, whose results
+come back to the trio thread without waking it for each one.
+
+``trio.to_thread.run_sync`` costs a thread hand-off, a wake-up of the event loop and a
+task switch per call, which is most of a small metadata operation's cost.  Jobs whose
+caller does not need to wait for them (the metadata commit of a create, dropping a
+backing file at release) go through a lane instead: ``submit`` queues the job and returns
+at once; the worker runs jobs in submission order; their ``then`` callbacks run on the trio
+thread when the lane is *drained*: every ``DRAIN_SECONDS`` while jobs are outstanding, and
+at once while somebody waits (:meth:`Lane.watching`).
+
+Nothing here blocks the event loop: ``submit`` is a ``SimpleQueue.put``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 0.02
+
+_STOP = object()
+
+
+class Lane:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: deque[tuple[Callable | None, Any, BaseException | None]] = deque()
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._outstanding = 0  # submitted, callbacks not run yet (trio thread)
+        self._watchers = 0  # tasks waiting for a callback (read by the worker)
+        self._wake_pending = False
+        self._work = trio.Event()  # set by submit: the drainer has something to drain
+        self.closing = False
+
+    # -- trio thread ----------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], *args: Any, then: Callable[[Any, BaseException | None], None] | None = None) -> None:
+        """Run ``fn(*args)`` on the lane's thread; then ``then(result, error)`` on the trio thread."""
+        if self._thread is None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._thread = threading.Thread(target=self._run, name=f"hycache-{self.name}", daemon=True)
+            self._thread.start()
+        self._outstanding += 1
+        self._jobs.put((fn, args, then))
+        self._work.set()
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """(any thread) Run ``fn(*args)`` on the trio thread soon."""
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:  # shutting down: nobody is waiting any more
+            pass
+
+    def drain(self) -> None:
+        """Run the callbacks of the jobs done so far."""
+        self._wake_pending = False
+        while self._done:
+            then, result, error = self._done.popleft()
+            self._outstanding -= 1
+            if then is not None:
+                try:
+                    then(result, error)
+                except Exception:  # noqa: BLE001 - one callback must not stop the others
+                    log.exception("%s: callback failed", self.name)
+            elif error is not None:
+                log.error("%s: %s", self.name, error)
+
+    @contextlib.contextmanager
+    def watching(self):
+        """While inside, callbacks run as soon as their jobs are done (a task waits for one)."""
+        self._watchers += 1
+        try:
+            if self._done:
+                self.drain()
+            yield
+        finally:
+            self._watchers -= 1
+
+    async def drainer(self) -> None:
+        """Runs for the agent's lifetime: drains every DRAIN_SECONDS while jobs are outstanding."""
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            while self._outstanding:
+                await trio.sleep(DRAIN_SECONDS)
+                self.drain()
+
+    def close(self) -> None:
+        """(after the event loop) Stop the worker once the jobs queued so far are done, and
+        run their callbacks here (they record what the jobs found, e.g. a file's final size)."""
+        if self._thread is not None:
+            self.closing = True
+            self._jobs.put(_STOP)
+            self._thread.join()
+            self._thread = None
+            self.closing = False
+        self.drain()
+
+    # -- worker thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            fn, args, then = job
+            try:
+                result, error = fn(*args), None
+            except Exception as exc:  # noqa: BLE001 - handed to the callback
+                result, error = None, exc
+            self._done.append((then, result, error))
+            if self._watchers and not self._wake_pending:
+                self._wake_pending = True
+                self.call_soon(self.drain)
