@@ -321,6 +321,38 @@ def test_enospc_only_when_both_tiers_are_full(tmpfs_dir, hycache_mount):  # tmpf
     check_tiers_from_outside(m)
 
 
+@pytest.mark.mount
+def test_reader_joins_a_writer_served_by_the_agent(hycache_mount):
+    """With the fast tier full of pinned files, a writer of a fast-tier file is served by the
+    agent (its writes could not spill otherwise).  A reader opening the same file meanwhile
+    must be served the same way: the kernel refuses a passthrough open of an inode it holds
+    open in cached mode (and the reverse) with EIO."""
+    m = hycache_mount(fast_capacity="1M")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
+    hog, target = m.mountpoint / "hog", m.mountpoint / "target"
+    target.write_bytes(pattern(4 * K, 2))
+    hog.write_bytes(pattern(1020 * K, 1))
+    for path in (target, hog):
+        cli("pin", path, check=True)
+        if info(path)["tier"] != "fast":
+            cli("promote", path, check=True)
+    assert info(hog)["tier"] == info(target)["tier"] == "fast", (info(hog), info(target))
+    with open(target, "r+b") as writer:
+        with open(target, "rb") as reader:  # EIO here when the agent answered it with a backing id
+            assert reader.read() == pattern(4 * K, 2)
+            writer.write(b"x" * 100)
+            writer.flush()
+            reader.seek(0)
+            assert reader.read(100) == b"x" * 100
+    assert target.read_bytes() == b"x" * 100 + pattern(4 * K, 2)[100:]
+    with open(target, "rb") as reader:  # with no writer left, the next opens may be passthrough
+        with open(target, "r+b") as writer:  # ... and a writer joining them shares the backing
+            writer.write(b"y" * 10)
+        assert reader.read(10) == b"y" * 10
+    assert m.proc.poll() is None
+
+
 # --------------------------------------------------------------------------- names
 @pytest.mark.mount
 def test_name_length_limits(shared_mount, fresh_dir):

@@ -456,17 +456,18 @@ class HyCacheOperations(pyfuse3.Operations):
     async def _file_info(self, fh: int, node: Inode, writing: bool) -> pyfuse3.FileInfo:
         """The open reply: with passthrough, the blob's backing id (and no keep_cache:
         the kernel answers EIO to both together)."""
-        # set-ID files are written through the agent, which clears the bits on write
-        if ((node.ino in self.backings.by_ino or await self.engine.passthrough_for(node, writing))
-                and not node.mode & (stat.S_ISUID | stat.S_ISGID)):
-            try:
-                bid = await self.backings.acquire(node)
-            except BaseException:
-                await self.engine.release(fh)
-                raise
-            if bid:
-                self._backed[fh] = node
-                return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
+
+        async def wanted() -> bool:  # set-ID files are written through the agent, which clears the bits
+            return not node.mode & (stat.S_ISUID | stat.S_ISGID) and await self.engine.passthrough_for(node, writing)
+
+        try:
+            bid = await self.backings.open(node, wanted)
+        except BaseException:
+            await self.engine.release(fh)
+            raise
+        if bid:
+            self._backed[fh] = node
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
         await self.backings.drop_pooled(node)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
 
@@ -594,6 +595,8 @@ class HyCacheOperations(pyfuse3.Operations):
         # evictable at once; then the backing id (a last refresh for writes through a
         # mapping after close, which aborts a migration that started meanwhile)
         node = self._backed.pop(fh, None)
+        if node is None:
+            self.backings.served_closed(self.engine.handles[fh].inode.ino)
         await self.engine.release(fh)
         if node is not None:
             await self.backings.release(node)

@@ -21,6 +21,7 @@ import errno
 import logging
 import os
 import platform
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pyfuse3
@@ -93,6 +94,8 @@ class Backings:
         self.engine = engine
         self.by_ino: dict[int, Backing] = {}
         self.pooled = 0  # opens answered with a backing registered ahead (the blob pool)
+        self.served: dict[int, int] = {}  # ino -> its opens served by the agent (cached io mode)
+        self._deciding: dict[int, list] = {}  # ino -> [lock, users]: one open decides at a time
         # the last release of a file drops its backing here, without waiting for it
         self.lane = Lane("backings")
         engine.lanes.append(self.lane)
@@ -150,41 +153,96 @@ class Backings:
         if pooled is not None:
             await trio.to_thread.run_sync(self.discard, pooled)
 
-    async def acquire(self, inode: Inode) -> int:
-        """The backing id for an open of ``inode`` (0: serve it through the agent)."""
-        b = self.by_ino.get(inode.ino)
-        while b is not None and b.closed is not None:  # being dropped: wait, then a new one
-            with self.lane.watching():
-                await b.closed.wait()
-            b = self.by_ino.get(inode.ino)
-        pooled = self.engine.pooled_backings.pop(inode.ino, None)
-        if b is None and pooled is not None and inode.tier == "fast":  # a new file: no hop
-            fd, bid, st = pooled
-            self.engine.backed.add(inode.ino)
-            b = self.by_ino[inode.ino] = Backing(fd, bid, inode.tier, 0, st.st_size, st.st_mtime_ns)
-            self.pooled += 1
-        elif pooled is not None:
-            await trio.to_thread.run_sync(self.discard, pooled)
-        if b is None:
-            self.engine.backed.add(inode.ino)  # before the hop: no migration may start now
-            tier = inode.tier
-            path = self.engine.blob(inode)
-            try:
-                fd, bid, st = await trio.to_thread.run_sync(open_backing, path)
-            except OSError as exc:
-                if inode.ino not in self.by_ino:
-                    self.engine.backing_dropped(inode.ino)
-                log.warning("passthrough for inode %d refused (%s): served by the agent", inode.ino, exc)
+    async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
+        """The backing id for a new open of ``inode``, or 0: served by the agent.
+
+        The kernel keeps one io mode per inode: while it holds a passthrough open, every
+        other open must carry the same backing id, and while it holds one served by the
+        agent (cached), none may carry any; either mistake fails the open with EIO.  So
+        the mode of an inode with opens is kept, and only an inode with none asks
+        ``wanted`` (the engine's choice).  The agent's counts are released after the
+        kernel's (the kernel drops its mode before it sends RELEASE), so they can only err
+        towards "still open", which is safe.  One open of an inode decides at a time."""
+        ino = inode.ino
+        gate = self._deciding.get(ino)
+        if gate is None:
+            gate = self._deciding[ino] = [trio.Lock(), 0]
+        gate[1] += 1
+        try:
+            async with gate[0]:
+                if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
+                    bid = await self.acquire(inode)
+                    if bid:
+                        return bid
+                self.served[ino] = self.served.get(ino, 0) + 1
                 return 0
-            # another open of the same inode may have registered it during the hop
-            other = self.by_ino.get(inode.ino)
-            if other is not None:
-                await trio.to_thread.run_sync(close_backing, fd, bid)
-                b = other
-            else:
-                b = self.by_ino[inode.ino] = Backing(fd, bid, tier, 0, st.st_size, st.st_mtime_ns)
-        b.refs += 1
-        return b.backing_id
+        finally:
+            gate[1] -= 1
+            if not gate[1]:
+                del self._deciding[ino]
+
+    def served_closed(self, ino: int) -> None:
+        """An open that :meth:`open` answered with 0 was released."""
+        left = self.served.get(ino, 0) - 1
+        if left > 0:
+            self.served[ino] = left
+        else:
+            self.served.pop(ino, None)
+
+    async def acquire(self, inode: Inode) -> int:
+        """The backing id for an open of ``inode`` (0: serve it through the agent).
+
+        The kernel looks the id up only after it has the reply, so an id handed out must
+        not be closing: a registration whose last release is being dropped is waited for,
+        and the open then registers afresh (also when the drop began during its own hop)."""
+        ino = inode.ino
+        pooled = self.engine.pooled_backings.pop(ino, None)
+        if pooled is not None and (ino in self.by_ino or inode.tier != "fast"):
+            await trio.to_thread.run_sync(self.discard, pooled)
+            pooled = None
+        mine: Backing | None = None  # registered by this open
+        try:
+            while True:
+                b = self.by_ino.get(ino)
+                if b is not None and b.closed is not None:  # being dropped: wait for it
+                    with self.lane.watching():
+                        await b.closed.wait()
+                    continue
+                if b is not None:  # live: share it (ours, if any, was not needed)
+                    b.refs += 1  # before any hop: a release meanwhile must not drop it
+                    stale, mine = mine, None
+                    if stale is not None:
+                        with trio.CancelScope(shield=True):
+                            await trio.to_thread.run_sync(close_backing, stale.fd, stale.backing_id)
+                    return b.backing_id
+                if mine is None and pooled is not None:  # a new file: no hop
+                    fd, bid, st = pooled
+                    mine, pooled = Backing(fd, bid, inode.tier, 0, st.st_size, st.st_mtime_ns), None
+                    self.pooled += 1
+                if mine is not None:
+                    self.by_ino[ino] = mine
+                    self.engine.backed.add(ino)
+                    mine.refs += 1
+                    return mine.backing_id
+                self.engine.backed.add(ino)  # before the hop: no migration may start now
+                tier = inode.tier
+                try:
+                    fd, bid, st = await trio.to_thread.run_sync(open_backing, self.engine.blob(inode))
+                except OSError as exc:
+                    if ino not in self.by_ino:
+                        self.engine.backing_dropped(ino)
+                    log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
+                    return 0
+                mine = Backing(fd, bid, tier, 0, st.st_size, st.st_mtime_ns)
+                # another open of the same inode may have registered it during the hop (and a
+                # release may already be dropping that one): the loop decides again
+        except BaseException:  # (cancelled during a hop) nothing registered here may leak
+            with trio.CancelScope(shield=True):
+                if mine is not None and self.by_ino.get(ino) is not mine:
+                    await trio.to_thread.run_sync(close_backing, mine.fd, mine.backing_id)
+                if pooled is not None:
+                    await trio.to_thread.run_sync(self.discard, pooled)
+            raise
 
     async def refresh(self, inode: Inode) -> None:
         """Bring size and mtime up to what the kernel wrote into the blob."""
@@ -213,7 +271,7 @@ class Backings:
 
     async def _put(self, ino: int, b: Backing, inode: Inode | None = None) -> None:
         b.refs -= 1
-        if b.refs > 0:
+        if b.refs > 0 or b.closed is not None:
             return
         # Dropped on the lane (the release is answered at once).  It stays listed until
         # then, so that opens and attribute requests arriving meanwhile wait for the final
