@@ -28,7 +28,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 FSX_BIN = Path(os.environ.get("HYCACHE_FSX") or REPO / ".work" / "bin" / "fsx")  # HYCACHE_FSX: another build
 AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
-NUMOPS = 4000
+# HYCACHE_FSX_OPS / HYCACHE_FSX_SEED: longer or other runs than CI's (e.g. 20000 ops, seeds 1..5)
+NUMOPS = int(os.environ.get("HYCACHE_FSX_OPS", "4000"))
+SEED = os.environ.get("HYCACHE_FSX_SEED", "7")
 
 CONFIG = """
 flen = 4194304
@@ -114,7 +116,7 @@ def test_fsx(hycache_mount, fast_capacity, mode, tmp_path, request):
     conf.write_text(CONFIG.format(mmap=10 if mmap else 0, invalidate=1 if mmap else 0,
                                   direct="true" if direct else "false"))
     target = m.mountpoint / "fsx.file"
-    p, flags = run_fsx([str(FSX_BIN), "-N", str(NUMOPS), "-S", "7", "-f", str(conf), "-P", str(tmp_path),
+    p, flags = run_fsx([str(FSX_BIN), "-N", str(NUMOPS), "-S", SEED, "-f", str(conf), "-P", str(tmp_path),
                         str(target)], target)
     assert p.returncode == 0, (f"fsx failed ({fast_capacity} fast tier, {mode}; config {conf}, agent log "
                                f"{m.log}):\n{p.stderr[-4000:]}\n{p.stdout[-2000:]}")
