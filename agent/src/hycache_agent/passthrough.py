@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
+from . import tiers as T
 from .engine import TieringEngine
 from .lane import Lane
 from .namespace import Inode
@@ -95,7 +96,7 @@ class Backings:
         self.by_ino: dict[int, Backing] = {}
         self.pooled = 0  # opens answered with a backing registered ahead (the blob pool)
         self.served: dict[int, int] = {}  # ino -> its opens served by the agent (cached io mode)
-        self._deciding: dict[int, list] = {}  # ino -> [lock, users]: one open decides at a time
+        self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
         self.lane = Lane("backings")
         engine.lanes.append(self.lane)
@@ -130,7 +131,7 @@ class Backings:
         if not getattr(pyfuse3, "passthrough_enabled", False):
             state.update(enabled=False, reason="the kernel did not offer FUSE_PASSTHROUGH at INIT")
             return
-        path = os.path.join(self.engine.tiers["fast"].data_dir, ".passthrough-probe")
+        path = os.path.join(self.engine.tiers[T.FAST].data_dir, ".passthrough-probe")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -164,22 +165,23 @@ class Backings:
         kernel's (the kernel drops its mode before it sends RELEASE), so they can only err
         towards "still open", which is safe.  One open of an inode decides at a time."""
         ino = inode.ino
-        gate = self._deciding.get(ino)
-        if gate is None:
-            gate = self._deciding[ino] = [trio.Lock(), 0]
-        gate[1] += 1
+        b = self.by_ino.get(ino)
+        if b is not None and b.closed is None and ino not in self._deciding:  # nothing to decide
+            b.refs += 1
+            return b.backing_id
+        while (busy := self._deciding.get(ino)) is not None:
+            await busy.wait()
+        gate = self._deciding[ino] = trio.Event()
         try:
-            async with gate[0]:
-                if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
-                    bid = await self.acquire(inode)
-                    if bid:
-                        return bid
-                self.served[ino] = self.served.get(ino, 0) + 1
-                return 0
+            if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
+                bid = await self.acquire(inode)
+                if bid:
+                    return bid
+            self.served[ino] = self.served.get(ino, 0) + 1
+            return 0
         finally:
-            gate[1] -= 1
-            if not gate[1]:
-                del self._deciding[ino]
+            del self._deciding[ino]
+            gate.set()
 
     def served_closed(self, ino: int) -> None:
         """An open that :meth:`open` answered with 0 was released."""
@@ -197,7 +199,7 @@ class Backings:
         and the open then registers afresh (also when the drop began during its own hop)."""
         ino = inode.ino
         pooled = self.engine.pooled_backings.pop(ino, None)
-        if pooled is not None and (ino in self.by_ino or inode.tier != "fast"):
+        if pooled is not None and (ino in self.by_ino or inode.tier != T.FAST):
             await trio.to_thread.run_sync(self.discard, pooled)
             pooled = None
         mine: Backing | None = None  # registered by this open
@@ -245,7 +247,12 @@ class Backings:
             raise
 
     async def refresh(self, inode: Inode) -> None:
-        """Bring size and mtime up to what the kernel wrote into the blob."""
+        """Bring size and mtime up to what the kernel wrote into the blob.
+
+        A blob on the fast tier (a local device) is fstat()ed right here: the fstat of an
+        open descriptor of a local file system reads the in-memory inode, no I/O, and is
+        cheaper than the thread hop around it.  A slow-tier blob may sit on a network
+        file system, whose fstat can ask its server: that one goes to a worker thread."""
         b = self.by_ino.get(inode.ino)
         if b is None:
             return
@@ -253,14 +260,19 @@ class Backings:
             with self.lane.watching():
                 await b.closed.wait()
             return
+        if b.tier == T.FAST:
+            self._took(inode, b, os.fstat(b.fd))
+            return
         b.refs += 1  # a release during the fstat must not close the descriptor under it
         try:
-            st = await trio.to_thread.run_sync(os.fstat, b.fd)
-            if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
-                b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
-                self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+            self._took(inode, b, await trio.to_thread.run_sync(os.fstat, b.fd))
         finally:
             await self._put(inode.ino, b, inode)
+
+    def _took(self, inode: Inode, b: Backing, st: os.stat_result) -> None:
+        if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
+            b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
+            self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
 
     async def release(self, inode: Inode) -> None:
         """One open of ``inode`` is gone; the last one takes the final size and times and
