@@ -54,7 +54,7 @@ REMOTE_INO_BASE = 1 << 48
 HEARTBEAT_SECONDS = 2.0
 META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
-PUBLISH_LINGER_SECONDS = 0.01  # after a commit wakes the publisher, for more rows to join
+PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
 SMALL_DIR = 1024
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
@@ -335,6 +335,12 @@ class ClusterLink:
             def done_and_next(upto: int) -> tuple[int, list]:
                 return store_db.outbox_done(upto), store_db.outbox_head(PUBLISH_BATCH)
 
+            if published < PUBLISH_BATCH:
+                # under a steady stream of changes, too: the next batch gathers what the
+                # next commits queue (a create and its size at close, the parent's mtime:
+                # one put each per batch) instead of going out with whatever the last
+                # round trip left behind
+                await trio.sleep(PUBLISH_LINGER_SECONDS)
             # the count from the outbox itself (commits add to it in between), and the
             # next rows, in one hop
             self._published_upto = rows[-1][0]
