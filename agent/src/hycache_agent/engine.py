@@ -49,6 +49,9 @@ O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 BLOB_POOL_LOW = 32
 _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
 BLOB_POOL_BATCH = 64
+# a change that only other nodes wait for (a size at close, in a cluster) is committed
+# this soon, unless the next operation's commit takes it first (then it costs no commit)
+COMMIT_SHORTLY_SECONDS = 0.005
 STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
 
 
@@ -218,6 +221,7 @@ class TieringEngine:
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
         self._reaper_wakeup = trio.Event()
         self._pool_wakeup = trio.Event()
+        self._commit_shortly = trio.Event()
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
         self.counters = Counters()
@@ -459,8 +463,17 @@ class TieringEngine:
 
     async def _flusher(self) -> None:
         while True:
-            await trio.sleep(1.0)
-            self.ns.journal.commit_soon()  # what rides on no other commit (times, heat)
+            with trio.move_on_after(1.0):  # what rides on no other commit (times, heat)
+                await self._commit_shortly.wait()
+            if self._commit_shortly.is_set():
+                self._commit_shortly = trio.Event()
+                await trio.sleep(COMMIT_SHORTLY_SECONDS)
+            self.ns.journal.commit_soon()
+
+    def commit_shortly(self) -> None:
+        """Commit what is recorded within COMMIT_SHORTLY_SECONDS: with a stream of
+        operations it rides on the next one's commit."""
+        self._commit_shortly.set()
 
     def commit_soon(self) -> None:
         """Commit what is recorded so far in the background: the caller answers the kernel
@@ -867,7 +880,7 @@ class TieringEngine:
             inode.replicas = []
         self.ns.journal.inode(inode.ino)
         if self.cluster is not None:  # its publication to the other nodes
-            self.commit_soon()
+            self.commit_shortly()
         # the evictor is woken by the last release (engine.release), once the file is free
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -974,9 +987,10 @@ class TieringEngine:
         done already: create commits in the background).  Its bytes are in its blob as soon
         as each write returned (they survive an agent crash; fsync makes them survive a
         power failure), and the recovery pass takes the size from the blob.  Size and
-        times reach the metadata store with a later group commit (at most a second; at
-        once in a cluster, where the commit also queues their publication to the other
-        nodes, and a restart republishes every local name)."""
+        times reach the metadata store with a later group commit (at most a second; in a
+        cluster, where the commit also queues their publication to the other nodes, within
+        COMMIT_SHORTLY_SECONDS, usually with the next operation's commit; and a restart
+        republishes every local name)."""
         h = self.handles[fh]
         if h.writable and not self.ns.journal.is_durable(h.inode.name_seq):
             await self.ns.journal.sync(upto=h.inode.name_seq)
