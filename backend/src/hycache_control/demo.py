@@ -50,10 +50,14 @@ class Workload:
         self.thread = threading.Thread(target=self._run, name="demo-workload", daemon=True)
 
     def start(self) -> None:
+        self.prepare()
+        self.thread.start()
+
+    def prepare(self) -> None:
+        """The hot files of every node."""
         for node, mnt in self.mounts.items():
             for i in range(HOT_FILES):
                 self._write(mnt / f"hot-{node}-{i}.dat")
-        self.thread.start()
 
     def _write(self, path: Path) -> None:
         size = self.rng.randint(self.file_size // 2, self.file_size)
@@ -64,24 +68,30 @@ class Workload:
         self.bytes_read += len(path.read_bytes())
 
     def _run(self) -> None:
-        nodes = sorted(self.mounts)
         while not self.stop.is_set():
-            self.rounds += 1
-            for node in nodes:
-                mnt = self.mounts[node]
-                try:
-                    for i in range(HOT_FILES):
-                        self._read(mnt / f"hot-{node}-{i}.dat")
-                    self._write(mnt / f"cold-{node}-{self.rounds % COLD_FILES}.dat")
-                    if self.rounds > 3 and self.rounds % 3 == 0:
-                        self._read(mnt / f"cold-{node}-{self.rng.randrange(min(self.rounds, COLD_FILES))}.dat")
-                    if len(nodes) > 1 and self.rounds % 5 == 0:
-                        other = nodes[(nodes.index(node) + 1) % len(nodes)]
-                        self._read(mnt / f"hot-{other}-{self.rng.randrange(HOT_FILES)}.dat")
-                except OSError as exc:
-                    if len(self.errors) < 20:
-                        self.errors.append(f"{node}: {exc}")
+            self.round()
             self.stop.wait(1.0)
+
+    def round(self) -> None:
+        """One round on every node: re-read its hot files, write one cold file, now and
+        then read back an older cold one and a hot file of the next node."""
+        nodes = sorted(self.mounts)
+        self.rounds += 1
+        for node in nodes:
+            mnt = self.mounts[node]
+            try:
+                for i in range(HOT_FILES):
+                    self._read(mnt / f"hot-{node}-{i}.dat")
+                self._write(mnt / f"cold-{node}-{self.rounds % COLD_FILES}.dat")
+                if self.rounds > 3 and self.rounds % 3 == 0:  # one written in the last COLD_FILES rounds
+                    written = self.rng.randint(max(1, self.rounds - COLD_FILES + 1), self.rounds)
+                    self._read(mnt / f"cold-{node}-{written % COLD_FILES}.dat")
+                if len(nodes) > 1 and self.rounds % 5 == 0:
+                    other = nodes[(nodes.index(node) + 1) % len(nodes)]
+                    self._read(mnt / f"hot-{other}-{self.rng.randrange(HOT_FILES)}.dat")
+            except OSError as exc:
+                if len(self.errors) < 20:
+                    self.errors.append(f"{node}: {exc}")
 
     def close(self) -> None:
         self.stop.set()
