@@ -913,16 +913,20 @@ class TieringEngine:
             growth = max(0, end - inode.size)
             if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
                 await self._spill(inode)
-            for attempt in (1, 2):
+            reaped = spilled = False
+            while True:
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
                 self.fast_used += reserve
                 try:
                     n = await self._io(h, os.pwrite, buf, off)
                 except OSError as exc:
                     self.fast_used -= reserve
-                    if exc.errno == errno.ENOSPC and attempt == 1 and await self.reap_now():
-                        continue  # deleted files' bytes were still on the device
-                    if exc.errno == errno.ENOSPC and inode.tier == T.FAST and attempt == 1:
+                    if exc.errno == errno.ENOSPC and not reaped:
+                        reaped = True
+                        if await self.reap_now():
+                            continue  # deleted files' bytes were still on the device
+                    if exc.errno == errno.ENOSPC and inode.tier == T.FAST and not spilled:
+                        spilled = True
                         await self._spill(inode)  # the fast device itself is full
                         continue
                     raise FsError(exc.errno) from exc
