@@ -159,13 +159,6 @@ class HyCacheOperations(pyfuse3.Operations):
             return remote.local
         return None
 
-    async def _settled(self, node: Inode) -> None:
-        """Size and times of a file the kernel wrote itself (passthrough) brought up to date
-        before its metadata is published under a new name (a file written, closed and at
-        once renamed must show its final size on the other nodes)."""
-        if node.ino in self.backings.by_ino:
-            await self.backings.refresh(node)
-
     @contextlib.asynccontextmanager
     async def _writable(self, ino: int, *, truncate: bool = False):
         """The local inode to change for ``ino`` (yields ``(inode, leased)``): a file held
@@ -315,7 +308,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @metadata_op
     async def link(self, inode, new_parent_inode, new_name, ctx):
         async with self._writable(inode) as (node, _):
-            await self._settled(node)
+            await self.backings.refresh(node)  # the size the kernel wrote, before the new name is published
             new_parent_inode = await self._local_dir(new_parent_inode)
             node = self.ns.link(node.ino, new_parent_inode, new_name)
             await self.ns.journal.sync()
@@ -381,7 +374,7 @@ class HyCacheOperations(pyfuse3.Operations):
             return
         old_parent = self._local(parent_inode_old).ino
         src = self.ns.lookup(old_parent, name_old)
-        await self._settled(src)
+        await self.backings.refresh(src)  # the size the kernel wrote, before the new name is published
         replaced = None
         if not dst_is_local:
             replaced = await self.cluster.lookup(parent_inode_new, name_new)
@@ -468,7 +461,6 @@ class HyCacheOperations(pyfuse3.Operations):
         if bid:
             self._backed[fh] = node
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
-        await self.backings.drop_pooled(node)
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
 
     @metadata_op
@@ -570,15 +562,14 @@ class HyCacheOperations(pyfuse3.Operations):
     async def flush(self, fh):
         if fh in self._remote_handles:
             return
-        replicated = self.cluster is not None and self.cluster.replicator.count > 0
-        node = self._backed.get(fh)
-        if node is not None and self.engine.handles[fh].writable:
+        h = self.engine.handles[fh]
+        if h.writable and fh in self._backed:
             # the size the kernel wrote counts at close: in the fast tier's accounting (the
             # next writer's room), on the other nodes, and in replicas (the final bytes)
-            await self.backings.refresh(node)
+            await self.backings.refresh(h.inode)
         await self.engine.flush(fh)
-        if replicated and self.engine.handles[fh].writable:
-            await self.cluster.replicator.closed(self.engine.handles[fh].inode)
+        if h.writable and self.cluster is not None and self.cluster.replicator.count > 0:
+            await self.cluster.replicator.closed(h.inode)
 
     @errno_edge
     async def release(self, fh):
@@ -599,7 +590,7 @@ class HyCacheOperations(pyfuse3.Operations):
             self.backings.served_closed(self.engine.handles[fh].inode.ino)
         await self.engine.release(fh)
         if node is not None:
-            await self.backings.release(node)
+            self.backings.release(node)
         ino = self._leased.pop(fh, None)
         if ino is not None:
             await self.own.write_done(ino)

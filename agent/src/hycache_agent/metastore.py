@@ -271,11 +271,6 @@ class MetaJournal:
     def is_durable(self, seq: int) -> bool:
         return self._durable_upto >= seq
 
-    @property
-    def queued(self) -> int:
-        """Batches handed to the committer and not committed yet."""
-        return len(self._unapplied)
-
     def _take_batch(self, durable: bool = False) -> _Batch:
         """(trio thread) Every pending intent as one transaction."""
         batch, self._ops = self._ops, []

@@ -63,17 +63,24 @@ def open_backing(path: str) -> tuple[int, int, os.stat_result]:
         raise
 
 
+def unregister(fd: int, backing_id: int, *, quiet: bool = False) -> None:
+    """(blocking) Drop a registration and its fd.  ``quiet``: at shutdown the session is
+    gone, and with it every id."""
+    try:
+        pyfuse3.passthrough_close(backing_id)
+    except OSError as exc:  # the kernel keeps its own reference to the file anyway
+        if not quiet:
+            log.warning("closing backing id %d: %s", backing_id, exc)
+    os.close(fd)
+
+
 def close_backing(fd: int, backing_id: int) -> os.stat_result | None:
     """(blocking) The blob's last size and times, then drop the registration and the fd."""
     try:
         st = os.fstat(fd)
     except OSError:
         st = None
-    try:
-        pyfuse3.passthrough_close(backing_id)
-    except OSError as exc:  # the kernel keeps its own reference to the file anyway
-        log.warning("closing backing id %d: %s", backing_id, exc)
-    os.close(fd)
+    unregister(fd, backing_id)
     return st
 
 
@@ -94,7 +101,6 @@ class Backings:
     def __init__(self, engine: TieringEngine) -> None:
         self.engine = engine
         self.by_ino: dict[int, Backing] = {}
-        self.pooled = 0  # opens answered with a backing registered ahead (the blob pool)
         self.served: dict[int, int] = {}  # ino -> its opens served by the agent (cached io mode)
         self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
@@ -112,12 +118,8 @@ class Backings:
 
     @staticmethod
     def discard(entry: tuple[int, int, os.stat_result]) -> None:
-        fd, bid, _st = entry
-        try:
-            pyfuse3.passthrough_close(bid)
-        except OSError:  # (at shutdown the session is gone, and with it every id)
-            pass
-        os.close(fd)
+        """(blocking) Drop a pool blob's registration that no open took."""
+        unregister(entry[0], entry[1], quiet=True)
 
     @property
     def enabled(self) -> bool:
@@ -147,13 +149,6 @@ class Backings:
         state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
         self.engine.backing_pool = self
 
-    async def drop_pooled(self, inode: Inode) -> None:
-        """A new file served through the agent after all (set-ID bits, a full fast tier):
-        its blob's ahead-of-time registration goes."""
-        pooled = self.engine.pooled_backings.pop(inode.ino, None)
-        if pooled is not None:
-            await trio.to_thread.run_sync(self.discard, pooled)
-
     async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.
 
@@ -174,9 +169,13 @@ class Backings:
         gate = self._deciding[ino] = trio.Event()
         try:
             if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
-                bid = await self.acquire(inode)
+                bid = await self._acquire(inode)
                 if bid:
                     return bid
+            # served by the agent: a new file's ahead-of-time registration goes
+            pooled = self.engine.pooled_backings.pop(ino, None)
+            if pooled is not None:
+                await trio.to_thread.run_sync(self.discard, pooled)
             self.served[ino] = self.served.get(ino, 0) + 1
             return 0
         finally:
@@ -191,60 +190,38 @@ class Backings:
         else:
             self.served.pop(ino, None)
 
-    async def acquire(self, inode: Inode) -> int:
-        """The backing id for an open of ``inode`` (0: serve it through the agent).
+    async def _acquire(self, inode: Inode) -> int:
+        """(under the inode's gate in :meth:`open`, so no other open registers it meanwhile)
+        The backing id for this open (0: the kernel refused it; served by the agent).
 
-        The kernel looks the id up only after it has the reply, so an id handed out must
-        not be closing: a registration whose last release is being dropped is waited for,
-        and the open then registers afresh (also when the drop began during its own hop)."""
+        The kernel looks an id up only after it has the reply, so an id handed out must not
+        be closing: a registration whose last release is being dropped is waited for, and
+        the open then registers afresh.  Nothing is registered before the last await that
+        could be cancelled, and a thread hop always completes, so nothing can leak."""
         ino = inode.ino
+        b = self.by_ino.get(ino)
+        if b is not None and b.closed is not None:  # being dropped: wait for it to go
+            with self.lane.watching():
+                await b.closed.wait()
+            b = self.by_ino.get(ino)
+        if b is not None:
+            b.refs += 1
+            return b.backing_id
+        self.engine.backed.add(ino)  # before any hop: no migration may start now
         pooled = self.engine.pooled_backings.pop(ino, None)
-        if pooled is not None and (ino in self.by_ino or inode.tier != T.FAST):
-            await trio.to_thread.run_sync(self.discard, pooled)
-            pooled = None
-        mine: Backing | None = None  # registered by this open
-        try:
-            while True:
-                b = self.by_ino.get(ino)
-                if b is not None and b.closed is not None:  # being dropped: wait for it
-                    with self.lane.watching():
-                        await b.closed.wait()
-                    continue
-                if b is not None:  # live: share it (ours, if any, was not needed)
-                    b.refs += 1  # before any hop: a release meanwhile must not drop it
-                    stale, mine = mine, None
-                    if stale is not None:
-                        with trio.CancelScope(shield=True):
-                            await trio.to_thread.run_sync(close_backing, stale.fd, stale.backing_id)
-                    return b.backing_id
-                if mine is None and pooled is not None:  # a new file: no hop
-                    fd, bid, st = pooled
-                    mine, pooled = Backing(fd, bid, inode.tier, 0, st.st_size, st.st_mtime_ns), None
-                    self.pooled += 1
-                if mine is not None:
-                    self.by_ino[ino] = mine
-                    self.engine.backed.add(ino)
-                    mine.refs += 1
-                    return mine.backing_id
-                self.engine.backed.add(ino)  # before the hop: no migration may start now
-                tier = inode.tier
-                try:
-                    fd, bid, st = await trio.to_thread.run_sync(open_backing, self.engine.blob(inode))
-                except OSError as exc:
-                    if ino not in self.by_ino:
-                        self.engine.backing_dropped(ino)
-                    log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
-                    return 0
-                mine = Backing(fd, bid, tier, 0, st.st_size, st.st_mtime_ns)
-                # another open of the same inode may have registered it during the hop (and a
-                # release may already be dropping that one): the loop decides again
-        except BaseException:  # (cancelled during a hop) nothing registered here may leak
-            with trio.CancelScope(shield=True):
-                if mine is not None and self.by_ino.get(ino) is not mine:
-                    await trio.to_thread.run_sync(close_backing, mine.fd, mine.backing_id)
-                if pooled is not None:
-                    await trio.to_thread.run_sync(self.discard, pooled)
-            raise
+        if pooled is not None and inode.tier == T.FAST:  # a new file: no hop
+            fd, bid, st = pooled
+        else:
+            if pooled is not None:
+                await trio.to_thread.run_sync(self.discard, pooled)
+            try:
+                fd, bid, st = await trio.to_thread.run_sync(open_backing, self.engine.blob(inode))
+            except OSError as exc:
+                self.engine.backing_dropped(ino)
+                log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
+                return 0
+        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns)
+        return bid
 
     async def refresh(self, inode: Inode) -> None:
         """Bring size and mtime up to what the kernel wrote into the blob.
@@ -267,37 +244,37 @@ class Backings:
         try:
             self._took(inode, b, await trio.to_thread.run_sync(os.fstat, b.fd))
         finally:
-            await self._put(inode.ino, b, inode)
+            self._put(b, inode)
 
     def _took(self, inode: Inode, b: Backing, st: os.stat_result) -> None:
         if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
             b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
             self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
 
-    async def release(self, inode: Inode) -> None:
+    def release(self, inode: Inode) -> None:
         """One open of ``inode`` is gone; the last one takes the final size and times and
-        drops the registration (one thread hop for both)."""
+        drops the registration (one job on the lane for both; the release is answered at
+        once)."""
         b = self.by_ino.get(inode.ino)
         if b is not None:
-            await self._put(inode.ino, b, inode)
+            self._put(b, inode)
 
-    async def _put(self, ino: int, b: Backing, inode: Inode | None = None) -> None:
+    def _put(self, b: Backing, inode: Inode) -> None:
         b.refs -= 1
         if b.refs > 0 or b.closed is not None:
             return
-        # Dropped on the lane (the release is answered at once).  It stays listed until
-        # then, so that opens and attribute requests arriving meanwhile wait for the final
-        # size instead of reading a stale one.
+        # Dropped on the lane.  It stays listed until then, so that opens and attribute
+        # requests arriving meanwhile wait for the final size instead of reading a stale one.
         b.closed = trio.Event()
 
         def dropped(st: os.stat_result | None, error: BaseException | None) -> None:
-            if inode is not None and st is not None and (st.st_size != b.size or st.st_mtime_ns != b.mtime_ns):
-                self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
-            if self.by_ino.get(ino) is b:
-                del self.by_ino[ino]
-                self.engine.backing_dropped(ino)
+            if st is not None:
+                self._took(inode, b, st)
+            if self.by_ino.get(inode.ino) is b:
+                del self.by_ino[inode.ino]
+                self.engine.backing_dropped(inode.ino)
             b.closed.set()
             if error is not None:
-                log.warning("dropping the backing file of inode %d: %s", ino, error)
+                log.warning("dropping the backing file of inode %d: %s", inode.ino, error)
 
         self.lane.submit(close_backing, b.fd, b.backing_id, then=dropped)
