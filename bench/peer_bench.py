@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles (directory-backed P
 import trio
 from dirfiles import DirFiles
 from loopwatch import loop_gaps
-from hycache_agent.peer import PeerServer, authorization, files_target, load_secret
-from hycache_agent.peer_client import PeerClient
+from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret
+from hycache_agent.cluster.peer_client import PeerClient
 from hycache_core.sizes import format_size, parse_size
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -48,7 +48,7 @@ make_shared_tmpdir = root_conftest.make_shared_tmpdir
 is_mounted = root_conftest._is_mounted
 tail = root_conftest._tail
 
-from hycache_agent import control  # noqa: E402
+from hycache_agent.control import local as control  # noqa: E402
 
 
 def require_fuse() -> None:

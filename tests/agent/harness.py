@@ -21,9 +21,9 @@ from pathlib import Path
 import pyfuse3
 import trio
 from hycache_agent.config import AgentConfig
-from hycache_agent.engine import TieringEngine
-from hycache_agent.fuse_ops import HyCacheOperations
-from hycache_agent.namespace import ROOT_INO
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.fuse_ops import HyCacheOperations
+from hycache_agent.fs.namespace import ROOT_INO
 
 from .invariants import check_invariants, check_persisted, settle
 

@@ -19,8 +19,8 @@ from collections import Counter
 
 import trio
 import trio.testing
-from hycache_agent import tiers as T
-from hycache_agent.namespace import ROOT_INO
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import ROOT_INO
 
 
 class InvariantError(AssertionError):
@@ -198,7 +198,7 @@ def check_persisted(engine) -> None:
     """The SQLite store matches the in-memory namespace (call after journal.sync()).
 
     Opens its own read-only connection (WAL allows a reader beside the writer)."""
-    from hycache_agent.metastore import INODE_COLUMNS
+    from hycache_agent.fs.metastore import INODE_COLUMNS
 
     ns = engine.ns
     db = sqlite3.connect(f"file:{engine.store.path}?mode=ro", uri=True)

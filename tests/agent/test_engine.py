@@ -16,8 +16,8 @@ import stat
 import pyfuse3
 import pytest
 import trio
-from hycache_agent import tiers as T
-from hycache_agent.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO
 
 from .harness import CHUNK, Fields, kernel_lookup, run_engine
 from .invariants import check_invariants, settle

@@ -5,7 +5,7 @@ case (a file another node holds) is in tests/cluster/test_prefetch_remote.py."""
 
 from __future__ import annotations
 
-from hycache_agent import tiers as T
+from hycache_agent.fs import tiers as T
 
 from .harness import run_engine
 from .test_control_link import answer, link_for

@@ -16,8 +16,8 @@ import os
 import threading
 
 import trio
-from hycache_agent import engine as engine_mod
-from hycache_agent import tiers as T
+from hycache_agent.fs import engine as engine_mod
+from hycache_agent.fs import tiers as T
 
 from .harness import run_engine
 from .invariants import check_invariants, settle

@@ -226,7 +226,7 @@ def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers
     """The secrets are not in git: deploy/gen-secret.sh writes each where compose reads
     it, git ignores them, and their readers accept what the script writes (the agent's
     load_secret; 24+ random characters for the control plane's admin token)."""
-    from hycache_agent.peer import load_secret
+    from hycache_agent.cluster.peer import load_secret
 
     rels = {name: PurePosixPath(os.path.normpath(spec["file"])) for name, spec in COMPOSE["secrets"].items()}
     assert set(rels) == {"hycache_cluster_secret", "hycache_db_password", "hycache_admin_token"}
@@ -692,7 +692,7 @@ def test_node_tokens_script_makes_each_token_once(tmp_path):
     run = lambda: subprocess.run(["sh", str(tmp_path / "node-tokens.sh"), "agent-1", "agent-2"], env=env,
                                  check=True, capture_output=True, text=True)
     run()
-    from hycache_agent.control_link import load_token
+    from hycache_agent.control.link import load_token
 
     first = {n: load_token(tmp_path / "tokens" / n) for n in ("agent-1", "agent-2")}
     assert first["agent-1"].startswith("tok-agent-1-") and first["agent-2"].startswith("tok-agent-2-")

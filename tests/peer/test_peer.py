@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hycache_agent.peer import (
+from hycache_agent.cluster.peer import (
     authorization,
     files_target,
 )
-from hycache_agent.peer_client import (
+from hycache_agent.cluster.peer_client import (
     PeerAuthError,
     PeerChanged,
     PeerClient,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from hycache_agent import peer
-from hycache_agent.peer import SecretFileError, load_secret, parse_addr, parse_range
+from hycache_agent.cluster import peer
+from hycache_agent.cluster.peer import SecretFileError, load_secret, parse_addr, parse_range
 
 
 def test_parse_range_unit():

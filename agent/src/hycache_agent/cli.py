@@ -215,8 +215,7 @@ def _state_dir_for(path: Path) -> Path:
 
 
 def _status(root: Path, as_json: bool) -> int:
-    from . import control
-
+    from hycache_agent.control import local as control
     state = _state_dir_for(root)
     try:
         st = control.request(state, {"op": "status"})
@@ -286,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "mount":
-            from .config import load_config
-            from .mount import run_mount
+            from hycache_agent.config import load_config
+            from hycache_agent.mount import run_mount
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
@@ -315,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("promote", "demote"):
             return _move(args.paths, "fast" if args.command == "promote" else "slow", not args.no_wait, args.timeout)
         if args.command == "demo":
-            from .demo import run_demo
+            from hycache_agent.demo import run_demo
 
             _setup_logging("WARNING")
             return run_demo(keep=args.keep, root=args.root, cluster=args.cluster)

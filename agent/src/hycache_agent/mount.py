@@ -10,11 +10,11 @@ import signal
 import pyfuse3
 import trio
 
-from . import passthrough
-from .config import AgentConfig
-from .control import ControlServer, socket_path
-from .engine import TieringEngine
-from .fuse_ops import HyCacheOperations
+from hycache_agent.fs import passthrough
+from hycache_agent.config import AgentConfig
+from hycache_agent.control.local import ControlServer, socket_path
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.fuse_ops import HyCacheOperations
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,9 @@ async def _watch_signals(nursery: trio.Nursery) -> None:
 
 def _make_cluster(engine: TieringEngine) -> None:
     """Join the global namespace: the metadata store, the peer client, the outbox hooks."""
-    from .cluster import ClusterLink
-    from .peer import load_secret, parse_addr
-    from .peer_client import PeerClient
+    from hycache_agent.cluster.dht_link import ClusterLink
+    from hycache_agent.cluster.peer import load_secret, parse_addr
+    from hycache_agent.cluster.peer_client import PeerClient
 
     config = engine.config
     secret = load_secret(config.cluster_secret_file)
@@ -88,7 +88,7 @@ def _make_cluster(engine: TieringEngine) -> None:
 
 
 async def _metrics(engine: TieringEngine) -> tuple[bytes, str]:
-    from .metrics import CONTENT_TYPE, render
+    from hycache_agent.metrics import CONTENT_TYPE, render
 
     return await render(engine), CONTENT_TYPE
 
@@ -109,7 +109,7 @@ def _make_hccache(config):
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
-    from .peer import PeerServer, parse_addr
+    from hycache_agent.cluster.peer import PeerServer, parse_addr
 
     cluster = engine.cluster
     server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret,
@@ -143,8 +143,8 @@ async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
         if engine.cluster is not None:
             await _start_cluster(engine, nursery)
         if engine.config.metrics_listen:
-            from .metrics import MetricsServer
-            from .peer import parse_addr
+            from hycache_agent.metrics import MetricsServer
+            from hycache_agent.cluster.peer import parse_addr
 
             host, port = parse_addr(engine.config.metrics_listen)
             await nursery.start(MetricsServer(engine).serve, host, port)
@@ -185,7 +185,7 @@ def run_mount(config: AgentConfig) -> int:
         raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
     token = None
     if config.control_plane is not None:
-        from .control_link import TokenFileError, load_token
+        from hycache_agent.control.link import TokenFileError, load_token
 
         try:
             token = load_token(config.control_token_file)
@@ -198,7 +198,7 @@ def run_mount(config: AgentConfig) -> int:
     if token is not None:
         import socket
 
-        from .control_link import ControlLink
+        from hycache_agent.control.link import ControlLink
 
         engine.control = ControlLink(engine, config.control_plane, token,
                                      node_id=config.node_id or socket.gethostname(),

@@ -15,11 +15,11 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from . import tiers as T
-from .cluster import META_TTL_SECONDS
-from .engine import TieringEngine
-from .passthrough import Backings
-from .namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
+from hycache_agent.fs import tiers as T
+from hycache_agent.cluster.dht_link import META_TTL_SECONDS
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.passthrough import Backings
+from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
 

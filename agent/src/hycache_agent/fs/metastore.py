@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from .lane import Lane
+from hycache_agent.fs.lane import Lane
 
 log = logging.getLogger(__name__)
 

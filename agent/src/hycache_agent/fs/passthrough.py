@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from . import tiers as T
-from .engine import TieringEngine
-from .lane import Lane
-from .namespace import Inode
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.lane import Lane
+from hycache_agent.fs.namespace import Inode
 
 log = logging.getLogger(__name__)
 

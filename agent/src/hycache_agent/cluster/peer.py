@@ -43,8 +43,8 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 import h11
 import trio
 
-from .secretfile import read_protected
-from .tiers import remove_blob
+from hycache_agent.secretfile import read_protected
+from hycache_agent.fs.tiers import remove_blob
 
 log = logging.getLogger(__name__)
 

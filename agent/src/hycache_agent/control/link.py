@@ -24,9 +24,9 @@ from typing import Any
 
 import trio
 
-from .engine import PolicyError, TieringEngine
-from .secretfile import read_protected
-from .namespace import FsError
+from hycache_agent.fs.engine import PolicyError, TieringEngine
+from hycache_agent.secretfile import read_protected
+from hycache_agent.fs.namespace import FsError
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ControlLink:
 
     def __init__(self, engine: TieringEngine, url: str, token: str, *, node_id: str,
                  address: str | None, interval: float = 1.0, version: str | None = None) -> None:
-        from .peer import agent_version
+        from hycache_agent.cluster.peer import agent_version
 
         self.engine = engine
         self.url = url.rstrip("/")

@@ -40,13 +40,13 @@ from hycache_dht.meta import (
 )
 from hycache_dht.registry import HIDDEN_ROOT_NAMES, NODE_TTL_SECONDS, NODES_DIR, node_info
 
-from . import tiers as T
-from .namespace import ROOT_INO, FsError, Inode
-from .namespace import join_path as join
-from .ownership import INBOX_POLL_SECONDS, Ownership
-from .rebalance import Rebalancer
-from .remote_read import RemoteReader
-from .replicas import Replicator, ReplicaStore
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
+from hycache_agent.fs.namespace import join_path as join
+from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
+from hycache_agent.cluster.rebalance import Rebalancer
+from hycache_agent.remote.reader import RemoteReader
+from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
 

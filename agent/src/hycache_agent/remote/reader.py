@@ -37,7 +37,7 @@ from typing import Any
 import trio
 from hycache_core.hccache import HCCache
 
-from .namespace import FsError
+from hycache_agent.fs.namespace import FsError
 
 log = logging.getLogger(__name__)
 

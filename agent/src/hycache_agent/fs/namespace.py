@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metastore import MetaJournal, Snapshot
+from hycache_agent.fs.metastore import MetaJournal, Snapshot
 
 ROOT_INO = 1
 NAME_MAX = 255

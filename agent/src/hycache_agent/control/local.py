@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from .engine import TieringEngine
+from hycache_agent.fs.engine import TieringEngine
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Client of the agent-to-agent data service (:mod:`hycache_agent.peer`).
+"""Client of the agent-to-agent data service (:mod:`hycache_agent.cluster.peer`).
 
 ``PeerClient`` wraps one ``httpx.AsyncClient`` (connection pool, keep-alive; httpx runs on
 trio through anyio) and signs every request with the cluster secret.  File I/O runs in
@@ -34,7 +34,7 @@ import httpcore
 import httpx
 import trio
 
-from .peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
+from hycache_agent.cluster.peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
 
 Addr = str | tuple[str, int]
 Progress = Callable[[int, int], None]  # (bytes written so far, total bytes)

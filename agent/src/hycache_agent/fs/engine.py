@@ -1,7 +1,7 @@
 """The tiering engine: owns the tiers, the namespace, space accounting and migrations.
 
 Placement follows Algorithms 1–3 of the HyCache papers, with an inode store instead of
-symlink stubs (see :mod:`hycache_agent.tiers`):
+symlink stubs (see :mod:`hycache_agent.fs.tiers`):
 
 * new data lands on the fast tier; a write that does not fit first evicts closed,
   unpinned files in policy order, and if that is not enough *spills*: the file being
@@ -37,11 +37,11 @@ import trio
 from hycache_core.policies import OnlinePolicy, load_policy
 from hycache_core.sizes import format_size
 
-from . import tiers as T
-from .config import AgentConfig
-from .lane import Lane
-from .metastore import MetaJournal, SQLiteStore
-from .namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
+from hycache_agent.fs import tiers as T
+from hycache_agent.config import AgentConfig
+from hycache_agent.fs.lane import Lane
+from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
+from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
 
 log = logging.getLogger(__name__)
 

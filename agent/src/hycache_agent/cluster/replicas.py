@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import trio
 
-from . import tiers as T
-from .namespace import Inode
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import Inode
 
 log = logging.getLogger(__name__)
 

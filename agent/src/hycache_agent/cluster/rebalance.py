@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .namespace import FsError
+from hycache_agent.fs.namespace import FsError
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ import trio
 from hycache_dht.meta import EntryMeta
 from hycache_dht.registry import INBOX_DIR
 
-from .namespace import ROOT_INO, FsError, Inode
-from .namespace import join_path as join
+from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
+from hycache_agent.fs.namespace import join_path as join
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Remote reads: the HCCache-backed read path for files other nodes hold."""
