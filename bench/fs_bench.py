@@ -38,6 +38,15 @@ total operations / wall time of the slowest), caches dropped before each phase. 
 hycache-dht also the publication tail: seconds from the last create (or remove) until the
 agent's outbox is empty (`hycache-agent status ROOT --json` -> cluster.backlog).
 
+Small-file serving rows (issue 17, bench/smallfiles.py): a tree of files with a web-like
+size mix read whole (open + read + close) by 1 and 4 reader processes following one Zipf
+request trace, after a cache drop: mean and p99 of one request (ms), MB/s. mdtest rows
+(when scripts/build-mdtest.sh built it): `mpirun -np 4 mdtest -n 1000 -u -F -w 4096
+-e 4096 -d DIR -i 1`, its create/stat/read/remove rates. --baseline DIR mounts DIR's agent
+beside this one (base-hycache, base-hycache-dht): before/after under the same load; issue
+17's floor (>= 3x before, mdtest read >= 10x, serving mean <= 1 ms) and goal (>= mergerfs)
+are checked on hycache-dht.
+
 Targets of issue 11, checked per row (PASS/MISS): every fio row of hycache >= 0.9 x raw;
 hycache creates >= pyfuse3-passthrough creates; hycache-dht creates >= 0.8 x hycache
 creates (1 and 4 writers).
