@@ -38,6 +38,15 @@ total operations / wall time of the slowest), caches dropped before each phase. 
 hycache-dht also the publication tail: seconds from the last create (or remove) until the
 agent's outbox is empty (`hycache-agent status ROOT --json` -> cluster.backlog).
 
+Small-file serving rows (issue 17, bench/smallfiles.py): a tree of files with a web-like
+size mix read whole (open + read + close) by 1 and 4 reader processes following one Zipf
+request trace, after a cache drop: mean and p99 of one request (ms), MB/s. mdtest rows
+(when scripts/build-mdtest.sh built it): `mpirun -np 4 mdtest -n 1000 -u -F -w 4096
+-e 4096 -d DIR -i 1`, its create/stat/read/remove rates. --baseline DIR mounts DIR's agent
+beside this one (base-hycache, base-hycache-dht): before/after under the same load; issue
+17's floor (>= 3x before, mdtest read >= 10x, serving mean <= 1 ms) and goal (>= mergerfs)
+are checked on hycache-dht.
+
 Targets of issue 11, checked per row (PASS/MISS): every fio row of hycache >= 0.9 x raw;
 hycache creates >= pyfuse3-passthrough creates; hycache-dht creates >= 0.8 x hycache
 creates (1 and 4 writers).
@@ -73,8 +82,10 @@ from pathlib import Path
 # bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
 from fusemount import Agent, FuseDaemon, force_unmount
 # bench/fs_report.py: the rows, the issue-11 checks, the table, the page and the plot
-from fs_report import (META_OPS, TAIL_OPS, WORKLOADS, fio_key, meta_key, plot, print_table, tail_key,
-                       unit_for, write_report)
+from fs_report import (META_OPS, TAIL_OPS, WORKLOADS, fio_key, mdtest_key, meta_key, plot, print_table,
+                       serve_keys, tail_key, unit_for, write_report)
+# bench/smallfiles.py: the small-file serving workload (issue 17)
+import smallfiles
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -85,10 +96,15 @@ MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files
 HYCACHE_FAST_CAPACITY = "64G"
 
 
-ALL_TARGETS = ["raw", "slow", "hycache", "hycache-nopt", "mergerfs", "pyfuse3-passthrough", "hycache-dht"]
-DEFAULT_TARGETS = [t for t in ALL_TARGETS if t != "slow"]
-AGENT_TARGETS = {"hycache", "hycache-nopt", "hycache-dht"}
+ALL_TARGETS = ["raw", "slow", "hycache", "hycache-nopt", "mergerfs", "pyfuse3-passthrough", "hycache-dht",
+               "base-hycache", "base-hycache-dht"]
+BASE_TARGETS = {"base-hycache", "base-hycache-dht"}  # the agent of --baseline DIR (before/after in one run)
+DEFAULT_TARGETS = [t for t in ALL_TARGETS if t != "slow" and t not in BASE_TARGETS]
+AGENT_TARGETS = {"hycache", "hycache-nopt", "hycache-dht"} | BASE_TARGETS
+DHT_TARGETS = {"hycache-dht", "base-hycache-dht"}
 FUSE_TARGETS = AGENT_TARGETS | {"mergerfs", "pyfuse3-passthrough"}
+PARTS = ("fio", "meta", "serve", "mdtest")
+MDTEST_OPS = {"create": "File creation", "stat": "File stat", "read": "File read", "remove": "File removal"}
 
 
 
@@ -243,6 +259,7 @@ class Target:
     daemon: FuseDaemon | None = None
     description: str = ""
     fio: bool = True              # runs the fio rows
+    agent_bin: Path = AGENT_BIN   # base-*: the --baseline checkout's agent
 
     def start(self, cluster: Cluster | None) -> None:
         if self.base.exists():
@@ -269,18 +286,20 @@ class Target:
             self.daemon = FuseDaemon(self.name, [str(VENV_PYTHON), str(pyfuse3_example()), str(src), str(mnt)],
                                      mnt, logfile, unmount_to_stop=True)
         elif self.name in AGENT_TARGETS:
-            if not AGENT_BIN.exists():
-                raise RuntimeError(f"{AGENT_BIN} missing: run scripts/bootstrap.sh")
+            if not Path(self.agent_bin).exists():
+                raise RuntimeError(f"{self.agent_bin} missing: run scripts/bootstrap.sh")
             opts = ["--fast-capacity", HYCACHE_FAST_CAPACITY,
                     "--passthrough", "off" if self.name == "hycache-nopt" else "on"]
-            if self.name == "hycache-dht":
+            if self.name in DHT_TARGETS:
                 assert cluster is not None
-                # one node: nothing to rebalance with, so no background rebalance checks
+                # one node: nothing to rebalance with, so no background rebalance checks; each
+                # agent in its own namespace (two would form one global namespace)
                 self.daemon = Agent(self.base, self.name, *opts, "--rebalance-interval", "0",
-                                    redis=cluster.redis, secret=cluster.secret, namespace=cluster.namespace,
-                                    log_level="warning", agent_bin=AGENT_BIN)
+                                    redis=cluster.redis, secret=cluster.secret,
+                                    namespace=f"{cluster.namespace}-{self.name}",
+                                    log_level="warning", agent_bin=self.agent_bin)
             else:
-                self.daemon = Agent(self.base, self.name, *opts, log_level="warning", agent_bin=AGENT_BIN)
+                self.daemon = Agent(self.base, self.name, *opts, log_level="warning", agent_bin=self.agent_bin)
         else:
             raise ValueError(self.name)
         self.description = shlex.join(self.daemon.argv)
@@ -406,7 +425,7 @@ def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, f
                     raise RuntimeError(f"{t.name}: {op} with {writers} writers failed: {v}")
                 times.append(v)
             out[meta_key(op, writers)] = writers * n / max(times)
-            if t.name == "hycache-dht" and op in TAIL_OPS:
+            if t.name in DHT_TARGETS and op in TAIL_OPS:
                 out[tail_key(op, writers)] = t.daemon.wait_published(timeout=600)
         for c in conns:
             c.send(None)
@@ -420,6 +439,101 @@ def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, f
     for d in dirs:
         d.rmdir()
     return out
+
+
+# ============================================================================ small files
+def _serve_worker(directory: str, requests: list[int], n_files: int, barrier, conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent cleans up
+    try:
+        barrier.wait(timeout=120)
+        conn.send(("ok", smallfiles.serve(directory, requests, n_files)))
+    except Exception as e:  # reported by the parent
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def serve_run(t: Target, readers: int, args, caches: Caches) -> dict[str, float]:
+    """The small-file trace (laid out once per target) read by ``readers`` processes;
+    returns {key: value} for the mean and p99 of one request (ms) and the MB/s."""
+    directory = t.path / "serve"
+    if not directory.exists():
+        smallfiles.make_tree(str(directory), args.serve_files)
+    trace = smallfiles.trace(args.serve_files, args.serve_requests)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(readers)
+    caches.drop()
+    procs, conns = [], []
+    try:
+        for i in range(readers):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_serve_worker, args=(str(directory), trace[i::readers], args.serve_files,
+                                                         barrier, child), daemon=True)
+            p.start()
+            procs.append(p)
+            conns.append(parent)
+        lat, nbytes, wall = [], 0, 0.0
+        for c in conns:
+            if not c.poll(1800):
+                raise RuntimeError(f"{t.name}: serving with {readers} readers did not finish in 30 min")
+            status, v = c.recv()
+            if status != "ok":
+                raise RuntimeError(f"{t.name}: serving with {readers} readers failed: {v}")
+            lat += v[0]
+            nbytes += v[1]
+            wall = max(wall, v[2])
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    s = smallfiles.summary(lat, nbytes, wall)
+    mean, p99, mbs = serve_keys(readers)
+    return {mean: s["mean_ms"], p99: s["p99_ms"], mbs: s["mb_s"]}
+
+
+# ============================================================================ mdtest
+def mdtest_bin() -> str | None:
+    """mdtest (github hpc/ior, built by scripts/build-mdtest.sh into .work/bin) or on PATH."""
+    local = REPO / ".work" / "bin" / "mdtest"
+    return str(local) if local.exists() else shutil.which("mdtest")
+
+
+def mdtest_argv(directory: Path, ranks: int, files: int) -> list[str]:
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), mdtest_bin() or "mdtest",
+            "-n", str(files), "-u", "-F", "-w", "4096", "-e", "4096", "-d", str(directory), "-i", "1"]
+
+
+def parse_mdtest(out: str) -> dict[str, float]:
+    """The SUMMARY rate table of mdtest: {op: ops/s (its Mean column)}."""
+    rates: dict[str, float] = {}
+    in_rate = False
+    for line in out.splitlines():
+        if line.startswith("SUMMARY"):
+            in_rate = line.startswith("SUMMARY rate")
+            continue
+        for op, name in MDTEST_OPS.items():
+            cols = line.split()
+            if in_rate and line.strip().startswith(name + " ") and len(cols) >= 5:
+                rates[op] = float(cols[-2])  # Max Min Mean "Std Dev"
+    return rates
+
+
+def mdtest_run(t: Target, args) -> dict[str, float]:
+    directory = t.path / "mdtest"
+    directory.mkdir()
+    try:
+        out = subprocess.run(mdtest_argv(directory, args.mdtest_ranks, args.mdtest_files), capture_output=True,
+                             text=True, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"{t.name}: mdtest failed ({out.returncode}): {out.stderr.strip()[-800:]}")
+        rates = parse_mdtest(out.stdout)
+        if set(rates) != set(MDTEST_OPS):
+            raise RuntimeError(f"{t.name}: mdtest printed no rate for {set(MDTEST_OPS) - set(rates)}:\n"
+                               f"{out.stdout[-1500:]}")
+        return {mdtest_key(op): v for op, v in rates.items()}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # ============================================================================ the run
@@ -476,6 +590,23 @@ def bench_all(targets: list[Target], args, caches: Caches) -> dict:
                     log(f"{tag} {t.name:19} {key:16} " + (f"{v:9.2f} s" if "tail" in key else f"{v:9.0f} ops/s"))
                 if not t.alive():
                     raise RuntimeError(f"{t.name} died during the metadata rows:\n{t.log_tail()}")
+        for r in args.readers if "serve" in args.parts else []:
+            step += 1
+            for t in rotated(targets, step):
+                for key, v in serve_run(t, r, args, caches).items():
+                    samples[t.name].setdefault(key, []).append(v)
+                    log(f"{tag} {t.name:19} {key:16} {v:9.2f}")
+                if not t.alive():
+                    raise RuntimeError(f"{t.name} died during the small-file rows:\n{t.log_tail()}")
+        if "mdtest" in args.parts:
+            step += 1
+            for t in rotated(targets, step):
+                caches.drop()
+                for key, v in mdtest_run(t, args).items():
+                    samples[t.name].setdefault(key, []).append(v)
+                    log(f"{tag} {t.name:19} {key:16} {v:9.0f} ops/s")
+                if not t.alive():
+                    raise RuntimeError(f"{t.name} died during mdtest:\n{t.log_tail()}")
     results: dict[str, dict] = {}
     for t in fio_targets:
         for f in t.path.glob("bench.*"):
@@ -567,8 +698,21 @@ def parse_args(argv=None):
                     help="metadata files per writer (default 1000, quick 200)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="passes over every row; the median and min–max are reported (default 3, quick 1)")
-    ap.add_argument("--parts", default="fio,meta",
-                    help="what to run: fio rows, metadata rows or both (default: %(default)s)")
+    ap.add_argument("--parts", default="fio,meta,serve,mdtest",
+                    help="what to run, from fio (throughput rows), meta (create/stat/remove), serve "
+                         "(small-file serving), mdtest (when built: scripts/build-mdtest.sh) "
+                         "(default: %(default)s)")
+    ap.add_argument("--readers", default="1,4", help="small-file serving reader counts (default: %(default)s)")
+    ap.add_argument("--serve-files", type=int, default=None,
+                    help="files of the small-file tree (default 1250, quick 300)")
+    ap.add_argument("--serve-requests", type=int, default=None,
+                    help="requests of the small-file trace (default 10000, quick 2000)")
+    ap.add_argument("--mdtest-ranks", type=int, default=4, help="mdtest MPI ranks (default: %(default)s)")
+    ap.add_argument("--mdtest-files", type=int, default=None,
+                    help="mdtest files per rank (-n; default 1000, quick 200)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout with its own .venv (e.g. /work/main): adds the targets base-hycache "
+                         "and base-hycache-dht, its agent, for before/after in one run")
     ap.add_argument("--dht-fio", action="store_true",
                     help="run the fio rows on hycache-dht too (default: metadata rows only)")
     ap.add_argument("--warm", dest="drop_caches", action="store_false",
@@ -582,15 +726,22 @@ def parse_args(argv=None):
     try:
         a.numjobs = [int(x) for x in a.numjobs.split(",")]
         a.writers = [int(x) for x in a.writers.split(",")]
+        a.readers = [int(x) for x in a.readers.split(",")]
     except ValueError:
-        ap.error("--numjobs/--writers: comma-separated integers, e.g. 1,4")
-    if min(a.numjobs + a.writers) < 1:
-        ap.error("--numjobs/--writers: values must be ≥ 1")
+        ap.error("--numjobs/--writers/--readers: comma-separated integers, e.g. 1,4")
+    if min(a.numjobs + a.writers + a.readers) < 1:
+        ap.error("--numjobs/--writers/--readers: values must be ≥ 1")
     a.parts = {x.strip() for x in a.parts.split(",") if x.strip()}
-    if not a.parts or a.parts - {"fio", "meta"}:
-        ap.error(f"--parts: a comma-separated subset of fio,meta, not {','.join(sorted(a.parts)) or 'nothing'}")
-    if "meta" not in a.parts and not a.dht_fio and "hycache-dht" in a.targets:
-        a.targets.remove("hycache-dht")  # it would have no row to run
+    if not a.parts or a.parts - set(PARTS):
+        ap.error(f"--parts: a comma-separated subset of {','.join(PARTS)}, not {','.join(sorted(a.parts)) or 'nothing'}")
+    if "mdtest" in a.parts and (mdtest_bin() is None or shutil.which("mpirun") is None):
+        a.parts.discard("mdtest")  # not built here: scripts/build-mdtest.sh
+    if a.baseline is not None:
+        if not (a.baseline / ".venv" / "bin" / "hycache-agent").exists():
+            ap.error(f"--baseline: {a.baseline}/.venv/bin/hycache-agent missing")
+        a.targets = [t for t in ALL_TARGETS if t in a.targets or t in BASE_TARGETS and t[5:] in a.targets]
+    if not a.parts & {"meta", "serve", "mdtest"} and not a.dht_fio:
+        a.targets = [t for t in a.targets if t not in DHT_TARGETS]  # it would have no row to run
     a.size = a.size or ("32M" if a.quick else "256M")
     a.io_4k = a.io_4k or ("16M" if a.quick else "64M")
     for opt in ("size", "io_4k"):
@@ -601,6 +752,9 @@ def parse_args(argv=None):
     if parse_size(a.io_4k) > parse_size(a.size):
         ap.error(f"--io-4k ({a.io_4k}) must not exceed --size ({a.size})")
     a.files = a.files or (200 if a.quick else 1000)
+    a.serve_files = a.serve_files or (300 if a.quick else 1250)
+    a.serve_requests = a.serve_requests or (2000 if a.quick else 10000)
+    a.mdtest_files = a.mdtest_files or (200 if a.quick else 1000)
     a.repeat = a.repeat or (1 if a.quick else 3)
     if a.files < 1 or a.repeat < 1:
         ap.error("--files and --repeat must be ≥ 1")
@@ -614,7 +768,7 @@ def main(argv=None) -> int:
     cmdline = "python bench/fs_bench.py " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
     tools = ["fio"] + (["mergerfs"] if "mergerfs" in args.targets else []) \
         + (["fusermount3"] if set(args.targets) & FUSE_TARGETS else []) \
-        + (["redis-server"] if "hycache-dht" in args.targets else [])
+        + (["redis-server"] if set(args.targets) & DHT_TARGETS else [])
     for tool in tools:
         if shutil.which(tool) is None:
             print(f"fs_bench: {tool} not found: run scripts/bootstrap.sh", file=sys.stderr)
@@ -627,7 +781,7 @@ def main(argv=None) -> int:
     for mp in mounts_under(workdir):  # leftovers of a killed run
         log(f"unmounting stale {mp}")
         force_unmount(mp)
-    n_fio = sum(1 for t in args.targets if t != "hycache-dht" or args.dht_fio) if "fio" in args.parts else 0
+    n_fio = sum(1 for t in args.targets if t not in DHT_TARGETS or args.dht_fio) if "fio" in args.parts else 0
     free = shutil.disk_usage(workdir).free
     need = n_fio * max(args.numjobs) * parse_size(args.size) + (256 << 20)
     if free < need:
@@ -646,14 +800,16 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     load_before = os.getloadavg()
     started: list[Target] = []
-    cluster = Cluster(workdir) if "hycache-dht" in args.targets else None
+    cluster = Cluster(workdir) if set(args.targets) & DHT_TARGETS else None
     try:
         if cluster is not None:
             log("starting a local Redis Cluster for hycache-dht")
             cluster.start()
             descriptions["redis"] = cluster.redis
         for name in args.targets:
-            t = Target(name, workdir / name, fio=name != "hycache-dht" or args.dht_fio)
+            t = Target(name, workdir / name, fio=name not in DHT_TARGETS | BASE_TARGETS or args.dht_fio)
+            if name in BASE_TARGETS:
+                t.agent_bin = args.baseline / ".venv" / "bin" / "hycache-agent"
             started.append(t)
             log(f"starting {name}")
             t.start(cluster)

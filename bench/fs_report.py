@@ -34,6 +34,11 @@ NO_FSYNC_NOTE = ("† `pyfuse3-passthrough` implements no fsync (pyfuse3 answers
 
 FIO_TARGET_RATIO = 0.9   # every fio row of hycache >= 0.9 x raw
 DHT_CREATE_RATIO = 0.8   # hycache-dht creates >= 0.8 x hycache creates
+# issue 17's floor, on hycache-dht against base-hycache-dht (the --baseline agent) in one run:
+# every create, stat, read and remove rate >= 3x (mdtest's read >= 10x), the small-file
+# serving mean <= 1 ms; its goal: >= mergerfs on every row
+RATE_FLOOR, MDTEST_READ_FLOOR, SERVE_MEAN_FLOOR_MS = 3.0, 10.0, 1.0
+MDTEST_ROWS = ["create", "stat", "read", "remove"]
 
 
 # ============================================================================ row keys
@@ -49,9 +54,24 @@ def tail_key(op: str, writers: int) -> str:
     return f"publish tail after {op}s w{writers}"
 
 
+def serve_keys(readers: int) -> tuple[str, str, str]:
+    """The small-file serving rows: mean and p99 of one request (ms), MB/s."""
+    return f"serve mean r{readers}", f"serve p99 r{readers}", f"serve MB/s r{readers}"
+
+
+def mdtest_key(op: str) -> str:
+    return f"mdtest {op}"
+
+
 def unit_for(key: str) -> str:
     if key.startswith("publish tail"):
         return "s"
+    if key.startswith(("serve mean", "serve p99")):
+        return "ms"
+    if key.startswith("serve MB/s"):
+        return "MB/s"
+    if key.startswith("mdtest "):
+        return "ops/s"
     return "ops/s" if key.split(" w")[0] in META_OPS else "MiB/s"
 
 
@@ -71,6 +91,8 @@ def row_keys(args) -> list[str]:
     keys = [fio_key(label, nj) for label, _rw, _bs in WORKLOADS for nj in args.numjobs]
     keys += [meta_key(op, w) for op in META_OPS for w in args.writers]
     keys += [tail_key(op, w) for op in TAIL_OPS for w in args.writers]
+    keys += [k for r in getattr(args, "readers", []) for k in serve_keys(r)]
+    keys += [mdtest_key(op) for op in MDTEST_ROWS]
     return keys
 
 
@@ -82,7 +104,7 @@ def checks(res: dict, key: str) -> list[tuple[str, bool]]:
     out = []
     hv = v("hycache")
     if hv is None:
-        return out
+        return checks_17(res, key)
     if key.split(" j")[0] in {label for label, _rw, _bs in WORKLOADS}:
         raw = v("raw")
         if raw:
@@ -94,6 +116,29 @@ def checks(res: dict, key: str) -> list[tuple[str, bool]]:
         dht = v("hycache-dht")
         if dht is not None and hv:
             out.append((f"dht {dht / hv:.2f}× hycache ≥ {DHT_CREATE_RATIO}", dht >= DHT_CREATE_RATIO * hv))
+    return out + checks_17(res, key)
+
+
+def checks_17(res: dict, key: str) -> list[tuple[str, bool]]:
+    """Issue 17, on hycache-dht: the floor against the --baseline agent in the same run and
+    the goal against mergerfs."""
+    def v(target: str) -> float | None:
+        return res.get(target, {}).get(key, {}).get("value")
+
+    dht, before, mergerfs = v("hycache-dht"), v("base-hycache-dht"), v("mergerfs")
+    if dht is None:
+        return []
+    out = []
+    if key.startswith("serve mean"):
+        out.append((f"dht {dht:.2f} ms ≤ {SERVE_MEAN_FLOOR_MS:g} ms", dht <= SERVE_MEAN_FLOOR_MS))
+        if mergerfs:
+            out.append((f"goal: dht {dht / mergerfs:.2f}× mergerfs's mean ≤ 1", dht <= mergerfs))
+    elif unit_for(key) == "ops/s" and key.split(" w")[0] in META_OPS or key.startswith("mdtest "):
+        floor = MDTEST_READ_FLOOR if key == mdtest_key("read") else RATE_FLOOR
+        if before:
+            out.append((f"dht {dht / before:.2f}× before ≥ {floor:g}", dht >= floor * before))
+        if mergerfs:
+            out.append((f"goal: dht {dht / mergerfs:.2f}× mergerfs ≥ 1", dht >= mergerfs))
     return out
 
 
@@ -159,8 +204,8 @@ def print_table(res: dict, targets: list[str], args) -> None:
 
     tbl = Table(title="fs_bench: median (× raw) and min–max of the passes",
                 caption="MiB/s for fio rows, ops/s for metadata rows, seconds for publication tails")
-    for col in ["row", "unit", *targets, "issue 11 targets"]:
-        tbl.add_column(col, justify="left" if col in ("row", "unit", "issue 11 targets") else "right")
+    for col in ["row", "unit", *targets, "targets (issues 11, 17)"]:
+        tbl.add_column(col, justify="left" if col in ("row", "unit", "targets (issues 11, 17)") else "right")
     for row in table_rows(res, targets, args, "\n"):
         v = row[-1]
         style = "red" if "MISS" in v else "green" if "PASS" in v else None
@@ -175,7 +220,7 @@ def print_table(res: dict, targets: list[str], args) -> None:
                       f"suspect cells):[/red] {', '.join(suspects)}")
     met, total, missed = summary(res, args)
     if total:
-        console.print(f"issue 11 targets met: {met} of {total}" + (f"; missed: {', '.join(missed)}" if missed else ""))
+        console.print(f"targets met: {met} of {total}" + (f"; missed: {', '.join(missed)}" if missed else ""))
 
 
 COLORS = {"hycache": "#1f77b4", "hycache-nopt": "#9ecae1", "hycache-dht": "#08306b", "mergerfs": "#8c8c8c",
@@ -196,9 +241,9 @@ def plot(res: dict, targets: list[str], args, png: Path) -> None:
         return
     others = [t for t in targets if t != "raw"]
     fio_keys = [k for k in row_keys(args) if k in res["raw"] and unit_of(res, k) == "MiB/s"]
-    meta_keys = [k for k in row_keys(args) if k in res["raw"] and unit_of(res, k) == "ops/s"]
+    meta_keys = [k for k in row_keys(args) if k in res["raw"] and unit_of(res, k) in ("ops/s", "MB/s")]
     panels = [(fio_keys, f"fio rows: throughput × raw (cut at {FIO_PLOT_XMAX:g}×; hatched: no fsync, †)", False),
-              (meta_keys, "metadata rows: operations/s × raw (log scale)", True)]
+              (meta_keys, "metadata and small-file rows: operations/s or MB/s × raw (log scale)", True)]
     panels = [p for p in panels if p[0]]
     heights = [max(2.0, 0.5 * len(k) + 1) for k, _t, _l in panels]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11.5, sum(heights) + 0.6),
@@ -311,6 +356,23 @@ def method_lines(args, caches_dropped: bool) -> list[str]:
         "one thread). It is an ordinary pyfuse3 file system: it does NOT use kernel passthrough; "
         "every read and write goes through it. It is the framework's floor for metadata. It has "
         "no fsync handler (see † under the table).",
+        f"- Small-file serving (issue 17, `bench/smallfiles.py`): {getattr(args, 'serve_files', 0)} files in 16 "
+        "directories, sizes log-normal around 8 KiB (sigma 1.5, 128 B – 2 MiB: most under 64 KiB, a few "
+        f"% above 256 KiB), written once per target; a trace of {getattr(args, 'serve_requests', 0)} requests, "
+        "file popularity Zipf (s = 1), dealt round-robin to "
+        f"{' or '.join(map(str, getattr(args, 'readers', [])))} reader processes released at a barrier "
+        "after a cache drop; one request = open(O_RDONLY) + read(256 KiB) to EOF + close, timed "
+        "alone: `serve mean`/`serve p99` (ms), `serve MB/s` = bytes / wall time of the slowest reader.",
+        "- mdtest (the IOR project's, github hpc/ior, built by `scripts/build-mdtest.sh` with Debian's "
+        "OpenMPI; the row is left out where it is not built): `mpirun --allow-run-as-root --oversubscribe "
+        f"-np {getattr(args, 'mdtest_ranks', 4)} mdtest -n {getattr(args, 'mdtest_files', 1000)} -u -F -w 4096 "
+        "-e 4096 -d DIR -i 1` after a cache drop (its phases run back to back, caches warm): create, stat, "
+        "read (open + 4 KiB + close), remove; the mean column of its SUMMARY rate table.",
+        "- `base-hycache`, `base-hycache-dht` (with `--baseline DIR`): the agent of another checkout "
+        "(DIR/.venv, its own pyfuse3 build), mounted beside the others in the same run: before/after "
+        "under the same load. Issue 17's floor is checked on `hycache-dht` against `base-hycache-dht`: "
+        f"every create, stat, read and remove rate ≥ {RATE_FLOOR:g}× (mdtest read ≥ {MDTEST_READ_FLOOR:g}×), "
+        f"the serving mean ≤ {SERVE_MEAN_FLOOR_MS:g} ms; its goal, ≥ mergerfs, beside it.",
         "- Targets of issue 11 checked on the medians: every fio row of `hycache` ≥ "
         f"{FIO_TARGET_RATIO}× raw; `hycache` creates ≥ `pyfuse3-passthrough` creates; "
         f"`hycache-dht` creates ≥ {DHT_CREATE_RATIO}× `hycache` creates (1 and 4 writers).",
@@ -320,7 +382,7 @@ def method_lines(args, caches_dropped: bool) -> list[str]:
 def write_report(res: dict, targets: list[str], args, caches_dropped: bool, info: dict, descriptions: dict,
                  md: Path, png: Path, cmdline: str, elapsed: float, mergerfs_opts: str) -> None:
     rows = table_rows(res, targets, args, "<br>")
-    header = ["row", "unit", *targets, "issue 11 targets"]
+    header = ["row", "unit", *targets, "targets (issues 11, 17)"]
     met, total, missed = summary(res, args)
     lines = [
         "# File-system benchmarks",
@@ -356,7 +418,7 @@ def write_report(res: dict, targets: list[str], args, caches_dropped: bool, info
                    "Cache check: every read job read at least half of its bytes from the disk "
                    "(`/sys/class/block/*/stat`), i.e. none was served from a cache."), ""]
     if total:
-        lines += [f"Targets of issue 11 met: **{met} of {total}**"
+        lines += [f"Targets met: **{met} of {total}**"
                   + (f"; missed: {', '.join(missed)}." if missed else "."), ""]
     lines += [f"![every target relative to the raw directory]({os.path.relpath(png, md.parent)})", "",
               "## Method", ""]

@@ -353,6 +353,52 @@ def test_reader_joins_a_writer_served_by_the_agent(hycache_mount):
     assert m.proc.poll() is None
 
 
+def agent_blob_fds(m) -> list[str]:
+    """The agent's open descriptors on blobs (passthrough registrations hold one each)."""
+    out = []
+    fd_dir = Path(f"/proc/{m.proc.pid}/fd")
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(fd_dir / fd)
+        except OSError:  # closed meanwhile
+            continue
+        if "/data/" in target:
+            out.append(target)
+    return out
+
+
+@pytest.mark.mount
+def test_reopen_after_release_moves_and_unlink(hycache_mount):
+    """The last release of a fast-tier file keeps its passthrough registration (parked) for
+    the next open.  A reopen reads what was written last; a migration while parked drops it
+    (the next open registers the new blob, on the other tier); so does the file's end, after
+    which the agent holds no descriptor on its blob any more."""
+    m = hycache_mount(fast_capacity="64M")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
+    f = m.mountpoint / "f"
+    f.write_bytes(pattern(64 * K, 1))
+    for _ in range(3):  # reopens: the parked registration
+        assert f.read_bytes() == pattern(64 * K, 1)
+    with open(f, "r+b") as w:  # a writer takes it back, and parks it again at release
+        w.write(pattern(10 * K, 2))
+    expected = pattern(10 * K, 2) + pattern(64 * K, 1)[10 * K:]
+    assert f.read_bytes() == expected and os.stat(f).st_size == 64 * K
+    assert first_word(cli("demote", f, check=True)) == "slow"
+    assert f.read_bytes() == expected  # the slow-tier blob, not the parked fast one
+    assert info(f)["tier"] in ("slow", "fast")  # (the read may already promote it again)
+    wait_for(lambda: info(f)["tier"] == "fast", what="the promotion on open")
+    with open(f, "ab") as w:
+        w.write(b"tail")
+    assert f.read_bytes() == expected + b"tail" and os.stat(f).st_size == 64 * K + 4
+    blob = info(f)["blob"]
+    f.unlink()
+    wait_for(lambda: not any(t.startswith(blob) for t in agent_blob_fds(m)), 30,
+             "the agent to close the unlinked file's blob")
+    check_tiers_from_outside(m)
+    assert m.proc.poll() is None
+
+
 # --------------------------------------------------------------------------- names
 @pytest.mark.mount
 def test_name_length_limits(shared_mount, fresh_dir):

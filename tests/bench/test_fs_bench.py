@@ -139,3 +139,56 @@ def test_disk_counter_reads_the_work_dirs_device(tmp_path: Path) -> None:
     if d.stat is None:
         pytest.skip("the work dir is not on a block device here")
     assert d.read_bytes() >= 0
+
+
+MDTEST_OUT = """\
+SUMMARY rate (in ops/sec): (of 1 iterations)
+   Operation                     Max            Min           Mean        Std Dev
+   ---------                     ---            ---           ----        -------
+   File creation               28167.887      28000.000      28100.000          0.000
+   File stat                  184628.766     184628.766     184628.766          0.000
+   File read                   65887.313      65887.313      65887.313          0.000
+   File removal                40052.081      40052.081      40052.081          0.000
+   Tree creation                4922.892       4922.892       4922.892          0.000
+SUMMARY time (in ms): (of 1 iterations)
+   File creation                   1.000          1.000          1.000          0.000
+"""
+
+
+def test_parse_mdtest_takes_the_mean_of_the_rate_table() -> None:
+    assert fb.parse_mdtest(MDTEST_OUT) == {"create": 28100.0, "stat": 184628.766, "read": 65887.313,
+                                           "remove": 40052.081}
+    argv = fb.mdtest_argv(Path("/d"), 4, 1000)
+    assert argv[:5] == ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
+    assert argv[6:] == ["-n", "1000", "-u", "-F", "-w", "4096", "-e", "4096", "-d", "/d", "-i", "1"]
+
+
+def test_small_file_tree_and_trace(tmp_path: Path) -> None:
+    import smallfiles
+
+    total = smallfiles.make_tree(str(tmp_path), 200)
+    sizes = smallfiles.sizes(200)
+    assert total == sum(sizes) and all(128 <= s <= 2 << 20 for s in sizes)
+    assert sorted(sizes)[100] < 64 << 10  # the median is small
+    trace = smallfiles.trace(200, 1000)
+    assert len(trace) == 1000 and set(trace) <= set(range(200))
+    assert max(trace.count(i) for i in set(trace)) > 50  # a few hot files (Zipf)
+    lat, nbytes, wall = smallfiles.serve(str(tmp_path), trace[:100], 200)
+    assert len(lat) == 100 and nbytes == sum(sizes[i] for i in trace[:100]) and wall > 0
+    s = smallfiles.summary(lat, nbytes, wall)
+    assert 0 < s["mean_ms"] <= s["p99_ms"] * 100 and s["mb_s"] > 0
+
+
+def test_issue_17_checks_against_the_baseline_and_mergerfs() -> None:
+    res = {
+        "hycache-dht": {"stat w4": cell(9000, "ops/s"), "mdtest read": cell(4000, "ops/s"),
+                        "serve mean r4": cell(0.8, "ms")},
+        "base-hycache-dht": {"stat w4": cell(3000, "ops/s"), "mdtest read": cell(500, "ops/s"),
+                             "serve mean r4": cell(3.0, "ms")},
+        "mergerfs": {"stat w4": cell(50000, "ops/s"), "serve mean r4": cell(0.5, "ms")},
+    }
+    assert [ok for _t, ok in fr.checks(res, "stat w4")] == [True, False]       # 3.0x before; < mergerfs
+    assert [ok for _t, ok in fr.checks(res, "mdtest read")] == [False]         # 8x < 10x
+    assert [ok for _t, ok in fr.checks(res, "serve mean r4")] == [True, False]  # <= 1 ms; > mergerfs
+    assert fr.unit_for("serve mean r4") == "ms" and fr.unit_for("serve MB/s r1") == "MB/s"
+    assert fr.unit_for("mdtest stat") == "ops/s"

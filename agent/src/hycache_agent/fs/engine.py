@@ -368,6 +368,16 @@ class TieringEngine:
             lock = self._locks[inode.ino] = trio.Lock()
         return lock
 
+    def blob_gen(self, ino: int) -> int:
+        """Bumped by every tier switch of the inode: its blob is another file then."""
+        return self._blob_gens.get(ino, 0)
+
+    def _blob_leaving(self, ino: int) -> None:
+        """The inode's blob is about to move or go: the FUSE layer drops the registration
+        it may have kept for it after the last release (passthrough.Backings.parked)."""
+        if self.backing_pool is not None:
+            self.backing_pool.forget_parked(ino)
+
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
 
@@ -522,6 +532,7 @@ class TieringEngine:
             return False
         if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
             return False  # the kernel writes the blob itself: it must not move under an open
+        self._blob_leaving(inode.ino)
         src = inode.tier
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
         mig = Migration(inode.ino, src, dst, inode.size, reason)
@@ -1022,6 +1033,7 @@ class TieringEngine:
         if self.ns.inodes.get(inode.ino) is not inode:
             return
         self.ns.forget_inode(inode)
+        self._blob_leaving(inode.ino)
         self._locks.pop(inode.ino, None)
         self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:

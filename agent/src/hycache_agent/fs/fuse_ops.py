@@ -18,7 +18,7 @@ import trio
 from hycache_agent.fs import tiers as T
 from hycache_agent.cluster.dht_link import META_TTL_SECONDS
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.passthrough import Backings
+from hycache_agent.fs.passthrough import Backings, invalidate_attrs
 from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,21 @@ VIRTUAL_XATTRS = (XATTR_TIER, XATTR_PINNED, XATTR_INFO)
 # publish the name, so no longer than the agent's own view of other nodes' names.
 NEGATIVE_TIMEOUT = 30.0
 REMOTE_NEGATIVE_TIMEOUT = META_TTL_SECONDS
+
+# How long the kernel may keep the entries and attributes of what this node holds (its
+# local inodes): every change to them goes through this mount, whose replies update the
+# kernel, except those the agent makes itself, which it invalidates (pyfuse3.invalidate_*):
+# a name another node removes, renames or takes over (cluster/ownership.py), a blob
+# changed through a mapping after its writers' last flush (passthrough.Backings).  With 1 s
+# the kernel asked again (LOOKUP, GETATTR) for every file not touched within the second,
+# e.g. stat or open after a create phase.  Files held by other nodes keep the short
+# timeouts below (another node may change them: no longer than the agent's own view).
+LOCAL_TIMEOUT = 60.0
+
+# FOPEN_NOFLUSH (pyfuse3 patched here, agent/patches): the close(2) of a handle opened for
+# reading sends no FLUSH, which the kernel waits for and the agent has nothing to do for
+# (flush matters for writers only: their size and name at close).
+HAS_NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
@@ -86,7 +101,8 @@ class HyCacheOperations(pyfuse3.Operations):
         self.enable_killpriv_v2 = True
         self.backings = Backings(engine)
         self.nursery: trio.Nursery | None = None  # set by mount.py before the session runs
-        self.attr_timeout = attr_timeout
+        self.attr_timeout = attr_timeout  # what other nodes hold (directories; files: 0)
+        self.local_timeout = LOCAL_TIMEOUT
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
         self.cluster = engine.cluster  # None when standalone
@@ -112,18 +128,22 @@ class HyCacheOperations(pyfuse3.Operations):
             pyfuse3.terminate()
 
     def _invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Another node removed, renamed or took over a name here: the kernel forgets the
+        name and the directory's attributes (kept for LOCAL_TIMEOUT)."""
         try:
             pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
         except Exception:  # noqa: BLE001 - not mounted yet (start-up): nothing cached
-            pass
+            return
+        self.backings.lane.submit(invalidate_attrs, parent)
 
     # -- attributes ------------------------------------------------------------------
-    def _stat(self, ino: int, src, nlink: int, attr_timeout: float) -> pyfuse3.EntryAttributes:
+    def _stat(self, ino: int, src, nlink: int, attr_timeout: float,
+              entry_timeout: float | None = None) -> pyfuse3.EntryAttributes:
         """Attributes from a local Inode or a remote EntryMeta (same field names)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino
         a.generation = 0
-        a.entry_timeout = self.attr_timeout
+        a.entry_timeout = self.attr_timeout if entry_timeout is None else entry_timeout
         a.attr_timeout = attr_timeout
         a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev = src.mode, nlink, src.uid, src.gid, src.rdev
         a.st_size = src.size
@@ -133,7 +153,8 @@ class HyCacheOperations(pyfuse3.Operations):
         return a
 
     def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
-        return self._stat(inode.ino, inode, inode.nlink, self.attr_timeout)
+        """A local inode's attributes, kept by the kernel for LOCAL_TIMEOUT."""
+        return self._stat(inode.ino, inode, inode.nlink, self.local_timeout, self.local_timeout)
 
     def _entry(self, inode: Inode) -> pyfuse3.EntryAttributes:
         inode.lookups += 1
@@ -270,7 +291,9 @@ class HyCacheOperations(pyfuse3.Operations):
             await self.ns.journal.sync()
         # times alone (the writeback cache sends them at every close) ride on the next
         # group commit, within a second
-        return self._stat(inode, node, node.nlink, self.attr_timeout)
+        if inode == node.ino:
+            return self._attrs(node)
+        return self._stat(inode, node, node.nlink, self.attr_timeout)  # a remote file taken over
 
     # -- names -----------------------------------------------------------------------
     @metadata_op
@@ -460,8 +483,12 @@ class HyCacheOperations(pyfuse3.Operations):
             raise
         if bid:
             self._backed[fh] = node
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
+            fi = pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
+        else:
+            fi = pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
+        if not writing and HAS_NOFLUSH:
+            fi.noflush = True
+        return fi
 
     @metadata_op
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -530,7 +557,10 @@ class HyCacheOperations(pyfuse3.Operations):
         remote.open_count += 1
         self._remote_handles[fh] = (remote, fd)
         # the bytes may differ from the last version the kernel cached: no keep_cache
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
+        fi = pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
+        if HAS_NOFLUSH:
+            fi.noflush = True  # read-only: nothing to do at close
+        return fi
 
     async def _local_dir(self, ino: int) -> int:
         """A directory's local inode; a directory held only in the global namespace is

@@ -21,6 +21,8 @@ import errno
 import logging
 import os
 import platform
+import resource
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -35,6 +37,17 @@ from hycache_agent.fs.namespace import Inode
 log = logging.getLogger(__name__)
 
 MIN_KERNEL = (6, 9)
+
+# Registrations kept after the last release of a fast-tier file (see Backings.parked): at
+# most this many, and at most a quarter of the process's descriptor limit.
+MAX_PARKED = 8192
+
+
+def parked_limit() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_PARKED
+    return max(0, min(MAX_PARKED, soft // 4))
 
 
 def supported() -> str | None:
@@ -84,6 +97,15 @@ def close_backing(fd: int, backing_id: int) -> os.stat_result | None:
     return st
 
 
+def invalidate_attrs(ino: int) -> None:
+    """(blocking, off the event loop: pyfuse3 writes the notification to /dev/fuse) Make
+    the kernel forget the cached attributes of ``ino``."""
+    try:
+        pyfuse3.invalidate_inode(ino, attr_only=True)
+    except OSError:  # ENOENT: the kernel no longer knows the inode, nothing is cached
+        pass
+
+
 @dataclass(eq=False)
 class Backing:
     fd: int
@@ -93,6 +115,7 @@ class Backing:
     size: int = 0  # the blob's size and mtime when the agent last looked
     mtime_ns: int = 0
     closed: trio.Event | None = None  # set while the last release drops it (and once dropped)
+    blob_gen: int = 0  # the engine's blob generation of the inode when registered
 
 
 class Backings:
@@ -102,6 +125,16 @@ class Backings:
         self.engine = engine
         self.by_ino: dict[int, Backing] = {}
         self.served: dict[int, int] = {}  # ino -> its opens served by the agent (cached io mode)
+        # Parked registrations: the last release of a fast-tier file takes the final size
+        # and times (an fstat, no hop) and keeps the registration and its descriptor here,
+        # least recently released first, instead of dropping them; the next open of the file
+        # takes it back without a thread hop (a reopen cost an open(2) + ioctl on a worker
+        # thread, and a reopen during the drop waited for the lane).  A parked file holds
+        # nothing the engine cares about: it is not open, not "backed", may migrate or be
+        # deleted — either drops its parked registration first (forget_parked), and a
+        # registration of another blob generation is never handed out.
+        self.parked: OrderedDict[int, Backing] = OrderedDict()
+        self.max_parked = parked_limit()
         self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
         self.lane = Lane("backings")
@@ -172,7 +205,9 @@ class Backings:
                 bid = await self._acquire(inode)
                 if bid:
                     return bid
-            # served by the agent: a new file's ahead-of-time registration goes
+            # served by the agent: a new file's ahead-of-time registration goes, and so
+            # does a parked one (the agent may change the blob: it must not be reused)
+            self.forget_parked(ino)
             pooled = self.engine.pooled_backings.pop(ino, None)
             if pooled is not None:
                 await trio.to_thread.run_sync(self.discard, pooled)
@@ -208,6 +243,14 @@ class Backings:
             b.refs += 1
             return b.backing_id
         self.engine.backed.add(ino)  # before any hop: no migration may start now
+        b = self.parked.pop(ino, None)
+        if b is not None:
+            if b.tier == inode.tier == T.FAST and b.blob_gen == self.engine.blob_gen(ino):
+                b.refs = 1
+                self.by_ino[ino] = b
+                return b.backing_id
+            self._drop(b)  # (cannot happen: a move forgets it first) another blob now
+        gen = self.engine.blob_gen(ino)
         pooled = self.engine.pooled_backings.pop(ino, None)
         if pooled is not None and inode.tier == T.FAST:  # a new file: no hop
             fd, bid, st = pooled
@@ -220,7 +263,7 @@ class Backings:
                 self.engine.backing_dropped(ino)
                 log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
                 return 0
-        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns)
+        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen)
         return bid
 
     async def refresh(self, inode: Inode) -> None:
@@ -246,10 +289,16 @@ class Backings:
         finally:
             self._put(b, inode)
 
-    def _took(self, inode: Inode, b: Backing, st: os.stat_result) -> None:
+    def _took(self, inode: Inode, b: Backing, st: os.stat_result, *, at_release: bool = False) -> None:
         if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
             b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
             self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
+            if at_release:
+                # Changed after the writers' last flush: through a shared mapping, whose
+                # stores the kernel's FUSE inode does not see (its own write(2)s update
+                # its size and invalidate its times).  The kernel keeps a local file's
+                # attributes for a while (fuse_ops.LOCAL_TIMEOUT): make it ask again.
+                self.lane.submit(invalidate_attrs, inode.ino)
 
     def release(self, inode: Inode) -> None:
         """One open of ``inode`` is gone; the last one takes the final size and times and
@@ -263,13 +312,31 @@ class Backings:
         b.refs -= 1
         if b.refs > 0 or b.closed is not None:
             return
+        ino = inode.ino
+        if (b.tier == T.FAST and self.max_parked and self.by_ino.get(ino) is b
+                and self.engine.ns.inodes.get(ino) is inode and inode.nlink > 0
+                and inode.tier == T.FAST and b.blob_gen == self.engine.blob_gen(ino)):
+            # Parked: the final size and times from the blob (a fast-tier fstat reads the
+            # in-memory inode, as refresh does), and the file is free for the engine.
+            try:
+                st = os.fstat(b.fd)
+            except OSError:
+                st = None
+            if st is not None:
+                self._took(inode, b, st, at_release=True)
+                del self.by_ino[ino]
+                self.parked[ino] = b
+                while len(self.parked) > self.max_parked:
+                    self._drop(self.parked.popitem(last=False)[1])
+                self.engine.backing_dropped(ino)
+                return
         # Dropped on the lane.  It stays listed until then, so that opens and attribute
         # requests arriving meanwhile wait for the final size instead of reading a stale one.
         b.closed = trio.Event()
 
         def dropped(st: os.stat_result | None, error: BaseException | None) -> None:
             if st is not None:
-                self._took(inode, b, st)
+                self._took(inode, b, st, at_release=True)
             if self.by_ino.get(inode.ino) is b:
                 del self.by_ino[inode.ino]
                 self.engine.backing_dropped(inode.ino)
@@ -278,3 +345,15 @@ class Backings:
                 log.warning("dropping the backing file of inode %d: %s", inode.ino, error)
 
         self.lane.submit(close_backing, b.fd, b.backing_id, then=dropped)
+
+    def forget_parked(self, ino: int) -> None:
+        """Drop the parked registration of ``ino`` if there is one: its blob is about to
+        move or go (a migration starts, the inode is freed) or the agent will serve it."""
+        b = self.parked.pop(ino, None)
+        if b is not None:
+            self._drop(b)
+
+    def _drop(self, b: Backing) -> None:
+        """Unregister a parked registration on the lane (nobody waits for it: its id is
+        no longer handed out, and the kernel keeps its own reference while in use)."""
+        self.lane.submit(unregister, b.fd, b.backing_id)
