@@ -14,6 +14,7 @@ from hycache_core.cli import main
 from hycache_core.scheduling import (
     PlacementError,
     _cost,
+    balance,
     load_bound,
     make_problem,
     node_names,
@@ -98,14 +99,61 @@ def test_load_bound():
     assert load_bound([1] * 100, 4, 0.1) == pytest.approx(27.5)
     # 3 equal jobs on 2 nodes: 1.1 x 1.5 is infeasible; ceil(3 / 2) = 2 jobs
     assert load_bound([1, 1, 1], 2, 0.1) == pytest.approx(2.0)
-    # unequal runtimes: Graham's bound 4 + 0.5 x 6 = 7 when the slack's 4.4 may be infeasible
-    assert load_bound([6, 1, 1], 2, 0.1) == pytest.approx(7.0)
+    # unequal runtimes: the slack's 4.4 is infeasible (a 6 s job); the least possible is 6
+    assert load_bound([6, 1, 1], 2, 0.1) == pytest.approx(6.0)
     assert load_bound([5, 1], 1, 0.1) == pytest.approx(6.6)
+    # feasible although Graham's bound would have raised it: 3+3+2+2+2 on 2 nodes fits 6.6
+    assert load_bound([3, 3, 2, 2, 2], 2, 0.1) == pytest.approx(6.6)
+    # LPT fails (3,3 | 2,2,2 -> 6.0 fits; but 5,4,3,3,3 at slack 0 -> 9 | 9 only by 5+4 | 3+3+3)
+    assert load_bound([5, 4, 3, 3, 3], 2, 0.0) == pytest.approx(9.0)
+
+
+def test_balance_says_why_it_raised_the_bound():
+    b = balance([6, 1, 1], [[0, 1]] * 3, 2, 0.1, names=["big", "a", "b"])
+    assert b.bound == pytest.approx(6.0) and b.requested == pytest.approx(4.4)
+    assert "'big'" in b.reason and "raised to 1.500" in b.reason and b.proven
+    b = balance([1, 1, 1], [[0, 1]] * 3, 2, 0.1)
+    assert b.bound == pytest.approx(2.0) and "3 jobs of equal weight on 2 nodes" in b.reason
+    b = balance([2, 2, 2, 3, 3], [[0, 1]] * 5, 2, 0.0)  # 6 | 6: LPT gives 3,2,2 | 3,2 = 7 | 5
+    assert b.bound == pytest.approx(6.0) and b.reason is None
+    # capacities: the 3 s job fits only node 0
+    b = balance([3, 1, 1, 1], [[0], [0, 1], [0, 1], [0, 1]], 2, 0.0)
+    assert b.bound == pytest.approx(3.0) and b.reason is None and b.packing[0] == 0
+
+
+@st.composite
+def weights_and_nodes(draw):
+    n = draw(st.integers(1, 3))
+    ws = draw(st.lists(st.integers(0, 12), min_size=1, max_size=7))
+    allowed = [draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)) for _ in ws]
+    slack = draw(st.sampled_from([0.0, 0.05, 0.1, 0.3]))
+    return [float(w) for w in ws], [sorted(a) for a in allowed], n, slack
+
+
+@settings(max_examples=300, deadline=None)
+@given(weights_and_nodes())
+def test_balance_keeps_the_requested_bound_whenever_a_placement_within_it_exists(case):
+    ws, allowed, n, slack = case
+    b = balance(ws, allowed, n, slack)
+    best = min(max([sum(w for w, m in zip(ws, a) if m == k) for k in range(n)])
+               for a in itertools.product(*allowed))
+    requested = (1 + slack) * sum(ws) / n
+    assert b.requested == pytest.approx(requested)
+    if best <= requested + 1e-9:
+        assert b.bound == pytest.approx(requested) and b.reason is None
+    else:
+        assert b.bound == pytest.approx(best) and b.reason and b.proven
+    # the packing is within the bound and the allowed nodes
+    assert all(m in a for m, a in zip(b.packing, allowed))
+    assert max(sum(w for w, m in zip(ws, b.packing) if m == k) for k in range(n)) <= b.bound + 1e-9
 
 
 def test_tiny_instance_numbers():
     wf = load_workflow(DATA / "wfformat-1.5-tiny.json")
-    out = place(wf, ["a", "b"], solver="exact")
+    # runtimes 10+20+20+20+15+5 = 90 s: slack 0.25 allows 56.25 s per node (the 64 MiB
+    # optimum puts 50 s on one node); at slack 0.1 (49.5 s, feasible: 45 | 45) the optimum is 104 MiB
+    assert place(wf, ["a", "b"], solver="exact")["transfer_bytes"]["placed"] == 104 * MB
+    out = place(wf, ["a", "b"], solver="exact", slack=0.25)
     # raw.dat (96M) and ref.db (64M) come from the slow tier; ref.db is read on both nodes
     assert out["slow_tier_bytes"]["placed"] == 96 * MB + 2 * 64 * MB
     # the recorded placement: split on n1, chunks 2 and 3 to n2 (64M), out2/out3 to n1 (32M), result to n2 (8M)
@@ -113,7 +161,7 @@ def test_tiny_instance_numbers():
     assert out["transfer_bytes"]["placed"] == 64 * MB
     assert out["optimal"] is True
     for solver in ("greedy", "local"):
-        assert place(wf, ["a", "b"], solver=solver)["transfer_bytes"]["placed"] >= 64 * MB
+        assert place(wf, ["a", "b"], solver=solver, slack=0.25)["transfer_bytes"]["placed"] >= 64 * MB
 
 
 def test_greedy_counts_only_bytes_not_already_on_the_node():

@@ -330,6 +330,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         n.add_row(node, str(len(jobs)), f"{result['load'].get(node, 0.0):.1%}", str(len(steps)), format_size(pre),
                   str(ev), shown)
     out.print(n)
+    if result.get("load_bound_reason"):
+        out.print(f"load bound raised from {result['load_bound_requested']:.1%}: {result['load_bound_reason']}")
     return 0
 
 

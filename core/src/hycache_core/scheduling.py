@@ -13,13 +13,13 @@ Every placement respects two constraints:
 * **capacity**: a job goes only to a node whose fast tier can hold the job's footprint
   (its inputs plus its outputs) — the layer-2 planner can then stage the whole job;
 * **load bound**: no node gets more than ``(1 + slack) × T / N`` of the total weight
-  ``T`` (the jobs' runtimes; one per job when any runtime is missing).  Jobs are
-  indivisible, so when that may be infeasible (3 equal jobs on 2 nodes) the bound is
-  raised to the least value that every order of placement can meet by putting a job
-  that fits nowhere else on the least loaded node: ``ceil(J / N)`` jobs when the weights
-  are equal (job counts), else ``T / N + (1 − 1/N) × w_max`` (Graham's list-scheduling
-  bound).
-  ``load_bound`` in the answer is the bound that was used.
+  ``T`` (the jobs' runtimes; one per job when any runtime is missing) whenever some
+  placement within the capacities meets it — checked exactly (:func:`balance`:
+  heaviest-first packing, then a MILP) — and every solver's answer is brought within
+  it (:func:`repair`).  Only when no such placement exists (a job heavier than the
+  bound, 3 equal jobs on 2 nodes) is it raised, to the least maximum load, and the
+  answer says why (``load_bound_reason``).  ``load_bound`` in the answer is the bound
+  that was used.
 
 Solvers (``SOLVERS``):
 
@@ -93,6 +93,7 @@ class Problem:
     bound: float
     writers: list[list[int]]
     readers: list[list[int]]
+    balance: Balance | None = None
 
     @property
     def has_source(self) -> list[bool]:
@@ -103,20 +104,190 @@ class Problem:
         return cap is None or self.footprint[j] <= cap
 
 
-def load_bound(weights: Sequence[float], n_nodes: int, slack: float = DEFAULT_SLACK) -> float:
-    """The load bound (see the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """The load bound a placement is held to (absolute weight), and why.
+
+    ``requested`` is ``(1 + slack) × T / N``; ``bound`` equals it whenever some
+    placement (within the nodes' capacities) keeps every node at or below it, else it is
+    the least maximum load found (proven least when ``proven``); ``reason`` says why it
+    was raised (None when kept); ``packing`` is a placement within ``bound`` (job →
+    node index), a start for the solvers' repair."""
+
+    bound: float
+    requested: float
+    reason: str | None
+    packing: list[int]
+    proven: bool = True
+
+
+BALANCE_MILP_TIME_LIMIT = 5.0
+
+
+def _pack_heuristic(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_nodes: int,
+                    bound: float) -> list[int] | None:
+    """Heaviest job first, by two rules: the least loaded node (LPT) and the fullest node
+    it still fits on (best fit).  A placement within ``bound`` or None."""
+    order = sorted(range(len(weight)), key=lambda j: (-weight[j], j))
+    for rule in ("lpt", "best-fit"):
+        load = [0.0] * n_nodes
+        assign = [0] * len(weight)
+        ok = True
+        for j in order:
+            w = weight[j]
+            fits = [n for n in allowed[j] if load[n] + w <= bound + _EPS]
+            if not fits:
+                ok = False
+                break
+            n = min(fits, key=(lambda m: (load[m], m)) if rule == "lpt" else (lambda m: (-load[m], m)))
+            assign[j] = n
+            load[n] += w
+        if ok:
+            return assign
+    return None
+
+
+def _lpt(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_nodes: int) -> tuple[list[int], float]:
+    """List scheduling, heaviest first, on the least loaded allowed node: a placement and
+    its maximum load (at most 4/3 of the least possible on identical nodes)."""
+    load = [0.0] * n_nodes
+    assign = [0] * len(weight)
+    for j in sorted(range(len(weight)), key=lambda j: (-weight[j], j)):
+        n = min(allowed[j], key=lambda m: (load[m], m))
+        assign[j] = n
+        load[n] += weight[j]
+    return assign, max(load, default=0.0)
+
+
+def _pack_milp(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_nodes: int, bound: float | None,
+               time_limit: float) -> tuple[str, list[int] | None, float, float]:
+    """Bin packing / P||Cmax as a MILP over job classes (equal weight and allowed nodes):
+    ``x[c,n]`` jobs of class ``c`` on node ``n``.  With ``bound``: is there a placement
+    within it?  Without: the least maximum load.  Returns ``(status, placement, value,
+    lower bound)``, status ``"optimal"``, ``"infeasible"`` or ``"unknown"`` (time limit)."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    classes: dict[tuple[float, tuple[int, ...]], list[int]] = {}
+    for j, w in enumerate(weight):
+        classes.setdefault((float(w), tuple(allowed[j])), []).append(j)
+    keys = list(classes)
+    C, N = len(keys), n_nodes
+    nx = C * N
+    nvar = nx + (0 if bound is not None else 1)
+    rows, cols, vals, lo, hi = [], [], [], [], []
+    r = 0
+    ub = np.zeros(nvar)
+    for c, (w, ok) in enumerate(keys):
+        cnt = len(classes[keys[c]])
+        for n in ok:
+            ub[c * N + n] = cnt
+            rows.append(r); cols.append(c * N + n); vals.append(1.0)
+        lo.append(cnt); hi.append(cnt); r += 1
+    for n in range(N):
+        for c, (w, _) in enumerate(keys):
+            if w:
+                rows.append(r); cols.append(c * N + n); vals.append(w)
+        if bound is None:
+            rows.append(r); cols.append(nx); vals.append(-1.0)
+            lo.append(-np.inf); hi.append(0.0)
+        else:
+            lo.append(-np.inf); hi.append(bound + _EPS)
+        r += 1
+    cost = np.zeros(nvar)
+    lb = np.zeros(nvar)
+    if bound is None:
+        cost[nx] = 1.0
+        ub[nx] = float(sum(weight)) + 1.0
+        lb[nx] = max(float(sum(weight)) / N, max(weight, default=0.0))
+    integrality = np.ones(nvar)
+    if bound is None:
+        integrality[nx] = 0
+    A = coo_array((vals, (rows, cols)), shape=(r, nvar)).tocsr()
+    res = milp(cost, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
+               bounds=Bounds(lb, ub), options={"time_limit": time_limit, "disp": False})
+    if res.status == 2:
+        return "infeasible", None, float("inf"), float("inf")
+    if res.x is None:
+        return "unknown", None, float("inf"), float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
+    x = np.rint(res.x[:nx]).astype(int).reshape(C, N)
+    assign = [0] * len(weight)
+    load = [0.0] * N
+    for c, key in enumerate(keys):
+        jobs = iter(classes[key])
+        for n in range(N):
+            for _ in range(int(x[c, n])):
+                j = next(jobs)
+                assign[j] = n
+                load[n] += weight[j]
+    value = max(load, default=0.0)
+    dual = getattr(res, "mip_dual_bound", None)
+    return ("optimal" if res.status == 0 else "unknown"), assign, value, float(dual) if dual is not None else 0.0
+
+
+def balance(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_nodes: int,
+            slack: float = DEFAULT_SLACK, *, names: Sequence[str] | None = None,
+            time_limit: float = BALANCE_MILP_TIME_LIMIT) -> Balance:
+    """The load bound for jobs of ``weight`` that may run on the nodes ``allowed[j]``.
+
+    The requested ``(1 + slack) × T / N`` is kept when a placement within it exists:
+    checked by heaviest-first packing (LPT, best fit) and, when those fail, exactly by a
+    MILP (HiGHS).  Only when none exists is it raised, to the least maximum load (the
+    MILP's optimum, or the LPT's when the MILP hits ``time_limit``), and ``reason``
+    says why."""
     if n_nodes <= 0:
         raise PlacementError("no nodes")
-    if not weights:
-        return 0.0
-    total = float(sum(weights))
+    J = len(weight)
+    total = float(sum(weight))
     share = total / n_nodes
-    w_max = max(weights)
-    if min(weights) == w_max:  # equal weights (job counts): ceil(J / N) jobs always fit
-        floor = -(-len(weights) // n_nodes) * w_max
+    requested = (1.0 + slack) * share
+    if not J:
+        return Balance(0.0, 0.0, None, [])
+    for j in range(J):
+        if not allowed[j]:
+            name = names[j] if names else j
+            raise PlacementError(f"job {name!r}: no node has room for it on its fast tier")
+    packed = _pack_heuristic(weight, allowed, n_nodes, requested)
+    if packed is not None:
+        return Balance(requested, requested, None, packed)
+    j_max = max(range(J), key=lambda j: (weight[j], -j))
+    w_max = weight[j_max]
+    rel = (lambda v: v / share) if share else (lambda v: v)
+    name = names[j_max] if names else str(j_max)
+    if w_max > requested + _EPS:
+        why = (f"job {name!r} alone weighs {rel(w_max):.3f} x a node's share, above the requested "
+               f"{rel(requested):.3f}")
+        status = "infeasible"
     else:
-        floor = share + (1.0 - 1.0 / n_nodes) * w_max
-    return max((1.0 + slack) * share, floor)
+        status, sol, _, _ = _pack_milp(weight, allowed, n_nodes, requested, time_limit)
+        if status == "optimal" and sol is not None:
+            return Balance(requested, requested, None, sol)
+        equal = min(weight) == w_max and all(len(a) == n_nodes for a in allowed)
+        if equal and status == "infeasible":
+            why = (f"{J} jobs of equal weight on {n_nodes} nodes: some node runs {-(-J // n_nodes)} of them, "
+                   f"{rel(-(-J // n_nodes) * w_max):.3f} x its share")
+        elif status == "infeasible":
+            why = f"no placement keeps every node within {rel(requested):.3f} x its share (proven by the MILP)"
+        else:
+            why = (f"no placement within {rel(requested):.3f} x a node's share was found "
+                   f"(heuristics, and the MILP within its {time_limit:g} s limit)")
+    lpt, lpt_max = _lpt(weight, allowed, n_nodes)
+    best, best_max, proven = lpt, lpt_max, False
+    status2, sol2, val2, lower = _pack_milp(weight, allowed, n_nodes, None, time_limit)
+    if sol2 is not None and val2 <= best_max + _EPS:
+        best, best_max = sol2, val2
+    proven = status2 == "optimal" or lpt_max <= max(lower, w_max, share) + _EPS
+    if best_max <= requested + _EPS:  # the MILP's own search found one after all
+        return Balance(requested, requested, None, best)
+    why += f"; raised to {rel(best_max):.3f} x, the least maximum load {'possible' if proven else 'found'}"
+    return Balance(best_max, requested, why, best, proven)
+
+
+def load_bound(weights: Sequence[float], n_nodes: int, slack: float = DEFAULT_SLACK) -> float:
+    """The load bound for jobs of ``weights`` on ``n_nodes`` interchangeable nodes (see
+    :func:`balance`)."""
+    return balance(weights, [range(n_nodes)] * len(weights), n_nodes, slack).bound
 
 
 def make_problem(wf: Workflow, nodes: Sequence[str], *, slack: float = DEFAULT_SLACK,
@@ -161,11 +332,17 @@ def make_problem(wf: Workflow, nodes: Sequence[str], *, slack: float = DEFAULT_S
         caps = [capacity.get(n) for n in nodes]
     else:
         caps = [capacity] * len(nodes)
+    footprint = [j.footprint() for j in wf.jobs]
+    allowed = [[n for n, cap in enumerate(caps) if cap is None or fp <= cap] for fp in footprint]
+    for j, ok in enumerate(allowed):
+        if not ok:
+            raise PlacementError(f"job {wf.jobs[j].id!r} needs {footprint[j]} bytes of fast tier: no node has room")
+    bal = balance(weight, allowed, len(nodes), slack, names=[j.id for j in wf.jobs])
     return Problem(
         jobs=[j.id for j in wf.jobs], nodes=list(nodes), files=files, weight=weight,
         inputs=inputs, outputs=outputs, size=size, init=init,
-        footprint=[j.footprint() for j in wf.jobs], capacity=caps,
-        bound=load_bound(weight, len(nodes), slack), writers=writers, readers=readers,
+        footprint=footprint, capacity=caps,
+        bound=bal.bound, writers=writers, readers=readers, balance=bal,
     )
 
 
@@ -247,10 +424,8 @@ def solve_greedy(p: Problem) -> list[int]:
             key = (-saved_move.get(n, 0), -saved_slow.get(n, 0), load[n], n)
             if best is None or key < best:
                 best = key
-        if best is None:  # only with unequal capacities: the lightest node that fits
+        if best is None:  # no node has room left: the lightest allowed one, repaired below
             fits = [n for n in range(n_nodes) if p.allowed(j, n)]
-            if not fits:
-                raise PlacementError(f"job {p.jobs[j]!r} needs {p.footprint[j]} bytes of fast tier: no node has room")
             n = min(fits, key=lambda m: (load[m], m))
         else:
             n = best[3]
@@ -260,7 +435,7 @@ def solve_greedy(p: Problem) -> list[int]:
             held[f].add(n)
         for f in p.outputs[j]:
             held[f].add(n)
-    return assign
+    return repair(p, assign)
 
 
 class _State:
@@ -416,6 +591,55 @@ def local_search(p: Problem, assign: Sequence[int], *, max_passes: int = 20, tim
         if gained <= min_gain * cost:
             break
         cost -= gained
+    return st.assign
+
+
+def feasible(p: Problem, assign: Sequence[int]) -> bool:
+    """Within the load bound and the capacities."""
+    return (all(p.allowed(j, n) for j, n in enumerate(assign))
+            and max(_loads(p, assign), default=0.0) <= p.bound + _EPS)
+
+
+def repair(p: Problem, assign: Sequence[int], *, max_moves: int | None = None) -> list[int]:
+    """Bring a placement within the load bound and the capacities: while a node is over
+    the bound (or a job is on a node without room for it), move the job whose move to a
+    node with room adds the fewest bytes.  When moves alone cannot do it, the balance's
+    packing (a placement within the bound) is returned.  A feasible input is returned
+    unchanged."""
+    assign = list(assign)
+    if feasible(p, assign):
+        return assign
+    st = _State(p, assign)
+    bound = p.bound + _EPS
+    jobs_on: list[list[int]] = [[] for _ in p.nodes]
+    for j, n in enumerate(assign):
+        jobs_on[n].append(j)
+    limit = max_moves if max_moves is not None else 4 * len(p.jobs) + 10
+    for _ in range(limit):
+        bad = [j for j, n in enumerate(st.assign) if not p.allowed(j, n)]
+        if not bad:
+            over = [n for n in range(len(p.nodes)) if st.load[n] > bound]
+            if not over:
+                return st.assign
+            bad = [j for n in over for j in jobs_on[n]]
+        best: tuple | None = None
+        for j in bad:
+            a, w = st.assign[j], p.weight[j]
+            for b in range(len(p.nodes)):
+                if b == a or not p.allowed(j, b) or st.load[b] + w > bound:
+                    continue
+                key = (st.delta_move(j, b), -w, j, b)
+                if best is None or key < best:
+                    best = key
+        if best is None:
+            break
+        _, _, j, b = best
+        a = st.assign[j]
+        st._shift(j, a, b)
+        jobs_on[a].remove(j)
+        jobs_on[b].append(j)
+    if p.balance is not None and p.balance.packing:
+        return list(p.balance.packing)
     return st.assign
 
 
@@ -681,7 +905,8 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
 
     ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
     "slow_tier_bytes": {same keys}, "load": {node: share of the total weight},
-    "load_bound": share bound, "plans": {node: [steps]}, "solver", "optimal" (exact
+    "load_bound": share bound, "load_bound_requested": (1 + slack) / N, "load_bound_reason":
+    why it was raised (None when kept), "plans": {node: [steps]}, "solver", "optimal" (exact
     only), "seconds", "jobs", "files", "format"}``.
     """
     if solver not in SOLVERS:
@@ -717,6 +942,8 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "slow_tier_bytes": {"placed": slow, "round_robin": rr_slow, "recorded": rec_slow},
         "load": {n: v / total for n, v in load.items()},
         "load_bound": p.bound / total,
+        "load_bound_requested": p.balance.requested / total if p.balance else p.bound / total,
+        "load_bound_reason": p.balance.reason if p.balance else None,
         "load_unit": "runtime" if wf.runtimes_known() else "jobs",
         "plans": plan_nodes(wf, placement, p.nodes, capacity, locations) if plans else {},
         "solver": solver,
