@@ -21,7 +21,9 @@ from hycache_core.scheduling import (
     place,
     plan_node,
     solve_exact,
+    hypergraph_nets,
     solve_greedy,
+    solve_hypergraph,
     solve_local,
     transfer_bytes,
 )
@@ -213,12 +215,14 @@ def test_solvers_respect_the_constraints_and_exact_is_optimal(inst):
     p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
     g = solve_greedy(p)
     loc = solve_local(p)
+    hg = solve_hypergraph(p)
     ex = solve_exact(p)
-    for assign in (g, loc, ex.assign):
+    for assign in (g, loc, hg, ex.assign):
         check_constraints(p, assign)
     assert ex.optimal
     cg, cl, ce = _cost(p, g), _cost(p, loc), _cost(p, ex.assign)
     assert cl <= cg  # local search never worse than the greedy
+    assert cl <= _cost(p, hg)  # nor than Mt-KaHyPar's partition (it starts from it)
     assert ce <= cl
     # and the exact optimum is the brute-force optimum over every feasible placement
     best = None
@@ -433,3 +437,43 @@ def test_a_job_staged_inputs_are_all_resident_when_it_starts(wf, cap):
                 resident.discard(s["path"])
             elif s["action"] == "pin":
                 resident.add(s["path"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(max_jobs=7, max_nodes=3), st.data())
+def test_hypergraph_connectivity_equals_the_bytes_moved_when_files_have_one_source(inst, data):
+    """λ − 1 of each file's net (its writer, readers and located node), times its size,
+    summed: the bytes moved, for any placement, when no file has two sources."""
+    wf, nodes, slack, locations, _ = inst
+    p = make_problem(wf, nodes, slack=slack, locations=locations)
+    sources = [len(p.writers[f]) + (p.init[f] != -1) for f in range(len(p.files))]
+    assume(all(s <= 1 or not p.readers[f] for f, s in enumerate(sources)))
+    assume(all(i != -2 for i in p.init))  # a node outside is not a vertex
+    assign = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=len(p.jobs), max_size=len(p.jobs)))
+    nets, weights, unit, files = hypergraph_nets(p)
+    assert unit == 1024 and weights == [-(-p.size[f] // 1024) for f in files]
+    block = list(assign) + list(range(len(nodes)))  # the node vertices are fixed to their nodes
+    km1 = sum(p.size[f] * (len({block[v] for v in net}) - 1) for net, f in zip(nets, files))
+    assert km1 == _cost(p, assign)
+
+
+def test_hypergraph_weights_are_coarsened_before_they_overflow():
+    # 40 files of 1 TiB read on another node each: KiB weights would sum past 2^31
+    jobs = [WorkflowJob("w", 1.0, (), {}, {f"f{i}": 1 << 40 for i in range(40)})]
+    jobs += [WorkflowJob(f"r{i}", 1.0, ("w",), {f"f{i}": 1 << 40}, {}) for i in range(40)]
+    wf = Workflow("big", jobs)
+    p = make_problem(wf, ["a", "b", "c"])
+    nets, weights, unit, _ = hypergraph_nets(p)
+    assert unit > 1024 and sum(weights) * 2 < (1 << 31) - 1
+    assign = solve_hypergraph(p)
+    check_constraints(p, assign)
+
+
+def test_local_is_never_worse_than_the_recorded_placement_within_the_bound():
+    wf = load_workflow(DATA / "wfformat-1.5-tiny.json")
+    rec = wf.recorded_placement()
+    nodes = sorted(set(rec.values()))
+    out = place(wf, nodes, slack=1.0, plans=False)
+    assert out["transfer_bytes"]["placed"] <= out["transfer_bytes"]["recorded"]
+    hg = place(wf, nodes, solver="hypergraph", slack=1.0, plans=False)
+    assert out["transfer_bytes"]["placed"] <= hg["transfer_bytes"]["placed"]

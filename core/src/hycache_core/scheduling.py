@@ -27,11 +27,15 @@ Solvers (``SOLVERS``):
   the node where the bytes of its inputs that are NOT already there are fewest (files
   live where they were located, written, or already fetched); ties by the slow-tier
   bytes, then the lighter node, then the node order.
-* ``local`` — the greedy, then a local search: moves of one job to another node and
-  swaps of two jobs between two nodes, applied while they strictly reduce the
-  transferred bytes within the constraints; on small workflows the search is also run
-  from random feasible placements and the best result kept.  Never worse than the
-  greedy by construction.
+* ``local`` — a local search (moves of one job to another node and swaps of two jobs
+  between two nodes, applied while they strictly reduce the transferred bytes within
+  the constraints) run from Mt-KaHyPar's partition, from the recorded placement (when
+  it names the candidate nodes), and from the greedy; on small workflows also from
+  random feasible placements; the best result kept.  Never worse than any of these
+  starts that is within the bound, by construction.
+* ``hypergraph`` — Mt-KaHyPar (quality preset, connectivity objective km1) on the
+  job/file hypergraph (:func:`hypergraph_nets`), blocks held to the load bound, the
+  located files' nodes as fixed vertices.
 * ``exact`` — a mixed-integer program solved by HiGHS (``scipy.optimize.milp``) for
   small instances: ``x[j,n]`` places job ``j`` on node ``n``, ``y[f,n] ≥ x[j,n] −
   Σ_{w writes f} x[w,n] − [f located on n]`` for every reader ``j`` of ``f`` charges
@@ -53,6 +57,9 @@ and that the control plane's REST API returns.
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -62,7 +69,7 @@ from typing import Any
 from .policies.heuristic import HeuristicPolicy
 from .workflow import Workflow, WorkflowJob
 
-SOLVERS = ("greedy", "local", "exact", "round-robin")
+SOLVERS = ("greedy", "local", "hypergraph", "exact", "round-robin")
 DEFAULT_SLACK = 0.1
 EXACT_DEFAULT_TIME_LIMIT = 60.0
 SLOW = -1  # a file on the shared slow tier
@@ -662,15 +669,37 @@ def _random_start(p: Problem, rng: Any) -> list[int]:
 
 
 def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_limit: float | None = None,
-                **kw: Any) -> list[int]:
-    """The local search from the greedy, then from ``restarts`` random feasible
-    placements (default: as many as fit in about 20,000 job visits, at least 0); the
-    best result.  Never worse than the greedy."""
+                seeds: Iterable[Sequence[int]] = (), hypergraph: bool = True, **kw: Any) -> list[int]:
+    """The local search from the greedy, from Mt-KaHyPar's partition
+    (:func:`solve_hypergraph`, unless ``hypergraph`` is false), from each of ``seeds``
+    (e.g. the recorded placement; repaired into the bound first), then from ``restarts``
+    random feasible placements (default: as many as fit in about 20,000 job visits, at
+    least 0); the best result.  Never worse than the greedy, than Mt-KaHyPar's
+    partition, nor than any seed that is within the bound."""
     import random
 
     deadline = None if time_limit is None else time.monotonic() + time_limit
-    best = local_search(p, solve_greedy(p), time_limit=time_limit, **kw)
-    best_cost = _cost(p, best)
+    starts: list[Sequence[int]] = []
+    if hypergraph and len(p.nodes) > 1:
+        starts.append(solve_hypergraph(p))
+    starts.extend(repair(p, s) for s in seeds)
+    starts.append(solve_greedy(p))
+    best: list[int] | None = None
+    best_cost = 0
+    seen: set[tuple[int, ...]] = set()
+    for start in starts:
+        key = tuple(start)
+        if key in seen or not feasible(p, start):
+            continue
+        seen.add(key)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        cand = local_search(p, start, time_limit=left, **kw)
+        c = _cost(p, cand)
+        if best is None or c < best_cost:
+            best, best_cost = cand, c
+    if best is None:  # the bound could not be met by repair: fall back to the packing
+        best = list(starts[-1])
+        best_cost = _cost(p, best)
     if restarts is None:
         restarts = min(50, 20_000 // max(1, len(p.jobs)) // 5)
     rng = random.Random(seed)
@@ -681,13 +710,98 @@ def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_
         if left is not None and left <= 0:
             break
         start = _random_start(p, rng)
-        if any(not p.allowed(j, n) for j, n in enumerate(start)) or max(_loads(p, start)) > p.bound + _EPS:
+        if not feasible(p, start):
             continue
         cand = local_search(p, start, time_limit=left, **kw)
         c = _cost(p, cand)
         if c < best_cost:
             best, best_cost = cand, c
     return best
+
+
+_MTK: Any = None
+_MTK_LOCK = threading.Lock()
+HYPERGRAPH_SEED = 0
+_INT_MAX = (1 << 31) - 1
+
+
+def _mtkahypar() -> Any:
+    """Mt-KaHyPar, initialised once per process (its thread pool: every core)."""
+    global _MTK
+    with _MTK_LOCK:
+        if _MTK is None:
+            import mtkahypar
+
+            init = mtkahypar.initialize(max(1, os.cpu_count() or 1), False)
+            _MTK = (mtkahypar, init)
+        return _MTK
+
+
+def hypergraph_nets(p: Problem) -> tuple[list[list[int]], list[int], int, list[int]]:
+    """The placement as hypergraph partitioning with the connectivity (λ − 1) objective:
+    vertices are the jobs ``0..J-1`` and one fixed vertex per node (``J + n``, weight 0);
+    each file that has a source and is read is a net over its writers, its readers and
+    the node it is located on, weighted by its size in units of ``unit`` bytes (KiB, or
+    coarser when the weights would overflow 32 bits).  For a file with one source the
+    net's λ − 1 is exactly the number of nodes that receive it; with several writers it
+    can count a writer's node that reads nothing.  Returns ``(nets, weights, unit, files)``
+    (``files[i]``: the file of net ``i``)."""
+    nets: list[list[int]] = []
+    sizes: list[int] = []
+    net_files: list[int] = []
+    J = len(p.jobs)
+    for f in range(len(p.files)):
+        if not p.readers[f] or p.size[f] <= 0:
+            continue
+        init = p.init[f]
+        if not p.writers[f] and init < 0:  # slow tier, or a node outside: no choice of ours changes it
+            continue
+        pins = set(p.writers[f]) | set(p.readers[f])
+        if init >= 0:
+            pins.add(J + init)
+        if len(pins) < 2:
+            continue
+        nets.append(sorted(pins))
+        sizes.append(p.size[f])
+        net_files.append(f)
+    unit = 1024
+    k = max(1, len(p.nodes) - 1)
+    while sum(-(-s // unit) for s in sizes) * k >= _INT_MAX:
+        unit *= 2
+    return nets, [-(-s // unit) for s in sizes], unit, net_files
+
+
+def solve_hypergraph(p: Problem, *, preset: str = "quality", seed: int = HYPERGRAPH_SEED) -> list[int]:
+    """Mt-KaHyPar (``preset`` quality, objective km1) on :func:`hypergraph_nets`, each
+    block's weight held to the load bound (jobs weighted by their runtimes scaled to
+    integers), the located files' nodes fixed; then :func:`repair` for the capacities
+    and any rounding.  Within the bound whenever the bound is feasible."""
+    J, N = len(p.jobs), len(p.nodes)
+    if N == 1 or J == 0:
+        return repair(p, [0] * J)
+    nets, ew, _, _ = hypergraph_nets(p)
+    total = sum(p.weight)
+    scale = (1 << 30) / total if total > 0 else 1.0
+    scale = min(scale, 1e6)  # runtimes to the microsecond at most
+    vw = [int(w * scale) for w in p.weight]  # rounded down: the rounded loads never exceed the true ones' bound
+    # Mt-KaHyPar ends the process when the blocks cannot hold the total weight, and hangs
+    # on fixed vertices of weight 0: the node vertices weigh 1 and each block holds 1 more
+    cap = math.ceil(p.bound * scale) + 1
+    fixed_used = sorted({p.init[f] for f in range(len(p.files)) if p.init[f] >= 0})
+    mtk, init = _mtkahypar()
+    with _MTK_LOCK:
+        mtk.set_seed(seed)
+        ctx = init.context_from_preset(getattr(mtk.PresetType, preset.upper()))
+        ctx.logging = False
+        eps = max(0.0, p.bound / (total / N) - 1.0) if total > 0 else 0.0
+        ctx.set_partitioning_parameters(N, eps, mtk.Objective.KM1)
+        ctx.set_individual_target_block_weights([cap] * N)
+        hg = init.create_hypergraph(ctx, J + N, len(nets), nets, vw + [1] * N, ew)
+        if fixed_used:
+            hg.add_fixed_vertices([-1] * J + list(range(N)), N)
+        phg = hg.partition(ctx)
+        blocks = phg.get_partition()
+    return repair(p, [int(b) for b in blocks[:J]])
 
 
 @dataclass(frozen=True, slots=True)
@@ -917,7 +1031,12 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
     if solver == "greedy":
         assign = solve_greedy(p)
     elif solver == "local":
-        assign = solve_local(p, time_limit=time_limit)
+        rec = wf.recorded_placement()
+        node_ix = {n: i for i, n in enumerate(p.nodes)}
+        seeds = [[node_ix[rec[j]] for j in p.jobs]] if rec and all(m in node_ix for m in rec.values()) else []
+        assign = solve_local(p, time_limit=time_limit, seeds=seeds)
+    elif solver == "hypergraph":
+        assign = solve_hypergraph(p)
     elif solver == "exact":
         res = solve_exact(p, time_limit=time_limit or EXACT_DEFAULT_TIME_LIMIT)
         assign, optimal = res.assign, res.optimal
