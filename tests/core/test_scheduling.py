@@ -18,6 +18,8 @@ from hycache_core.scheduling import (
     load_bound,
     make_problem,
     node_names,
+    makespan,
+    makespan_lower_bound,
     place,
     plan_node,
     solve_exact,
@@ -214,7 +216,7 @@ def test_solvers_respect_the_constraints_and_exact_is_optimal(inst):
     wf, nodes, slack, locations, capacity = inst
     p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
     g = solve_greedy(p)
-    loc = solve_local(p)
+    loc = solve_local(p, makespan_weight=0.0)  # the fewest bytes
     hg = solve_hypergraph(p)
     ex = solve_exact(p)
     for assign in (g, loc, hg, ex.assign):
@@ -477,3 +479,41 @@ def test_local_is_never_worse_than_the_recorded_placement_within_the_bound():
     assert out["transfer_bytes"]["placed"] <= out["transfer_bytes"]["recorded"]
     hg = place(wf, nodes, solver="hypergraph", slack=1.0, plans=False)
     assert out["transfer_bytes"]["placed"] <= hg["transfer_bytes"]["placed"]
+
+
+def test_makespan_is_list_scheduling_on_the_dag():
+    # w (1 s) writes f; four 10 s readers; then a 2 s join
+    jobs = [WorkflowJob("w", 1.0, (), {}, {"f": 100 * MB})]
+    jobs += [WorkflowJob(f"r{i}", 10.0, ("w",), {"f": 100 * MB}, {f"o{i}": MB}) for i in range(4)]
+    jobs.append(WorkflowJob("j", 2.0, tuple(f"r{i}" for i in range(4)), {f"o{i}": MB for i in range(4)}, {}))
+    wf = Workflow("fan", jobs)
+    p = make_problem(wf, ["a", "b"], slack=1.0)
+    assert makespan(p, [0] * 6) == pytest.approx(43.0)  # everything in turn
+    assert makespan(p, [0, 0, 0, 1, 1, 0]) == pytest.approx(23.0)  # two readers at a time, then the join
+    assert makespan(p, [0, 0, 0, 1, 1, 0], slots=2) == pytest.approx(13.0)
+    assert makespan_lower_bound(p) == pytest.approx(21.5)  # 43 s over 2 nodes; the chain is 13 s
+
+
+def test_makespan_weight_keeps_the_solver_from_serialising_for_a_small_saving():
+    jobs = [WorkflowJob("w", 1.0, (), {}, {"f": 100 * MB})]
+    jobs += [WorkflowJob(f"r{i}", 10.0, ("w",), {"f": 100 * MB}, {}) for i in range(4)]
+    wf = Workflow("fan", jobs)
+    bytes_only = place(wf, ["a", "b"], slack=1.0, makespan_weight=0.0, plans=False)
+    assert bytes_only["transfer_bytes"]["placed"] == 0
+    assert bytes_only["makespan"]["placed"] == pytest.approx(41.0)
+    weighed = place(wf, ["a", "b"], slack=1.0, makespan_weight=5.0, plans=False)
+    assert weighed["makespan"]["placed"] == pytest.approx(21.0)
+    assert weighed["transfer_bytes"]["placed"] == 100 * MB
+    assert weighed["makespan_unit"] == "seconds" and weighed["makespan"]["lower_bound"] == pytest.approx(20.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(max_jobs=7, max_nodes=3), st.data())
+def test_makespan_bounds(inst, data):
+    wf, nodes, slack, locations, _ = inst
+    p = make_problem(wf, nodes, slack=slack, locations=locations)
+    assign = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=len(p.jobs), max_size=len(p.jobs)))
+    m = makespan(p, assign)
+    loads = [sum(w for w, n in zip(p.weight, assign) if n == k) for k in range(len(nodes))]
+    assert max(loads) - 1e-9 <= m <= sum(p.weight) + 1e-9
+    assert m >= makespan_lower_bound(p) - 1e-9
