@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list the policy names simulate accepts")
 
-    from .scheduling import DEFAULT_MAKESPAN_WEIGHT, DEFAULT_SLACK, SOLVERS
+    from .scheduling import DEFAULT_MAKESPAN_SLACK, DEFAULT_SLACK, SOLVERS
 
     pl = sub.add_parser(
         "place",
@@ -136,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--location", metavar="FILE=NODE", type=_kv, action="append", default=[],
                     help="a file already on a node (repeatable); other unwritten files start on the slow tier")
     pl.add_argument("--time-limit", type=_positive, metavar="S", help="seconds for the exact solver or the local search")
-    pl.add_argument("--makespan-weight", type=_non_negative, default=DEFAULT_MAKESPAN_WEIGHT, metavar="W",
-                    help="how the local solver weighs makespan against bytes: it picks the least bytes / round-robin's "
-                         "+ W x makespan / its lower bound (default %(default)s; 0: fewest bytes)")
+    pl.add_argument("--makespan-slack", type=_non_negative, default=DEFAULT_MAKESPAN_SLACK, metavar="X",
+                    help="the local solver takes the placement with the fewest bytes among its searches' results whose "
+                         "makespan is at most (1 + X) x the shortest of them (default %(default)s)")
+    pl.add_argument("--bytes-only", action="store_true", help="ignore the makespan: the fewest bytes win")
     pl.add_argument("--no-plans", action="store_true", help="layer 1 only")
     pl.add_argument("--json", action="store_true", help="print the JSON object instead of tables")
     return parser
@@ -297,7 +298,7 @@ def cmd_place(args: argparse.Namespace) -> int:
         with _native_stdout_to_stderr():
             result = place(wf, nodes, solver=args.solver, slack=args.slack, capacity=args.capacity,
                            locations=dict(args.location), plans=not args.no_plans, time_limit=args.time_limit,
-                           makespan_weight=args.makespan_weight)
+                           makespan_slack=None if args.bytes_only else args.makespan_slack)
     except PlacementError as exc:
         raise CLIError(str(exc)) from None
     if args.json:

@@ -404,7 +404,8 @@ def _loads(p: Problem, assign: Sequence[int]) -> list[float]:
 
 # -- the makespan -------------------------------------------------------------------
 
-DEFAULT_MAKESPAN_WEIGHT = 1.0
+DEFAULT_MAKESPAN_SLACK = 0.2
+LARGE_INSTANCE = 1_000  # jobs: above, the local search starts only from Mt-KaHyPar's partition and the seeds
 
 
 def _upward_rank(p: Problem) -> list[float]:
@@ -747,31 +748,35 @@ def _random_start(p: Problem, rng: Any) -> list[int]:
 
 
 def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_limit: float | None = None,
-                seeds: Iterable[Sequence[int]] = (), hypergraph: bool = True,
-                makespan_weight: float = DEFAULT_MAKESPAN_WEIGHT, **kw: Any) -> list[int]:
+                seeds: Iterable[Sequence[int]] = (), hypergraph: bool | Sequence[int] = True,
+                makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK, **kw: Any) -> list[int]:
     """The local search from Mt-KaHyPar's partition (:func:`solve_hypergraph`, unless
-    ``hypergraph`` is false), from each of ``seeds`` (e.g. the recorded placement;
-    repaired into the bound first), from the greedy, then from ``restarts`` random
-    feasible placements (default: as many as fit in about 20,000 job visits, at least 0);
-    when the makespan counts, also from the balance's packing (heaviest job first on the
-    least loaded node).
+    ``hypergraph`` is false; or the partition ``hypergraph`` given), from each of ``seeds`` (e.g. the recorded placement;
+    repaired into the bound first), and — up to ``LARGE_INSTANCE`` jobs — from the
+    greedy, from the balance's packing (heaviest job first on the least loaded node: a
+    short makespan) and from ``restarts`` random feasible placements (default: as many
+    as fit in about 20,000 job visits, at least 0).
 
-    Of the results, the one with the least ``bytes / round-robin's bytes +
-    makespan_weight × makespan / makespan lower bound`` (:func:`makespan`) is returned:
-    with the default weight 1, saving 1 % of round-robin's bytes is worth 1 % of the
-    makespan's lower bound, so a large makespan increase is not traded for a small
-    byte saving; with weight 0 the fewest bytes win, and the result is then never worse
-    than the greedy, than Mt-KaHyPar's partition, nor than any seed within the bound."""
+    Of the results, the one with the fewest bytes among those whose makespan
+    (:func:`makespan`) is at most ``(1 + makespan_slack)`` × the shortest of them: a
+    placement that saves bytes is not taken when it lengthens the makespan by more than
+    that.  With ``makespan_slack=None`` the fewest bytes win, and the result is then
+    never worse than the greedy, than Mt-KaHyPar's partition, nor than any seed within
+    the bound."""
     import random
 
     deadline = None if time_limit is None else time.monotonic() + time_limit
     starts: list[Sequence[int]] = []
-    if hypergraph and len(p.nodes) > 1:
+    if not isinstance(hypergraph, bool):
+        starts.append(repair(p, hypergraph))  # a partition already computed
+    elif hypergraph and len(p.nodes) > 1:
         starts.append(solve_hypergraph(p))
-    starts.extend(repair(p, s) for s in seeds)
-    if makespan_weight > 0 and p.balance is not None and p.balance.packing:
-        starts.append(p.balance.packing)  # heaviest first on the least loaded node: a short makespan
-    starts.append(solve_greedy(p))
+    small = len(p.jobs) <= LARGE_INSTANCE or not starts
+    starts.extend(repair(p, s) if small else s for s in seeds)  # large: only seeds already within the bound
+    if small and makespan_slack is not None and p.balance is not None and p.balance.packing:
+        starts.append(p.balance.packing)
+    if small:
+        starts.append(solve_greedy(p))
     results: list[tuple[int, list[int]]] = []
     seen: set[tuple[int, ...]] = set()
     for start in starts:
@@ -786,7 +791,7 @@ def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_
         results.append((_cost(p, starts[-1]), list(starts[-1])))
     best_cost, best = min(results, key=lambda r: r[0])
     if restarts is None:
-        restarts = min(50, 20_000 // max(1, len(p.jobs)) // 5)
+        restarts = min(50, 20_000 // max(1, len(p.jobs)) // 5) if small else 0
     rng = random.Random(seed)
     found = None
     for _ in range(restarts):
@@ -804,19 +809,22 @@ def solve_local(p: Problem, *, restarts: int | None = None, seed: int = 0, time_
             best, best_cost, found = cand, c, cand
     if found is not None:
         results.append((best_cost, found))
-    if makespan_weight <= 0 or len(results) == 1:
+    if makespan_slack is None or len(results) == 1:
         return best
-    rr = max(1, _cost(p, solve_round_robin(p)))
     rank = _upward_rank(p)
-    lower = makespan_lower_bound(p) or 1.0
-    scored = [(c / rr + makespan_weight * makespan(p, a, rank=rank) / lower, c, i)
-              for i, (c, a) in enumerate(results)]
-    return results[min(scored)[2]][1]
+    spans = [makespan(p, a, rank=rank) for _, a in results]
+    limit = min(spans) * (1.0 + makespan_slack) + _EPS
+    eligible = [(c, i) for i, ((c, _), m) in enumerate(zip(results, spans)) if m <= limit]
+    return results[min(eligible)[1]][1]
 
 
 _MTK: Any = None
 _MTK_LOCK = threading.Lock()
 HYPERGRAPH_SEED = 0
+# Mt-KaHyPar's quality configuration in its deterministic form: the same partition on
+# every run (its "quality" preset gives a different one each time, even on one thread,
+# within a few % of it; measured in docs/scheduling.md)
+HYPERGRAPH_PRESET = "deterministic_quality"
 _INT_MAX = (1 << 31) - 1
 
 
@@ -866,8 +874,8 @@ def hypergraph_nets(p: Problem) -> tuple[list[list[int]], list[int], int, list[i
     return nets, [-(-s // unit) for s in sizes], unit, net_files
 
 
-def solve_hypergraph(p: Problem, *, preset: str = "quality", seed: int = HYPERGRAPH_SEED) -> list[int]:
-    """Mt-KaHyPar (``preset`` quality, objective km1) on :func:`hypergraph_nets`, each
+def solve_hypergraph(p: Problem, *, preset: str = HYPERGRAPH_PRESET, seed: int = HYPERGRAPH_SEED) -> list[int]:
+    """Mt-KaHyPar (``preset``, objective km1) on :func:`hypergraph_nets`, each
     block's weight held to the load bound (jobs weighted by their runtimes scaled to
     integers), the located files' nodes fixed; then :func:`repair` for the capacities
     and any rounding.  Within the bound whenever the bound is feasible."""
@@ -1110,7 +1118,7 @@ def node_names(spec: int | str | Sequence[str] | None, wf: Workflow | None = Non
 def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: float = DEFAULT_SLACK,
           capacity: int | Mapping[str, int | None] | None = None, locations: Mapping[str, str] | None = None,
           plans: bool = True, time_limit: float | None = None,
-          makespan_weight: float = DEFAULT_MAKESPAN_WEIGHT) -> dict[str, Any]:
+          makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK) -> dict[str, Any]:
     """Both layers of 2LS for a workflow: the dict ``hycache place --json`` prints.
 
     ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
@@ -1118,7 +1126,7 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
     "load_bound": share bound, "load_bound_requested": (1 + slack) / N, "load_bound_reason":
     why it was raised (None when kept), "makespan": {"placed", "round_robin", "recorded",
     "lower_bound"} (list scheduling per node, :func:`makespan`), "makespan_unit",
-    "makespan_weight", "plans": {node: [steps]}, "solver", "optimal" (exact
+    "makespan_slack", "plans": {node: [steps]}, "solver", "optimal" (exact
     only), "seconds", "jobs", "files", "format"}``.
     """
     if solver not in SOLVERS:
@@ -1132,7 +1140,7 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         rec = wf.recorded_placement()
         node_ix = {n: i for i, n in enumerate(p.nodes)}
         seeds = [[node_ix[rec[j]] for j in p.jobs]] if rec and all(m in node_ix for m in rec.values()) else []
-        assign = solve_local(p, time_limit=time_limit, seeds=seeds, makespan_weight=makespan_weight)
+        assign = solve_local(p, time_limit=time_limit, seeds=seeds, makespan_slack=makespan_slack)
     elif solver == "hypergraph":
         assign = solve_hypergraph(p)
     elif solver == "exact":
@@ -1170,7 +1178,7 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "load_unit": "runtime" if wf.runtimes_known() else "jobs",
         "makespan": spans,
         "makespan_unit": "seconds" if wf.runtimes_known() else "jobs",
-        "makespan_weight": makespan_weight,
+        "makespan_slack": makespan_slack,
         "plans": plan_nodes(wf, placement, p.nodes, capacity, locations) if plans else {},
         "solver": solver,
         "optimal": optimal,
