@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
                    help="a node and its mount on this machine (repeat for every node to use)")
     r.add_argument("--scale", type=float, default=1.0, help="multiply every file size by this (default 1)")
-    r.add_argument("--solver", default="local", choices=["greedy", "local", "exact", "round-robin"])
+    r.add_argument("--solver", default="local", choices=["greedy", "local", "hypergraph", "exact", "round-robin"])
     r.add_argument("--slack", type=float, default=0.1, help="load bound slack (default 0.1)")
     r.add_argument("--plan-wait", type=float, default=60.0, metavar="S",
                    help="wait at most S seconds for a job's prefetch/evict steps before starting it")

@@ -221,7 +221,7 @@ ERRORS_409 = {**ERRORS_404, 409: {"model": S.ErrorOut, "description": "not in a 
 def create_manifest(control: ControlDep, c: Admin,
                     body: Annotated[Any, Body(description="a HyCache manifest or a WfFormat 1.4/1.5 instance")],
                     nodes: Annotated[str | None, Query(max_length=10_000, description="comma-separated node ids (default: the live nodes)")] = None,
-                    solver: Annotated[Literal["greedy", "local", "exact", "round-robin"], Query()] = "local",
+                    solver: Annotated[Literal["greedy", "local", "hypergraph", "exact", "round-robin"], Query()] = "local",
                     slack: Annotated[float, Query(ge=0, le=100)] = 0.1,
                     plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True) -> dict:
     names = None

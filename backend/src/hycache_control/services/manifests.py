@@ -211,6 +211,8 @@ class ManifestService:
         v = {"id": m.id, "name": m.name, "format": m.format, "state": m.state, "actor": m.actor,
              "placement": r["placement"], "transfer_bytes": r["transfer_bytes"],
              "slow_tier_bytes": r["slow_tier_bytes"], "load": r["load"], "load_bound": r.get("load_bound"),
+             "load_bound_requested": r.get("load_bound_requested"), "load_bound_reason": r.get("load_bound_reason"),
+             "makespan": r.get("makespan"), "makespan_unit": r.get("makespan_unit"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
              "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                        "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
