@@ -14,7 +14,8 @@ the instance's runtimes and DAG, :func:`hycache_core.scheduling.makespan`) and
 wall-clock seconds of the solver (``local`` includes the Mt-KaHyPar run it starts from:
 the one in the ``hypergraph`` row).  Then the check of issue 21's goals: ``local`` moves
 no more bytes than Mt-KaHyPar at the same balance and than the recorded placement when
-that is within the bound.  ``--synthetic J``: the time of ``local`` and ``hypergraph`` on
+that is within the bound — when it is not, ``local @rec``: ``local`` with the recorded
+placement's own balance as the bound.  ``--synthetic J``: the time of ``local`` and ``hypergraph`` on
 a generated workflow of J jobs (16 nodes).
 
 Single process, wall clock; the machine is shared, so times are noisy.
@@ -75,6 +76,15 @@ def run_instance(path: Path, slack: float, exact_jobs: int, exact_limit: float) 
         t = time.perf_counter()
         a = solve_local(p, seeds=seeds, makespan_slack=ms, hypergraph=parts["hypergraph"])
         add(name, a, time.perf_counter() - t + rows["hypergraph"]["seconds"])
+    if len(machines) >= 2:
+        # at the recorded placement's own balance: the same bound for both
+        rec_bal = rows["recorded"]["balance"]
+        p_rec = make_problem(wf, nodes, slack=max(slack, rec_bal - 1.0 + 1e-9))
+        t = time.perf_counter()
+        a = solve_local(p_rec, seeds=seeds)
+        rows["local @rec"] = {"bytes": _cost(p_rec, a), "balance": max(_loads(p_rec, a)) / share,
+                              "makespan": makespan(p_rec, a), "seconds": time.perf_counter() - t,
+                              "note": f"slack {rec_bal - 1:.3f}, the recorded balance"}
     if len(p.jobs) <= exact_jobs:
         t = time.perf_counter()
         ex = solve_exact(p, time_limit=exact_limit)
@@ -116,10 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             rec = s.get("recorded")
             rec_in = rec is not None and rec["balance"] <= r["bound"] + 1e-9
             ok_r = (not rec_in) or s[name]["bytes"] <= rec["bytes"]
-            goals.append((r["instance"], name, ok_h, None if not rec_in else ok_r,
+            if rec is not None and not rec_in:  # compare at the recorded balance instead
+                ok_r = s["local @rec"]["bytes"] <= rec["bytes"]
+            goals.append((r["instance"], name, ok_h, None if rec is None else ok_r,
                           None if rec is None else rec["balance"]))
     if goals:
-        print("\ngoals: bytes(local) <= bytes(hypergraph) at the same bound; <= recorded when the recorded is within it")
+        print("\ngoals: bytes(local) <= bytes(hypergraph) at the same bound; <= recorded at the recorded's balance "
+              "(local @rec when the recorded is over the requested bound)")
         print(f"{'instance':<42}{'solver':<11}{'<= Mt-KaHyPar':>15}{'<= recorded':>13}{'recorded balance':>18}")
         for inst, name, ok_h, ok_r, rb in goals:
             rs = "-" if ok_r is None else ("yes" if ok_r else "NO")
