@@ -14,6 +14,7 @@ from hycache_core.cli import main
 from hycache_core.scheduling import (
     PlacementError,
     _cost,
+    choose_node,
     balance,
     load_bound,
     make_problem,
@@ -517,3 +518,16 @@ def test_makespan_bounds(inst, data):
     loads = [sum(w for w, n in zip(p.weight, assign) if n == k) for k in range(len(nodes))]
     assert max(loads) - 1e-9 <= m <= sum(p.weight) + 1e-9
     assert m >= makespan_lower_bound(p) - 1e-9
+
+
+def test_choose_node_counts_the_bytes_not_on_each_node():
+    r = choose_node({"/a": 100, "/b": 30, "/c": 5}, ["n0", "n1", "n2"], locations={"/a": "n1", "/b": "n2"})
+    assert r["node"] == "n1" and r["bytes_moved"] == {"n0": 130, "n1": 30, "n2": 100}
+    assert r["slow_tier_bytes"] == 5 and r["locations"] == {"/a": "n1", "/b": "n2", "/c": None}
+    # a node without room is not a candidate
+    r = choose_node({"/a": 100, "/b": 30}, ["n0", "n1", "n2"], locations={"/a": "n1", "/b": "n2"},
+                    capacity={"n1": 50, "n0": None, "n2": None})
+    assert r["node"] == "n2" and r["candidates"] == ["n0", "n2"]
+    # ties: the node running fewer jobs, then the order given
+    assert choose_node({"/x": 1}, ["n0", "n1"], running={"n0": 2, "n1": 1})["node"] == "n1"
+    assert choose_node({}, ["n0", "n1"])["node"] == "n0"

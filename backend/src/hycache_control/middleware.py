@@ -112,7 +112,8 @@ class BodyLimit:
 
 
 class Audit:
-    """Records every mutating /api/v1 request (but the agents' heartbeats) as an ``audit``
+    """Records every mutating /api/v1 request (but the agents' heartbeats and the online
+    placement queries) as an ``audit``
     event: token name, method and path, status."""
 
     def __init__(self, app, control_getter) -> None:
@@ -121,7 +122,7 @@ class Audit:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in MUTATING or not scope["path"].startswith("/api/v1/") \
-                or scope["path"].endswith("/heartbeats"):
+                or scope["path"].endswith(("/heartbeats", "/placements")):
             return await self.app(scope, receive, send)
         status = 500
 

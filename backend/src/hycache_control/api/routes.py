@@ -233,6 +233,15 @@ def create_manifest(control: ControlDep, c: Admin,
     return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name)
 
 
+@router.post("/placements", responses=ERRORS, operation_id="placeJob", tags=["manifests"],
+             response_model=S.PlacementOut)
+def place_job(control: ControlDep, _: Reader, body: S.PlacementRequest) -> dict:
+    """Online placement: this job reads these files, where should it run now?  The node
+    whose copies of the inputs (their primaries in the DHT) save the most bytes, among
+    the nodes whose fast tier can hold the job."""
+    return control.manifests.place_job(body.inputs, footprint=body.footprint, nodes=body.nodes)
+
+
 @router.get("/manifests", responses=ERRORS, operation_id="listManifests", tags=["manifests"])
 def list_manifests(control: ControlDep, _: Reader, page: PagingDep) -> dict:
     items, total = control.manifests.list(page.limit, page.offset)
