@@ -93,6 +93,19 @@ def parser() -> argparse.ArgumentParser:
     pj.add_argument("--footprint", type=int, metavar="BYTES", help="fast-tier bytes the job needs (default: its inputs)")
     pj.add_argument("--json", action="store_true", help="print the whole answer as JSON")
 
+    sb = sub.add_parser("submit", help="run a workflow engine's job script on the node where its inputs are",
+                        description="A submit command for Snakemake's generic cluster executor: reads the job "
+                                    "script's properties (its inputs, relative to its working directory under one "
+                                    "of the --mount points), asks POST /api/v1/placements where it should run, "
+                                    "rewrites the script's paths onto that node's mount, starts it in the "
+                                    "background and prints a job id (NODE-PID).")
+    sb.add_argument("jobscript", metavar="JOBSCRIPT")
+    sb.add_argument("--api", required=True, metavar="URL", help="the control plane, e.g. http://127.0.0.1:8080")
+    sb.add_argument("--token-file", required=True, metavar="FILE", help="a read or admin token")
+    sb.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
+                    help="a node and its mount on this machine (repeat for every node to use)")
+    sb.add_argument("--log-dir", metavar="DIR", help="where each job's output goes (default: the system's temp dir)")
+
     o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
     o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     return ap
@@ -181,6 +194,9 @@ def _run(args: argparse.Namespace) -> int:
         return run_main(args)
     if args.cmd == "place":
         return _place(args)
+    if args.cmd == "submit":
+        from .submit import submit
+        return submit(args)
     if args.cmd == "db":
         from .db import Database
         s = _settings(args)
