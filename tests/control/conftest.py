@@ -98,7 +98,7 @@ def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: flo
 def api(db_url, redis_cluster, dht_namespace, tmp_path) -> Api:
     settings = load_settings(None, db=db_url, redis=redis_seeds(redis_cluster), dht_namespace=dht_namespace,
                              state_dir=str(tmp_path), heartbeat_interval=0.5, down_grace=0.5, flush_interval=0.1,
-                             max_body_bytes=64 * 1024, ui_dir=str(tmp_path / "no-ui"))
+                             max_body_bytes=64 * 1024, max_manifest_bytes=8 << 20, ui_dir=str(tmp_path / "no-ui"))
     control = Control(settings)
     admin = control.tokens.create("test-admin", "admin")[1]
     read = control.tokens.create("test-reader", "read")[1]

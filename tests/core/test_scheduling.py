@@ -14,13 +14,19 @@ from hycache_core.cli import main
 from hycache_core.scheduling import (
     PlacementError,
     _cost,
+    choose_node,
+    balance,
     load_bound,
     make_problem,
     node_names,
+    makespan,
+    makespan_lower_bound,
     place,
     plan_node,
     solve_exact,
+    hypergraph_nets,
     solve_greedy,
+    solve_hypergraph,
     solve_local,
     transfer_bytes,
 )
@@ -98,14 +104,61 @@ def test_load_bound():
     assert load_bound([1] * 100, 4, 0.1) == pytest.approx(27.5)
     # 3 equal jobs on 2 nodes: 1.1 x 1.5 is infeasible; ceil(3 / 2) = 2 jobs
     assert load_bound([1, 1, 1], 2, 0.1) == pytest.approx(2.0)
-    # unequal runtimes: Graham's bound 4 + 0.5 x 6 = 7 when the slack's 4.4 may be infeasible
-    assert load_bound([6, 1, 1], 2, 0.1) == pytest.approx(7.0)
+    # unequal runtimes: the slack's 4.4 is infeasible (a 6 s job); the least possible is 6
+    assert load_bound([6, 1, 1], 2, 0.1) == pytest.approx(6.0)
     assert load_bound([5, 1], 1, 0.1) == pytest.approx(6.6)
+    # feasible although Graham's bound would have raised it: 3+3+2+2+2 on 2 nodes fits 6.6
+    assert load_bound([3, 3, 2, 2, 2], 2, 0.1) == pytest.approx(6.6)
+    # LPT fails (3,3 | 2,2,2 -> 6.0 fits; but 5,4,3,3,3 at slack 0 -> 9 | 9 only by 5+4 | 3+3+3)
+    assert load_bound([5, 4, 3, 3, 3], 2, 0.0) == pytest.approx(9.0)
+
+
+def test_balance_says_why_it_raised_the_bound():
+    b = balance([6, 1, 1], [[0, 1]] * 3, 2, 0.1, names=["big", "a", "b"])
+    assert b.bound == pytest.approx(6.0) and b.requested == pytest.approx(4.4)
+    assert "'big'" in b.reason and "raised to 1.500" in b.reason and b.proven
+    b = balance([1, 1, 1], [[0, 1]] * 3, 2, 0.1)
+    assert b.bound == pytest.approx(2.0) and "3 jobs of equal weight on 2 nodes" in b.reason
+    b = balance([2, 2, 2, 3, 3], [[0, 1]] * 5, 2, 0.0)  # 6 | 6: LPT gives 3,2,2 | 3,2 = 7 | 5
+    assert b.bound == pytest.approx(6.0) and b.reason is None
+    # capacities: the 3 s job fits only node 0
+    b = balance([3, 1, 1, 1], [[0], [0, 1], [0, 1], [0, 1]], 2, 0.0)
+    assert b.bound == pytest.approx(3.0) and b.reason is None and b.packing[0] == 0
+
+
+@st.composite
+def weights_and_nodes(draw):
+    n = draw(st.integers(1, 3))
+    ws = draw(st.lists(st.integers(0, 12), min_size=1, max_size=7))
+    allowed = [draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)) for _ in ws]
+    slack = draw(st.sampled_from([0.0, 0.05, 0.1, 0.3]))
+    return [float(w) for w in ws], [sorted(a) for a in allowed], n, slack
+
+
+@settings(max_examples=300, deadline=None)
+@given(weights_and_nodes())
+def test_balance_keeps_the_requested_bound_whenever_a_placement_within_it_exists(case):
+    ws, allowed, n, slack = case
+    b = balance(ws, allowed, n, slack)
+    best = min(max([sum(w for w, m in zip(ws, a) if m == k) for k in range(n)])
+               for a in itertools.product(*allowed))
+    requested = (1 + slack) * sum(ws) / n
+    assert b.requested == pytest.approx(requested)
+    if best <= requested + 1e-9:
+        assert b.bound == pytest.approx(requested) and b.reason is None
+    else:
+        assert b.bound == pytest.approx(best) and b.reason and b.proven
+    # the packing is within the bound and the allowed nodes
+    assert all(m in a for m, a in zip(b.packing, allowed))
+    assert max(sum(w for w, m in zip(ws, b.packing) if m == k) for k in range(n)) <= b.bound + 1e-9
 
 
 def test_tiny_instance_numbers():
     wf = load_workflow(DATA / "wfformat-1.5-tiny.json")
-    out = place(wf, ["a", "b"], solver="exact")
+    # runtimes 10+20+20+20+15+5 = 90 s: slack 0.25 allows 56.25 s per node (the 64 MiB
+    # optimum puts 50 s on one node); at slack 0.1 (49.5 s, feasible: 45 | 45) the optimum is 104 MiB
+    assert place(wf, ["a", "b"], solver="exact")["transfer_bytes"]["placed"] == 104 * MB
+    out = place(wf, ["a", "b"], solver="exact", slack=0.25)
     # raw.dat (96M) and ref.db (64M) come from the slow tier; ref.db is read on both nodes
     assert out["slow_tier_bytes"]["placed"] == 96 * MB + 2 * 64 * MB
     # the recorded placement: split on n1, chunks 2 and 3 to n2 (64M), out2/out3 to n1 (32M), result to n2 (8M)
@@ -113,7 +166,7 @@ def test_tiny_instance_numbers():
     assert out["transfer_bytes"]["placed"] == 64 * MB
     assert out["optimal"] is True
     for solver in ("greedy", "local"):
-        assert place(wf, ["a", "b"], solver=solver)["transfer_bytes"]["placed"] >= 64 * MB
+        assert place(wf, ["a", "b"], solver=solver, slack=0.25)["transfer_bytes"]["placed"] >= 64 * MB
 
 
 def test_greedy_counts_only_bytes_not_already_on_the_node():
@@ -164,13 +217,15 @@ def test_solvers_respect_the_constraints_and_exact_is_optimal(inst):
     wf, nodes, slack, locations, capacity = inst
     p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
     g = solve_greedy(p)
-    loc = solve_local(p)
+    loc = solve_local(p, makespan_slack=None)  # the fewest bytes
+    hg = solve_hypergraph(p)
     ex = solve_exact(p)
-    for assign in (g, loc, ex.assign):
+    for assign in (g, loc, hg, ex.assign):
         check_constraints(p, assign)
     assert ex.optimal
     cg, cl, ce = _cost(p, g), _cost(p, loc), _cost(p, ex.assign)
     assert cl <= cg  # local search never worse than the greedy
+    assert cl <= _cost(p, hg)  # nor than Mt-KaHyPar's partition (it starts from it)
     assert ce <= cl
     # and the exact optimum is the brute-force optimum over every feasible placement
     best = None
@@ -385,3 +440,94 @@ def test_a_job_staged_inputs_are_all_resident_when_it_starts(wf, cap):
                 resident.discard(s["path"])
             elif s["action"] == "pin":
                 resident.add(s["path"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(max_jobs=7, max_nodes=3), st.data())
+def test_hypergraph_connectivity_equals_the_bytes_moved_when_files_have_one_source(inst, data):
+    """λ − 1 of each file's net (its writer, readers and located node), times its size,
+    summed: the bytes moved, for any placement, when no file has two sources."""
+    wf, nodes, slack, locations, _ = inst
+    p = make_problem(wf, nodes, slack=slack, locations=locations)
+    sources = [len(p.writers[f]) + (p.init[f] != -1) for f in range(len(p.files))]
+    assume(all(s <= 1 or not p.readers[f] for f, s in enumerate(sources)))
+    assume(all(i != -2 for i in p.init))  # a node outside is not a vertex
+    assign = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=len(p.jobs), max_size=len(p.jobs)))
+    nets, weights, unit, files = hypergraph_nets(p)
+    assert unit == 1024 and weights == [-(-p.size[f] // 1024) for f in files]
+    block = list(assign) + list(range(len(nodes)))  # the node vertices are fixed to their nodes
+    km1 = sum(p.size[f] * (len({block[v] for v in net}) - 1) for net, f in zip(nets, files))
+    assert km1 == _cost(p, assign)
+
+
+def test_hypergraph_weights_are_coarsened_before_they_overflow():
+    # 40 files of 1 TiB read on another node each: KiB weights would sum past 2^31
+    jobs = [WorkflowJob("w", 1.0, (), {}, {f"f{i}": 1 << 40 for i in range(40)})]
+    jobs += [WorkflowJob(f"r{i}", 1.0, ("w",), {f"f{i}": 1 << 40}, {}) for i in range(40)]
+    wf = Workflow("big", jobs)
+    p = make_problem(wf, ["a", "b", "c"])
+    nets, weights, unit, _ = hypergraph_nets(p)
+    assert unit > 1024 and sum(weights) * 2 < (1 << 31) - 1
+    assign = solve_hypergraph(p)
+    check_constraints(p, assign)
+
+
+def test_local_is_never_worse_than_the_recorded_placement_within_the_bound():
+    wf = load_workflow(DATA / "wfformat-1.5-tiny.json")
+    rec = wf.recorded_placement()
+    nodes = sorted(set(rec.values()))
+    out = place(wf, nodes, slack=1.0, plans=False)
+    assert out["transfer_bytes"]["placed"] <= out["transfer_bytes"]["recorded"]
+    hg = place(wf, nodes, solver="hypergraph", slack=1.0, plans=False)
+    assert out["transfer_bytes"]["placed"] <= hg["transfer_bytes"]["placed"]
+
+
+def test_makespan_is_list_scheduling_on_the_dag():
+    # w (1 s) writes f; four 10 s readers; then a 2 s join
+    jobs = [WorkflowJob("w", 1.0, (), {}, {"f": 100 * MB})]
+    jobs += [WorkflowJob(f"r{i}", 10.0, ("w",), {"f": 100 * MB}, {f"o{i}": MB}) for i in range(4)]
+    jobs.append(WorkflowJob("j", 2.0, tuple(f"r{i}" for i in range(4)), {f"o{i}": MB for i in range(4)}, {}))
+    wf = Workflow("fan", jobs)
+    p = make_problem(wf, ["a", "b"], slack=1.0)
+    assert makespan(p, [0] * 6) == pytest.approx(43.0)  # everything in turn
+    assert makespan(p, [0, 0, 0, 1, 1, 0]) == pytest.approx(23.0)  # two readers at a time, then the join
+    assert makespan(p, [0, 0, 0, 1, 1, 0], slots=2) == pytest.approx(13.0)
+    assert makespan_lower_bound(p) == pytest.approx(21.5)  # 43 s over 2 nodes; the chain is 13 s
+
+
+def test_makespan_slack_keeps_the_solver_from_serialising_to_save_bytes():
+    jobs = [WorkflowJob("w", 1.0, (), {}, {"f": 100 * MB})]
+    jobs += [WorkflowJob(f"r{i}", 10.0, ("w",), {"f": 100 * MB}, {}) for i in range(4)]
+    wf = Workflow("fan", jobs)
+    bytes_only = place(wf, ["a", "b"], slack=1.0, makespan_slack=None, plans=False)
+    assert bytes_only["transfer_bytes"]["placed"] == 0
+    assert bytes_only["makespan"]["placed"] == pytest.approx(41.0)
+    weighed = place(wf, ["a", "b"], slack=1.0, plans=False)  # 41 s is more than 1.2 x 21 s
+    assert weighed["makespan"]["placed"] == pytest.approx(21.0)
+    assert weighed["transfer_bytes"]["placed"] == 100 * MB
+    assert weighed["makespan_unit"] == "seconds" and weighed["makespan"]["lower_bound"] == pytest.approx(20.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(max_jobs=7, max_nodes=3), st.data())
+def test_makespan_bounds(inst, data):
+    wf, nodes, slack, locations, _ = inst
+    p = make_problem(wf, nodes, slack=slack, locations=locations)
+    assign = data.draw(st.lists(st.integers(0, len(nodes) - 1), min_size=len(p.jobs), max_size=len(p.jobs)))
+    m = makespan(p, assign)
+    loads = [sum(w for w, n in zip(p.weight, assign) if n == k) for k in range(len(nodes))]
+    assert max(loads) - 1e-9 <= m <= sum(p.weight) + 1e-9
+    assert m >= makespan_lower_bound(p) - 1e-9
+
+
+def test_choose_node_counts_the_bytes_not_on_each_node():
+    r = choose_node({"/a": 100, "/b": 30, "/c": 5}, ["n0", "n1", "n2"], locations={"/a": "n1", "/b": "n2"})
+    assert r["node"] == "n1" and r["bytes_moved"] == {"n0": 130, "n1": 30, "n2": 100}
+    assert r["slow_tier_bytes"] == 5 and r["locations"] == {"/a": "n1", "/b": "n2", "/c": None}
+    # a node without room is not a candidate
+    r = choose_node({"/a": 100, "/b": 30}, ["n0", "n1", "n2"], locations={"/a": "n1", "/b": "n2"},
+                    capacity={"n1": 50, "n0": None, "n2": None})
+    assert r["node"] == "n2" and r["candidates"] == ["n0", "n2"]
+    # ties: the node running fewer jobs, then the order given
+    assert choose_node({"/x": 1}, ["n0", "n1"], running={"n0": 2, "n1": 1})["node"] == "n1"
+    assert choose_node({}, ["n0", "n1"])["node"] == "n0"

@@ -53,7 +53,8 @@ def create_app(settings: Settings, control: Control | None = None) -> FastAPI:
                   description="REST API of the HyCache control plane (docs/control-plane.md).")
     app.include_router(routes.router)
     app.include_router(stream.router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
     app.add_middleware(Audit, control_getter=lambda: holder["control"])
 
     @app.exception_handler(ServiceError)

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -74,16 +75,78 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
                    help="a node and its mount on this machine (repeat for every node to use)")
     r.add_argument("--scale", type=float, default=1.0, help="multiply every file size by this (default 1)")
-    r.add_argument("--solver", default="local", choices=["greedy", "local", "exact", "round-robin"])
+    r.add_argument("--solver", default="local", choices=["greedy", "local", "hypergraph", "exact", "round-robin"])
     r.add_argument("--slack", type=float, default=0.1, help="load bound slack (default 0.1)")
     r.add_argument("--plan-wait", type=float, default=60.0, metavar="S",
                    help="wait at most S seconds for a job's prefetch/evict steps before starting it")
     r.add_argument("--no-plans", action="store_true", help="placement only: no layer-2 plans are made or carried out")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    pj = sub.add_parser("place", help="ask the control plane where a job that reads PATH... should run now",
+                        description="POST /api/v1/placements: prints the chosen node (and, with --mount, its "
+                                    "mount point on this machine); PATHs are namespace paths, or paths under a --mount.")
+    pj.add_argument("paths", nargs="*", metavar="PATH", help="the files the job reads")
+    pj.add_argument("--api", required=True, metavar="URL", help="the control plane, e.g. http://127.0.0.1:8080")
+    pj.add_argument("--token-file", required=True, metavar="FILE", help="a read or admin token")
+    pj.add_argument("--mount", action="append", default=[], metavar="NODE=MOUNTPOINT",
+                    help="a node and its mount on this machine: restricts the candidates to these nodes")
+    pj.add_argument("--footprint", type=int, metavar="BYTES", help="fast-tier bytes the job needs (default: its inputs)")
+    pj.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+
+    sb = sub.add_parser("submit", help="run a workflow engine's job script on the node where its inputs are",
+                        description="A submit command for Snakemake's generic cluster executor: reads the job "
+                                    "script's properties (its inputs, relative to its working directory under one "
+                                    "of the --mount points), asks POST /api/v1/placements where it should run, "
+                                    "rewrites the script's paths onto that node's mount, starts it in the "
+                                    "background and prints a job id (NODE-PID).")
+    sb.add_argument("jobscript", metavar="JOBSCRIPT")
+    sb.add_argument("--api", required=True, metavar="URL", help="the control plane, e.g. http://127.0.0.1:8080")
+    sb.add_argument("--token-file", required=True, metavar="FILE", help="a read or admin token")
+    sb.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
+                    help="a node and its mount on this machine (repeat for every node to use)")
+    sb.add_argument("--log-dir", metavar="DIR", help="where each job's output goes (default: the system's temp dir)")
+
     o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
     o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     return ap
+
+
+def _place(args: argparse.Namespace) -> int:
+    import httpx
+
+    mounts: dict[str, Path] = {}
+    for m in args.mount:
+        node, sep, mp = m.partition("=")
+        if not sep or not node or not mp:
+            return _die(f"--mount {m!r}: expected NODE=MOUNTPOINT")
+        mounts[node] = Path(mp).resolve()
+    paths = []
+    for p in args.paths:
+        ns = p
+        for mp in mounts.values():
+            try:
+                ns = "/" + str(Path(p).resolve().relative_to(mp))
+                break
+            except ValueError:
+                continue
+        paths.append(ns if ns.startswith("/") else "/" + ns)
+    token = Path(args.token_file).read_text().strip()
+    body = {"inputs": paths, "footprint": args.footprint, "nodes": list(mounts) or None}
+    try:
+        r = httpx.post(args.api.rstrip("/") + "/api/v1/placements", json=body, timeout=30.0,
+                       headers={"Authorization": f"Bearer {token}"})
+    except httpx.HTTPError as e:
+        return _die(f"{args.api}: {e}")
+    if r.status_code != 200:
+        return _die(f"{r.status_code}: {r.text[:500]}")
+    out = r.json()
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif out["node"] in mounts:
+        print(f"{out['node']} {mounts[out['node']]}")
+    else:
+        print(out["node"])
+    return 0
 
 
 def _settings(args: argparse.Namespace, *names: str) -> Settings:
@@ -129,6 +192,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "run":
         from .runner import main as run_main
         return run_main(args)
+    if args.cmd == "place":
+        return _place(args)
+    if args.cmd == "submit":
+        from .submit import submit
+        return submit(args)
     if args.cmd == "db":
         from .db import Database
         s = _settings(args)

@@ -1,9 +1,12 @@
-"""ASGI middlewares: the request-body bound (413) and the audit log of mutating requests."""
+"""ASGI middlewares: the request-body bound (413; gzip bodies decompressed within it) and
+the audit log of mutating requests."""
 
 from __future__ import annotations
 
 import json
 import logging
+import zlib
+from collections.abc import Mapping
 
 import anyio
 
@@ -23,28 +26,54 @@ def _too_large(limit: int) -> dict:
     return {"detail": [{"loc": ["body"], "msg": f"request body larger than {limit} bytes", "type": "too_large"}]}
 
 
-class BodyLimit:
-    """413 for a body over ``limit`` bytes: by its Content-Length, or while it streams in."""
+def _gunzip(data: bytes, limit: int) -> bytes | None:
+    """``data`` decompressed (gzip), or None when that would exceed ``limit`` bytes.
+    Raises ``zlib.error`` on a corrupt stream."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        return None
+    if not d.eof:
+        raise zlib.error("truncated gzip stream")
+    return out
 
-    def __init__(self, app, limit: int) -> None:
+
+class BodyLimit:
+    """413 for a body over its bound: ``limit`` bytes, or ``routes[(method, path)]`` for
+    the requests named there (e.g. manifests: real workflow instances run to tens of MB);
+    by its Content-Length, or while it streams in.  A body with ``Content-Encoding:
+    gzip`` is read within the bound, decompressed in a worker thread within the same
+    bound (413 past it) and handed on as a plain body; any other encoding gets 415."""
+
+    def __init__(self, app, limit: int, routes: Mapping[tuple[str, str], int] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.routes = dict(routes or {})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", []):
+        limit = self.routes.get((scope.get("method", ""), scope.get("path", "").rstrip("/")), self.limit)
+        headers = scope.get("headers", [])
+        encoding = b"identity"
+        for k, v in headers:
+            if k == b"content-encoding":
+                encoding = v.strip().lower()
+        if encoding not in (b"identity", b"gzip", b""):
+            return await _send_json(send, 415, {"detail": [{"loc": ["header", "Content-Encoding"],
+                                                            "msg": "only gzip or identity", "type": "value_error"}]})
+        for k, v in headers:
             if k == b"content-length":
                 try:
                     n = int(v)
                 except ValueError:
                     return await _send_json(send, 400, {"detail": [{"loc": ["header", "Content-Length"],
                                                                      "msg": "not a number", "type": "value_error"}]})
-                if n > self.limit:
-                    return await _send_json(send, 413, _too_large(self.limit))
-        if any(k == b"content-length" for k, _ in scope.get("headers", [])):
+                if n > limit:
+                    return await _send_json(send, 413, _too_large(limit))
+        if encoding != b"gzip" and any(k == b"content-length" for k, _ in headers):
             return await self.app(scope, receive, send)  # the server holds the body to its length
-        # a streamed (chunked) body: read it up to the bound before the app sees it
+        # a streamed (chunked) or compressed body: read it up to the bound before the app sees it
         chunks, seen = [], 0
         while True:
             msg = await receive()
@@ -52,12 +81,24 @@ class BodyLimit:
                 return
             body = msg.get("body", b"")
             seen += len(body)
-            if seen > self.limit:
-                return await _send_json(send, 413, _too_large(self.limit))
+            if seen > limit:
+                return await _send_json(send, 413, _too_large(limit))
             chunks.append(body)
             if not msg.get("more_body", False):
                 break
         whole = b"".join(chunks)
+        if encoding == b"gzip":
+            try:
+                plain = await anyio.to_thread.run_sync(_gunzip, whole, limit)
+            except zlib.error as e:
+                return await _send_json(send, 400, {"detail": [{"loc": ["body"], "msg": f"not a gzip stream: {e}",
+                                                                 "type": "value_error"}]})
+            if plain is None:
+                return await _send_json(send, 413, _too_large(limit))
+            whole = plain
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in headers if k not in (b"content-encoding", b"content-length")]
+            scope["headers"].append((b"content-length", str(len(whole)).encode()))
         replayed = False
 
         async def replay():
@@ -71,7 +112,8 @@ class BodyLimit:
 
 
 class Audit:
-    """Records every mutating /api/v1 request (but the agents' heartbeats) as an ``audit``
+    """Records every mutating /api/v1 request (but the agents' heartbeats and the online
+    placement queries) as an ``audit``
     event: token name, method and path, status."""
 
     def __init__(self, app, control_getter) -> None:
@@ -80,7 +122,7 @@ class Audit:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in MUTATING or not scope["path"].startswith("/api/v1/") \
-                or scope["path"].endswith("/heartbeats"):
+                or scope["path"].endswith(("/heartbeats", "/placements")):
             return await self.app(scope, receive, send)
         status = 500
 

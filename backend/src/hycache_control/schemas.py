@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -372,3 +372,20 @@ class Ready(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: Any
+
+
+class PlacementRequest(BaseModel):
+    """A ready job: the namespace paths it reads (and, optionally, its fast-tier footprint)."""
+
+    inputs: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(max_length=100_000)
+    footprint: int | None = Field(None, ge=0, description="bytes it needs on the fast tier (default: its inputs)")
+    nodes: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None, max_length=10_000, description="candidate node ids (default: the live nodes)")
+
+
+class PlacementOut(BaseModel):
+    node: str = Field(description="where the job should run now")
+    bytes_moved: dict[str, int] = Field(description="bytes each candidate node would receive")
+    slow_tier_bytes: int = Field(description="input bytes on no node (read from the slow tier wherever it runs)")
+    locations: dict[str, str | None] = Field(description="each input's node (its primary copy), null when on none")
+    candidates: list[str] = Field(description="the nodes whose fast tier can hold the job")

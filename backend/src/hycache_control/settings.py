@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     down_after_missed: int = Field(3, ge=1, description="a node is down after this many missed heartbeats (+ grace)")
     down_grace: float = Field(2.0, ge=0, description="seconds added to the missed-heartbeat window")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    max_manifest_bytes: int = Field(64 << 20, ge=1024,
+                                    description="bound of a POST /api/v1/manifests body, after gzip decompression "
+                                                "(real WfCommons instances run to tens of MB)")
     raw_retention_s: float = Field(3600.0, gt=0, description="1 s samples are kept this long")
     minute_retention_s: float = Field(7 * 86400.0, gt=0, description="1 min samples are kept this long")
     flush_interval: float = Field(0.5, gt=0, le=10, description="metric writer flush period (s)")

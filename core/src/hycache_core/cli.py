@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list the policy names simulate accepts")
 
-    from .scheduling import DEFAULT_SLACK, SOLVERS
+    from .scheduling import DEFAULT_MAKESPAN_SLACK, DEFAULT_SLACK, SOLVERS
 
     pl = sub.add_parser(
         "place",
@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--location", metavar="FILE=NODE", type=_kv, action="append", default=[],
                     help="a file already on a node (repeatable); other unwritten files start on the slow tier")
     pl.add_argument("--time-limit", type=_positive, metavar="S", help="seconds for the exact solver or the local search")
+    pl.add_argument("--makespan-slack", type=_non_negative, default=DEFAULT_MAKESPAN_SLACK, metavar="X",
+                    help="the local solver takes the placement with the fewest bytes among its searches' results whose "
+                         "makespan is at most (1 + X) x the shortest of them (default %(default)s)")
+    pl.add_argument("--bytes-only", action="store_true", help="ignore the makespan: the fewest bytes win")
     pl.add_argument("--no-plans", action="store_true", help="layer 1 only")
     pl.add_argument("--json", action="store_true", help="print the JSON object instead of tables")
     return parser
@@ -293,7 +297,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         nodes = node_names(args.nodes, wf)
         with _native_stdout_to_stderr():
             result = place(wf, nodes, solver=args.solver, slack=args.slack, capacity=args.capacity,
-                           locations=dict(args.location), plans=not args.no_plans, time_limit=args.time_limit)
+                           locations=dict(args.location), plans=not args.no_plans, time_limit=args.time_limit,
+                           makespan_slack=None if args.bytes_only else args.makespan_slack)
     except PlacementError as exc:
         raise CLIError(str(exc)) from None
     if args.json:
@@ -310,11 +315,15 @@ def cmd_place(args: argparse.Namespace) -> int:
     t.add_column("placement")
     t.add_column("bytes moved between nodes", justify="right")
     t.add_column("slow-tier bytes", justify="right")
+    ms = result["makespan"]
+    t.add_column(f"makespan ({result['makespan_unit']})", justify="right")
     for key, label in (("placed", "this placement"), ("round_robin", "round-robin"), ("recorded", "recorded")):
+        span = "-" if ms.get(key) is None else f"{ms[key]:,.1f}"
         if tb[key] is None:
-            t.add_row(label, "-", "-")
+            t.add_row(label, "-", "-", span)
         else:
-            t.add_row(label, f"{format_size(tb[key])} ({tb[key]:,})", format_size(sb[key]))
+            t.add_row(label, f"{format_size(tb[key])} ({tb[key]:,})", format_size(sb[key]), span)
+    t.add_row("lower bound", "", "", f"{ms['lower_bound']:,.1f}")
     out.print(t)
     by_node: dict[str, list[str]] = {n: [] for n in nodes}
     for job, node in result["placement"].items():
@@ -330,6 +339,8 @@ def cmd_place(args: argparse.Namespace) -> int:
         n.add_row(node, str(len(jobs)), f"{result['load'].get(node, 0.0):.1%}", str(len(steps)), format_size(pre),
                   str(ev), shown)
     out.print(n)
+    if result.get("load_bound_reason"):
+        out.print(f"load bound raised from {result['load_bound_requested']:.1%}: {result['load_bound_reason']}")
     return 0
 
 

@@ -260,6 +260,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/placements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Place Job
+         * @description Online placement: this job reads these files, where should it run now?  The node
+         *     whose copies of the inputs (their primaries in the DHT) save the most bytes, among
+         *     the nodes whose fast tier can hold the job.
+         */
+        post: operations["placeJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/stream": {
         parameters: {
             query?: never;
@@ -769,6 +791,56 @@ export interface components {
             offset: number;
             /** Total */
             total: number;
+        };
+        /** PlacementOut */
+        PlacementOut: {
+            /**
+             * Bytes Moved
+             * @description bytes each candidate node would receive
+             */
+            bytes_moved: {
+                [key: string]: number;
+            };
+            /**
+             * Candidates
+             * @description the nodes whose fast tier can hold the job
+             */
+            candidates: string[];
+            /**
+             * Locations
+             * @description each input's node (its primary copy), null when on none
+             */
+            locations: {
+                [key: string]: string | null;
+            };
+            /**
+             * Node
+             * @description where the job should run now
+             */
+            node: string;
+            /**
+             * Slow Tier Bytes
+             * @description input bytes on no node (read from the slow tier wherever it runs)
+             */
+            slow_tier_bytes: number;
+        };
+        /**
+         * PlacementRequest
+         * @description A ready job: the namespace paths it reads (and, optionally, its fast-tier footprint).
+         */
+        PlacementRequest: {
+            /**
+             * Footprint
+             * @description bytes it needs on the fast tier (default: its inputs)
+             */
+            footprint?: number | null;
+            /** Inputs */
+            inputs: string[];
+            /**
+             * Nodes
+             * @description candidate node ids (default: the live nodes)
+             */
+            nodes?: string[] | null;
         };
         /** PolicyDelivery */
         PolicyDelivery: {
@@ -1697,7 +1769,7 @@ export interface operations {
                 /** @description make and carry out layer-2 plans (false: placement only) */
                 plans?: boolean;
                 slack?: number;
-                solver?: "greedy" | "local" | "exact" | "round-robin";
+                solver?: "greedy" | "local" | "hypergraph" | "exact" | "round-robin";
             };
             header?: never;
             path?: never;
@@ -2551,6 +2623,75 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    placeJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PlacementRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PlacementOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

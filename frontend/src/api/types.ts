@@ -33,7 +33,7 @@ export interface ValidationError {
 // the OpenAPI document, so their shapes are written here, after docs/control-plane.md.
 export type ManifestState = 'planned' | 'running' | 'done' | 'cancelled';
 export type JobState = 'pending' | 'running' | 'done';
-export type Solver = 'greedy' | 'local' | 'exact' | 'round-robin';
+export type Solver = 'greedy' | 'local' | 'hypergraph' | 'exact' | 'round-robin';
 export interface ManifestJob {
   id: string;
   node: string;

@@ -5,7 +5,7 @@ import { ApiError } from '../api/client';
 import type { ManifestOptions, Solver, ValidationError } from '../api/types';
 import { errorText } from './States';
 
-export const SOLVERS: Solver[] = ['local', 'greedy', 'exact', 'round-robin'];
+export const SOLVERS: Solver[] = ['local', 'hypergraph', 'greedy', 'exact', 'round-robin'];
 
 export interface FieldError {
   /** the field as the control plane names it: the `loc` path without its "body"/"query" head */

@@ -221,7 +221,7 @@ ERRORS_409 = {**ERRORS_404, 409: {"model": S.ErrorOut, "description": "not in a 
 def create_manifest(control: ControlDep, c: Admin,
                     body: Annotated[Any, Body(description="a HyCache manifest or a WfFormat 1.4/1.5 instance")],
                     nodes: Annotated[str | None, Query(max_length=10_000, description="comma-separated node ids (default: the live nodes)")] = None,
-                    solver: Annotated[Literal["greedy", "local", "exact", "round-robin"], Query()] = "local",
+                    solver: Annotated[Literal["greedy", "local", "hypergraph", "exact", "round-robin"], Query()] = "local",
                     slack: Annotated[float, Query(ge=0, le=100)] = 0.1,
                     plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True) -> dict:
     names = None
@@ -231,6 +231,15 @@ def create_manifest(control: ControlDep, c: Admin,
             raise RequestValidationError([{"loc": ("query", "nodes"), "msg": "a comma-separated list of distinct node ids",
                                            "type": "value_error", "input": nodes[:200]}])
     return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name)
+
+
+@router.post("/placements", responses=ERRORS, operation_id="placeJob", tags=["manifests"],
+             response_model=S.PlacementOut)
+def place_job(control: ControlDep, _: Reader, body: S.PlacementRequest) -> dict:
+    """Online placement: this job reads these files, where should it run now?  The node
+    whose copies of the inputs (their primaries in the DHT) save the most bytes, among
+    the nodes whose fast tier can hold the job."""
+    return control.manifests.place_job(body.inputs, footprint=body.footprint, nodes=body.nodes)
 
 
 @router.get("/manifests", responses=ERRORS, operation_id="listManifests", tags=["manifests"])

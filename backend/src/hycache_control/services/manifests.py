@@ -25,6 +25,7 @@ later reference on the node.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -34,7 +35,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from hycache_core.scheduling import PlacementError, place
+from hycache_core.scheduling import PlacementError, choose_node, place
 from hycache_core.workflow import WorkflowError, parse_workflow
 
 from ..db import Database
@@ -102,6 +103,8 @@ class ManifestService:
         self.actions = actions
         self.events = events
         actions.gate = self.gate
+        self._online: collections.deque[tuple[float, str]] = collections.deque()
+        self._online_lock = threading.Lock()
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -197,6 +200,46 @@ class ManifestService:
                                   f"{result['transfer_bytes']['placed']} bytes to move")
         return self.get(mid)
 
+    # -- online placement: one ready job -------------------------------------------------------
+
+    ONLINE_WINDOW_S = 60.0
+
+    def place_job(self, inputs: list[str], *, footprint: int | None = None,
+                  nodes: list[str] | None = None) -> dict[str, Any]:
+        """Where a ready job that reads ``inputs`` (namespace paths) should run now
+        (:func:`hycache_core.scheduling.choose_node`): sizes and locations from the DHT,
+        capacities from the nodes' heartbeats; ties go to the node this control plane
+        sent the fewest jobs to in the last minute (kept in memory: advisory)."""
+        if nodes is None:
+            nodes = self._live_nodes()
+            if not nodes:
+                raise Invalid(("body", "nodes"), "no live nodes to place the job on (and none given)")
+        else:
+            unknown = [n for n in nodes if not self.nodes.known(n)]
+            if unknown:
+                raise Invalid(("body", "nodes"), f"unknown node(s): {', '.join(unknown)}")
+        sizes: dict[str, int] = {}
+        locations: dict[str, str] = {}
+        for path in dict.fromkeys(ns_path(p) for p in inputs):
+            meta = self.namespace.get(path) if self.namespace.configured else None
+            sizes[path] = int(meta.size) if meta is not None and meta.kind == "file" else 0
+            if meta is not None and meta.kind == "file" and meta.primary:
+                locations[path] = meta.primary
+        now = time.monotonic()
+        with self._online_lock:
+            while self._online and self._online[0][0] < now - self.ONLINE_WINDOW_S:
+                self._online.popleft()
+            running: dict[str, int] = {}
+            for _, n in self._online:
+                running[n] = running.get(n, 0) + 1
+            try:
+                r = choose_node(sizes, nodes, locations=locations, capacity=self._capacity(nodes),
+                                footprint=footprint, running=running)
+            except PlacementError as e:
+                raise Invalid(("body", "inputs"), str(e)) from None
+            self._online.append((now, r["node"]))
+        return r
+
     # -- views --------------------------------------------------------------------------------
 
     def _view(self, s: Session, m: Manifest, *, full: bool = True) -> dict[str, Any]:
@@ -211,6 +254,8 @@ class ManifestService:
         v = {"id": m.id, "name": m.name, "format": m.format, "state": m.state, "actor": m.actor,
              "placement": r["placement"], "transfer_bytes": r["transfer_bytes"],
              "slow_tier_bytes": r["slow_tier_bytes"], "load": r["load"], "load_bound": r.get("load_bound"),
+             "load_bound_requested": r.get("load_bound_requested"), "load_bound_reason": r.get("load_bound_reason"),
+             "makespan": r.get("makespan"), "makespan_unit": r.get("makespan_unit"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
              "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                        "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
