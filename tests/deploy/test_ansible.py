@@ -74,14 +74,14 @@ def test_role_files_exist():
     defaults = yaml.safe_load((ANSIBLE / "roles" / "hycache_agent" / "defaults" / "main.yml").read_text())
     versions = dict(line.split("=", 1) for line in (REPO / "scripts" / "versions.env").read_text().splitlines()
                     if "=" in line and not line.startswith("#"))
-    assert defaults["hycache_uv_version"] == versions["UV_VERSION"]
+    assert defaults["hycache_agent_uv_version"] == versions["UV_VERSION"]
 
 
 def local_uv() -> str | None:
     """This machine's uv if it is the version the role pins (then the install tasks can
     run offline from uv's cache instead of pip-installing uv from PyPI)."""
     want = yaml.safe_load((ANSIBLE / "roles" / "hycache_agent" / "defaults" / "main.yml").read_text())[
-        "hycache_uv_version"]
+        "hycache_agent_uv_version"]
     hint = REPO / ".work" / "uv-path"
     for cand in ([hint.read_text().strip()] if hint.exists() else []) + [shutil.which("uv") or ""]:
         if cand and os.access(cand, os.X_OK):
@@ -94,7 +94,7 @@ def local_uv() -> str | None:
 def run_playbook(inv: Path, tmp: Path, tags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [playbook_bin(), "-i", str(inv), str(ANSIBLE / "site.yml"), "--limit", "n1,n2,cp",
-         "--tags", tags, "--skip-tags", "hycache_build_packages"],
+         "--tags", tags, "--skip-tags", "hycache_agent_build_packages"],
         capture_output=True, text=True, env=ansible_env(tmp), cwd=ANSIBLE, timeout=300)
 
 
@@ -130,18 +130,18 @@ def rendered(tmp_path_factory):
     local = {"ansible_connection": "local", "ansible_python_interpreter": PY,
              "ansible_become": False}
     common = lambda d: {
-        "hycache_config_dir": str(d / "etc"), "hycache_systemd_dir": str(d / "systemd"),
-        "hycache_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
+        "hycache_agent_config_dir": str(d / "etc"), "hycache_agent_systemd_dir": str(d / "systemd"),
+        "hycache_agent_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
         "redis_cluster_systemd_dir": str(d / "systemd"), "redis_cluster_group": group,
         "hycache_agent_restart_on_change": False}
     inventory = {"all": {
-        "vars": {"hycache_cluster_secret": SECRET, "hycache_build_dir": str(tmp / "build"),
-                 "hycache_python": sys.executable,
+        "vars": {"hycache_cluster_secret": SECRET, "hycache_agent_build_dir": str(tmp / "build"),
+                 "hycache_agent_python": sys.executable,
                  # libfuse 3.17 for passthrough: this machine's build (bootstrap made it)
-                 "hycache_libfuse_tools_dir": os.environ.get(
+                 "hycache_agent_libfuse_tools_dir": os.environ.get(
                      "HYCACHE_TOOLS_DIR", str(Path.home() / ".cache" / "hycache")),
                  # offline from this machine's uv cache (what the variable is for: mirrors)
-                 "hycache_uv_environment": {"UV_CACHE_DIR": uv_cache, "UV_OFFLINE": "1",
+                 "hycache_agent_uv_environment": {"UV_CACHE_DIR": uv_cache, "UV_OFFLINE": "1",
                                             "UV_LINK_MODE": "hardlink", "UV_COMPILE_BYTECODE": "0"}},
         "children": {
             "agents": {"hosts": {
@@ -159,11 +159,11 @@ def rendered(tmp_path_factory):
             }},
             "control_plane": {"hosts": {
                 "cp": {**local, "ansible_host": "127.0.0.3",
-                       "hycache_control_config_dir": str(cp / "etc"), "hycache_control_systemd_dir": str(cp / "systemd"),
-                       "hycache_control_install_dir": str(cp / "opt"),
-                       "hycache_control_state_dir": str(cp / "state"),
-                       "hycache_control_restart_on_change": False,
-                       "hycache_control_admin_token": ADMIN_TOKEN, "hycache_control_db_url": DB_URL},
+                       "control_plane_config_dir": str(cp / "etc"), "control_plane_systemd_dir": str(cp / "systemd"),
+                       "control_plane_install_dir": str(cp / "opt"),
+                       "control_plane_state_dir": str(cp / "state"),
+                       "control_plane_restart_on_change": False,
+                       "control_plane_admin_token": ADMIN_TOKEN, "control_plane_db_url": DB_URL},
             }},
             "redis": {"hosts": {
                 "n1": {},
