@@ -30,7 +30,7 @@ control=$(pw hycache_redis_control_password)
 rules="resetkeys ~$NAMESPACE:* resetchannels -@all +@read +@write +@scripting +@connection +@transaction"
 rules="$rules -@dangerous -function -script|flush -script|kill"
 rules="$rules +cluster|slots +cluster|shards +cluster|nodes +cluster|info +cluster|myid +cluster|keyslot"
-rules="$rules +command +info +wait +readonly +readwrite +asking +client|setname +client|id"
+rules="$rules +command +info +time +wait +readonly +readwrite +asking +client|setname +client|id"
 umask 077
 acl=$(mktemp /tmp/redis-acl.XXXXXX)
 cat > "$acl" <<ACL

@@ -162,7 +162,11 @@ def stack():
             subprocess.run(["mount", "--bind", str(MNT), str(MNT)], check=True)
             s.bound_mnt = True
             subprocess.run(["mount", "--make-shared", str(MNT)], check=True)
-        s.compose("up", "-d", "--build", "--wait", timeout=3000)
+        up = s.compose("up", "-d", "--build", "--wait", timeout=3000, check=False)
+        if up.returncode != 0:
+            logs = s.compose("logs", "--no-color", "--tail", "15", check=False).stdout.decode(errors="replace")
+            raise AssertionError(f"docker compose up -d --build --wait -> {up.returncode}\n"
+                                 f"{up.stderr.decode(errors='replace')[-2000:]}\n{logs[-6000:]}")
         yield s
     finally:
         s.down()
@@ -195,6 +199,23 @@ def test_redis_refuses_clients_without_credentials(stack):
         text = (out.stdout + out.stderr).decode()
         assert "NOAUTH" in text or "NOPERM" in text, (node, text)
         assert "cluster_state" not in text, (node, text)
+
+
+def test_a_wrong_redis_password_fails_the_start_with_a_clear_message(stack):
+    """An agent (and a control plane) given a wrong password for its Redis user stops at
+    once with a message naming the user and the flags, instead of retrying forever."""
+    setup = "umask 077; mkdir -p /tmp/wrong/root /tmp/wrong/mnt; echo not-the-password-0000 > /tmp/wrong/pw"
+    out = stack.exec("agent-1", "sh", "-c", setup + "; exec hycache-agent mount /tmp/wrong/root /tmp/wrong/mnt "
+                     "--config /etc/hycache/agent.toml --node-id wrong-pw --listen 127.0.0.1:7099 "
+                     "--redis-password-file /tmp/wrong/pw", check=False)
+    err = out.stderr.decode()
+    assert out.returncode != 0 and "Redis refused the credentials of user 'hycache-agent'" in err, err
+    assert "--redis-password-file" in err and "WRONGPASS" in err, err
+    out = stack.exec("control-plane", "sh", "-c", setup + "; exec hycache-control serve --state-dir /tmp/wrong "
+                     "--redis redis-1:6379 --redis-user hycache-control --redis-password-file /tmp/wrong/pw",
+                     check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "Redis refused the credentials of user 'hycache-control'" in err, err
 
 
 def _sha(data: bytes) -> str:
@@ -233,7 +254,9 @@ def test_a_wfcommons_instance_is_placed_on_the_three_agents(stack):
     m = r.json()
     assert m["format"] != "hycache" and len(m["jobs"]) == 6, m
     assert {j["node"] for j in m["jobs"]} <= set(AGENTS), m["jobs"]
-    assert set(m["placement"]) <= set(AGENTS) if isinstance(m["placement"], dict) else True
+    # placement: job id -> node, every job on one of the three agents
+    assert set(m["placement"]) == {j["id"] for j in m["jobs"]}, m["placement"]
+    assert set(m["placement"].values()) <= set(AGENTS), m["placement"]
     got = stack.api(f"/api/v1/manifests/{m['id']}").json()
     assert [j["node"] for j in got["jobs"]] == [j["node"] for j in m["jobs"]]
 

@@ -208,13 +208,34 @@ def _check_redis_credentials(config: AgentConfig) -> None:
         raise SystemExit(f"hycache-agent: {exc}") from None
 
 
+def _fuse_mounted(path: os.PathLike[str] | str) -> bool:
+    """Whether a FUSE file system is mounted at ``path`` (the agent's own, or another).
+    Any other mount there is fine to mount over: e.g. a bind mount that exports the file
+    system to a container's host (docker-compose.yml), which is a mount point too."""
+    if not os.path.ismount(path):
+        return False
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True  # cannot tell: be careful
+    fstype = None
+    for line in lines:  # the last mount at the path is the one on top
+        fields = line.split()
+        if len(fields) > 4 and "-" in fields and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                                                          fields[4]) == target:
+            fstype = fields[fields.index("-") + 1]
+    return fstype is None or fstype.startswith("fuse")
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
     if not mountpoint.is_dir():
         raise SystemExit(f"hycache-agent: mount point {mountpoint} is not a directory")
-    if os.path.ismount(mountpoint):
-        raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
+    if _fuse_mounted(mountpoint):
+        raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point (a FUSE file system)")
     token = None
     if config.control_plane is not None:
         from .control_link import TokenFileError, load_token
