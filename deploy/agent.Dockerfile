@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # The HyCache agent image: Debian bookworm-slim, fuse3, and the uv workspace (hycache-core,
 # hycache-agent, hycache-dht) installed from uv.lock into /opt/hycache/.venv.
 #
@@ -10,19 +8,38 @@
 # Only the files named by COPY below are sent (deploy/agent.Dockerfile.dockerignore);
 # tests/deploy/test_compose.py replays the COPY and `uv sync` steps of the build stage.
 
+# No `# syntax=` line: the Dockerfile frontend built into the engine (BuildKit) is used,
+# so nothing is pulled for it (RUN --mount=type=cache/secret are in it since Engine 18.09).
+#
+# Base images are build arguments with the official images as defaults; docker-compose.yml
+# passes HYCACHE_BASE_IMAGE / HYCACHE_UV_IMAGE, which deploy/local-images.sh points at
+# images built from Debian's archive where no registry is reachable.
+# Build secret `ca_bundle` (optional; compose: HYCACHE_CA_BUNDLE): an extra CA bundle that
+# pip and uv trust for PyPI, for networks behind a TLS-inspecting proxy.
+
 # Keep in step with scripts/versions.env (UV_VERSION); tests/deploy checks it.
 ARG UV_VERSION=0.9.30
+ARG HYCACHE_UV_IMAGE=ghcr.io/astral-sh/uv:${UV_VERSION}
+ARG HYCACHE_BASE_IMAGE=debian:bookworm-slim
 
-FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
+FROM ${HYCACHE_UV_IMAGE} AS uv
 
 # ------------------------------------------------------------------ build stage
-FROM debian:bookworm-slim AS build
-# pyfuse3 is a source distribution: it compiles against libfuse3 (headers, pkg-config, cc).
+FROM ${HYCACHE_BASE_IMAGE} AS build
+# pyfuse3 is a source distribution: it compiles against the private libfuse 3.17 below
+# (pkg-config, cc). No libfuse3-dev: the linker would find its libfuse3.so (3.14) first;
+# build-libfuse.sh fetches the pyfuse3 sdist with pip.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-        python3 python3-dev gcc libc6-dev libfuse3-dev pkg-config ca-certificates \
+        python3 python3-dev python3-pip gcc libc6-dev pkg-config ca-certificates \
         dpkg-dev meson ninja-build patch \
  && rm -rf /var/lib/apt/lists/*
+# hycache-ca: run a command trusting the build secret's CA bundle too, when one is given
+RUN printf '%s\n' '#!/bin/sh' \
+        'if [ -s /run/secrets/ca_bundle ]; then' \
+        '  export SSL_CERT_FILE=/run/secrets/ca_bundle PIP_CERT=/run/secrets/ca_bundle' \
+        '  export REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle NODE_EXTRA_CA_CERTS=/run/secrets/ca_bundle' \
+        'fi' 'exec "$@"' > /usr/local/bin/hycache-ca && chmod 755 /usr/local/bin/hycache-ca
 COPY --from=uv /uv /usr/local/bin/uv
 ENV UV_PYTHON=/usr/bin/python3.11 \
     UV_PYTHON_DOWNLOADS=never \
@@ -35,7 +52,8 @@ WORKDIR /src
 #    same script as scripts/bootstrap.sh (docs/agent.md, "Kernel FUSE passthrough")
 COPY scripts/build-libfuse.sh scripts/versions.env scripts/
 COPY agent/patches agent/patches
-RUN mkdir -p .work && cp -a "$(bash scripts/build-libfuse.sh /opt/hycache/tools uv)" .work/pyfuse3
+RUN --mount=type=secret,id=ca_bundle \
+    mkdir -p .work && cp -a "$(hycache-ca bash scripts/build-libfuse.sh /opt/hycache/tools uv)" .work/pyfuse3
 # 1. third-party dependencies only: this layer is reused until uv.lock changes
 COPY pyproject.toml uv.lock ./
 COPY core/pyproject.toml core/pyproject.toml
@@ -43,17 +61,17 @@ COPY agent/pyproject.toml agent/pyproject.toml
 COPY dht/pyproject.toml dht/pyproject.toml
 # the control plane is a workspace member too: uv reads its pyproject, installs nothing of it
 COPY backend/pyproject.toml backend/pyproject.toml
-RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --package hycache-agent --no-install-workspace
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
+    hycache-ca uv sync --frozen --no-dev --package hycache-agent --no-install-workspace
 # 2. the workspace packages, as wheels (the runtime image holds no source tree)
 COPY core/src core/src
 COPY agent/src agent/src
 COPY dht/src dht/src
-RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --package hycache-agent --no-editable
+RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
+    hycache-ca uv sync --frozen --no-dev --package hycache-agent --no-editable
 
 # ------------------------------------------------------------------ runtime stage
-FROM debian:bookworm-slim
+FROM ${HYCACHE_BASE_IMAGE}
 # fuse3: /dev/fuse user space (fusermount3, libfuse3.so.3 for pyfuse3);
 # python3: the venv's interpreter (/usr/bin/python3.11, as in the build stage).
 RUN apt-get update \
@@ -62,7 +80,8 @@ RUN apt-get update \
 COPY --from=build /opt/hycache/.venv /opt/hycache/.venv
 # the private libfuse 3.17 the patched pyfuse3 links to (rpath: the same path)
 COPY --from=build /opt/hycache/tools/libfuse-3.17.2 /opt/hycache/tools/libfuse-3.17.2
-COPY --chmod=0755 deploy/agent-entrypoint.sh /usr/local/bin/hycache-agent-entrypoint
+COPY deploy/agent-entrypoint.sh /usr/local/bin/hycache-agent-entrypoint
+RUN chmod 0755 /usr/local/bin/hycache-agent-entrypoint
 ENV PATH=/opt/hycache/.venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 # the agent-to-agent data service (--listen); each demo agent uses its own port

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Create the compose demo's secrets: 32 random bytes, base64, mode 0600 each.
-#   sh deploy/gen-secret.sh            cluster-secret, db-password and admin-token
+#   sh deploy/gen-secret.sh            cluster-secret, db-password, admin-token and the
+#                                      Redis ACL passwords (redis-*-password)
 #                                      in deploy/secrets/ (each one that is missing)
 #   sh deploy/gen-secret.sh FILE       only FILE
 # Leaves an existing file alone (all agents must share one secret; the database keeps
@@ -28,4 +29,7 @@ else
     gen "$dir/cluster-secret"   # the agents' shared secret
     gen "$dir/db-password"      # the control plane's PostgreSQL password
     gen "$dir/admin-token"      # the control plane's first admin token (API, dashboard)
+    gen "$dir/redis-admin-password"    # Redis ACL: hycache-admin (replication, cluster-init)
+    gen "$dir/redis-agent-password"    # Redis ACL: hycache-agent
+    gen "$dir/redis-control-password"  # Redis ACL: hycache-control
 fi

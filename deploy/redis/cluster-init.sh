@@ -5,16 +5,24 @@
 #
 #   sh cluster-init.sh redis-1:6379 redis-2:6379 ... redis-6:6379
 #
-# Environment: REPLICAS (replicas per master, default 1), TIMEOUT (seconds, default 120).
+# Environment: REPLICAS (replicas per master, default 1), TIMEOUT (seconds, default 120);
+# REDIS_USER and REDIS_PASSWORD_FILE: the ACL user (with cluster rights) to act as.
 set -eu
 REPLICAS=${REPLICAS:-1}
 TIMEOUT=${TIMEOUT:-120}
+AUTH=""
+if [ -n "${REDIS_PASSWORD_FILE:-}" ]; then
+    REDISCLI_AUTH=$(tr -d '\r\n' < "$REDIS_PASSWORD_FILE")   # redis-cli reads it (not in ps)
+    export REDISCLI_AUTH
+fi
+[ -z "${REDIS_USER:-}" ] || AUTH="--user $REDIS_USER"
 [ $# -ge 3 ] || { echo "cluster-init: need at least 3 HOST:PORT nodes" >&2; exit 2; }
 deadline=$(( $(date +%s) + TIMEOUT ))
 
 cli() { # cli HOST:PORT ARGS...
     node=$1; shift
-    redis-cli -h "${node%:*}" -p "${node##*:}" "$@"
+    # shellcheck disable=SC2086 # AUTH: none or two words
+    redis-cli $AUTH --no-auth-warning -h "${node%:*}" -p "${node##*:}" "$@"
 }
 field() { # field HOST:PORT NAME  -> value of NAME in CLUSTER INFO
     cli "$1" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"
@@ -68,7 +76,7 @@ if [ "$formed" = 0 ]; then
     done
     echo "cluster-init: creating the cluster:$addrs (replicas $REPLICAS)"
     # shellcheck disable=SC2086 # one word per node
-    redis-cli --cluster create $addrs --cluster-replicas "$REPLICAS" --cluster-yes
+    redis-cli $AUTH --no-auth-warning --cluster create $addrs --cluster-replicas "$REPLICAS" --cluster-yes
 else
     echo "cluster-init: the nodes already form a cluster; not creating it again"
 fi

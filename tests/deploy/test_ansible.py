@@ -58,6 +58,11 @@ def playbook_bin() -> str:
     return str(exe)
 
 
+REDIS_PASSWORDS = {"hycache_redis_admin_password": "admin-pw-" + "a1" * 12,
+                   "hycache_redis_agent_password": "agent-pw-" + "b2" * 12,
+                   "hycache_redis_control_password": "control-pw-" + "c3" * 12}
+
+
 def test_site_yml_syntax(tmp_path):
     inv = tmp_path / "inventory.ini"
     shutil.copy(ANSIBLE / "inventory.example.ini", inv)
@@ -74,14 +79,14 @@ def test_role_files_exist():
     defaults = yaml.safe_load((ANSIBLE / "roles" / "hycache_agent" / "defaults" / "main.yml").read_text())
     versions = dict(line.split("=", 1) for line in (REPO / "scripts" / "versions.env").read_text().splitlines()
                     if "=" in line and not line.startswith("#"))
-    assert defaults["hycache_uv_version"] == versions["UV_VERSION"]
+    assert defaults["hycache_agent_uv_version"] == versions["UV_VERSION"]
 
 
 def local_uv() -> str | None:
     """This machine's uv if it is the version the role pins (then the install tasks can
     run offline from uv's cache instead of pip-installing uv from PyPI)."""
     want = yaml.safe_load((ANSIBLE / "roles" / "hycache_agent" / "defaults" / "main.yml").read_text())[
-        "hycache_uv_version"]
+        "hycache_agent_uv_version"]
     hint = REPO / ".work" / "uv-path"
     for cand in ([hint.read_text().strip()] if hint.exists() else []) + [shutil.which("uv") or ""]:
         if cand and os.access(cand, os.X_OK):
@@ -94,7 +99,7 @@ def local_uv() -> str | None:
 def run_playbook(inv: Path, tmp: Path, tags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [playbook_bin(), "-i", str(inv), str(ANSIBLE / "site.yml"), "--limit", "n1,n2,cp",
-         "--tags", tags, "--skip-tags", "hycache_build_packages"],
+         "--tags", tags, "--skip-tags", "hycache_agent_build_packages"],
         capture_output=True, text=True, env=ansible_env(tmp), cwd=ANSIBLE, timeout=300)
 
 
@@ -130,18 +135,19 @@ def rendered(tmp_path_factory):
     local = {"ansible_connection": "local", "ansible_python_interpreter": PY,
              "ansible_become": False}
     common = lambda d: {
-        "hycache_config_dir": str(d / "etc"), "hycache_systemd_dir": str(d / "systemd"),
-        "hycache_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
+        "hycache_agent_config_dir": str(d / "etc"), "hycache_agent_systemd_dir": str(d / "systemd"),
+        "hycache_agent_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
         "redis_cluster_systemd_dir": str(d / "systemd"), "redis_cluster_group": group,
         "hycache_agent_restart_on_change": False}
     inventory = {"all": {
-        "vars": {"hycache_cluster_secret": SECRET, "hycache_build_dir": str(tmp / "build"),
-                 "hycache_python": sys.executable,
+        "vars": {"hycache_cluster_secret": SECRET, "hycache_agent_build_dir": str(tmp / "build"),
+                 **REDIS_PASSWORDS,
+                 "hycache_agent_python": sys.executable,
                  # libfuse 3.17 for passthrough: this machine's build (bootstrap made it)
-                 "hycache_libfuse_tools_dir": os.environ.get(
+                 "hycache_agent_libfuse_tools_dir": os.environ.get(
                      "HYCACHE_TOOLS_DIR", str(Path.home() / ".cache" / "hycache")),
                  # offline from this machine's uv cache (what the variable is for: mirrors)
-                 "hycache_uv_environment": {"UV_CACHE_DIR": uv_cache, "UV_OFFLINE": "1",
+                 "hycache_agent_uv_environment": {"UV_CACHE_DIR": uv_cache, "UV_OFFLINE": "1",
                                             "UV_LINK_MODE": "hardlink", "UV_COMPILE_BYTECODE": "0"}},
         "children": {
             "agents": {"hosts": {
@@ -159,11 +165,11 @@ def rendered(tmp_path_factory):
             }},
             "control_plane": {"hosts": {
                 "cp": {**local, "ansible_host": "127.0.0.3",
-                       "hycache_control_config_dir": str(cp / "etc"), "hycache_control_systemd_dir": str(cp / "systemd"),
-                       "hycache_control_install_dir": str(cp / "opt"),
-                       "hycache_control_state_dir": str(cp / "state"),
-                       "hycache_control_restart_on_change": False,
-                       "hycache_control_admin_token": ADMIN_TOKEN, "hycache_control_db_url": DB_URL},
+                       "control_plane_config_dir": str(cp / "etc"), "control_plane_systemd_dir": str(cp / "systemd"),
+                       "control_plane_install_dir": str(cp / "opt"),
+                       "control_plane_state_dir": str(cp / "state"),
+                       "control_plane_restart_on_change": False,
+                       "control_plane_admin_token": ADMIN_TOKEN, "control_plane_db_url": DB_URL},
             }},
             "redis": {"hosts": {
                 "n1": {},
@@ -180,6 +186,8 @@ def rendered(tmp_path_factory):
     assert second.returncode == 0, second.stdout[-6000:] + second.stderr
     for out in (first, second):
         assert SECRET not in out.stdout + out.stderr, "the secret leaked into ansible's output"
+        for pw in REDIS_PASSWORDS.values():
+            assert pw not in out.stdout + out.stderr, "a Redis password leaked into ansible's output"
         assert CONTROL_TOKEN not in out.stdout + out.stderr, "the token leaked into ansible's output"
         assert ADMIN_TOKEN not in out.stdout + out.stderr and "p%40ss" not in out.stdout + out.stderr
     return {**hosts, "_install": bool(uv), "_second": second.stdout}
@@ -306,18 +314,32 @@ def test_rendered_redis_conf_starts_redis_server(rendered, tmp_path):
     proc = subprocess.Popen(["redis-server", str(tmp_path / "node.conf"), "--port", str(port), "--bind", "127.0.0.1",
                              "--supervised", "no", "--cluster-announce-ip", "127.0.0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    admin = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_admin_password"]}
     try:
         deadline = time.monotonic() + 15
         while True:
-            ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True)
+            ping = subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), "ping"],
+                                  capture_output=True, text=True, env=admin)
             if ping.stdout.strip() == "PONG":
                 break
             assert proc.poll() is None, f"redis-server refused the rendered configuration:\n{proc.stdout.read()}"
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        got = subprocess.run(["redis-cli", "-p", str(port), "config", "get", "cluster-enabled"],
-                             capture_output=True, text=True).stdout.split()
+        got = subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), "config", "get",
+                              "cluster-enabled"], capture_output=True, text=True, env=admin).stdout.split()
         assert got == ["cluster-enabled", "yes"]
+        # access control: nothing without credentials; the agents' user reaches its keys
+        # but no dangerous command; a wrong password is refused
+        anon = subprocess.run(["redis-cli", "-p", str(port), "get", "hc:x"], capture_output=True, text=True)
+        assert "NOAUTH" in anon.stdout + anon.stderr, anon
+        agent = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_agent_password"]}
+        as_agent = lambda *a: subprocess.run(["redis-cli", "--user", "hycache-agent", "-p", str(port), *a],  # noqa: E731
+                                             capture_output=True, text=True, env=agent).stdout.strip()
+        assert as_agent("time") and "NOPERM" not in as_agent("time")
+        assert "NOPERM" in as_agent("config", "get", "dir") and "NOPERM" in as_agent("get", "other:x")
+        wrong = subprocess.run(["redis-cli", "--user", "hycache-agent", "-p", str(port), "ping"], capture_output=True,
+                               text=True, env={**os.environ, "REDISCLI_AUTH": "not-the-password-000"})
+        assert "WRONGPASS" in wrong.stdout + wrong.stderr, wrong
     finally:
         proc.terminate()
         proc.wait(10)
@@ -365,6 +387,12 @@ def test_control_plane_files(rendered):
     # the agents' Redis Cluster: every node of every [redis] host, as the agents get it
     _, agent_config = effective_config(rendered["n1"])
     assert opts["--redis"] == agent_config.redis
+    # Redis ACL users: the control plane's and the agents' own, passwords in 0600 files
+    assert opts["--redis-user"] == "hycache-control" and agent_config.redis_user == "hycache-agent"
+    for f, pw in ((Path(opts["--redis-password-file"]), REDIS_PASSWORDS["hycache_redis_control_password"]),
+                  (agent_config.redis_password_file, REDIS_PASSWORDS["hycache_redis_agent_password"])):
+        assert f.stat().st_mode & 0o777 == 0o600 and f.read_text().strip() == pw
+    assert REDIS_PASSWORDS["hycache_redis_control_password"] not in unit.read_text()
     # the admin token: mode 0600, the exact secret; the database URL only in a 0600 env file
     token = Path(opts["--admin-token-file"])
     assert token == d / "etc" / "control-admin-token"

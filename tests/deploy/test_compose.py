@@ -74,7 +74,10 @@ def agent_services() -> list[str]:
 
 
 def redis_services() -> list[str]:
-    return [n for n, s in SERVICES.items() if as_argv(s.get("command"))[:1] == ["redis-server"]]
+    """The Redis nodes: started by deploy/redis/redis-start.sh (which runs redis-server)."""
+    return [n for n, s in SERVICES.items()
+            if as_argv(s.get("entrypoint"))[-1:] == ["/usr/local/bin/redis-start"]
+            or as_argv(s.get("command"))[:1] == ["redis-server"]]
 
 
 def as_argv(command) -> list[str]:
@@ -121,9 +124,16 @@ def volumes_of(name: str) -> list[dict]:
     return out
 
 
-def redis_conf_port(name: str) -> int:
+def redis_server_argv(name: str) -> list[str]:
+    """redis-server's arguments of a Redis service: its command after redis-start.sh (which
+    adds only the ACL include), or after `redis-server`."""
     argv = as_argv(SERVICES[name]["command"])
-    conf = service_files(name)[argv[1]]
+    return argv[1:] if argv[:1] == ["redis-server"] else argv
+
+
+def redis_conf_port(name: str) -> int:
+    argv = redis_server_argv(name)
+    conf = service_files(name)[argv[0]]
     ports = re.findall(r"^port\s+(\d+)\s*$", conf.read_text(), re.MULTILINE)
     assert len(ports) == 1, f"{conf}: expected one `port` line"
     if "--port" in argv:
@@ -214,6 +224,8 @@ def test_top_level_definitions_are_used_and_their_files_exist():
         used["volumes"] |= {v["source"] for v in volumes_of(name) if v["type"] == "volume"}
         for kind in ("configs", "secrets"):
             used[kind] |= {i if isinstance(i, str) else i["source"] for i in svc.get(kind, [])}
+        if isinstance(svc.get("build"), dict):  # build secrets (the optional CA bundle)
+            used["secrets"] |= {i if isinstance(i, str) else i["source"] for i in svc["build"].get("secrets", [])}
         nets = svc.get("networks", [])
         used["networks"] |= set(nets)  # a list or a mapping: the names either way
     for kind, names in used.items():
@@ -228,8 +240,13 @@ def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers
     load_secret; 24+ random characters for the control plane's admin token)."""
     from hycache_agent.cluster.peer import load_secret
 
-    rels = {name: PurePosixPath(os.path.normpath(spec["file"])) for name, spec in COMPOSE["secrets"].items()}
-    assert set(rels) == {"hycache_cluster_secret", "hycache_db_password", "hycache_admin_token"}
+    rels = {name: PurePosixPath(os.path.normpath(spec["file"])) for name, spec in COMPOSE["secrets"].items()
+            if name != "ca_bundle"}  # the build secret: an empty file in git unless HYCACHE_CA_BUNDLE is set
+    assert set(rels) == {"hycache_cluster_secret", "hycache_db_password", "hycache_admin_token",
+                         "hycache_redis_admin_password", "hycache_redis_agent_password",
+                         "hycache_redis_control_password"}
+    assert COMPOSE["secrets"]["ca_bundle"]["file"] == "./deploy/no-extra-ca.pem"
+    assert (REPO / "deploy" / "no-extra-ca.pem").read_bytes() == b""
     for rel in rels.values():
         assert rel.parts[:2] == ("deploy", "secrets"), rel
         ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(rel)])
@@ -247,7 +264,7 @@ def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers
         assert out.stat().st_mode & 0o777 == 0o600
         values[name] = out.read_text()
         assert len(values[name].strip()) >= 24
-    assert len(set(values.values())) == 3, "each secret is drawn separately"
+    assert len(set(values.values())) == len(rels), "each secret is drawn separately"
     secret = load_secret(fake / rels["hycache_cluster_secret"])
     assert len(secret) >= 32
     subprocess.run(["sh", str(fake / "deploy" / "gen-secret.sh")], check=True, capture_output=True)
@@ -285,17 +302,22 @@ def test_the_subnet_can_be_moved_with_one_variable():
 @pytest.mark.parametrize("name", REDIS)
 def test_redis_node(name):
     svc = SERVICES[name]
-    argv = as_argv(svc["command"])
+    argv = redis_server_argv(name)
     files = service_files(name)
-    assert argv[1] in files, f"{name}: {argv[1]} is not mounted"
-    conf = files[argv[1]].read_text()
+    assert argv[0] in files, f"{name}: {argv[0]} is not mounted"
+    assert files[as_argv(svc["entrypoint"])[-1]] == REPO / "deploy" / "redis" / "redis-start.sh"
+    conf = files[argv[0]].read_text()
     assert re.search(r"^cluster-enabled\s+yes\s*$", conf, re.MULTILINE)
     assert re.search(r"^appendonly\s+yes\s*$", conf, re.MULTILINE)
     data_dir = re.search(r"^dir\s+(\S+)", conf, re.MULTILINE).group(1)
     assert any(v["type"] == "volume" and v["target"] == data_dir for v in volumes_of(name)), \
         f"{name}: redis.conf's dir {data_dir} must be a named volume (nodes.conf, AOF)"
     health = as_argv(svc["healthcheck"]["test"])
-    assert health[:2] == ["CMD", "redis-cli"] and health[health.index("-p") + 1] == str(redis_conf_port(name))
+    assert health[0] == "CMD-SHELL" and "redis-cli --user hycache-admin" in health[1]
+    assert f"-p {redis_conf_port(name)} ping" in health[1]
+    # the ACL's passwords: secrets of the service, never in the file itself
+    assert {"hycache_redis_admin_password", "hycache_redis_agent_password",
+            "hycache_redis_control_password"} <= set(svc["secrets"])
 
 
 def test_cluster_init_forms_the_cluster_from_every_node():
@@ -480,7 +502,14 @@ def test_dockerfile_pins_uv_as_scripts_versions_env_and_runs_the_entrypoint():
     instrs = dockerfile_instructions(DOCKERFILE)
     args = dict(r.split("=", 1) for w, r in instrs if w == "ARG" and "=" in r)
     assert args["UV_VERSION"] == versions["UV_VERSION"]
-    froms = [r for w, r in instrs if w == "FROM"]
+    # base images are build arguments whose defaults are the official images; compose
+    # passes the same defaults (deploy/local-images.sh points them elsewhere in .env)
+    assert args["HYCACHE_UV_IMAGE"] == "ghcr.io/astral-sh/uv:${UV_VERSION}"
+    assert args["HYCACHE_BASE_IMAGE"] == "debian:bookworm-slim"
+    build_args = SERVICES[AGENTS[0]]["build"]["args"]
+    assert build_args["HYCACHE_UV_IMAGE"] == f"ghcr.io/astral-sh/uv:{versions['UV_VERSION']}"
+    assert build_args["HYCACHE_BASE_IMAGE"] == "debian:bookworm-slim"
+    froms = [re.sub(r"\$\{(HYCACHE_\w+)\}", lambda m: args[m.group(1)], r) for w, r in instrs if w == "FROM"]
     assert any(f.startswith("ghcr.io/astral-sh/uv:${UV_VERSION}") for f in froms)
     assert all(":" in f.split()[0] and ":latest" not in f for f in froms), froms
     assert "debian:bookworm-slim" in froms[-1], "the runtime stage is Debian bookworm-slim"
@@ -561,6 +590,8 @@ def test_dockerfile_build_stage_installs_the_agent(tmp_path):
                     shutil.copy2(f, target)
         elif w == "RUN":
             _, words = split_flags(r)
+            if words[:1] == ["hycache-ca"]:
+                words = words[1:]  # runs the command trusting the optional CA bundle secret
             if "scripts/build-libfuse.sh" in r:
                 # libfuse + patched pyfuse3: the same script as bootstrap, with this host's
                 # tools directory (built there already) instead of the image's

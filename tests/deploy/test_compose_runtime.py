@@ -188,6 +188,11 @@ def test_agent_entrypoint_with_the_compose_settings(formed, tmp_path):
     section = toml["agent"]
     section["redis"] = ",".join(f"127.0.0.1:{ports[h]}" for h, p in config.redis_nodes)
     section["cluster_secret_file"] = str(secret)
+    # the Redis ACL user of deploy/redis/redis-start.sh: these nodes run redis.conf alone
+    # (no ACL; test_compose_up.py runs the real thing), so the agent connects without it
+    assert section.pop("redis_user") == "hycache-agent"
+    assert section.pop("redis_password_file") == "/run/secrets/hycache_redis_agent_password"
+    assert "hycache_redis_agent_password" in SERVICES[name]["secrets"]
     conf = tmp_path / "agent.toml"
     conf.write_text("[agent]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in section.items()))
     port = free_port()

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--listen", help="HOST:PORT of the agent-to-agent data service (default 0.0.0.0:7070)")
     g.add_argument("--advertise", help="HOST:PORT other nodes use to reach this one (default: --listen)")
     g.add_argument("--cluster-secret-file", type=Path, help="shared secret authenticating agents (mode 0600)")
+    g.add_argument("--redis-user", help="Redis ACL user of the agents (default: Redis's default user)")
+    g.add_argument("--redis-password-file", type=Path,
+                   help="file holding the Redis user's password (mode 0600; a wrong one fails the start)")
     g.add_argument("--write-lease-seconds", type=float,
                    help="lease of a file's write flag, renewed while it is open for writing (default 10)")
     g.add_argument("--write-lease-wait", type=float,
@@ -292,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
                 "writeback_cache", "passthrough", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
+                "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",
                 "hccache_block_size", "hccache_second_level")}

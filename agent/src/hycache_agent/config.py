@@ -47,6 +47,9 @@ class AgentConfig(BaseModel):
     listen: str = "0.0.0.0:7070"
     advertise: str | None = None
     cluster_secret_file: Path | None = None
+    # Redis ACL credentials: the user and a file holding its password (mode 0600)
+    redis_user: str | None = None
+    redis_password_file: Path | None = None
     write_lease_seconds: float = Field(default=10.0, gt=0, description="write flag lease, renewed while open")
     write_lease_wait: float = Field(default=30.0, ge=0, description="how long an open waits for another node's lease")
     replicas: int = Field(default=0, ge=0, description="copies of each file pushed to other nodes")

@@ -63,10 +63,11 @@ def _make_cluster(engine: TieringEngine) -> None:
         from hycache_dht.redis_store import RedisClusterStore
 
         nodes, namespace = config.redis_nodes, config.dht_namespace
+        user, password = redis_credentials(config)
 
         def factory():
             # a short deadline: a lookup must not hang for long when Redis is away
-            return RedisClusterStore(nodes, namespace=namespace, op_timeout=5.0)
+            return RedisClusterStore(nodes, namespace=namespace, op_timeout=5.0, username=user, password=password)
     else:
         from hycache_dht.local_store import LocalStore
 
@@ -176,13 +177,65 @@ def is_mounted(mountpoint: os.PathLike | str) -> bool:
         return False
 
 
+def redis_credentials(config: AgentConfig) -> tuple[str | None, str | None]:
+    """The Redis ACL user and password (--redis-user, --redis-password-file)."""
+    if config.redis_password_file is None:
+        return config.redis_user, None
+    from hycache_agent.cluster.peer import SecretFileError
+    from hycache_agent.secretfile import read_protected
+
+    data = read_protected(config.redis_password_file, what="Redis password file", error=SecretFileError,
+                          forbidden=0o007, refusal="{what} {path} is accessible by other users (mode {mode}); run: "
+                                                   "chmod o-rwx {path}   (0600, or 0640 to share it with a group)")
+    password = data.decode("utf-8", "replace").strip()
+    if not password:
+        raise SecretFileError(f"Redis password file {config.redis_password_file} is empty")
+    return config.redis_user, password
+
+
+def _check_redis_credentials(config: AgentConfig) -> None:
+    """Fail the start with a clear message when Redis refuses the credentials (a node
+    that does not answer yet is no reason to fail: the agent joins when it comes)."""
+    from hycache_dht.cluster_client import check_credentials
+    from hycache_dht.meta import DHTAuthError
+
+    from hycache_agent.cluster.peer import SecretFileError
+
+    try:
+        user, password = redis_credentials(config)
+        check_credentials(config.redis_nodes, user, password)
+    except (SecretFileError, DHTAuthError) as exc:
+        raise SystemExit(f"hycache-agent: {exc}") from None
+
+
+def _fuse_mounted(path: os.PathLike[str] | str) -> bool:
+    """Whether a FUSE file system is mounted at ``path`` (the agent's own, or another).
+    Any other mount there is fine to mount over: e.g. a bind mount that exports the file
+    system to a container's host (docker-compose.yml), which is a mount point too."""
+    if not os.path.ismount(path):
+        return False
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True  # cannot tell: be careful
+    fstype = None
+    for line in lines:  # the last mount at the path is the one on top
+        fields = line.split()
+        if len(fields) > 4 and "-" in fields and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                                                          fields[4]) == target:
+            fstype = fields[fields.index("-") + 1]
+    return fstype is None or fstype.startswith("fuse")
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
     if not mountpoint.is_dir():
         raise SystemExit(f"hycache-agent: mount point {mountpoint} is not a directory")
-    if os.path.ismount(mountpoint):
-        raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point")
+    if _fuse_mounted(mountpoint):
+        raise SystemExit(f"hycache-agent: {mountpoint} is already a mount point (a FUSE file system)")
     token = None
     if config.control_plane is not None:
         from hycache_agent.control.link import TokenFileError, load_token
@@ -191,6 +244,8 @@ def run_mount(config: AgentConfig) -> int:
             token = load_token(config.control_token_file)
         except TokenFileError as exc:
             raise SystemExit(f"hycache-agent: {exc}") from None
+    if config.redis is not None:
+        _check_redis_credentials(config)
     engine = TieringEngine(config)
     report = engine.start()
     if config.clustered:

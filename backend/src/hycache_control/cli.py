@@ -33,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
     s.add_argument("--redis", metavar="SEED,...", help="Redis Cluster seeds HOST:PORT,... (the agents' DHT)")
     s.add_argument("--dht-namespace", metavar="NAME", help="the agents' dht_namespace (default hc)")
+    s.add_argument("--redis-user", metavar="NAME", help="Redis ACL user of the control plane")
+    s.add_argument("--redis-password-file", metavar="FILE",
+                   help="file holding the Redis user's password (mode 0600; a wrong one fails the start)")
     s.add_argument("--ui-dir", metavar="DIR", help="built dashboard to serve at / (default frontend/dist)")
     s.add_argument("--admin-token-file", metavar="FILE", help="install this admin token at start (mode 0600)")
     s.add_argument("--heartbeat-interval", type=float, metavar="S", help="interval told to the agents (default 1)")
@@ -244,8 +247,15 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
-    s = _settings(args, "listen", "redis", "dht_namespace", "ui_dir", "admin_token_file", "heartbeat_interval",
-                  "metrics_require_token", "log_level")
+    s = _settings(args, "listen", "redis", "dht_namespace", "redis_user", "redis_password_file", "ui_dir",
+                  "admin_token_file", "heartbeat_interval", "metrics_require_token", "log_level")
+    if s.redis_seeds:
+        from hycache_dht.cluster_client import check_credentials
+        from hycache_dht.meta import DHTAuthError
+        try:
+            check_credentials(s.redis_seeds, s.redis_user, s.redis_password)
+        except (DHTAuthError, ValueError, OSError) as e:
+            return _die(str(e))
     logging.basicConfig(level=s.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, _, port = s.listen.rpartition(":")
     log = logging.getLogger("hycache_control")

@@ -36,9 +36,12 @@ class Control:
         self.events = EventService(self.db)
         store_factory = None
         if settings.redis_seeds:
+            redis_user, redis_password = settings.redis_user, settings.redis_password
+
             def store_factory():
                 from hycache_dht.redis_store import RedisClusterStore
-                return RedisClusterStore(settings.redis_seeds, namespace=settings.dht_namespace, op_timeout=5.0)
+                return RedisClusterStore(settings.redis_seeds, namespace=settings.dht_namespace, op_timeout=5.0,
+                                         username=redis_user, password=redis_password)
         self.namespace = NamespaceService(store_factory)
         self.nodes = NodeService(self.db, self.events, interval=settings.heartbeat_interval,
                                  down_after=settings.down_after,

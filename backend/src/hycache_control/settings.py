@@ -23,6 +23,8 @@ class Settings(BaseSettings):
                                              "default: SQLite under state_dir")
     redis: str | None = Field(None, description="Redis Cluster seeds HOST:PORT,... (the agents' DHT); none: no namespace view")
     dht_namespace: str = Field("hc", description="the agents' dht_namespace (key prefix)")
+    redis_user: str | None = Field(None, description="Redis ACL user of the control plane (default: Redis's default user)")
+    redis_password_file: Path | None = Field(None, description="file holding redis_user's password (mode 0600)")
     ui_dir: Path | None = Field(None, description="built dashboard (default: frontend/dist next to the package's repository)")
     dev: bool = Field(False, description="development mode: accept default/unsafe secrets")
     admin_token: str | None = Field(None, description="an admin token to install at start (for deployments)")
@@ -69,6 +71,20 @@ class Settings(BaseSettings):
                 raise ValueError(f"admin_token is a default or short secret (need >= {MIN_SECRET_LENGTH} "
                                  "random characters; --dev accepts it)")
         return self
+
+    @property
+    def redis_password(self) -> str | None:
+        """The password in redis_password_file (refused when group/others can read it)."""
+        if self.redis_password_file is None:
+            return None
+        st = self.redis_password_file.stat()
+        if st.st_mode & 0o077:
+            raise ValueError(f"redis_password_file {self.redis_password_file} must not be readable by group/others "
+                             f"(mode {st.st_mode & 0o777:o}; chmod 600)")
+        password = self.redis_password_file.read_text().strip()
+        if not password:
+            raise ValueError(f"redis_password_file {self.redis_password_file} is empty")
+        return password
 
     @property
     def db_url(self) -> str:

@@ -30,7 +30,7 @@ import redis
 from redis import exceptions as rex
 from redis.cluster import ClusterNode, RedisCluster
 
-from .meta import DHTUnavailable, NotDurable
+from .meta import DHTAuthError, DHTUnavailable, NotDurable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,51 @@ RETRIABLE = (
 )
 
 
+# Replies of a Redis server that refuses a client's credentials (redis-py raises them as
+# AuthenticationError/ResponseError, or wraps them in a RedisClusterException).
+_AUTH_REPLIES = ("WRONGPASS", "NOAUTH", "NOPERM", "invalid username-password", "Authentication required",
+                 "invalid password", "AUTH <password> called without any password")
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    return isinstance(exc, rex.AuthenticationError) or any(r in str(exc) for r in _AUTH_REPLIES)
+
+
+def auth_message(username: str | None, exc: BaseException) -> str:
+    who = f"user {username!r}" if username else "the default user (no --redis-user)"
+    return (f"Redis refused the credentials of {who}: {exc} "
+            "(check --redis-user and the password in --redis-password-file against the cluster's ACL)")
+
+
+def check_credentials(startup_nodes: Sequence[tuple[str, int]], username: str | None, password: str | None,
+                      timeout: float = 3.0) -> bool:
+    """Authenticate once against the startup nodes, one after the other, and PING.
+
+    True when a node accepted; False when none answered (Redis may come later: callers
+    carry on). Raises :class:`DHTAuthError` as soon as a node refuses the credentials (or
+    wants some and none were given). Blocking: call it at start-up.
+    """
+    import redis
+
+    for host, port in startup_nodes:
+        r = redis.Redis(host=host, port=int(port), username=username, password=password,
+                        socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            r.ping()
+            return True
+        except rex.AuthenticationError as e:
+            raise DHTAuthError(auth_message(username, e)) from e
+        except rex.ResponseError as e:
+            if is_auth_error(e):
+                raise DHTAuthError(auth_message(username, e)) from e
+            return True  # it answered (with something else than an auth error)
+        except (rex.ConnectionError, rex.TimeoutError, OSError) as e:
+            log.debug("credential check: %s:%s unreachable: %s", host, port, e)
+        finally:
+            r.close()
+    return False
+
+
 @dataclass
 class ClientConfig:
     """Knobs of the Redis engine; :meth:`checked` clamps bad values with a warning."""
@@ -66,6 +111,9 @@ class ClientConfig:
     #: re-read the topology at least this often: a replica that finished its first sync
     #: (CLUSTER SLOTS lists it only then) is WAITed for from the next refresh on
     topology_ttl: float = 5.0
+    #: Redis ACL user and password (None: the default user, no AUTH)
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     def checked(self) -> ClientConfig:
         def clamp(name: str, lo: float, hi: float) -> None:
@@ -124,10 +172,14 @@ class ClusterClient:
                     socket_connect_timeout=self.config.connect_timeout,
                     require_full_coverage=False,
                     decode_responses=False,
+                    username=self.config.username,
+                    password=self.config.password,
                 )
                 self._last_refresh = time.monotonic()
                 break
             except RETRIABLE as e:
+                if is_auth_error(e):
+                    raise DHTAuthError(auth_message(self.config.username, e)) from e
                 attempt += 1
                 if time.monotonic() > deadline:
                     raise DHTUnavailable(f"no Redis Cluster at {list(startup_nodes)}: {e}") from e

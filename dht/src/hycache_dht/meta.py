@@ -158,6 +158,11 @@ class DHTUnavailable(DHTError, ConnectionError):
     """The metadata service could not be reached within the operation's deadline."""
 
 
+class DHTAuthError(DHTUnavailable):
+    """Redis refused the client's credentials (wrong user or password, or none given to
+    a cluster that requires them): retrying cannot help."""
+
+
 class NotDurable(DHTUnavailable):
     """The write was applied on a master but no replica confirmed it within the deadline."""
 
