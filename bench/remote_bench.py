@@ -194,6 +194,17 @@ def wait_replicated(agent: Agent, files: int, timeout: float = 120.0) -> None:
     raise SystemExit(f"{agent.name}: replicas still pending after {timeout:.0f} s")
 
 
+def ready(agent: Agent, timeout: float = 60.0) -> Agent:
+    """Until the agent is connected to the DHT (before that it answers lookups from its
+    own names only: another node's file would be ENOENT)."""
+    t0 = time.monotonic()
+    while (agent.status().get("cluster") or {}).get("state") != "ok":
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{agent.name}: not connected to the DHT after {timeout:.0f} s")
+        time.sleep(0.1)
+    return agent
+
+
 def write_holder_files(a: Agent, size: int, passes: int, nsmall: int) -> None:
     block = os.urandom(MiB)
     rnd = random.Random(18)
@@ -216,6 +227,9 @@ def med(xs: list[float]) -> dict:
 
 
 def main() -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM: stop the agents and Redis too
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="256M", help="large file size (default 256M)")
     p.add_argument("--passes", type=int, default=3)
@@ -251,6 +265,7 @@ def main() -> int:
 
     t_start = time.monotonic()
     holder = Agent(work / "a", "a", "--rebalance-interval", "0", **common).start()
+    ready(holder)
     try:
         write_holder_files(holder, size, a.passes, a.small)
         addr = holder.argv[holder.argv.index("--listen") + 1]
@@ -283,6 +298,7 @@ def main() -> int:
             for rmode, extra in [("none", []), ("async", ["--replicas", "1", "--replica-mode", "async"]),
                                  ("sync", ["--replicas", "1", "--replica-mode", "sync"])]:
                 w = Agent(work / f"w-{rmode}", f"w{rmode}", "--rebalance-interval", "0", *extra, **common).start()
+                ready(w)
                 try:
                     time.sleep(2.5)  # a heartbeat: the writer knows its replica peers
                     for i in range(a.passes):
@@ -299,6 +315,7 @@ def main() -> int:
             print(f"writes done ({time.monotonic() - t_start:.0f} s)", flush=True)
         for mode in a.modes.split(","):
             b = Agent(work / f"b-{mode}", f"b{mode}", "--rebalance-interval", "0", *MODES[mode], **common).start()
+            ready(b)
             try:
                 for i in range(a.passes):
                     d = b.mnt / f"p{i}"

@@ -45,6 +45,7 @@ from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
+from hycache_agent.remote.copy import StreamCopy, StreamHandle
 from hycache_agent.remote.reader import RemoteReader
 from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
@@ -134,6 +135,8 @@ class ClusterLink:
         self._remote_by_path: dict[bytes, RemoteNode] = {}
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
+        self._streams: dict[tuple[bytes, int], StreamCopy] = {}  # copies streaming in for readers
+        self._nursery: trio.Nursery | None = None
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
@@ -191,6 +194,7 @@ class ClusterLink:
             self._store.close()
 
     async def run(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         nursery.start_soon(self._connect)
         nursery.start_soon(self._publisher)
         nursery.start_soon(self._heartbeat)
@@ -685,12 +689,70 @@ class ClusterLink:
         async with self.fetch_lock(node.path):
             return await self.fetch_locked(node)
 
+    def _copy_dest(self, node: RemoteNode) -> str:
+        return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+
+    async def stream_remote(self, node: RemoteNode) -> str | StreamHandle:
+        """The whole local copy of a remote file's current version if there is one, else
+        a handle reading the copy while it streams in (remote/copy.py): the open does not
+        wait for the whole file."""
+        if node.meta.kind != "file":
+            raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
+        await self.refresh(node)
+        if self.has_copy(node):
+            return node.cache_blob
+        key = (node.path, node.meta.version)
+        sc = self._streams.get(key)
+        if sc is None:
+            if self._nursery is None or self.fetch_lock(node.path).locked():  # a whole fetch is on: wait for it
+                return await self.open_remote(node)
+            sc = self._streams[key] = StreamCopy(self, node, self._copy_dest(node))
+            self._nursery.start_soon(sc.run)
+        return sc.handle()
+
+    def stream_done(self, sc: StreamCopy, etag: str, holder: str, seconds: float) -> None:
+        """A stream copy is whole: it becomes the node's copy (counted in the fast tier's
+        use) if the node still wants this version, else it goes."""
+        node = sc.node
+        if self._streams.get((node.path, sc.version)) is sc:
+            del self._streams[(node.path, sc.version)]
+        self.status.remote_fetches += 1
+        self.status.remote_bytes += sc.size
+        log.info("streamed %r (%d bytes, version %d, ino %d) from %s in %.3f s", node.path, sc.size, sc.version, node.ino, holder, seconds)
+        if node.meta.version == sc.version and self.remote.get(node.ino) is node and not node.superseded:
+            if node.cache_blob and node.cache_blob != sc.dest:
+                self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, node.cache_blob)
+            self.engine.remote_copy_removed(node.cache_size if node.cache_blob else 0)
+            self.engine.remote_copy_added(sc.size)
+            node.cache_blob, node.cache_version, node.cache_etag = sc.dest, sc.version, etag
+            node.cache_size = sc.size
+        elif node.cache_blob != sc.dest:
+            log.info("stream copy of %r not kept (version %d now %d, known %s, superseded %s)", node.path,
+                     sc.version, node.meta.version, self.remote.get(node.ino) is node, node.superseded)
+            self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, sc.dest)
+
+    def stream_failed(self, sc: StreamCopy) -> None:
+        if self._streams.get((sc.node.path, sc.version)) is sc:
+            del self._streams[(sc.node.path, sc.version)]
+        if sc.node.cache_blob != sc.dest:
+            self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, sc.dest)
+
+    def release_stream(self, sc: StreamCopy) -> None:
+        """A handle of a stream copy closed (a FUSE release: no await there)."""
+        self._nursery.start_soon(sc.put)
+
     async def fetch_locked(self, node: RemoteNode) -> str:
         """(holding the path's fetch lock) the local copy of ``node.meta``'s version."""
+        sc = self._streams.get((node.path, node.meta.version))
+        if sc is not None:  # being streamed for a reader: that is the copy
+            try:
+                await sc.wait()
+            except FsError:
+                pass  # fetched again below
         if node.cache_blob and node.cache_version == node.meta.version:
             return node.cache_blob
         holders = [node.meta.primary, *node.meta.replicas]
-        dest = str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        dest = self._copy_dest(node)
         last: BaseException | None = None
         for holder in [h for h in holders if h]:
             try:

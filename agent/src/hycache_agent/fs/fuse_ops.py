@@ -523,8 +523,10 @@ class HyCacheOperations(pyfuse3.Operations):
         copy = None
         if reader is not None and not hit and not reader.wants_copy(remote):
             fd = reader.open(remote, pid)
-        else:
-            copy = await self.cluster.open_remote(remote)
+        else:  # the whole copy, or a handle reading it while it streams in (remote/copy.py)
+            fd = await self.cluster.stream_remote(remote)
+            if isinstance(fd, str):
+                copy = fd
         bid = await self.remote_backings.open(remote.ino, copy)
         if copy is not None and not bid:
             try:
