@@ -25,7 +25,7 @@ Rows (median and min–max of ``--passes``):
 * ``GET``      the raw peer GET of the large file (Python ``http.client`` into memory)
 * ``write``    ``--writes`` files of ``--write-size`` written with 1 MiB writes + fsync +
   close (``dd bs=1M conv=fsync``) by a writer with ``--replicas 1`` async / sync, and
-  none; MB/s seen by the writer (async: the time until every replica was pushed too)
+  none; MB/s seen by the writer, and for async also until every replica was pushed
 * ``takeover`` the reader appends one byte to a large file the holder wrote (the reader
   becomes the primary): seconds and MB/s of the file's size
 
@@ -304,11 +304,10 @@ def main() -> int:
                     for i in range(a.passes):
                         drop_caches()
                         t0 = time.perf_counter()
-                        mbps = write_files(w.mnt / f"{rmode}{i}", a.writes, wsize)
-                        if rmode == "async":
+                        add(f"write {rmode}", write_files(w.mnt / f"{rmode}{i}", a.writes, wsize))
+                        if rmode == "async":  # what the writer saw, and until every replica was pushed
                             wait_replicated(w, (i + 1) * a.writes)
-                            mbps = a.writes * wsize / (time.perf_counter() - t0) / 1e6
-                        add(f"write {rmode}", mbps)
+                            add("write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
                 finally:
                     w.stop()
                 time.sleep(NODE_TTL + 1)  # a stopped writer must not be picked as the next one's replica peer
@@ -389,7 +388,7 @@ def print_table(res: dict, modes: list[str]) -> None:
         print(f"| {row.replace('_ms', '')} | {unit} | " + " | ".join(cells) + " |")
     if "write none" in s:
         print("\n| writes | MB/s (× none) |\n|---|---:|")
-        for m in ("none", "async", "sync"):
+        for m in ("none", "async", "async, pushed", "sync"):
             print(f"| replicas {m} | {cell(s, f'write {m}', 'write none')} |")
     if "takeover s" in s:
         t = s["takeover s"]
@@ -424,7 +423,7 @@ def plot(res: dict, modes: list[str], out: Path) -> None:
     ax1.legend(fontsize=8)
     ax1.set_title(f"reads of another node's files ({res['size'] >> 20} MiB)")
     if "write none" in s:
-        names = ["none", "async", "sync"]
+        names = ["none", "async", "async, pushed", "sync"]
         base = s["write none"]["median"]
         ax2.bar(names, [s[f"write {n}"]["median"] / base for n in names],
                 yerr=[[(s[f"write {n}"]["median"] - s[f"write {n}"]["min"]) / base for n in names],

@@ -165,11 +165,14 @@ def test_dedup_is_right_when_every_content_collides(hycache_mount, redis_cluster
     assert st["memory_bytes"] <= st["limit_bytes"]
 
 
+# blocks: 32 MiB is more than a quarter of a 64 MiB fast tier (read by blocks); stream: with
+# 512 MiB it is streamed whole into the fast tier (remote/copy.py), failing over to the replica
+@pytest.mark.parametrize("fast", ["64M", "512M"], ids=["blocks", "stream"])
 def test_a_holder_killed_mid_read_gives_a_replicas_bytes_or_eio(hycache_mount, redis_cluster, dht_namespace,
-                                                                secret_file):
+                                                                secret_file, fast):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                            names=("a", "b", "c"), replicas=1, replica_mode="sync", hccache_size="8M",
-                           hccache_block_size="64K")
+                           hccache_block_size="64K", fast_capacity=fast)
     wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b", "c"], what="a sees b and c")
     data = os.urandom(32 * MiB)
     (a.mountpoint / "big").write_bytes(data)
@@ -197,3 +200,37 @@ def test_a_holder_killed_mid_read_gives_a_replicas_bytes_or_eio(hycache_mount, r
         assert len(got) == len(data)  # all of it, the rest from the replica on b
     assert (c.mountpoint / "big").read_bytes() == data  # a new open reads the replica
     hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)
+
+
+@pytest.mark.parametrize("hccache_size", ["0", "256M"], ids=["off", "hybrid"])
+def test_a_large_file_streams_in_then_reads_through_passthrough(hycache_mount, redis_cluster, dht_namespace,
+                                                                 secret_file, hccache_size):
+    """The first open of a large remote file is served while it streams into the fast tier;
+    once whole, later opens are read by the kernel from the copy (the agent sees no read)."""
+    a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a", "c"),
+                        hccache_size=hccache_size, fast_capacity="512M")
+    data = os.urandom(48 * MiB)
+    (a.mountpoint / "big").write_bytes(data)
+    wait_published(a)
+    wait_for(lambda: (c.mountpoint / "big").exists(), what="a's file on c")
+    with open(c.mountpoint / "big", "rb") as f:  # random reads first: they wait for the stream
+        for off in (40 * MiB, 3 * MiB + 7, 47 * MiB + 100):
+            f.seek(off)
+            assert f.read(5000) == data[off:off + 5000]
+        f.seek(0)
+        assert f.read() == data
+
+    def status() -> dict:
+        out = subprocess.run([AGENT, "status", str(c.root), "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    before = status()["counters"]["remote"]
+    assert before["fetches"] == 1 and before["fetch_bytes"] == len(data)
+    assert (c.mountpoint / "big").read_bytes() == data
+    st = status()
+    after = st["counters"]["remote"]
+    assert after["fetches"] == 1  # not fetched again
+    if st["passthrough"]["enabled"]:
+        assert after["read_bytes"] == before["read_bytes"], "the second open was served by the agent"
+    else:
+        assert after["read_bytes"] == before["read_bytes"] + len(data)
