@@ -257,7 +257,7 @@ def main() -> int:
     redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
     ns = f"rmbench-{os.getpid()}"
     common = dict(redis=redis, secret=secret_file, namespace=ns, agent_bin=a.agent_bin)
-    res: dict = {"size": size, "passes": a.passes, "small": a.small, "agent_bin": a.agent_bin, "rows": {}}
+    res: dict = {"size": size, "passes": a.passes, "small": a.small, "agent_bin": str(a.agent_bin), "rows": {}}
     rows = res["rows"]
 
     def add(key: str, value: float) -> None:

@@ -45,7 +45,7 @@ from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
-from hycache_agent.remote.copy import StreamCopy, StreamHandle
+from hycache_agent.remote.copy import StreamCopy
 from hycache_agent.remote.reader import RemoteReader
 from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
@@ -60,6 +60,17 @@ SMALL_DIR = 1024
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
+
+
+def same_bytes(old: EntryMeta, new: EntryMeta) -> bool:
+    """Whether a file's new DHT entry still describes the bytes of the old one.  The store
+    bumps the version on every change of the entry, also when only its holder's tier, its
+    replica list or its write flag changed; a remote reader that took each of those for
+    new bytes threw its copy away and fetched the file again (a replica push right after
+    a read, or the holder evicting the file to its slow tier, was enough).  Writes change
+    the size or the mtime, and chmod/chown/rename-over the ctime."""
+    return old.kind == new.kind == "file" and (old.size, old.mtime_ns, old.ctime_ns, old.mode) == \
+        (new.size, new.mtime_ns, new.ctime_ns, new.mode)
 
 
 def kind_of(mode: int) -> str:
@@ -549,6 +560,8 @@ class ClusterLink:
         file's size and ignores sizes the agent reports later, so a changed file must
         look like a new inode (the old one lives on until the kernel forgets it)."""
         node = self._remote_by_path.get(path)
+        if node is not None and node.meta.version != meta.version and same_bytes(node.meta, meta):
+            meta = meta.copy(version=node.meta.version)  # the same bytes: the same inode and copy
         if node is None or (meta.kind != "dir" and node.meta.version != meta.version) \
                 or node.meta.kind != meta.kind:
             node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
@@ -638,6 +651,8 @@ class ClusterLink:
         (a newer version is a new inode, found by the next lookup)."""
         if time.monotonic() - node.fetched > META_TTL_SECONDS:
             meta = await self.store_get(node.path)
+            if meta is not None and meta.version != node.meta.version and same_bytes(node.meta, meta):
+                meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
             elif meta is not None and meta.kind == "file":
@@ -692,10 +707,9 @@ class ClusterLink:
     def _copy_dest(self, node: RemoteNode) -> str:
         return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
 
-    async def stream_remote(self, node: RemoteNode) -> str | StreamHandle:
-        """The whole local copy of a remote file's current version if there is one, else
-        a handle reading the copy while it streams in (remote/copy.py): the open does not
-        wait for the whole file."""
+    async def stream_remote(self, node: RemoteNode) -> str:
+        """The whole local copy of a remote file's current version, streamed in with one
+        GET if there is none yet (remote/copy.py; one stream per version, shared)."""
         if node.meta.kind != "file":
             raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
         await self.refresh(node)
@@ -708,7 +722,10 @@ class ClusterLink:
                 return await self.open_remote(node)
             sc = self._streams[key] = StreamCopy(self, node, self._copy_dest(node))
             self._nursery.start_soon(sc.run)
-        return sc.handle()
+        await sc.wait()
+        if self.has_copy(node):
+            return node.cache_blob
+        return await self.open_remote(node)  # (the node moved on meanwhile: a plain fetch)
 
     def stream_done(self, sc: StreamCopy, etag: str, holder: str, seconds: float) -> None:
         """A stream copy is whole: it becomes the node's copy (counted in the fast tier's
@@ -736,10 +753,6 @@ class ClusterLink:
             del self._streams[(sc.node.path, sc.version)]
         if sc.node.cache_blob != sc.dest:
             self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, sc.dest)
-
-    def release_stream(self, sc: StreamCopy) -> None:
-        """A handle of a stream copy closed (a FUSE release: no await there)."""
-        self._nursery.start_soon(sc.put)
 
     async def fetch_locked(self, node: RemoteNode) -> str:
         """(holding the path's fetch lock) the local copy of ``node.meta``'s version."""

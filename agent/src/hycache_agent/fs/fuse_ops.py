@@ -523,10 +523,8 @@ class HyCacheOperations(pyfuse3.Operations):
         copy = None
         if reader is not None and not hit and not reader.wants_copy(remote):
             fd = reader.open(remote, pid)
-        else:  # the whole copy, or a handle reading it while it streams in (remote/copy.py)
-            fd = await self.cluster.stream_remote(remote)
-            if isinstance(fd, str):
-                copy = fd
+        else:  # the whole copy (streamed in first if needed, remote/copy.py)
+            copy = await self.cluster.stream_remote(remote)
         bid = await self.remote_backings.open(remote.ino, copy)
         if copy is not None and not bid:
             try:
