@@ -242,7 +242,14 @@ def main() -> int:
     p.add_argument("--agent-bin", default=AGENT_BIN, help="the hycache-agent to run (A/B against another tree)")
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--replot", type=Path, metavar="JSON", help="only redraw --plot (and the table) from a --json file")
     a = p.parse_args()
+    if a.replot:
+        res = json.loads(a.replot.read_text())
+        print_table(res, a.modes.split(","))
+        if a.plot:
+            plot(res, a.modes.split(","), a.plot)
+        return 0
     if os.geteuid() != 0:
         print("remote_bench: needs root", file=sys.stderr)
         return 2
@@ -425,7 +432,7 @@ def plot(res: dict, modes: list[str], out: Path) -> None:
     if "write none" in s:
         names = ["none", "async", "async, pushed", "sync"]
         base = s["write none"]["median"]
-        ax2.bar(names, [s[f"write {n}"]["median"] / base for n in names],
+        ax2.bar([n.replace(", ", ",\n") for n in names], [s[f"write {n}"]["median"] / base for n in names],
                 yerr=[[(s[f"write {n}"]["median"] - s[f"write {n}"]["min"]) / base for n in names],
                       [(s[f"write {n}"]["max"] - s[f"write {n}"]["median"]) / base for n in names]], capsize=3)
         ax2.axhline(0.7, color="grey", ls="--", lw=0.8)
