@@ -345,7 +345,8 @@ def main() -> int:
                                                      lambda: read_many(smalls[::2]),
                                                      lambda: read_many(smalls[1::2])]))
                     drop_caches()
-                    add(f"{mode} 4 streams", concurrent([lambda n=n: read_all(d / n) for n in ("s0", "s1", "s2", "s3")]))
+                    add(f"{mode} 4 streams",
+                        concurrent([lambda n=n: read_all(d / n) for n in ("s0", "s1", "s2", "s3")]))
                     if mode == a.modes.split(",")[-1]:
                         drop_caches()
                         t0 = time.perf_counter()

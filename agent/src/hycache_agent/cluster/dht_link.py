@@ -735,7 +735,8 @@ class ClusterLink:
             del self._streams[(node.path, sc.version)]
         self.status.remote_fetches += 1
         self.status.remote_bytes += sc.size
-        log.info("streamed %r (%d bytes, version %d, ino %d) from %s in %.3f s", node.path, sc.size, sc.version, node.ino, holder, seconds)
+        log.info("streamed %r (%d bytes, version %d) from %s in %.3f s", node.path, sc.size, sc.version, holder,
+                 seconds)
         if node.meta.version == sc.version and self.remote.get(node.ino) is node and not node.superseded:
             if node.cache_blob and node.cache_blob != sc.dest:
                 self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, node.cache_blob)
