@@ -215,7 +215,10 @@ def test_a_large_file_streams_in_then_reads_through_passthrough(hycache_mount, r
     data = os.urandom(48 * MiB)
     (a.mountpoint / "big").write_bytes(data)
     wait_published(a)
-    wait_for(lambda: (c.mountpoint / "big").exists(), what="a's file on c")
+    # the holder publishes the size at close and may publish the blob's final mtime a little
+    # later (its passthrough release): wait for that, or c would rightly fetch the new entry
+    wait_for(lambda: os.stat(c.mountpoint / "big").st_mtime_ns == os.stat(a.mountpoint / "big").st_mtime_ns,
+             what="a's final entry on c")
     with open(c.mountpoint / "big", "rb") as f:  # random reads first
         for off in (40 * MiB, 3 * MiB + 7, 47 * MiB + 100):
             f.seek(off)

@@ -656,6 +656,7 @@ class ClusterLink:
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
             elif meta is not None and meta.kind == "file":
+                log.debug("%r superseded: %s -> %s", node.path, node.meta, meta)
                 node.superseded = True
                 self.forget_listing(node.path.rpartition(b"/")[0] or b"/")  # the next lookup finds it
                 if self.reader is not None:
