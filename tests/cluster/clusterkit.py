@@ -28,7 +28,8 @@ def redis_addr(cluster: LocalRedisCluster) -> str:
 
 
 def start_agents(hycache_mount, redis: str, secret: Path, namespace: str, names=("a", "b"), **opts):
-    return [hycache_mount(fast_capacity="64M", redis=redis, dht_namespace=namespace, node_id=name,
+    opts.setdefault("fast_capacity", "64M")
+    return [hycache_mount(redis=redis, dht_namespace=namespace, node_id=name,
                           listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret, **opts)
             for name in names]
 

@@ -44,12 +44,16 @@ def check_version(data: bytes, size: int) -> int:
     return k
 
 
-@pytest.mark.parametrize("size", [100 << 10, 3 * MiB], ids=["small", "large"])
+# large-blocks: 3 MiB is more than a quarter of an 8 MiB fast tier, so it is read by blocks
+# through memory; large-copy: with 64 MiB it is copied whole at open and read through
+# passthrough (remote/reader.py wants_copy)
+@pytest.mark.parametrize("size,fast", [(100 << 10, "64M"), (3 * MiB, "8M"), (3 * MiB, "64M")],
+                         ids=["small", "large-blocks", "large-copy"])
 def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
-        hycache_mount, redis_cluster, dht_namespace, secret_file, size):
+        hycache_mount, redis_cluster, dht_namespace, secret_file, size, fast):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                            names=("a", "b", "c"), write_lease_seconds=3, hccache_size="64M",
-                           hccache_block_size="64K")
+                           hccache_block_size="64K", fast_capacity=fast)
     (a.mountpoint / "f").write_bytes(version_bytes(0, size))
     wait_for(lambda: (c.mountpoint / "f").exists(), what="a's file on c")
     wait_published(a)
@@ -100,6 +104,9 @@ def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
              what="c reads the last version")
     st = hccache(c)
     assert st["mode"] == "hybrid" and st["memory_bytes"] <= st["limit_bytes"]
+    if fast == "64M" and size > 1 * MiB:  # whole copies: the stream never went through memory
+        assert st["lookups"] == 0 and cluster_status(c)["remote_fetches"] > 0
+        return
     assert st["lookups"] > 0 and st["hit_ratio"] is not None
 
 
@@ -137,8 +144,10 @@ def test_the_memory_bound_holds_under_a_flood(hycache_mount, redis_cluster, dht_
 def test_dedup_is_right_when_every_content_collides(hycache_mount, redis_cluster, dht_namespace, secret_file,
                                                      monkeypatch):
     monkeypatch.setenv("HYCACHE_HCCACHE_FORCE_COLLISIONS", "1")
+    # a 1 MiB fast tier: the large files (356 and 512 KiB) are more than a quarter of it, so
+    # they are read by blocks through memory (not streamed whole into a fast-tier copy)
     a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
-                        names=("a", "c"), hccache_size="64M", hccache_block_size="64K")
+                        names=("a", "c"), hccache_size="64M", hccache_block_size="64K", fast_capacity="1M")
     same = os.urandom(50 << 10)
     other = os.urandom(50 << 10)
     block = os.urandom(64 << 10)
@@ -158,11 +167,14 @@ def test_dedup_is_right_when_every_content_collides(hycache_mount, redis_cluster
     assert st["memory_bytes"] <= st["limit_bytes"]
 
 
+# blocks: 32 MiB is more than a quarter of a 64 MiB fast tier (read by blocks); stream: with
+# 512 MiB it is streamed whole into the fast tier (remote/copy.py), failing over to the replica
+@pytest.mark.parametrize("fast", ["64M", "512M"], ids=["blocks", "stream"])
 def test_a_holder_killed_mid_read_gives_a_replicas_bytes_or_eio(hycache_mount, redis_cluster, dht_namespace,
-                                                                secret_file):
+                                                                secret_file, fast):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                            names=("a", "b", "c"), replicas=1, replica_mode="sync", hccache_size="8M",
-                           hccache_block_size="64K")
+                           hccache_block_size="64K", fast_capacity=fast)
     wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b", "c"], what="a sees b and c")
     data = os.urandom(32 * MiB)
     (a.mountpoint / "big").write_bytes(data)
@@ -190,3 +202,41 @@ def test_a_holder_killed_mid_read_gives_a_replicas_bytes_or_eio(hycache_mount, r
         assert len(got) == len(data)  # all of it, the rest from the replica on b
     assert (c.mountpoint / "big").read_bytes() == data  # a new open reads the replica
     hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)
+
+
+@pytest.mark.parametrize("hccache_size", ["0", "256M"], ids=["off", "hybrid"])
+def test_a_large_file_streams_in_then_reads_through_passthrough(hycache_mount, redis_cluster, dht_namespace,
+                                                                 secret_file, hccache_size):
+    """The first open of a large remote file streams it whole into the fast tier (one GET);
+    reads, random then sequential, are right; a later open reads the copy without a new
+    fetch, through passthrough where the host has it (the agent then sees no read)."""
+    a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a", "c"),
+                        hccache_size=hccache_size, fast_capacity="512M")
+    data = os.urandom(48 * MiB)
+    (a.mountpoint / "big").write_bytes(data)
+    wait_published(a)
+    # the holder publishes the size at close and may publish the blob's final mtime a little
+    # later (its passthrough release): wait for that, or c would rightly fetch the new entry
+    wait_for(lambda: os.stat(c.mountpoint / "big").st_mtime_ns == os.stat(a.mountpoint / "big").st_mtime_ns,
+             what="a's final entry on c")
+    with open(c.mountpoint / "big", "rb") as f:  # random reads first
+        for off in (40 * MiB, 3 * MiB + 7, 47 * MiB + 100):
+            f.seek(off)
+            assert f.read(5000) == data[off:off + 5000]
+        f.seek(0)
+        assert f.read() == data
+
+    def status() -> dict:
+        out = subprocess.run([AGENT, "status", str(c.root), "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    before = status()["counters"]["remote"]
+    assert before["fetches"] == 1 and before["fetch_bytes"] == len(data)
+    assert (c.mountpoint / "big").read_bytes() == data
+    st = status()
+    after = st["counters"]["remote"]
+    assert after["fetches"] == 1  # not fetched again
+    if st["passthrough"]["enabled"]:
+        assert after["read_bytes"] == before["read_bytes"], "the second open was served by the agent"
+    else:
+        assert after["read_bytes"] == before["read_bytes"] + len(data)

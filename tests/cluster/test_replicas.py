@@ -61,3 +61,27 @@ def test_async_replicas_follow_writes_renames_and_removals(hycache_mount, redis_
     a2 = hycache_mount.remount(a)
     (a2.mountpoint / "doc2").unlink()
     wait_for(lambda: cluster_status(b)["replicas_kept"] == 0, what="the replica dropped with the file")
+
+
+def test_a_push_to_a_node_that_just_stopped_goes_to_the_next_node(hycache_mount, redis_cluster, dht_namespace,
+                                                                   secret_file):
+    import hashlib
+
+    a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                           names=("a", "b", "c"), replicas=1, replica_mode="sync")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b", "c"], what="a sees b and c")
+
+    def first_choice(name: str) -> str:  # Replicator.targets: rendezvous hashing over b and c
+        return max(("b", "c"), key=lambda n: hashlib.sha1(n.encode() + b"\0/" + name.encode()).digest())
+
+    name = next(f"f{i}" for i in range(100) if first_choice(f"f{i}") == "b")
+    b.unmount()  # b's registry entry stays "alive" for a while (the heartbeat TTL)
+    data = os.urandom(1 << 20)
+    (a.mountpoint / name).write_bytes(data)  # sync: close returns once a replica is durable
+    assert info(a.mountpoint / name)["replicas"] == ["c"]
+    assert cluster_status(c)["replicas_kept"] == 1
+    wait_published(a)
+    a.proc.kill()  # the replica serves the file
+    a.proc.wait()
+    assert (c.mountpoint / name).read_bytes() == data
+    hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)

@@ -45,6 +45,7 @@ from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
+from hycache_agent.remote.copy import StreamCopy
 from hycache_agent.remote.reader import RemoteReader
 from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
@@ -59,6 +60,17 @@ SMALL_DIR = 1024
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
+
+
+def same_bytes(old: EntryMeta, new: EntryMeta) -> bool:
+    """Whether a file's new DHT entry still describes the bytes of the old one.  The store
+    bumps the version on every change of the entry, also when only its holder's tier, its
+    replica list or its write flag changed; a remote reader that took each of those for
+    new bytes threw its copy away and fetched the file again (a replica push right after
+    a read, or the holder evicting the file to its slow tier, was enough).  Writes change
+    the size or the mtime, and chmod/chown/rename-over the ctime."""
+    return old.kind == new.kind == "file" and (old.size, old.mtime_ns, old.ctime_ns, old.mode) == \
+        (new.size, new.mtime_ns, new.ctime_ns, new.mode)
 
 
 def kind_of(mode: int) -> str:
@@ -134,6 +146,8 @@ class ClusterLink:
         self._remote_by_path: dict[bytes, RemoteNode] = {}
         self._next_remote = itertools.count(REMOTE_INO_BASE)
         self._fetch_locks: dict[bytes, trio.Lock] = {}
+        self._streams: dict[tuple[bytes, int], StreamCopy] = {}  # copies streaming in for readers
+        self._nursery: trio.Nursery | None = None
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
@@ -191,6 +205,7 @@ class ClusterLink:
             self._store.close()
 
     async def run(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         nursery.start_soon(self._connect)
         nursery.start_soon(self._publisher)
         nursery.start_soon(self._heartbeat)
@@ -545,6 +560,8 @@ class ClusterLink:
         file's size and ignores sizes the agent reports later, so a changed file must
         look like a new inode (the old one lives on until the kernel forgets it)."""
         node = self._remote_by_path.get(path)
+        if node is not None and node.meta.version != meta.version and same_bytes(node.meta, meta):
+            meta = meta.copy(version=node.meta.version)  # the same bytes: the same inode and copy
         if node is None or (meta.kind != "dir" and node.meta.version != meta.version) \
                 or node.meta.kind != meta.kind:
             node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
@@ -634,9 +651,12 @@ class ClusterLink:
         (a newer version is a new inode, found by the next lookup)."""
         if time.monotonic() - node.fetched > META_TTL_SECONDS:
             meta = await self.store_get(node.path)
+            if meta is not None and meta.version != node.meta.version and same_bytes(node.meta, meta):
+                meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched = meta, time.monotonic()
             elif meta is not None and meta.kind == "file":
+                log.debug("%r superseded: %s -> %s", node.path, node.meta, meta)
                 node.superseded = True
                 self.forget_listing(node.path.rpartition(b"/")[0] or b"/")  # the next lookup finds it
                 if self.reader is not None:
@@ -685,12 +705,69 @@ class ClusterLink:
         async with self.fetch_lock(node.path):
             return await self.fetch_locked(node)
 
+    def _copy_dest(self, node: RemoteNode) -> str:
+        return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+
+    async def stream_remote(self, node: RemoteNode) -> str:
+        """The whole local copy of a remote file's current version, streamed in with one
+        GET if there is none yet (remote/copy.py; one stream per version, shared)."""
+        if node.meta.kind != "file":
+            raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
+        await self.refresh(node)
+        if self.has_copy(node):
+            return node.cache_blob
+        key = (node.path, node.meta.version)
+        sc = self._streams.get(key)
+        if sc is None:
+            if self._nursery is None or self.fetch_lock(node.path).locked():  # a whole fetch is on: wait for it
+                return await self.open_remote(node)
+            sc = self._streams[key] = StreamCopy(self, node, self._copy_dest(node))
+            self._nursery.start_soon(sc.run)
+        await sc.wait()
+        if self.has_copy(node):
+            return node.cache_blob
+        return await self.open_remote(node)  # (the node moved on meanwhile: a plain fetch)
+
+    def stream_done(self, sc: StreamCopy, etag: str, holder: str, seconds: float) -> None:
+        """A stream copy is whole: it becomes the node's copy (counted in the fast tier's
+        use) if the node still wants this version, else it goes."""
+        node = sc.node
+        if self._streams.get((node.path, sc.version)) is sc:
+            del self._streams[(node.path, sc.version)]
+        self.status.remote_fetches += 1
+        self.status.remote_bytes += sc.size
+        log.info("streamed %r (%d bytes, version %d) from %s in %.3f s", node.path, sc.size, sc.version, holder,
+                 seconds)
+        if node.meta.version == sc.version and self.remote.get(node.ino) is node and not node.superseded:
+            if node.cache_blob and node.cache_blob != sc.dest:
+                self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, node.cache_blob)
+            self.engine.remote_copy_removed(node.cache_size if node.cache_blob else 0)
+            self.engine.remote_copy_added(sc.size)
+            node.cache_blob, node.cache_version, node.cache_etag = sc.dest, sc.version, etag
+            node.cache_size = sc.size
+        elif node.cache_blob != sc.dest:
+            log.info("stream copy of %r not kept (version %d now %d, known %s, superseded %s)", node.path,
+                     sc.version, node.meta.version, self.remote.get(node.ino) is node, node.superseded)
+            self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, sc.dest)
+
+    def stream_failed(self, sc: StreamCopy) -> None:
+        if self._streams.get((sc.node.path, sc.version)) is sc:
+            del self._streams[(sc.node.path, sc.version)]
+        if sc.node.cache_blob != sc.dest:
+            self._nursery.start_soon(trio.to_thread.run_sync, T.remove_blob, sc.dest)
+
     async def fetch_locked(self, node: RemoteNode) -> str:
         """(holding the path's fetch lock) the local copy of ``node.meta``'s version."""
+        sc = self._streams.get((node.path, node.meta.version))
+        if sc is not None:  # being streamed for a reader: that is the copy
+            try:
+                await sc.wait()
+            except FsError:
+                pass  # fetched again below
         if node.cache_blob and node.cache_version == node.meta.version:
             return node.cache_blob
         holders = [node.meta.primary, *node.meta.replicas]
-        dest = str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        dest = self._copy_dest(node)
         last: BaseException | None = None
         for holder in [h for h in holders if h]:
             try:

@@ -344,14 +344,16 @@ class PeerClient:
                                   headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
 
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
-                            progress: Progress | None = None, *, etag: str | None = None) -> str:
+                            progress: Progress | None = None, *, etag: str | None = None,
+                            started: Callable[[int, str], None] | None = None) -> str:
         """Copy the peer's file into ``dest`` and return its ETag (version token).
 
         ``dest`` is a path (created or truncated, mode 0600) or a writable file descriptor
         (written from offset 0 with pwrite and truncated to the file's size; the caller
         keeps it open).  Not fsync'd: the caller decides when the copy must be durable.
         ``progress(done, total)`` is called on the event loop after each write.  With
-        ``etag``, the transfer must be that version (else PeerChanged)."""
+        ``etag``, the transfer must be that version (else PeerChanged).  ``started(size,
+        etag)`` is called once, when the first response's headers arrived."""
         own = not isinstance(dest, int)
         if own:
             fd = await trio.to_thread.run_sync(
@@ -359,15 +361,15 @@ class PeerClient:
         else:
             fd = dest
         try:
-            return await self._fetch(peer_addr, path, fd, progress, etag)
+            return await self._fetch(peer_addr, path, fd, progress, etag, started)
         finally:
             if own:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(os.close, fd)
 
     async def _fetch(self, addr: Addr, path: bytes, fd: int, progress: Progress | None,
-                     expect: str | None) -> str:
-        state: dict[str, Any] = {"size": None, "etag": expect, "written": 0}
+                     expect: str | None, started: Callable[[int, str], None] | None = None) -> str:
+        state: dict[str, Any] = {"size": None, "etag": expect, "written": 0, "started": started}
         send_ch, recv_ch = trio.open_memory_channel[tuple[int, list[bytes]]](4)
         errors: list[BaseException] = []
 
@@ -448,6 +450,9 @@ class PeerClient:
                     else:
                         state["size"] = int(resp.headers["content-length"])
                     state["etag"] = etag
+                    if state["started"] is not None:
+                        cb, state["started"] = state["started"], None
+                        cb(state["size"], etag)
                     try:
                         async for chunk in resp.aiter_raw():
                             pieces.append(chunk)

@@ -179,11 +179,13 @@ class Replicator:
             if self._pending:  # put back by replicate(): no peer known yet, or no store
                 await trio.sleep(RETRY_SECONDS)
 
-    def targets(self, path: bytes, nodes: dict) -> list[str]:
-        """Rendezvous (highest random weight) hashing over the live nodes but this one."""
+    def targets(self, path: bytes, nodes: dict, *, spares: bool = False) -> list[str]:
+        """Rendezvous (highest random weight) hashing over the live nodes but this one:
+        the first ``count`` (with ``spares``, all of them in that order: the next ones
+        stand in for a peer that fails)."""
         alive = [n for n, d in nodes.items() if d["alive"] and n != self.link.node_id]
         alive.sort(key=lambda n: hashlib.sha1(n.encode() + b"\0" + path).digest(), reverse=True)
-        return alive[: self.count]
+        return alive if spares else alive[: self.count]
 
     async def replicate(self, inode: Inode) -> list[str]:
         """Push ``inode``'s current bytes to its replica nodes and publish the list."""
@@ -196,7 +198,7 @@ class Replicator:
             if nodes is self.link.UNREACHABLE:
                 self._pending[inode.ino] = inode  # try again later
                 return []
-        targets = self.targets(path, nodes)
+        targets = self.targets(path, nodes, spares=True)
         if len(targets) < self.count:
             self.stats.no_peers += 1
             if not self._warned:
@@ -211,6 +213,10 @@ class Replicator:
         t0 = time.monotonic()
         try:
             for node in targets:
+                if len(done) >= self.count:
+                    break
+                # a node that stopped a moment ago still counts as alive (the registry's
+                # TTL): a failed push goes to the next node in rendezvous order instead
                 try:
                     addr = nodes[node]["addr"]
                     await self.link.peers.push_replica(addr, path, opened.blob, {"X-HyCache-Etag": opened.etag})

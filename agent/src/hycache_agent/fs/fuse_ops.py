@@ -19,6 +19,7 @@ from hycache_agent.fs import tiers as T
 from hycache_agent.cluster.dht_link import META_TTL_SECONDS
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.passthrough import Backings, invalidate_attrs
+from hycache_agent.remote.backing import RemoteBackings
 from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ class HyCacheOperations(pyfuse3.Operations):
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
         self.cluster = engine.cluster  # None when standalone
-        self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd)
+        self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd or HCCache handle, backing id)
+        self.remote_backings = RemoteBackings(engine)  # passthrough of whole copies of remote files
         self._leased: dict[int, int] = {}  # fh -> ino of a write handle holding the write lease
         self._backed: dict[int, Inode] = {}  # fh -> inode of a handle answered with a backing id
         self.own = engine.cluster.ownership if engine.cluster is not None else None
@@ -542,12 +544,23 @@ class HyCacheOperations(pyfuse3.Operations):
         # kept from an earlier read) is read from there without a fetch: a fast-tier hit;
         # otherwise a miss, read through HCCache (blocks/objects on demand, remote_read.py)
         # or, with HCCache off, fetched whole to the fast tier first
+        # (a large file HCCache reads whole too, remote/reader.py wants_copy); a whole copy
+        # is then read by the kernel itself (passthrough, remote/backing.py)
         hit = self.cluster.has_copy(remote)
-        if reader is not None and not hit:
+        copy = None
+        if reader is not None and not hit and not reader.wants_copy(remote):
             fd = reader.open(remote, pid)
-        else:
-            blob = await self.cluster.open_remote(remote)
-            fd = await trio.to_thread.run_sync(os.open, blob, os.O_RDONLY | os.O_CLOEXEC)
+        else:  # the whole copy (streamed in first if needed, remote/copy.py)
+            copy = await self.cluster.stream_remote(remote)
+        bid = await self.remote_backings.open(remote.ino, copy)
+        if copy is not None and not bid:
+            try:
+                fd = await trio.to_thread.run_sync(os.open, copy, os.O_RDONLY | os.O_CLOEXEC)
+            except BaseException:
+                await self.remote_backings.release(remote.ino, 0)
+                raise
+        elif bid:
+            fd = None
         fh = next(self.engine._fh)
         self.engine.io.remote_opens += 1
         if hit:
@@ -555,9 +568,11 @@ class HyCacheOperations(pyfuse3.Operations):
         else:
             self.engine.io.misses += 1
         remote.open_count += 1
-        self._remote_handles[fh] = (remote, fd)
+        self._remote_handles[fh] = (remote, fd, bid)
         # the bytes may differ from the last version the kernel cached: no keep_cache
         fi = pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False)
+        if bid:
+            fi.backing_id = bid
         if HAS_NOFLUSH:
             fi.noflush = True  # read-only: nothing to do at close
         return fi
@@ -576,7 +591,10 @@ class HyCacheOperations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         remote = self._remote_handles.get(fh)
         if remote is not None:
-            if not isinstance(remote[1], int):  # an HCCache handle
+            if remote[1] is None:  # passthrough: the kernel reads the copy (a straggler read)
+                data = await trio.to_thread.run_sync(os.pread, self.remote_backings.by_ino[remote[0].ino].fd,
+                                                     size, off)
+            elif not isinstance(remote[1], int):  # an HCCache handle
                 data = await remote[1].read(off, size)
             else:
                 data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
@@ -605,12 +623,13 @@ class HyCacheOperations(pyfuse3.Operations):
     async def release(self, fh):
         remote = self._remote_handles.pop(fh, None)
         if remote is not None:
-            node, fd = remote
+            node, fd, bid = remote
             node.open_count -= 1
             if isinstance(fd, int):
                 await trio.to_thread.run_sync(os.close, fd)
-            else:
+            elif fd is not None:
                 fd.close()
+            await self.remote_backings.release(node.ino, bid)
             return
         # the handle first (flush already took the size): a file released just now is
         # evictable at once; then the backing id (a last refresh for writes through a

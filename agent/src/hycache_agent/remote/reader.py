@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 READAHEAD_MAX = 32  # blocks
 READAHEAD_PARALLEL = 8  # concurrent background block fetches
 HOLDER_BACKOFF = 10.0  # seconds a holder that failed is tried after the others
+# A large file up to this share of the fast tier is copied whole to it at open (one
+# streamed GET) and read by the kernel through passthrough; larger ones go by blocks.
+COPY_SHARE = 0.25
 
 
 def _norm(etag: str) -> str:
@@ -88,6 +91,21 @@ class RemoteReader:
 
     def open(self, node, client: Any) -> RemoteHandle:
         return RemoteHandle(self, node, client)
+
+    def wants_copy(self, node) -> bool:
+        """Whether an open of ``node`` should copy it whole to the fast tier and be read
+        through passthrough rather than by blocks through memory.
+
+        A large file is read faster as one streamed GET into the fast tier than as range
+        requests of ``block_size`` (each a round trip and a thread hop or two here, and a
+        hash of the block), and once whole the kernel reads it without the agent: the
+        first read runs at the GET's speed, every later one (and random reads) at the
+        local one.  A stream is also what should not churn the memory cache (a 256 MiB
+        scan through a 256 MiB cache evicts everything for nothing).  Files too big for
+        the fast tier's room (more than COPY_SHARE of it) keep the block path: their
+        first byte must not wait for the whole file."""
+        size = node.meta.size
+        return size >= self.cache.small_file and size <= COPY_SHARE * self.link.engine.capacity
 
     def learn_version(self, path: bytes, version: int) -> None:
         """The DHT says ``path`` is at ``version`` now: entries of another one go."""
