@@ -183,8 +183,10 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("hycache_control")
     log.info("control plane on http://%s:%s (database %s, redis %s, dht_namespace %s)", host, port,
              s.db_url.split("@")[-1], s.redis or "none", s.dht_namespace)
+    # uvloop and httptools: the event loop and HTTP parser in C (h11 and the pure-Python
+    # loop cost ~2x the CPU per heartbeat, docs/scaling.md)
     uvicorn.run(create_app(s), host=host.strip("[]"), port=int(port), log_level=s.log_level,
-                access_log=s.log_level == "debug")
+                access_log=s.log_level == "debug", loop="uvloop", http="httptools")
     return 0
 
 

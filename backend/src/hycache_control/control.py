@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from .db import Database
+from .jsonfast import dumps
 from .services.actions import ActionService
 from .services.events import EventService
 from .services.manifests import ManifestService
@@ -50,6 +51,8 @@ class Control:
         self.policies = PolicyService(self.db, self.events)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
+        self._nodes_json: tuple[float, str] | None = None
+        self._nodes_json_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 
@@ -62,6 +65,7 @@ class Control:
         if self.tokens.active_admins() == 0:
             log.warning("no admin token yet: create the first one with\n  hycache-control token create --db '%s' "
                         "--scope admin --name admin", s.db_url)
+        self.tokens.refresh(force=True)
         self.writer.start()
         self._monitor.start()
 
@@ -69,6 +73,7 @@ class Control:
         self._stop.set()
         if self._monitor.is_alive():
             self._monitor.join(timeout=10)
+        self.nodes.save_all()
         self.writer.stop()
         self.namespace.close()
         self.db.close()
@@ -82,6 +87,7 @@ class Control:
                     next_registry = now + REGISTRY_PERIOD
                     self.nodes.refresh_registry()
                 self.nodes.tick()
+                self.tokens.refresh()
                 if now >= next_downsample:
                     next_downsample = now + DOWNSAMPLE_PERIOD
                     self.metrics.downsample()
@@ -94,19 +100,48 @@ class Control:
     def node_views(self) -> list[dict[str, Any]]:
         return [node_view(n, self.policies.get(n.id, n.status)) for n in self.nodes.snapshot()]
 
+    def node_page(self, state: str | None, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """(views of one page of nodes in id order, how many match): only the page's views
+        are built."""
+        nodes = self.nodes.snapshot()
+        if state:
+            nodes = [n for n in nodes if n.state == state]
+        return [node_view(n, self.policies.get(n.id, n.status)) for n in nodes[offset:offset + limit]], len(nodes)
+
+    def nodes_json(self, max_age: float) -> str:
+        """Every node's view as one JSON array, built at most once per ``max_age`` seconds
+        however many stream clients ask (blocking: call it in a thread)."""
+        with self._nodes_json_lock:
+            now = time.monotonic()
+            if self._nodes_json is None or now - self._nodes_json[0] >= max_age:
+                self._nodes_json = (now, dumps(self.node_views()).decode())
+            return self._nodes_json[1]
+
     def node_view(self, node_id: str) -> dict[str, Any] | None:
         n = self.nodes.get(node_id)
         return None if n is None else node_view(n, self.policies.get(n.id, n.status))
 
     # -- the heartbeat ------------------------------------------------------------------------
 
-    def heartbeat(self, hb) -> dict[str, Any]:
-        """One agent heartbeat in, what the node must do out (docs/control-plane.md)."""
+    def heartbeat_in_memory(self, hb) -> bool:
+        """True when :meth:`heartbeat` needs no database for ``hb`` (no results to store, no
+        policy version to record, nothing pending for the node): the event loop may run it."""
+        return not hb.action_results and not self.policies.needs_write(hb.node_id, hb.policy_version) \
+            and not self.actions.has_work(hb.node_id)
+
+    def heartbeat(self, hb, *, db: bool = True) -> dict[str, Any]:
+        """One agent heartbeat in, what the node must do out (docs/control-plane.md).
+        ``db=False`` (on the event loop, after :meth:`heartbeat_in_memory`): touch no
+        database; whatever became pending since that check goes out in the next answer."""
         self.nodes.heartbeat(hb)
-        self.policies.applied(hb.node_id, hb.policy_version)
-        acked = self.actions.report(hb.node_id, hb.action_results)
+        if db:
+            self.policies.applied(hb.node_id, hb.policy_version)
+            acked = self.actions.report(hb.node_id, hb.action_results)
+            actions = self.actions.deliver(hb.node_id)
+        else:
+            acked, actions = [], []
         return {"interval": self.settings.heartbeat_interval, "policy": self.policies.delivery(hb.node_id),
-                "actions": self.actions.deliver(hb.node_id), "acked_results": acked, "plans": []}
+                "actions": actions, "acked_results": acked, "plans": []}
 
     # -- readiness ----------------------------------------------------------------------------
 

@@ -1,4 +1,10 @@
-"""A node as the API shows it (``NodeOut``), built from the live state."""
+"""A node as the API shows it (``NodeOut``), built from the live state.
+
+The views are JSON-ready and conform to ``schemas.NodeOut`` as built (whatever an agent put
+in its status: numbers are coerced, anything else becomes null), so the routes serialise
+them directly: validating 1,000 views through pydantic on every read cost more than the
+heartbeats themselves (docs/scaling.md).  ``tests/control/test_scale.py`` holds the
+conformance."""
 
 from __future__ import annotations
 
@@ -8,55 +14,79 @@ from .services.metrics import _get
 from .services.nodes import LiveNode
 
 
+def _int(x: Any) -> int | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+        return None
+    return int(x)
+
+
+def _float(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+        return None
+    return float(x)
+
+
+def _str(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def _dict(x: Any) -> dict | None:
+    return x if isinstance(x, dict) else None
+
+
 def tier_view(status: dict | None, tier: str) -> dict[str, Any]:
-    t = _get(status, "tiers", tier, default={}) or {}
-    wm = _get(status, "watermarks", default={}) or {}
-    cap = t.get("capacity")
+    t = _dict(_get(status, "tiers", tier, default={})) or {}
+    wm = _dict(_get(status, "watermarks", default={})) or {}
+    cap = _int(t.get("capacity"))
     # the agent reports the capacity it may use; the device's size is capacity for the
     # slow tier and used + free for the fast one when the agent does not report it
-    device_capacity = t.get("device_capacity")
-    if device_capacity is None and t.get("device_free") is not None:
+    device_capacity = _int(t.get("device_capacity"))
+    device_free = _int(t.get("device_free"))
+    if device_capacity is None and device_free is not None:
         device_capacity = cap if tier == "slow" else None
-    out = {"capacity": cap, "device_capacity": device_capacity, "device_free": t.get("device_free"),
-           "used": t.get("used"), "files": t.get("files"), "high_watermark_bytes": None, "low_watermark_bytes": None}
+    out = {"capacity": cap, "device_capacity": device_capacity, "device_free": device_free,
+           "used": _int(t.get("used")), "files": _int(t.get("files")), "high_watermark_bytes": None,
+           "low_watermark_bytes": None}
     if tier == "fast" and cap is not None:
-        if wm.get("high") is not None:
+        if _float(wm.get("high")) is not None:
             out["high_watermark_bytes"] = int(wm["high"] * cap)
-        if wm.get("low") is not None:
+        if _float(wm.get("low")) is not None:
             out["low_watermark_bytes"] = int(wm["low"] * cap)
     return out
 
 
 def node_view(n: LiveNode, policy: dict[str, Any]) -> dict[str, Any]:
-    st = n.status
-    cluster = _get(st, "cluster", default=None)
-    mig = _get(st, "migrations", default={}) or {}
+    st = _dict(n.status)
+    cluster = _dict(_get(st, "cluster", default=None))
+    mig = _dict(_get(st, "migrations", default={})) or {}
     reg = n.registry
     active = []
-    for m in mig.get("active", []) or []:
+    for m in mig.get("active", []) if isinstance(mig.get("active"), list) else []:
         if isinstance(m, dict):
-            active.append({"path": m.get("path"), "from": m.get("from") or m.get("src"),
-                           "to": m.get("to") or m.get("dst"), "copied": m.get("copied"), "total": m.get("total")})
+            active.append({"path": _str(m.get("path")), "from": _str(m.get("from") or m.get("src")),
+                           "to": _str(m.get("to") or m.get("dst")), "copied": _int(m.get("copied")),
+                           "total": _int(m.get("total"))})
     rates = None
     if n.rates is not None:
         rates = {k: v for k, v in n.rates.items() if k not in ("node_id", "resolution")}
     return {
         "id": n.id, "address": n.address, "state": n.state, "state_since": n.state_since, "version": n.version,
         "boot_id": n.boot_id, "last_heartbeat": n.last_heartbeat, "heartbeats": n.heartbeats,
-        "dht": {"state": cluster.get("state") if isinstance(cluster, dict) else None,
-                "backlog": cluster.get("backlog") if isinstance(cluster, dict) else None,
+        "dht": {"state": _str(cluster.get("state")) if cluster else None,
+                "backlog": _int(cluster.get("backlog")) if cluster else None,
                 "registry_alive": None if reg is None else _alive(reg),
                 "registry_age": None if reg is None else _age(reg)},
-        "policy": {k: policy.get(k) for k in ("policy", "high_watermark", "low_watermark", "version",
-                                               "applied_version")},
+        "policy": {"policy": _str(policy.get("policy")), "high_watermark": _float(policy.get("high_watermark")),
+                   "low_watermark": _float(policy.get("low_watermark")), "version": _int(policy.get("version")) or 0,
+                   "applied_version": _int(policy.get("applied_version")) or 0},
         "tiers": {t: tier_view(st, t) for t in ("fast", "slow")} if st else {},
         "hit_ratio": rates.get("hit_ratio") if rates else None,
         "rates": rates,
         "counters": n.counters,
-        "hccache": _get(st, "hccache", default=None) if st else None,
-        "passthrough": _get(st, "passthrough", default=None) if st else None,
-        "migrations": {"active": active, "done": int(mig.get("migrations_done", 0) or 0),
-                       "bytes": int(mig.get("bytes_promoted", 0) or 0) + int(mig.get("bytes_demoted", 0) or 0)},
+        "hccache": _dict(_get(st, "hccache", default=None)) if st else None,
+        "passthrough": _dict(_get(st, "passthrough", default=None)) if st else None,
+        "migrations": {"active": active, "done": _int(mig.get("migrations_done")) or 0,
+                       "bytes": (_int(mig.get("bytes_promoted")) or 0) + (_int(mig.get("bytes_demoted")) or 0)},
         "updated_at": n.updated_at,
     }
 

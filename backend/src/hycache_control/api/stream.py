@@ -54,8 +54,7 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             now = time.monotonic()
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
-                views = await run_in_threadpool(control.node_views)
-                yield {"event": "nodes", "data": json.dumps(views, default=str)}
+                yield {"event": "nodes", "data": await run_in_threadpool(control.nodes_json, NODES_PERIOD * 0.9)}
             await anyio.sleep(POLL)
 
     return EventSourceResponse(gen(), ping=15, send_timeout=30)

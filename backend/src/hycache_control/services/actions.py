@@ -135,6 +135,11 @@ class ActionService:
 
     # -- the heartbeat side -------------------------------------------------------------------
 
+    def has_work(self, node: str) -> bool:
+        """May :meth:`deliver` find items for ``node`` (else it answers [] without a query)?"""
+        with self._lock:
+            return node in self._pending_nodes
+
     def deliver(self, node: str) -> list[dict[str, Any]]:
         """Items for ``node`` (pending or delivered without a result yet: re-sent until the
         agent reports, so a restart of either side loses none)."""

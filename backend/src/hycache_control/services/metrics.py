@@ -76,6 +76,24 @@ def rates(prev: dict, prev_sent: float, cur: dict, cur_sent: float) -> dict[str,
     return out
 
 
+SAMPLE_COLUMNS = ("node_id", "ts", "resolution", *SAMPLE_FIELDS)
+
+
+def insert_samples(s, samples: list[dict]) -> None:
+    """Insert samples in the session's transaction: COPY on PostgreSQL (1,000 rows a second
+    cost a few ms, where a multi-row INSERT spent more converting its parameters), a
+    Core bulk insert elsewhere."""
+    if s.get_bind().dialect.name == "postgresql":
+        conn = s.connection().connection.driver_connection  # psycopg, inside this transaction
+        with conn.cursor() as cur, cur.copy(f"COPY {MetricSample.__tablename__} ({', '.join(SAMPLE_COLUMNS)}) "
+                                            "FROM STDIN") as cp:
+            for r in samples:
+                cp.write_row([r.get(c, 0.0 if c in SAMPLE_FIELDS and c != "hit_ratio" else None)
+                              for c in SAMPLE_COLUMNS])
+    else:
+        s.execute(MetricSample.__table__.insert(), samples)
+
+
 class MetricsWriter:
     """A thread that flushes queued samples and node rows in batches (one transaction per
     ``flush_interval``): at 1,000 nodes a heartbeat costs a queue put, not a commit."""
@@ -128,7 +146,7 @@ class MetricsWriter:
         try:
             with self.db.session() as s:
                 if samples:
-                    s.execute(insert(MetricSample), samples)
+                    insert_samples(s, samples)
                 if nodes:
                     self.node_sink(s, list(nodes.values()))
             self.flushed_samples += len(samples)

@@ -34,6 +34,11 @@ from .metrics import MetricsWriter, _get, gauges, rates
 
 log = logging.getLogger(__name__)
 
+#: a node's row (its last heartbeat, counters, state) is written at a state change and at
+#: most this often otherwise: the row is what a restarted control plane starts from, not
+#: what anyone reads live, so a heartbeat costs no row write.
+NODE_ROW_PERIOD = 10.0
+
 NODE_COLUMNS = ("id", "address", "version", "boot_id", "seq", "sent_at", "first_seen", "last_heartbeat",
                 "heartbeats", "state", "state_since", "status", "counters", "updated_at")
 
@@ -57,6 +62,7 @@ class LiveNode:
     registry: dict[str, Any] | None = None  # the DHT registry's entry (addr, load, last_beat)
     updated_at: float = 0.0
     persisted: bool = field(default=False, repr=False)
+    saved_at: float = field(default=0.0, repr=False)  # when its row last went to the writer
 
     def row(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in NODE_COLUMNS}
@@ -122,11 +128,14 @@ class NodeService:
                 n.rates = sample
             n.updated_at = now
             transition = self._evaluate(n, now)
-            row = n.row()
+            row = None
+            if transition or now - n.saved_at >= NODE_ROW_PERIOD:
+                row, n.saved_at = n.row(), now
         if self.writer is not None:
             if sample is not None:
                 self.writer.sample(sample)
-            self.writer.node(row)
+            if row is not None:
+                self.writer.node(row)
         if transition:
             self._announce(*transition)
 
@@ -193,11 +202,22 @@ class NodeService:
                 if t:
                     changes.append(t)
                     if n.persisted or n.last_heartbeat is not None:
-                        rows = n.row()
+                        n.saved_at = now
                         if self.writer is not None:
-                            self.writer.node(rows)
+                            self.writer.node(n.row())
         for t in changes:
             self._announce(*t)
+
+    def save_all(self) -> None:
+        """Hand every node's row to the writer (at a clean stop)."""
+        if self.writer is None:
+            return
+        now = time.time()
+        with self.lock:
+            for n in self.live.values():
+                if n.persisted or n.last_heartbeat is not None:
+                    n.saved_at = now
+                    self.writer.node(n.row())
 
     # -- views --------------------------------------------------------------------------------
 

@@ -68,6 +68,12 @@ class PolicyService:
         return {"version": p["version"], "policy": p["policy"], "high_watermark": p["high_watermark"],
                 "low_watermark": p["low_watermark"]}
 
+    def needs_write(self, node_id: str, version: int) -> bool:
+        """Would :meth:`applied` write (the node reports a version not yet recorded)?"""
+        with self._lock:
+            p = self._cache.get(node_id)
+            return p is not None and p["applied_version"] != version
+
     def applied(self, node_id: str, version: int) -> None:
         """The node's heartbeat says it runs ``version`` (cheap when nothing changed)."""
         with self._lock:
