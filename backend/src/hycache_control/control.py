@@ -11,6 +11,7 @@ from typing import Any
 from .db import Database
 from .jsonfast import dumps
 from .services.actions import ActionService
+from .services.bus import Bus, Leader
 from .services.events import EventService
 from .services.manifests import ManifestService
 from .services.metrics import MetricsService, MetricsWriter
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 REGISTRY_PERIOD = 2.0
 DOWNSAMPLE_PERIOD = 60.0
+RESYNC_PERIOD = 5.0
 
 
 class Control:
@@ -34,7 +36,10 @@ class Control:
         if migrate:
             self.db.upgrade()
         self.tokens = TokenService(self.db, settings.token_cache_seconds)
-        self.events = EventService(self.db)
+        # several processes on one PostgreSQL database: what they tell each other, who leads
+        self.bus = Bus(self.db)
+        self.leader = Leader(self.db)
+        self.events = EventService(self.db, self.bus)
         store_factory = None
         if settings.redis_seeds:
             def store_factory():
@@ -42,17 +47,19 @@ class Control:
                 return RedisClusterStore(settings.redis_seeds, namespace=settings.dht_namespace, op_timeout=5.0)
         self.namespace = NamespaceService(store_factory)
         self.nodes = NodeService(self.db, self.events, interval=settings.heartbeat_interval,
-                                 down_after=settings.down_after,
+                                 down_after_missed=settings.down_after_missed, down_grace=settings.down_grace,
+                                 max_rate=settings.max_heartbeats_per_second,
                                  registry_reader=self.namespace.nodes if store_factory else None)
         self.metrics = MetricsService(self.db, settings.raw_retention_s, settings.minute_retention_s)
         self.writer = MetricsWriter(self.db, settings.flush_interval, self.nodes.sink,
-                                    also=[self.events.flush, self.tokens.flush])
+                                    also=[self.events.flush, self.tokens.flush], after=[self.nodes.share])
         self.nodes.writer = self.writer
-        self.policies = PolicyService(self.db, self.events)
-        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events)
+        self.nodes.leader = lambda: self.leader.is_leader
+        self.policies = PolicyService(self.db, self.events, self.bus)
+        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
-        self._nodes_json: tuple[float, str] | None = None
-        self._nodes_json_lock = threading.Lock()
+        self._nodes_sse: tuple[float, bytes] | None = None
+        self._nodes_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 
@@ -66,6 +73,8 @@ class Control:
             log.warning("no admin token yet: create the first one with\n  hycache-control token create --db '%s' "
                         "--scope admin --name admin", s.db_url)
         self.tokens.refresh(force=True)
+        self.leader.check()
+        self.bus.start()
         self.writer.start()
         self._monitor.start()
 
@@ -75,20 +84,27 @@ class Control:
             self._monitor.join(timeout=10)
         self.nodes.save_all()
         self.writer.stop()
+        self.bus.stop()
+        self.leader.close()
         self.namespace.close()
         self.db.close()
 
     def _monitor_loop(self) -> None:
-        next_registry = next_downsample = 0.0
+        next_registry = next_downsample = next_resync = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
+                leader = self.leader.check()
                 if now >= next_registry:
                     next_registry = now + REGISTRY_PERIOD
                     self.nodes.refresh_registry()
+                self.nodes.merge_shared()  # heartbeats the other processes heard (PostgreSQL)
                 self.nodes.tick()
                 self.tokens.refresh()
-                if now >= next_downsample:
+                if self.bus.enabled and now >= next_resync:  # a notification lost in a race costs <= 5 s
+                    next_resync = now + RESYNC_PERIOD
+                    self.actions.resync()
+                if leader and now >= next_downsample:
                     next_downsample = now + DOWNSAMPLE_PERIOD
                     self.metrics.downsample()
             except Exception:
@@ -108,14 +124,15 @@ class Control:
             nodes = [n for n in nodes if n.state == state]
         return [node_view(n, self.policies.get(n.id, n.status)) for n in nodes[offset:offset + limit]], len(nodes)
 
-    def nodes_json(self, max_age: float) -> str:
-        """Every node's view as one JSON array, built at most once per ``max_age`` seconds
-        however many stream clients ask (blocking: call it in a thread)."""
-        with self._nodes_json_lock:
+    def nodes_sse(self, max_age: float) -> bytes:
+        """The stream's ``nodes`` message (every node's view, one JSON array), encoded once
+        per ``max_age`` seconds however many stream clients ask (blocking: call it in a
+        thread)."""
+        with self._nodes_sse_lock:
             now = time.monotonic()
-            if self._nodes_json is None or now - self._nodes_json[0] >= max_age:
-                self._nodes_json = (now, dumps(self.node_views()).decode())
-            return self._nodes_json[1]
+            if self._nodes_sse is None or now - self._nodes_sse[0] >= max_age:
+                self._nodes_sse = (now, b"event: nodes\r\ndata: " + dumps(self.node_views()) + b"\r\n\r\n")
+            return self._nodes_sse[1]
 
     def node_view(self, node_id: str) -> dict[str, Any] | None:
         n = self.nodes.get(node_id)
@@ -133,14 +150,14 @@ class Control:
         """One agent heartbeat in, what the node must do out (docs/control-plane.md).
         ``db=False`` (on the event loop, after :meth:`heartbeat_in_memory`): touch no
         database; whatever became pending since that check goes out in the next answer."""
-        self.nodes.heartbeat(hb)
+        interval = self.nodes.heartbeat(hb)
         if db:
             self.policies.applied(hb.node_id, hb.policy_version)
             acked = self.actions.report(hb.node_id, hb.action_results)
             actions = self.actions.deliver(hb.node_id)
         else:
             acked, actions = [], []
-        return {"interval": self.settings.heartbeat_interval, "policy": self.policies.delivery(hb.node_id),
+        return {"interval": interval, "policy": self.policies.delivery(hb.node_id),
                 "actions": actions, "acked_results": acked, "plans": []}
 
     # -- readiness ----------------------------------------------------------------------------

@@ -54,7 +54,7 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             now = time.monotonic()
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
-                yield {"event": "nodes", "data": await run_in_threadpool(control.nodes_json, NODES_PERIOD * 0.9)}
+                yield await run_in_threadpool(control.nodes_sse, NODES_PERIOD * 0.9)  # encoded once for all
             await anyio.sleep(POLL)
 
     return EventSourceResponse(gen(), ping=15, send_timeout=30)

@@ -99,9 +99,10 @@ class MetricsWriter:
     ``flush_interval``): at 1,000 nodes a heartbeat costs a queue put, not a commit."""
 
     def __init__(self, db: Database, flush_interval: float, node_sink: Callable[[Any, list[dict]], None],
-                 also: list[Callable[[], None]] | None = None) -> None:
+                 also: list[Callable[[], None]] | None = None, after: list[Callable[[], None]] | None = None) -> None:
         self.db = db
         self.also = also or []  # other batched writes flushed by this thread (events, token use)
+        self.after = after or []  # ... and after the samples and node rows (shared liveness)
         self.flush_interval = flush_interval
         self.node_sink = node_sink
         self.q: queue.SimpleQueue = queue.SimpleQueue()
@@ -125,11 +126,19 @@ class MetricsWriter:
         self.flush()
 
     def flush(self) -> None:
-        for fn in self.also:
+        self._run_hooks(self.also)
+        self._flush_queue()
+        self._run_hooks(self.after)
+
+    @staticmethod
+    def _run_hooks(hooks) -> None:
+        for fn in hooks:
             try:
                 fn()
             except Exception as e:
                 log.warning("writer: %s failed, retrying: %s", getattr(fn, "__qualname__", fn), e)
+
+    def _flush_queue(self) -> None:
         samples: list[dict] = []
         nodes: dict[str, dict] = {}
         while True:
