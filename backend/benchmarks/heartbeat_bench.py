@@ -299,7 +299,10 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    return {"label": label, "nodes": nodes, "wall": wall, "ok": len(res.hb_lat), "errors": res.hb_err,
+    import psycopg
+    with psycopg.connect(url_db.replace("postgresql+psycopg", "postgresql")) as conn:
+        rows, size = conn.execute("SELECT count(*), pg_total_relation_size('metric_samples') FROM metric_samples").fetchone()
+    return {"sample_rows": rows, "sample_bytes": size,"label": label, "nodes": nodes, "wall": wall, "ok": len(res.hb_lat), "errors": res.hb_err,
             "p50": pct(res.hb_lat, 50), "p99": pct(res.hb_lat, 99), "max": max(res.hb_lat, default=0.0),
             "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 50),
             "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "samples": samples,
@@ -344,15 +347,22 @@ def main() -> int:
           f"(the server may stretch it){'; serve ' + ' '.join(args.server_arg) if args.server_arg else ''}")
     print()
     print("| build | simulated nodes | heartbeats accepted (offered at the start) | p50 | p99 | max | errors "
-          "| server CPU | load generator CPU | nodes up after | reads p50 / p99 | stream bytes/s per dashboard "
+          "| server CPU | server CPU per request | load generator CPU | nodes up after | reads p50 / p99 | stream bytes/s per dashboard "
           "| load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    tail = []
     for r in rows:
         errs = f"{len(r['errors'])} {sorted(set(map(str, r['errors'])))[:3]}" if r["errors"] else "0"
         print(f"| {r['label']} | {r['nodes']:,} | {r['ok'] / r['wall']:,.0f}/s ({r['nodes'] / args.interval:,.0f}/s) "
               f"| {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {errs} "
-              f"| {r['cpu'] * 100:.0f} % | {r['gen_cpu'] * 100:.0f} % | {r['up']:,} | {r['rd_p50'] * 1000:.0f} / "
+              f"| {r['cpu'] * 100:.0f} % | {r['cpu'] * r['wall'] / max(1, r['ok'] + r['reads']) * 1000:.2f} ms "
+              f"| {r['gen_cpu'] * 100:.0f} % | {r['up']:,} | {r['rd_p50'] * 1000:.0f} / "
               f"{r['rd_p99'] * 1000:.0f} ms | {r['stream_bps']:,.0f} | {r['load']:.1f} |")
+        if r["sample_rows"]:
+            tail.append(f"{r['label']} {r['nodes']:,} nodes: metric_samples {r['sample_rows']:,} rows, "
+                        f"{r['sample_bytes'] / 2**20:.1f} MiB with indexes ({r['sample_bytes'] / r['sample_rows']:.0f} B/row)")
+    print()
+    print("\n".join(tail))
     return 0
 
 

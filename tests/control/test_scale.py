@@ -155,3 +155,39 @@ def test_restart_keeps_the_stretched_window(plane):
     # the agents still beat every 3 s: the restarted plane starts from that interval
     assert again.nodes.interval == 3.0 and again.nodes.get("n7").interval == 3.0
     again.stop()
+
+
+def test_summary_and_the_node_table_over_every_node(plane):
+    control = plane()
+    st = {"tiers": {"fast": {"capacity": 100, "used": 10, "files": 1}, "slow": {"capacity": 1000, "used": 50, "files": 2}}}
+    for i in range(150):  # more than one page
+        control.heartbeat(beat(f"node-{i:03d}", status={**st, "tiers": {
+            "fast": {**st["tiers"]["fast"], "used": i}, "slow": st["tiers"]["slow"]}},
+            counters={"fast": {"read_bytes": 0, "hits": 0}, "misses": 0}), db=False)
+    for i in range(150):  # a second beat: rates (node i read 1,000 x i bytes, i hits, 1 miss)
+        control.heartbeat(S.Heartbeat(node_id=f"node-{i:03d}", boot_id="b1", seq=2, sent_at=time.time() + 1,
+                                      status=st, counters={"fast": {"read_bytes": 1000 * i, "hits": i}, "misses": 1}),
+                          db=False)
+    # a node the registry knows but that stopped long ago: down
+    control.nodes.live["node-999"] = LiveNode(id="node-999", first_seen=0, state="down", state_since=0)
+    with TestClient(create_app(control.settings, control)) as client:
+        admin = control.tokens.create("a", "admin")[1]
+        h = {"Authorization": f"Bearer {admin}"}
+        s = client.get("/api/v1/summary", headers=h).json()
+        assert (s["nodes"], s["up"], s["degraded"], s["down"]) == (151, 150, 0, 1)
+        assert s["tiers"]["fast"] == {"capacity": 150 * 100, "used": 150 * 10, "files": 150}
+        assert s["tiers"]["slow"]["capacity"] == 150 * 1000 and s["interval"] == 0.5
+        rates = s["rates"]
+        assert rates["hits"] > 0 and s["hit_ratio"] == pytest.approx(rates["hits"] / (rates["hits"] + rates["misses"]))
+        # the node table: filter by state and name, sort, page
+        page = client.get("/api/v1/nodes", headers=h, params={"state": "up", "limit": 10}).json()
+        assert page["total"] == 150 and [v["id"] for v in page["items"]][:2] == ["node-000", "node-001"]
+        page = client.get("/api/v1/nodes", headers=h, params={"q": "NODE-14", "limit": 100}).json()
+        assert page["total"] == 10 and all(v["id"].startswith("node-14") for v in page["items"])
+        page = client.get("/api/v1/nodes", headers=h,
+                          params={"sort": "hit_ratio", "desc": "true", "limit": 3, "offset": 0}).json()
+        assert [v["id"] for v in page["items"]] == ["node-149", "node-148", "node-147"]
+        last = client.get("/api/v1/nodes", headers=h, params={"sort": "hit_ratio", "offset": 150}).json()
+        assert [v["id"] for v in last["items"]] == ["node-999"]  # no value: last either way
+        assert client.get("/api/v1/nodes", headers=h, params={"sort": "nope"}).status_code == 422
+    control.stop()

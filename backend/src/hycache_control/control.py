@@ -20,7 +20,7 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import node_view
+from .views import SORT_KEYS, node_view, summarise
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Control:
                                     also=[self.events.flush, self.tokens.flush], after=[self.nodes.share])
         self.nodes.writer = self.writer
         self.nodes.leader = lambda: self.leader.is_leader
+        self.nodes.shared = self.bus.others
         self.policies = PolicyService(self.db, self.events, self.bus)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
@@ -116,13 +117,26 @@ class Control:
     def node_views(self) -> list[dict[str, Any]]:
         return [node_view(n, self.policies.get(n.id, n.status)) for n in self.nodes.snapshot()]
 
-    def node_page(self, state: str | None, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
-        """(views of one page of nodes in id order, how many match): only the page's views
-        are built."""
-        nodes = self.nodes.snapshot()
+    def node_page(self, state: str | None, offset: int, limit: int, *, sort: str = "id", desc: bool = False,
+                  q: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """(views of one page of nodes, how many match): filtered by state and by a
+        substring of the id, sorted (then by id); only the page's views are built."""
+        nodes = self.nodes.snapshot()  # in id order
         if state:
             nodes = [n for n in nodes if n.state == state]
+        if q:
+            q = q.lower()
+            nodes = [n for n in nodes if q in n.id.lower()]
+        if sort != "id" or desc:
+            key = SORT_KEYS[sort]
+            present = [n for n in nodes if key(n) is not None]  # nodes without the value go last either way
+            present.sort(key=key, reverse=desc)
+            nodes = present + [n for n in nodes if key(n) is None]
         return [node_view(n, self.policies.get(n.id, n.status)) for n in nodes[offset:offset + limit]], len(nodes)
+
+    def summary(self) -> dict[str, Any]:
+        """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
+        return summarise(self.nodes.snapshot(), self.nodes.interval)
 
     def nodes_sse(self, max_age: float) -> bytes:
         """The stream's ``nodes`` message (every node's view, one JSON array), encoded once

@@ -99,3 +99,52 @@ def _age(reg: dict) -> float:
 def _alive(reg: dict) -> bool:
     from hycache_dht.registry import NODE_TTL_SECONDS
     return _age(reg) < NODE_TTL_SECONDS
+
+
+def _num(x: Any) -> float:
+    v = _float(x)
+    return 0.0 if v is None else v
+
+
+def _used(tier: str):
+    def key(n: LiveNode) -> int | None:
+        return _int(_get(n.status, "tiers", tier, "used", default=None)) if isinstance(n.status, dict) else None
+    return key
+
+
+#: the sort keys of GET /nodes (None: no value, listed last)
+SORT_KEYS = {
+    "id": lambda n: n.id,
+    "state": lambda n: n.state,
+    "last_heartbeat": lambda n: n.last_heartbeat,
+    "heartbeats": lambda n: n.heartbeats,
+    "fast_used": _used("fast"),
+    "slow_used": _used("slow"),
+    "hit_ratio": lambda n: _float((n.rates or {}).get("hit_ratio")),
+}
+
+SUMMED_RATES = ("fast_read_bps", "fast_write_bps", "slow_read_bps", "slow_write_bps", "remote_read_bps",
+                "metadata_ops_per_s", "migration_bps", "hits", "misses")
+
+
+def summarise(nodes: list[LiveNode], interval: float) -> dict[str, Any]:
+    """GET /nodes/summary (and the stream's ``summary``): counts by state, tiers and rates
+    summed over every node (a down node's last sample does not count toward the rates)."""
+    import time
+    states = {"up": 0, "degraded": 0, "down": 0}
+    tiers = {t: {"capacity": 0, "used": 0, "files": 0} for t in ("fast", "slow")}
+    rates = dict.fromkeys(SUMMED_RATES, 0.0)
+    for n in nodes:
+        states[n.state] = states.get(n.state, 0) + 1
+        st = _dict(n.status)
+        if st is not None:
+            for t in tiers:
+                tv = _dict(_get(st, "tiers", t, default=None)) or {}
+                for f in ("capacity", "used", "files"):
+                    tiers[t][f] += _int(tv.get(f)) or 0
+        if n.rates and n.state != "down":
+            for f in SUMMED_RATES:
+                rates[f] += _num(n.rates.get(f))
+    total = rates["hits"] + rates["misses"]
+    return {"nodes": len(nodes), **states, "interval": interval, "tiers": tiers, "rates": rates,
+            "hit_ratio": rates["hits"] / total if total > 0 else None, "ts": time.time()}

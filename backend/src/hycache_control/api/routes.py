@@ -76,10 +76,20 @@ def revoke_token(control: ControlDep, _: Admin, token_id: Annotated[int, Path(ge
             tags=["nodes"])
 def list_nodes(control: ControlDep, _: Reader, page: PagingDep,
                state: Annotated[S.NodeState | None, Query(description="only nodes in this state")] = None,
+               q: Annotated[str | None, Query(max_length=200, description="only nodes whose id contains this "
+                                                                            "(case-insensitive)")] = None,
+               sort: Annotated[S.NodeSort, Query(description="sort key (then by id)")] = "id",
+               desc: Annotated[bool, Query(description="descending")] = False,
                if_none_match: Annotated[str | None, Header()] = None):
-    items, total = control.node_page(state, page.offset, page.limit)
+    items, total = control.node_page(state, page.offset, page.limit, sort=sort, desc=desc, q=q)
     body = {"items": items, "total": total, "limit": page.limit, "offset": page.offset}
     return _etag_response(body, if_none_match)  # the views conform to NodeOut as built (views.py)
+
+
+@router.get("/summary", response_model=S.NodeSummary, responses=ERRORS, operation_id="getNodeSummary",
+            tags=["nodes"])
+def node_summary(control: ControlDep, _: Reader):
+    return control.summary()
 
 
 @router.get("/nodes/{node_id}", response_model=S.NodeOut, responses={**ERRORS_404, **NOT_MODIFIED},

@@ -1,4 +1,5 @@
-"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``nodes`` every second,
+"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``summary`` (GET /summary) and
+``nodes`` every second,
 ``event`` as they happen (``id:`` = event id; ``Last-Event-ID`` replays what was missed),
 ``action`` when an action item changes."""
 
@@ -14,6 +15,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from .. import schemas as S
+from ..jsonfast import dumps
 from .deps import ControlDep, Reader
 from .routes import ERRORS
 
@@ -28,7 +30,7 @@ def _event_json(e) -> str:
 
 
 @router.get("/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}},
-                                                   "description": "Server-Sent Events: nodes, event, action"}},
+                                                   "description": "Server-Sent Events: summary, nodes, event, action"}},
             response_class=EventSourceResponse, operation_id="stream", tags=["stream"])
 async def stream(request: Request, control: ControlDep, _: Reader,
                  last_event_id: Annotated[str | None, Header(max_length=32)] = None,
@@ -54,6 +56,7 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             now = time.monotonic()
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
+                yield {"event": "summary", "data": dumps((await run_in_threadpool(control.summary))).decode()}
                 yield await run_in_threadpool(control.nodes_sse, NODES_PERIOD * 0.9)  # encoded once for all
             await anyio.sleep(POLL)
 

@@ -5,7 +5,9 @@
   at commit and only then; every process (itself included, which ignores its own) gets it
   on a listening connection read by one thread, and the handler of its kind runs there.
   Kinds: ``e`` a new event id (the stream's replay), ``a`` an action item's new view,
-  ``p`` a node's policy row changed, ``w`` items became deliverable to nodes.
+  ``p`` a node's policy row changed, ``w`` items became deliverable to nodes, ``h`` a
+  process says hello every ``HELLO_PERIOD`` (so each knows whether it is alone: a process
+  alone shares no liveness through the database).
 * ``Leader``: one process holds a session-level advisory lock and does what must happen
   once per cluster (record node transitions, downsample); when its process dies the lock
   goes with its connection and another process takes over within a monitor tick.
@@ -20,6 +22,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +37,8 @@ CHANNEL = "hycache_control"
 LEADER_LOCK = 0x48794361  # "HyCa": the advisory lock key of the leader
 EVENTS_LOCK = 0x48794345  # serialises event inserts: ids commit in order, so a resume misses none
 MAX_PAYLOAD = 7900  # PostgreSQL's bound on a notification is 8000 bytes
+HELLO_PERIOD = 2.0
+PEER_TIMEOUT = 3 * HELLO_PERIOD
 
 
 def own_connection(db: Database):
@@ -54,6 +59,12 @@ class Bus:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.received = 0
+        self.peers: dict[str, float] = {}  # other processes: origin -> when last heard (monotonic)
+
+    def others(self) -> bool:
+        """Does another process serve this database now (heard within PEER_TIMEOUT)?"""
+        now = time.monotonic()
+        return any(now - t < PEER_TIMEOUT for t in list(self.peers.values()))
 
     def on(self, kind: str, handler: Callable[[Any], None]) -> None:
         self.handlers[kind] = handler
@@ -93,11 +104,15 @@ class Bus:
 
     def _run(self) -> None:
         conn = None
+        next_hello = 0.0
         while not self._stop.is_set():
             try:
                 if conn is None:
                     conn = self._connect()
                     self._dispatch_resync()
+                if time.monotonic() >= next_hello:
+                    next_hello = time.monotonic() + HELLO_PERIOD
+                    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps([self.origin, "h", None])))
                 for n in conn.notifies(timeout=0.5):
                     self._dispatch(n.payload)
             except Exception as e:  # the database went away: reconnect, and resync what may be missed
@@ -120,6 +135,7 @@ class Bus:
         self.received += 1
         if origin == self.origin:
             return
+        self.peers[origin] = time.monotonic()
         h = self.handlers.get(kind)
         if h is not None:
             try:

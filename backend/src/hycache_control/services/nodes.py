@@ -88,7 +88,7 @@ class NodeService:
         self.max_rate = max_rate
         self._beating = 0
         self.leader = lambda: True  # Control sets its Leader's view (services/bus.py)
-        self.shared = db.dialect == "postgresql"  # other processes may take this cluster's heartbeats
+        self.shared = lambda: False  # do other processes take this cluster's heartbeats? (Control: its Bus)
         self._beaten: dict[str, float] = {}  # node -> last heartbeat, not yet shared
         self._seen_shared = 0.0
         self.registry_reader = registry_reader  # () -> {node_id: list_nodes entry}; raises if unreachable
@@ -168,7 +168,7 @@ class NodeService:
                 self._beating += 1
                 self._set_interval()
             n.interval = self.interval
-            if self.shared:
+            if self.shared():
                 self._beaten[n.id] = now
             transition = self._evaluate(n, now)
             row = None
@@ -280,11 +280,11 @@ class NodeService:
     def merge_shared(self) -> int:
         """(monitor) Take the heartbeats other processes heard (blocking: one query); the
         number of nodes whose last heartbeat moved."""
-        if not self.shared:
+        if not self.shared():
             return 0
         cols = [Node.id, Node.last_heartbeat]
         with self.db.session() as s:
-            rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 5.0)).all()
+            rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
             known = {r[0] for r in rows}
             with self.lock:
                 unknown = [k for k in known if k not in self.live]
