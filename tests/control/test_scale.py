@@ -191,3 +191,23 @@ def test_summary_and_the_node_table_over_every_node(plane):
         assert [v["id"] for v in last["items"]] == ["node-999"]  # no value: last either way
         assert client.get("/api/v1/nodes", headers=h, params={"sort": "nope"}).status_code == 422
     control.stop()
+
+
+def test_the_last_active_admin_token_cannot_be_revoked(plane):
+    control = plane()
+    first, first_secret = control.tokens.create("first", "admin")
+    second, second_secret = control.tokens.create("second", "admin")
+    reader, _ = control.tokens.create("reader", "read")
+    with TestClient(create_app(control.settings, control)) as client:
+        def revoke(token_id: int, secret: str):
+            return client.delete(f"/api/v1/tokens/{token_id}", headers={"Authorization": f"Bearer {secret}"})
+        assert revoke(reader.id, first_secret).status_code == 200  # other scopes: as before
+        assert revoke(second.id, first_secret).status_code == 200  # another admin remains
+        r = revoke(first.id, first_secret)  # its own, the last one: refused, and it still works
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"][0]["loc"] == ["path", "token_id"] and "last active admin" in r.json()["detail"][0]["msg"]
+        assert client.get("/api/v1/whoami", headers={"Authorization": f"Bearer {first_secret}"}).status_code == 200
+        third, third_secret = control.tokens.create("third", "admin")
+        assert revoke(first.id, third_secret).status_code == 200  # now there is another
+        assert revoke(third.id, third_secret).status_code == 409
+    control.stop()

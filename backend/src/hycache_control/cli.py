@@ -167,11 +167,13 @@ def _run(args: argparse.Namespace) -> int:
                                   "revoked_at": r.revoked_at}))
             return 0
         if args.token_cmd == "revoke":
-            from .services.errors import NotFound
+            from .services.errors import Conflict, NotFound
             try:
                 r = tokens.revoke(args.id)
             except NotFound:
                 return _die(f"id: no token {args.id}")
+            except Conflict as e:
+                return _die(e.msg)
             print(f"revoked token {r.id} ({r.name}) at {time.ctime(r.revoked_at)}", file=sys.stderr)
             return 0
     return 2

@@ -64,8 +64,9 @@ def create_token(control: ControlDep, _: Admin, body: S.TokenCreate):
     return {**S.TokenOut.model_validate(row, from_attributes=True).model_dump(), "token": secret}
 
 
-@router.delete("/tokens/{token_id}", response_model=S.TokenOut, responses=ERRORS_404, operation_id="revokeToken",
-               tags=["tokens"])
+@router.delete("/tokens/{token_id}", response_model=S.TokenOut,
+               responses={**ERRORS_404, 409: {"model": S.ErrorOut, "description": "the last active admin token"}},
+               operation_id="revokeToken", tags=["tokens"])
 def revoke_token(control: ControlDep, _: Admin, token_id: Annotated[int, Path(ge=1, le=2**31 - 1)]):
     return S.TokenOut.model_validate(control.tokens.revoke(token_id), from_attributes=True)
 

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 
 from ..db import Database
 from ..models import Token
-from .errors import NotFound
+from .errors import Conflict, NotFound
 
 PREFIX = "hct_"
 #: last_used_at is written at most this often per token (it is not worth a write per request)
@@ -90,10 +90,20 @@ class TokenService:
         return row
 
     def revoke(self, token_id: int) -> Token:
+        """Revoke a token; the last active admin token is refused (Conflict): nobody could
+        manage the control plane after it."""
         with self.db.session() as s:
             row = s.get(Token, token_id)
             if row is None:
                 raise NotFound(("path", "token_id"), f"no token {token_id}")
+            if row.revoked_at is None and row.scope == "admin":
+                # lock the active admin rows (PostgreSQL): two revocations at once cannot both pass
+                admins = s.scalars(select(Token.id).where(Token.scope == "admin", Token.revoked_at.is_(None))
+                                   .with_for_update()).all()
+                if set(admins) <= {row.id}:
+                    raise Conflict(("path", "token_id"),
+                                   f"token {token_id} is the last active admin token; revoking it would lock "
+                                   "every administrator out (create another admin token first)")
             if row.revoked_at is None:
                 row.revoked_at = time.time()
         with self._lock:
