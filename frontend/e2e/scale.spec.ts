@@ -63,5 +63,5 @@ test('1,000 nodes: counts from the server, the node table, a node one click away
   const first = table.getByRole('row').nth(1).getByRole('link');
   const id = await first.textContent();
   await first.click();
-  await expect(page.getByRole('heading', { name: `Node ${id}` })).toBeVisible();
+  await expect(page.getByRole('heading', { name: `Node ${id}`, level: 1 })).toBeVisible();
 });
