@@ -60,6 +60,7 @@ class Control:
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
         self._nodes_sse: tuple[float, bytes] | None = None
+        self._summary_sse: tuple[float, bytes] | None = None
         self._nodes_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
@@ -137,6 +138,14 @@ class Control:
     def summary(self) -> dict[str, Any]:
         """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
         return summarise(self.nodes.snapshot(), self.nodes.interval)
+
+    def summary_sse(self, max_age: float) -> bytes:
+        """The stream's ``summary`` message, built once per ``max_age`` for every client."""
+        with self._nodes_sse_lock:
+            now = time.monotonic()
+            if self._summary_sse is None or now - self._summary_sse[0] >= max_age:
+                self._summary_sse = (now, b"event: summary\r\ndata: " + dumps(self.summary()) + b"\r\n\r\n")
+            return self._summary_sse[1]
 
     def nodes_sse(self, max_age: float) -> bytes:
         """The stream's ``nodes`` message (every node's view, one JSON array), encoded once

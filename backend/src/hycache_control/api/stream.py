@@ -15,7 +15,6 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from .. import schemas as S
-from ..jsonfast import dumps
 from .deps import ControlDep, Reader
 from .routes import ERRORS
 
@@ -56,7 +55,7 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             now = time.monotonic()
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
-                yield {"event": "summary", "data": dumps((await run_in_threadpool(control.summary))).decode()}
+                yield await run_in_threadpool(control.summary_sse, NODES_PERIOD * 0.9)
                 yield await run_in_threadpool(control.nodes_sse, NODES_PERIOD * 0.9)  # encoded once for all
             await anyio.sleep(POLL)
 
