@@ -67,6 +67,7 @@ APT_PACKAGES=(
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)
     postgresql postgresql-client      # the control plane's production database (tests/control start one)
+    haproxy                           # the load balancer in front of several control-plane processes (tests/control)
     fio mergerfs attr acl             # benchmark, peer FUSE fs for comparisons, xattr/ACL tools
     ca-certificates git procps psmisc util-linux
     chromium                          # the dashboard's browser tests (Playwright, executablePath)

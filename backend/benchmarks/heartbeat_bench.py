@@ -1,40 +1,55 @@
-"""Heartbeats from N simulated nodes at the real interval against one control plane (a
-real ``hycache-control serve`` process) on PostgreSQL, plus dashboard-like readers.
+"""Heartbeats from N simulated nodes against real ``hycache-control serve`` processes on
+PostgreSQL, with dashboards on the stream, and the issue-20 table.
 
-    .venv/bin/python backend/benchmarks/heartbeat_bench.py --nodes 1000 --seconds 30
+    .venv/bin/python backend/benchmarks/heartbeat_bench.py --nodes 100,1000 --seconds 20
+    .venv/bin/python backend/benchmarks/heartbeat_bench.py --nodes 1000 \\
+        --baseline /work/main/.venv/bin/hycache-control          # A/B in one run
 
-Prints sustained requests/s, p50/p99 latency of heartbeats and reads, the server's CPU, and
-whether the samples reached the database.  Without ``--db`` it starts a temporary
-PostgreSQL (Debian's binaries, as the tests do).  The load generator (``--procs`` processes,
-``--conns`` keep-alive connections each driving a slice of the nodes) runs on the same machine: its CPU is reported too, since it competes with the
-server for the cores.
+Each simulated node posts a realistic heartbeat (a ~1 KB status, growing counters) with its
+own node token and honours the ``interval`` of the answer, as the agent does.  The load
+generator is lean on purpose (asyncio, raw HTTP/1.1 keep-alive, ``--conns`` connections
+sharing the nodes in ``--procs`` processes) because it shares the machine with the server:
+its CPU is printed beside the server's.  ``--streams`` dashboards hold ``GET /api/v1/stream``
+open (their bytes/s are printed) and ``--readers`` dashboards poll ``GET /nodes?limit=1000``
+and a node's metrics once a second.  A temporary PostgreSQL is started (Debian's binaries,
+as the tests do); every scenario gets a fresh database.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import heapq
+import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
-
-from hycache_control.db import Database
-from hycache_control.services.tokens import TokenService
-from hycache_control.testing import free_port, start_postgres
 
 BIN = Path(sys.executable).parent / "hycache-control"
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of ``pid`` and its live descendants (serve --workers N: the workers)."""
+    stats = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += stats.get(p, (0, 0.0))[1]
+        todo += [c for c, (ppid, _) in stats.items() if ppid == p]
+    return total
 
 
 def status_doc(i: int) -> dict:
@@ -47,95 +62,181 @@ def status_doc(i: int) -> dict:
             "cluster": {"state": "ok", "backlog": 0, "node_id": f"n{i}", "published_ops": i * 10}}
 
 
-def node_thread(url, nodes, tokens, interval, stop_at, out):
-    """One connection driving a slice of the nodes, each at ``interval`` (as many agents
-    behind one keep-alive connection would)."""
-    lat, errors = [], []
-    next_t = {i: time.monotonic() + interval * k / max(1, len(nodes)) for k, i in enumerate(nodes)}
-    with httpx.Client(base_url=url, timeout=30) as client:
-        while time.monotonic() < stop_at:
-            i = min(next_t, key=next_t.get)
-            delay = next_t[i] - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            seq = int(time.time() * 1000)  # grows across runs of the bench
-            body = {"node_id": f"n{i}", "version": "0.1.0", "boot_id": f"boot-{i}", "seq": seq, "sent_at": time.time(),
-                    "address": f"10.0.{i // 250}.{i % 250}:7070", "status": status_doc(i),
-                    "counters": {"fast": {"read_bytes": seq * 1000, "write_bytes": seq * 10, "hits": seq // 100},
-                                 "misses": seq // 1000, "metadata_ops": seq // 20},
-                    "policy_version": 0, "action_results": []}
-            t0 = time.perf_counter()
-            try:
-                r = client.post(f"/api/v1/nodes/n{i}/heartbeats", json=body,
-                                headers={"Authorization": f"Bearer {tokens[i]}"})
-                if r.status_code == 200:
-                    lat.append(time.perf_counter() - t0)
-                else:
-                    errors.append(r.status_code)
-            except httpx.HTTPError as e:
-                errors.append(type(e).__name__)
-            next_t[i] = max(next_t[i] + interval, time.monotonic() - interval)
-    out.put(("hb", lat, errors))
+# -- a minimal HTTP/1.1 keep-alive client (the generator must cost little CPU) -------------------
+
+class Conn:
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.r: asyncio.StreamReader | None = None
+        self.w: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, token: str, body: bytes | None = None) -> tuple[int, bytes]:
+        if self.w is None:
+            self.r, self.w = await asyncio.open_connection(self.host, self.port)
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer {token}\r\n"
+                f"Content-Length: {len(body or b'')}\r\n"
+                + ("Content-Type: application/json\r\n" if body else "") + "\r\n").encode()
+        try:
+            self.w.write(head + (body or b""))
+            raw = await self.r.readuntil(b"\r\n\r\n")
+            status = int(raw[9:12])
+            length = 0
+            chunked = False
+            for line in raw.split(b"\r\n")[1:]:
+                k, _, v = line.partition(b":")
+                k = k.strip().lower()
+                if k == b"content-length":
+                    length = int(v)
+                elif k == b"transfer-encoding" and b"chunked" in v.lower():
+                    chunked = True
+            if chunked:
+                parts = []
+                while True:
+                    size = int((await self.r.readuntil(b"\r\n")).strip(), 16)
+                    data = await self.r.readexactly(size + 2)
+                    if size == 0:
+                        break
+                    parts.append(data[:-2])
+                return status, b"".join(parts)
+            return status, await self.r.readexactly(length)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+        self.r = self.w = None
 
 
-def reader_thread(url, admin, nodes, stop_at, out):
-    lat, errors = [], []
+@dataclass
+class Result:
+    hb_lat: list = field(default_factory=list)
+    hb_err: list = field(default_factory=list)
+    rd_lat: list = field(default_factory=list)
+    rd_err: list = field(default_factory=list)
+    stream_bytes: int = 0
+    intervals: list = field(default_factory=list)
+
+
+async def node_conn(host, port, nodes, tokens, interval, start_at, stop_at, res: Result):
+    """One keep-alive connection driving a slice of the nodes, each at the interval the
+    control plane answers (as many agents behind one connection would)."""
+    conn = Conn(host, port)
+    heap = [(start_at + interval * k / max(1, len(nodes)), i) for k, i in enumerate(nodes)]
+    heapq.heapify(heap)
+    node_interval = {i: interval for i in nodes}
+    seqs = {i: 0 for i in nodes}
+    statuses = {i: status_doc(i) for i in nodes}
+    loop = asyncio.get_running_loop()
+    while heap:
+        due, i = heapq.heappop(heap)
+        if due >= stop_at:
+            break
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        seqs[i] += 1
+        seq = int(time.time() * 1000)  # grows across runs of the bench
+        body = json.dumps({"node_id": f"n{i}", "version": "0.1.0", "boot_id": f"boot-{i}", "seq": seq,
+                           "sent_at": time.time(), "address": f"10.0.{i // 250}.{i % 250}:7070",
+                           "status": statuses[i],
+                           "counters": {"fast": {"read_bytes": seq * 1000, "write_bytes": seq * 10, "hits": seq // 100},
+                                        "misses": seq // 1000, "metadata_ops": seq // 20},
+                           "policy_version": 0, "action_results": []}).encode()
+        t0 = loop.time()
+        try:
+            status, data = await conn.request("POST", f"/api/v1/nodes/n{i}/heartbeats", tokens[i], body)
+            if status == 200:
+                res.hb_lat.append(loop.time() - t0)
+                iv = json.loads(data).get("interval")
+                if isinstance(iv, (int, float)) and iv > 0:
+                    node_interval[i] = float(iv)
+            else:
+                res.hb_err.append(status)
+        except Exception as e:  # noqa: BLE001 - counted, the node retries next interval
+            res.hb_err.append(type(e).__name__)
+        heapq.heappush(heap, (max(due + node_interval[i], loop.time() - node_interval[i]), i))
+    conn.close()
+
+
+async def reader(host, port, admin, nodes, stop_at, res: Result):
+    conn = Conn(host, port)
+    loop = asyncio.get_running_loop()
     k = 0
-    with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {admin}"}) as client:
-        while time.monotonic() < stop_at:
-            k += 1
-            path = "/api/v1/nodes?limit=1000" if k % 2 else f"/api/v1/nodes/n{k % nodes}/metrics"
-            t0 = time.perf_counter()
+    while loop.time() < stop_at:
+        k += 1
+        path = "/api/v1/nodes?limit=1000" if k % 2 else f"/api/v1/nodes/n{k % nodes}/metrics"
+        t0 = loop.time()
+        try:
+            status, _ = await conn.request("GET", path, admin)
+            (res.rd_lat.append(loop.time() - t0) if status == 200 else res.rd_err.append(status))
+        except Exception as e:  # noqa: BLE001
+            res.rd_err.append(type(e).__name__)
+        await asyncio.sleep(max(0.0, min(1.0 - (loop.time() - t0), stop_at - loop.time())))
+    conn.close()
+
+
+async def streamer(host, port, admin, stop_at, res: Result):
+    """A dashboard on the stream: reads everything, counts the bytes."""
+    loop = asyncio.get_running_loop()
+    try:
+        r, w = await asyncio.open_connection(host, port)
+        w.write(f"GET /api/v1/stream HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {admin}\r\n"
+                f"Accept: text/event-stream\r\n\r\n".encode())
+        while loop.time() < stop_at:
             try:
-                r = client.get(path)
-                if r.status_code == 200:
-                    lat.append(time.perf_counter() - t0)
-                else:
-                    errors.append(r.status_code)
-            except httpx.HTTPError as e:
-                errors.append(type(e).__name__)
-            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
-    out.put(("rd", lat, errors))
+                data = await asyncio.wait_for(r.read(1 << 16), timeout=max(0.01, stop_at - loop.time()))
+            except asyncio.TimeoutError:
+                break
+            if not data:
+                break
+            res.stream_bytes += len(data)
+        w.close()
+    except OSError as e:
+        res.rd_err.append(f"stream {type(e).__name__}")
 
 
-def load_process(url, slices, tokens, interval, stop_at, out, readers, admin, nodes):
-    import threading
-    ths = [threading.Thread(target=node_thread, args=(url, sl, tokens, interval, stop_at, out)) for sl in slices]
-    ths += [threading.Thread(target=reader_thread, args=(url, admin, nodes, stop_at, out)) for _ in range(readers)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
-    out.put(("cpu", time.process_time(), None))
+def load_process(host, port, slices, tokens, interval, seconds, readers, streams, admin, nodes, q):
+    res = Result()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        stop_at = start + seconds
+        tasks = [node_conn(host, port, sl, tokens, interval, start, stop_at, res) for sl in slices]
+        tasks += [reader(host, port, admin, nodes, stop_at, res) for _ in range(readers)]
+        tasks += [streamer(host, port, admin, stop_at, res) for _ in range(streams)]
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    q.put((res, time.process_time()))
 
 
-def drive(url, tokens, admin, nodes, readers, seconds, interval, procs, conns):
+def drive(host, port, tokens, admin, nodes, readers, streams, seconds, interval, procs, conns):
     import multiprocessing as mp
     ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    stop_at = time.monotonic() + seconds
+    q = ctx.Queue()
     ids = list(range(nodes))
     slices = [ids[k::conns] for k in range(conns)]
     per = [slices[p::procs] for p in range(procs)]
-    ps = [ctx.Process(target=load_process, args=(url, per[p], tokens, interval, stop_at, out,
-                                                  readers if p == 0 else 0, admin, nodes)) for p in range(procs)]
+    ps = [ctx.Process(target=load_process, args=(host, port, per[p], tokens, interval, seconds,
+                                                  readers if p == 0 else 0, streams if p == 0 else 0, admin, nodes, q))
+          for p in range(procs)]
     for p in ps:
         p.start()
-    hb_lat, hb_err, rd_lat, rd_err, cpu = [], [], [], [], 0.0
-    expected = conns + readers + procs
-    for _ in range(expected):
-        kind, a, b = out.get(timeout=seconds + 120)
-        if kind == "hb":
-            hb_lat += a
-            hb_err += b
-        elif kind == "rd":
-            rd_lat += a
-            rd_err += b
-        else:
-            cpu += a
+    total, cpu = Result(), 0.0
+    for _ in ps:
+        res, c = q.get(timeout=seconds + 180)
+        total.hb_lat += res.hb_lat
+        total.hb_err += res.hb_err
+        total.rd_lat += res.rd_lat
+        total.rd_err += res.rd_err
+        total.stream_bytes += res.stream_bytes
+        cpu += c
     for p in ps:
         p.join()
-    return hb_lat, hb_err, rd_lat, rd_err, cpu
+    return total, cpu
 
 
 def pct(values, p):
@@ -145,82 +246,137 @@ def pct(values, p):
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
+def make_tokens(url_db: str, nodes: int) -> tuple[list[str], str]:
+    """Node tokens and an admin token, inserted in one transaction (the schema of every
+    revision so far: a baseline binary's database works too)."""
+    from sqlalchemy import create_engine, text
+
+    from hycache_control.db import make_engine
+    from hycache_control.services.tokens import hash_secret, new_secret
+    eng = make_engine(url_db) if "postgresql" in url_db else create_engine(url_db)
+    tokens = [new_secret() for _ in range(nodes)]
+    admin = new_secret()
+    rows = [{"name": f"n{i}", "scope": "node", "node_id": f"n{i}", "hash": hash_secret(t), "ts": time.time()}
+            for i, t in enumerate(tokens)]
+    rows.append({"name": "bench-admin", "scope": "admin", "node_id": None, "hash": hash_secret(admin), "ts": time.time()})
+    with eng.begin() as c:
+        c.execute(text("INSERT INTO tokens (name, scope, node_id, hash, created_at) "
+                       "VALUES (:name, :scope, :node_id, :hash, :ts)"), rows)
+    eng.dispose()
+    return tokens, admin
+
+
+def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
+    import httpx
+
+    from hycache_control.testing import free_port
+    subprocess.run([str(binary), "db", "upgrade", "--db", url_db], check=True, capture_output=True)
+    tokens, admin = make_tokens(url_db, nodes)
+    port = free_port()
+    log = open(tmp / f"server-{label}-{nodes}.log", "wb")
+    cmd = [str(binary), "serve", "--db", url_db, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
+           "--heartbeat-interval", str(args.interval), "--log-level", "warning", *args.server_arg]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print((tmp / f"server-{label}-{nodes}.log").read_text()[-3000:])
+            raise SystemExit(1)
+        time.sleep(0.3)
+    try:
+        drive("127.0.0.1", port, tokens, admin, nodes, 0, 0, args.warmup, args.interval, args.procs, args.conns)
+        spy = None
+        if args.profile:
+            spy = subprocess.Popen([args.profile, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)),
+                                    "--rate", "200", "--format", "raw", "--nonblocking", "-o",
+                                    str(Path(args.profile_dir) / f"{label}-{nodes}.txt")],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+        res, me = drive("127.0.0.1", port, tokens, admin, nodes, args.readers, args.streams, args.seconds,
+                        args.interval, args.procs, args.conns)
+        wall = time.monotonic() - wall0
+        cpu = cpu_seconds(proc.pid) - cpu0
+        if spy is not None:
+            spy.wait(timeout=60)
+        # the states right after the load (no grace beyond the down window has passed)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
+            up = c.get("/api/v1/nodes", params={"state": "up", "limit": 1}).json()["total"]
+            time.sleep(args.interval * 2 + 0.5)  # let the writer flush the last samples
+            samples = len(c.get("/api/v1/nodes/n0/metrics", params={"since": time.time() - args.seconds}).json()["samples"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    import psycopg
+    with psycopg.connect(url_db.replace("postgresql+psycopg", "postgresql")) as conn:
+        rows, size = conn.execute("SELECT count(*), pg_total_relation_size('metric_samples') FROM metric_samples").fetchone()
+    return {"sample_rows": rows, "sample_bytes": size,"label": label, "nodes": nodes, "wall": wall, "ok": len(res.hb_lat), "errors": res.hb_err,
+            "p50": pct(res.hb_lat, 50), "p99": pct(res.hb_lat, 99), "max": max(res.hb_lat, default=0.0),
+            "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 50),
+            "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "samples": samples,
+            "stream_bps": res.stream_bytes / wall / max(1, args.streams), "load": os.getloadavg()[0]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--readers", type=int, default=5, help="dashboard-like readers (1 request/s each)")
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--nodes", default="1000", help="comma-separated node counts, one row each (e.g. 100,1000)")
+    ap.add_argument("--readers", type=int, default=5, help="dashboards polling /nodes and metrics (1 request/s each)")
+    ap.add_argument("--streams", type=int, default=5, help="dashboards on GET /api/v1/stream")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--interval", type=float, default=1.0, help="--heartbeat-interval of the server")
     ap.add_argument("--warmup", type=float, default=5.0)
-    ap.add_argument("--db", help="database URL (default: a temporary PostgreSQL)")
-    ap.add_argument("--procs", type=int, default=2, help="load generator processes")
+    ap.add_argument("--procs", type=int, default=1, help="load generator processes")
     ap.add_argument("--conns", type=int, default=64, help="keep-alive connections the nodes share")
+    ap.add_argument("--baseline", metavar="BIN", help="another hycache-control to measure first (A/B in one run)")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for serve (repeat), e.g. --server-arg=--workers --server-arg=2")
+    ap.add_argument("--profile", metavar="PY_SPY", help="py-spy binary: record the server during each measured run")
+    ap.add_argument("--profile-dir", default=".", help="where the collapsed stacks go (LABEL-NODES.txt)")
     args = ap.parse_args()
 
-    pg = None
+    from hycache_control.testing import start_postgres
+    pg = start_postgres()
     tmp = Path(tempfile.mkdtemp(prefix="hc-bench-"))
+    rows = []
     try:
-        if args.db:
-            url_db = args.db
-        else:
-            pg = start_postgres()
-            url_db = pg.create_database("bench")
-        db = Database(url_db)
-        db.upgrade()
-        ts = TokenService(db)
-        tokens = [ts.create(f"n{i}", "node", f"n{i}")[1] for i in range(args.nodes)]
-        admin = ts.create("bench-admin", "admin")[1]
-        db.close()
-        port = free_port()
-        log = open(tmp / "server.log", "wb")
-        proc = subprocess.Popen([str(BIN), "serve", "--db", url_db, "--listen", f"127.0.0.1:{port}",
-                                 "--state-dir", str(tmp), "--heartbeat-interval", str(args.interval),
-                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print((tmp / "server.log").read_text()[-3000:])
-                return 1
-            time.sleep(0.5)
-        try:
-            drive(url, tokens, admin, args.nodes, 0, args.warmup, args.interval, args.procs, args.conns)
-            cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
-            hb_lat, hb_err, rd_lat, rd_err, me = drive(url, tokens, admin, args.nodes, args.readers, args.seconds,
-                                                       args.interval, args.procs, args.conns)
-            wall = time.monotonic() - wall0
-            cpu = cpu_seconds(proc.pid) - cpu0
-            time.sleep(2 * 0.5 + 0.5)
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
-                up = c.get("/api/v1/nodes", params={"state": "up", "limit": 1}).json()["total"]
-                samples = len(c.get("/api/v1/nodes/n0/metrics", params={"since": time.time() - args.seconds}).json()["samples"])
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-        total = len(hb_lat) + len(rd_lat)
-        print(f"nodes {args.nodes} at {args.interval:g} s + {args.readers} readers, {wall:.1f} s measured "
-              f"(database {'PostgreSQL' if 'postgresql' in url_db else url_db.split(':')[0]})")
-        print(f"  heartbeats ok      {len(hb_lat)} ({len(hb_lat) / wall:.0f}/s; offered {args.nodes / args.interval:.0f}/s), "
-              f"errors {len(hb_err)} {sorted(set(map(str, hb_err)))[:5]}")
-        print(f"  heartbeat latency  p50 {pct(hb_lat, 50) * 1000:.1f} ms  p99 {pct(hb_lat, 99) * 1000:.1f} ms  "
-              f"max {max(hb_lat, default=0) * 1000:.0f} ms")
-        print(f"  reads ok           {len(rd_lat)} ({len(rd_lat) / wall:.1f}/s), errors {len(rd_err)}; "
-              f"p50 {pct(rd_lat, 50) * 1000:.1f} ms  p99 {pct(rd_lat, 99) * 1000:.1f} ms")
-        print(f"  sustained          {total / wall:.0f} requests/s")
-        print(f"  server CPU         {cpu / wall * 100:.0f} % of one core; load generator {me / wall * 100:.0f} %")
-        print(f"  after the run      {up} nodes up; node n0 has {samples} samples in the window")
-        print(f"  machine            {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-        return 0
+        for n in [int(x) for x in args.nodes.split(",")]:
+            runs = ([("before", Path(args.baseline))] if args.baseline else []) + [("after" if args.baseline else "this", BIN)]
+            for label, binary in runs:
+                rows.append(scenario(label, binary, pg.create_database("bench"), args, n, tmp))
+                r = rows[-1]
+                print(f"[{label}] {n} nodes: {r['ok'] / r['wall']:.0f}/s, p99 {r['p99'] * 1000:.1f} ms, "
+                      f"{r['up']} up, errors {len(r['errors'])}", file=sys.stderr, flush=True)
     finally:
-        if pg is not None:
-            pg.stop()
-            shutil.rmtree(pg.base, ignore_errors=True)
+        pg.stop()
+        shutil.rmtree(pg.base, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"PostgreSQL, {args.readers} polling + {args.streams} stream dashboards, {args.seconds:g} s measured "
+          f"after {args.warmup:g} s warm-up, {os.cpu_count()} cores; interval {args.interval:g} s "
+          f"(the server may stretch it){'; serve ' + ' '.join(args.server_arg) if args.server_arg else ''}")
+    print()
+    print("| build | simulated nodes | heartbeats accepted (offered at the start) | p50 | p99 | max | errors "
+          "| server CPU | server CPU per request | load generator CPU | nodes up after | reads p50 / p99 | stream bytes/s per dashboard "
+          "| load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    tail = []
+    for r in rows:
+        errs = f"{len(r['errors'])} {sorted(set(map(str, r['errors'])))[:3]}" if r["errors"] else "0"
+        print(f"| {r['label']} | {r['nodes']:,} | {r['ok'] / r['wall']:,.0f}/s ({r['nodes'] / args.interval:,.0f}/s) "
+              f"| {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {errs} "
+              f"| {r['cpu'] * 100:.0f} % | {r['cpu'] * r['wall'] / max(1, r['ok'] + r['reads']) * 1000:.2f} ms "
+              f"| {r['gen_cpu'] * 100:.0f} % | {r['up']:,} | {r['rd_p50'] * 1000:.0f} / "
+              f"{r['rd_p99'] * 1000:.0f} ms | {r['stream_bps']:,.0f} | {r['load']:.1f} |")
+        if r["sample_rows"]:
+            tail.append(f"{r['label']} {r['nodes']:,} nodes: metric_samples {r['sample_rows']:,} rows, "
+                        f"{r['sample_bytes'] / 2**20:.1f} MiB with indexes ({r['sample_bytes'] / r['sample_rows']:.0f} B/row)")
+    print()
+    print("\n".join(tail))
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -33,13 +34,24 @@ NOT_BUILT = """<!doctype html><html><head><title>HyCache control plane</title></
 </body></html>"""
 
 
-def create_app(settings: Settings, control: Control | None = None) -> FastAPI:
+#: the settings of ``serve --workers N``'s processes (JSON, set by the parent)
+SETTINGS_ENV = "HYCACHE_CONTROL_SERVE_SETTINGS"
+
+
+def app_from_env() -> FastAPI:
+    """The app of one worker process of ``serve --workers N`` (uvicorn's factory): the
+    parent validated the settings and migrated the database."""
+    import json
+    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False)
+
+
+def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True) -> FastAPI:
     holder: dict = {"control": control}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if holder["control"] is None:
-            holder["control"] = await run_in_threadpool(Control, settings)
+            holder["control"] = await run_in_threadpool(lambda: Control(settings, migrate=migrate))
         c = holder["control"]
         app.state.control = c
         app.state.registry = make_registry(c)

@@ -38,10 +38,15 @@ def parser() -> argparse.ArgumentParser:
                    help="file holding the Redis user's password (mode 0600; a wrong one fails the start)")
     s.add_argument("--ui-dir", metavar="DIR", help="built dashboard to serve at / (default frontend/dist)")
     s.add_argument("--admin-token-file", metavar="FILE", help="install this admin token at start (mode 0600)")
-    s.add_argument("--heartbeat-interval", type=float, metavar="S", help="interval told to the agents (default 1)")
+    s.add_argument("--heartbeat-interval", type=float, metavar="S",
+                   help="shortest interval told to the agents (default 1)")
+    s.add_argument("--max-heartbeats-per-second", type=float, metavar="N",
+                   help="cap of the cluster's heartbeat rate: the interval grows to nodes / N (default 1000)")
     s.add_argument("--metrics-require-token", action="store_true", default=None,
                    help="GET /metrics needs a read token")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, metavar="N",
+                   help="server processes sharing the port (default 1; more need PostgreSQL)")
 
     d = sub.add_parser("db", help="database maintenance")
     dsub = d.add_subparsers(dest="db_cmd", required=True)
@@ -233,11 +238,13 @@ def _run(args: argparse.Namespace) -> int:
                                   "revoked_at": r.revoked_at}))
             return 0
         if args.token_cmd == "revoke":
-            from .services.errors import NotFound
+            from .services.errors import Conflict, NotFound
             try:
                 r = tokens.revoke(args.id)
             except NotFound:
                 return _die(f"id: no token {args.id}")
+            except Conflict as e:
+                return _die(e.msg)
             print(f"revoked token {r.id} ({r.name}) at {time.ctime(r.revoked_at)}", file=sys.stderr)
             return 0
     return 2
@@ -248,7 +255,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     s = _settings(args, "listen", "redis", "dht_namespace", "redis_user", "redis_password_file", "ui_dir",
-                  "admin_token_file", "heartbeat_interval", "metrics_require_token", "log_level")
+                  "admin_token_file", "heartbeat_interval", "max_heartbeats_per_second", "metrics_require_token",
+                  "log_level", "workers")
     if s.redis_seeds:
         from hycache_dht.cluster_client import check_credentials
         from hycache_dht.meta import DHTAuthError
@@ -261,8 +269,25 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("hycache_control")
     log.info("control plane on http://%s:%s (database %s, redis %s, dht_namespace %s)", host, port,
              s.db_url.split("@")[-1], s.redis or "none", s.dht_namespace)
-    uvicorn.run(create_app(s), host=host.strip("[]"), port=int(port), log_level=s.log_level,
-                access_log=s.log_level == "debug")
+    # uvloop and httptools: the event loop and HTTP parser in C (h11 and the pure-Python
+    # loop cost more CPU per heartbeat, docs/scaling.md)
+    common = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level, access_log=s.log_level == "debug",
+                  loop="uvloop", http="httptools")
+    if s.workers == 1:
+        uvicorn.run(create_app(s), **common)
+        return 0
+    import os
+
+    from .app import SETTINGS_ENV
+    from .db import Database
+    db = Database(s.db_url)
+    if db.dialect != "postgresql":
+        return _die("--workers above 1 needs PostgreSQL (--db postgresql+psycopg://...): the processes share "
+                    "pending actions, liveness and events through it")
+    db.upgrade()  # once, before the workers start
+    db.close()
+    os.environ[SETTINGS_ENV] = s.model_dump_json()
+    uvicorn.run("hycache_control.app:app_from_env", factory=True, workers=s.workers, **common)
     return 0
 
 

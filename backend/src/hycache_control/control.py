@@ -9,7 +9,9 @@ import time
 from typing import Any
 
 from .db import Database
+from .jsonfast import dumps
 from .services.actions import ActionService
+from .services.bus import Bus, Leader
 from .services.events import EventService
 from .services.manifests import ManifestService
 from .services.metrics import MetricsService, MetricsWriter
@@ -18,12 +20,13 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import node_view
+from .views import SORT_KEYS, node_view, summarise
 
 log = logging.getLogger(__name__)
 
 REGISTRY_PERIOD = 2.0
 DOWNSAMPLE_PERIOD = 60.0
+RESYNC_PERIOD = 5.0
 
 
 class Control:
@@ -33,7 +36,10 @@ class Control:
         if migrate:
             self.db.upgrade()
         self.tokens = TokenService(self.db, settings.token_cache_seconds)
-        self.events = EventService(self.db)
+        # several processes on one PostgreSQL database: what they tell each other, who leads
+        self.bus = Bus(self.db)
+        self.leader = Leader(self.db)
+        self.events = EventService(self.db, self.bus)
         store_factory = None
         if settings.redis_seeds:
             redis_user, redis_password = settings.redis_user, settings.redis_password
@@ -44,15 +50,21 @@ class Control:
                                          username=redis_user, password=redis_password)
         self.namespace = NamespaceService(store_factory)
         self.nodes = NodeService(self.db, self.events, interval=settings.heartbeat_interval,
-                                 down_after=settings.down_after,
+                                 down_after_missed=settings.down_after_missed, down_grace=settings.down_grace,
+                                 max_rate=settings.max_heartbeats_per_second,
                                  registry_reader=self.namespace.nodes if store_factory else None)
         self.metrics = MetricsService(self.db, settings.raw_retention_s, settings.minute_retention_s)
         self.writer = MetricsWriter(self.db, settings.flush_interval, self.nodes.sink,
-                                    also=[self.events.flush, self.tokens.flush])
+                                    also=[self.events.flush, self.tokens.flush], after=[self.nodes.share])
         self.nodes.writer = self.writer
-        self.policies = PolicyService(self.db, self.events)
-        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events)
+        self.nodes.leader = lambda: self.leader.is_leader
+        self.nodes.shared = self.bus.others
+        self.policies = PolicyService(self.db, self.events, self.bus)
+        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
+        self._nodes_sse: tuple[float, bytes] | None = None
+        self._summary_sse: tuple[float, bytes] | None = None
+        self._nodes_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 
@@ -65,6 +77,9 @@ class Control:
         if self.tokens.active_admins() == 0:
             log.warning("no admin token yet: create the first one with\n  hycache-control token create --db '%s' "
                         "--scope admin --name admin", s.db_url)
+        self.tokens.refresh(force=True)
+        self.leader.check()
+        self.bus.start()
         self.writer.start()
         self._monitor.start()
 
@@ -72,20 +87,29 @@ class Control:
         self._stop.set()
         if self._monitor.is_alive():
             self._monitor.join(timeout=10)
+        self.nodes.save_all()
         self.writer.stop()
+        self.bus.stop()
+        self.leader.close()
         self.namespace.close()
         self.db.close()
 
     def _monitor_loop(self) -> None:
-        next_registry = next_downsample = 0.0
+        next_registry = next_downsample = next_resync = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
+                leader = self.leader.check()
                 if now >= next_registry:
                     next_registry = now + REGISTRY_PERIOD
                     self.nodes.refresh_registry()
+                self.nodes.merge_shared()  # heartbeats the other processes heard (PostgreSQL)
                 self.nodes.tick()
-                if now >= next_downsample:
+                self.tokens.refresh()
+                if self.bus.enabled and now >= next_resync:  # a notification lost in a race costs <= 5 s
+                    next_resync = now + RESYNC_PERIOD
+                    self.actions.resync()
+                if leader and now >= next_downsample:
                     next_downsample = now + DOWNSAMPLE_PERIOD
                     self.metrics.downsample()
             except Exception:
@@ -97,19 +121,70 @@ class Control:
     def node_views(self) -> list[dict[str, Any]]:
         return [node_view(n, self.policies.get(n.id, n.status)) for n in self.nodes.snapshot()]
 
+    def node_page(self, state: str | None, offset: int, limit: int, *, sort: str = "id", desc: bool = False,
+                  q: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """(views of one page of nodes, how many match): filtered by state and by a
+        substring of the id, sorted (then by id); only the page's views are built."""
+        nodes = self.nodes.snapshot()  # in id order
+        if state:
+            nodes = [n for n in nodes if n.state == state]
+        if q:
+            q = q.lower()
+            nodes = [n for n in nodes if q in n.id.lower()]
+        if sort != "id" or desc:
+            key = SORT_KEYS[sort]
+            present = [n for n in nodes if key(n) is not None]  # nodes without the value go last either way
+            present.sort(key=key, reverse=desc)
+            nodes = present + [n for n in nodes if key(n) is None]
+        return [node_view(n, self.policies.get(n.id, n.status)) for n in nodes[offset:offset + limit]], len(nodes)
+
+    def summary(self) -> dict[str, Any]:
+        """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
+        return summarise(self.nodes.snapshot(), self.nodes.interval)
+
+    def summary_sse(self, max_age: float) -> bytes:
+        """The stream's ``summary`` message, built once per ``max_age`` for every client."""
+        with self._nodes_sse_lock:
+            now = time.monotonic()
+            if self._summary_sse is None or now - self._summary_sse[0] >= max_age:
+                self._summary_sse = (now, b"event: summary\r\ndata: " + dumps(self.summary()) + b"\r\n\r\n")
+            return self._summary_sse[1]
+
+    def nodes_sse(self, max_age: float) -> bytes:
+        """The stream's ``nodes`` message (every node's view, one JSON array), encoded once
+        per ``max_age`` seconds however many stream clients ask (blocking: call it in a
+        thread)."""
+        with self._nodes_sse_lock:
+            now = time.monotonic()
+            if self._nodes_sse is None or now - self._nodes_sse[0] >= max_age:
+                self._nodes_sse = (now, b"event: nodes\r\ndata: " + dumps(self.node_views()) + b"\r\n\r\n")
+            return self._nodes_sse[1]
+
     def node_view(self, node_id: str) -> dict[str, Any] | None:
         n = self.nodes.get(node_id)
         return None if n is None else node_view(n, self.policies.get(n.id, n.status))
 
     # -- the heartbeat ------------------------------------------------------------------------
 
-    def heartbeat(self, hb) -> dict[str, Any]:
-        """One agent heartbeat in, what the node must do out (docs/control-plane.md)."""
-        self.nodes.heartbeat(hb)
-        self.policies.applied(hb.node_id, hb.policy_version)
-        acked = self.actions.report(hb.node_id, hb.action_results)
-        return {"interval": self.settings.heartbeat_interval, "policy": self.policies.delivery(hb.node_id),
-                "actions": self.actions.deliver(hb.node_id), "acked_results": acked, "plans": []}
+    def heartbeat_in_memory(self, hb) -> bool:
+        """True when :meth:`heartbeat` needs no database for ``hb`` (no results to store, no
+        policy version to record, nothing pending for the node): the event loop may run it."""
+        return not hb.action_results and not self.policies.needs_write(hb.node_id, hb.policy_version) \
+            and not self.actions.has_work(hb.node_id)
+
+    def heartbeat(self, hb, *, db: bool = True) -> dict[str, Any]:
+        """One agent heartbeat in, what the node must do out (docs/control-plane.md).
+        ``db=False`` (on the event loop, after :meth:`heartbeat_in_memory`): touch no
+        database; whatever became pending since that check goes out in the next answer."""
+        interval = self.nodes.heartbeat(hb)
+        if db:
+            self.policies.applied(hb.node_id, hb.policy_version)
+            acked = self.actions.report(hb.node_id, hb.action_results)
+            actions = self.actions.deliver(hb.node_id)
+        else:
+            acked, actions = [], []
+        return {"interval": interval, "policy": self.policies.delivery(hb.node_id),
+                "actions": actions, "acked_results": acked, "plans": []}
 
     # -- readiness ----------------------------------------------------------------------------
 

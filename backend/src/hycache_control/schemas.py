@@ -172,6 +172,31 @@ class NodePage(Page[NodeOut]):
     pass
 
 
+NodeSort = Literal["id", "state", "last_heartbeat", "heartbeats", "fast_used", "slow_used", "hit_ratio"]
+
+
+class TierSummary(BaseModel):
+    capacity: int = 0
+    used: int = 0
+    files: int = 0
+
+
+class NodeSummary(BaseModel):
+    """Every node, summed by the server (the dashboard's overview at any cluster size)."""
+    nodes: int
+    up: int
+    degraded: int
+    down: int
+    #: the heartbeat interval handed to the agents now (adaptive: max(base, nodes / cap))
+    interval: float
+    tiers: dict[str, TierSummary]
+    #: cluster-wide rates: the sum of every node's latest sample (bytes/s, per second)
+    rates: dict[str, float]
+    #: hits / (hits + misses) over the cluster's latest samples (null without any)
+    hit_ratio: float | None
+    ts: float
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 class Sample(Rates):

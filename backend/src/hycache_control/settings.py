@@ -30,7 +30,12 @@ class Settings(BaseSettings):
     admin_token: str | None = Field(None, description="an admin token to install at start (for deployments)")
     admin_token_file: Path | None = Field(None, description="file holding admin_token (mode 0600)")
     metrics_require_token: bool = Field(False, description="require a read token on GET /metrics")
-    heartbeat_interval: float = Field(1.0, gt=0, le=60, description="interval the agents are told to use (s)")
+    heartbeat_interval: float = Field(1.0, gt=0, le=60, description="the shortest interval the agents are told to "
+                                                                       "use (s); stretched to keep the cluster's "
+                                                                       "rate under max_heartbeats_per_second")
+    max_heartbeats_per_second: float = Field(1000.0, gt=0, description="cap of the cluster's heartbeat rate: the "
+                                             "interval handed to agents is max(heartbeat_interval, "
+                                             "nodes / this) (Nomad's rule)")
     down_after_missed: int = Field(3, ge=1, description="a node is down after this many missed heartbeats (+ grace)")
     down_grace: float = Field(2.0, ge=0, description="seconds added to the missed-heartbeat window")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
@@ -42,6 +47,8 @@ class Settings(BaseSettings):
     flush_interval: float = Field(0.5, gt=0, le=10, description="metric writer flush period (s)")
     token_cache_seconds: float = Field(5.0, ge=0, description="how long a token lookup is cached")
     log_level: str = Field("info")
+    workers: int = Field(1, ge=1, le=64, description="server processes on this host (serve --workers; >1 needs "
+                                                     "PostgreSQL: the processes share state through it)")
 
     @field_validator("listen")
     @classmethod
@@ -102,6 +109,8 @@ class Settings(BaseSettings):
 
     @property
     def down_after(self) -> float:
+        """The down window at the base interval (a node's own window uses the interval it was
+        last handed: NodeService)."""
         return self.down_after_missed * self.heartbeat_interval + self.down_grace
 
 

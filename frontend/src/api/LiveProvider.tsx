@@ -1,4 +1,4 @@
-// Feeds the stream into the query cache: `nodes` replaces the node list, `event` and
+// Feeds the stream into the query cache: `summary` replaces the cluster summary, `nodes` the node list, `event` and
 // `action` refresh the events and the action they name.
 import { useEffect, useState, type ReactNode } from 'react';
 import { useQueryClient, type QueryClient } from '@tanstack/react-query';
@@ -18,7 +18,9 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
   } catch {
     return;
   }
-  if (m.event === 'nodes') {
+  if (m.event === 'summary') {
+    qc.setQueryData(keys.summary, data);
+  } else if (m.event === 'nodes') {
     const items = (Array.isArray(data) ? data : (data as { items?: Node[] }).items ?? []) as Node[];
     qc.setQueryData<NodeList>(keys.nodes, { items, total: items.length, limit: items.length, offset: 0 });
     for (const n of items) {

@@ -1,11 +1,13 @@
 // TanStack Query hooks: one per REST resource; the stream (LiveProvider) keeps them fresh.
 import { keepPreviousData, useInfiniteQuery, useMutation, useQuery, useQueryClient } from '@tanstack/react-query';
 import { api, call } from './client';
-import type { ActionKind, EventKind, Manifest, ManifestOptions, ManifestPage, MetricSample, PolicyUpdate } from './types';
+import type { ActionKind, EventKind, Manifest, ManifestOptions, ManifestPage, MetricSample, NodeSort, NodeState, PolicyUpdate } from './types';
 
 export const keys = {
   whoami: (token: string | null) => ['whoami', token] as const,
   nodes: ['nodes'] as const,
+  summary: ['summary'] as const,
+  nodeTable: (q: NodeTableQuery) => ['node-table', q] as const,
   node: (id: string) => ['nodes', id] as const,
   metrics: (id: string, windowSeconds: number) => ['metrics', id, windowSeconds] as const,
   liveSamples: (id: string) => ['live-samples', id] as const,
@@ -24,6 +26,31 @@ export function useNodes() {
     queryKey: keys.nodes,
     queryFn: () => call(api.GET('/api/v1/nodes', {})),
     refetchInterval: 15_000,
+  });
+}
+
+/** Every node summed by the server (GET /summary; the stream's `summary` keeps it fresh). */
+export function useSummary() {
+  return useQuery({ queryKey: keys.summary, queryFn: () => call(api.GET('/api/v1/summary', {})), refetchInterval: 15_000 });
+}
+
+export interface NodeTableQuery {
+  state?: NodeState;
+  q?: string;
+  sort: NodeSort;
+  desc: boolean;
+  offset: number;
+  limit: number;
+}
+
+/** One page of the node table, sorted and filtered by the server. */
+export function useNodeTable(query: NodeTableQuery) {
+  return useQuery({
+    queryKey: keys.nodeTable(query),
+    queryFn: () =>
+      call(api.GET('/api/v1/nodes', { params: { query: { ...query, q: query.q || undefined, state: query.state || undefined } } })),
+    placeholderData: keepPreviousData,
+    refetchInterval: 5000,
   });
 }
 

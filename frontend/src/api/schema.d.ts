@@ -217,7 +217,11 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Heartbeat */
+        /**
+         * Heartbeat
+         * @description (async: a heartbeat that needs no database — the common case — is handled on the
+         *     event loop from memory; one that does goes to a worker thread)
+         */
         post: operations["postHeartbeat"];
         delete?: never;
         options?: never;
@@ -291,6 +295,23 @@ export interface paths {
         };
         /** Stream */
         get: operations["stream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/summary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Node Summary */
+        get: operations["getNodeSummary"];
         put?: never;
         post?: never;
         delete?: never;
@@ -781,6 +802,34 @@ export interface components {
             /** Total */
             total: number;
         };
+        /**
+         * NodeSummary
+         * @description Every node, summed by the server (the dashboard's overview at any cluster size).
+         */
+        NodeSummary: {
+            /** Degraded */
+            degraded: number;
+            /** Down */
+            down: number;
+            /** Hit Ratio */
+            hit_ratio: number | null;
+            /** Interval */
+            interval: number;
+            /** Nodes */
+            nodes: number;
+            /** Rates */
+            rates: {
+                [key: string]: number;
+            };
+            /** Tiers */
+            tiers: {
+                [key: string]: components["schemas"]["TierSummary"];
+            };
+            /** Ts */
+            ts: number;
+            /** Up */
+            up: number;
+        };
         /** Page[TokenOut] */
         Page_TokenOut_: {
             /** Items */
@@ -1120,6 +1169,24 @@ export interface components {
             writes: number;
         } & {
             [key: string]: unknown;
+        };
+        /** TierSummary */
+        TierSummary: {
+            /**
+             * Capacity
+             * @default 0
+             */
+            capacity: number;
+            /**
+             * Files
+             * @default 0
+             */
+            files: number;
+            /**
+             * Used
+             * @default 0
+             */
+            used: number;
         };
         /** TierView */
         TierView: {
@@ -2174,8 +2241,14 @@ export interface operations {
     listNodes: {
         parameters: {
             query?: {
+                /** @description descending */
+                desc?: boolean;
                 limit?: number;
                 offset?: number;
+                /** @description only nodes whose id contains this (case-insensitive) */
+                q?: string | null;
+                /** @description sort key (then by id) */
+                sort?: "id" | "state" | "last_heartbeat" | "heartbeats" | "fast_used" | "slow_used" | "hit_ratio";
                 /** @description only nodes in this state */
                 state?: ("up" | "degraded" | "down") | null;
             };
@@ -2733,13 +2806,78 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events: nodes, event, action */
+            /** @description Server-Sent Events: summary, nodes, event, action */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "text/event-stream": unknown;
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    getNodeSummary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeSummary"];
                 };
             };
             /** @description the body is not JSON */
@@ -2975,6 +3113,15 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the last active admin token */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -1,53 +1,92 @@
-import { useNodes } from '../api/hooks';
+import { useState } from 'react';
+import { useNodes, useNodeTable, useSummary } from '../api/hooks';
+import type { NodeSort, NodeState } from '../api/types';
 import { NodeCard } from '../components/NodeCard';
+import { NodeTable } from '../components/NodeTable';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
-import { formatPercent, formatRate } from '../format';
+import { formatBytes, formatPercent, formatRate } from '../format';
+
+/** up to this many nodes the overview shows a card per node; above it, the node table */
+export const CARDS_UP_TO = 24;
+const PAGE = 50;
 
 export function Overview() {
-  const q = useNodes();
+  const summary = useSummary();
+  const small = summary.data !== undefined && summary.data.nodes <= CARDS_UP_TO;
   return (
     <section aria-labelledby="overview-title">
       <h1 id="overview-title">Cluster overview</h1>
-      {q.isPending ? (
+      {summary.isPending ? (
         <LoadingState label="Loading nodes" />
-      ) : q.isError && !q.data ? (
-        <ErrorState error={q.error} title="Cannot load the nodes" />
-      ) : q.data.items.length === 0 ? (
+      ) : summary.isError && !summary.data ? (
+        <ErrorState error={summary.error} title="Cannot load the nodes" />
+      ) : summary.data.nodes === 0 ? (
         <EmptyState>No node has reported to the control plane yet. Start an agent with the control plane's URL and a node token.</EmptyState>
       ) : (
         <>
-          {q.isError && <ErrorState error={q.error} title="Showing the last known state" />}
+          {summary.isError && <ErrorState error={summary.error} title="Showing the last known state" />}
           <ClusterSummary />
-          <div className="grid">
-            {q.data.items.map((n) => (
-              <NodeCard key={n.id} node={n} />
-            ))}
-          </div>
+          {small ? <NodeCards /> : <Nodes />}
         </>
       )}
     </section>
   );
 }
 
+function NodeCards() {
+  const q = useNodes();
+  return (
+    <div className="grid">
+      {(q.data?.items ?? []).map((n) => (
+        <NodeCard key={n.id} node={n} />
+      ))}
+    </div>
+  );
+}
+
+function Nodes() {
+  const [sort, setSort] = useState<{ sort: NodeSort; desc: boolean }>({ sort: 'id', desc: false });
+  const [filter, setFilter] = useState<{ state: NodeState | ''; q: string }>({ state: '', q: '' });
+  const [offset, setOffset] = useState(0);
+  const t = useNodeTable({ ...sort, state: filter.state || undefined, q: filter.q, offset, limit: PAGE });
+  if (t.isError && !t.data) return <ErrorState error={t.error} title="Cannot load the node table" />;
+  return (
+    <NodeTable
+      items={t.data?.items ?? []}
+      total={t.data?.total ?? 0}
+      {...sort}
+      {...filter}
+      offset={offset}
+      pageSize={PAGE}
+      onSort={(s, desc) => {
+        setSort({ sort: s, desc });
+        setOffset(0);
+      }}
+      onFilter={(state, q) => {
+        setFilter({ state, q });
+        setOffset(0);
+      }}
+      onPage={setOffset}
+    />
+  );
+}
+
+/** Computed by the server over every node (GET /summary), whatever the cluster's size. */
 function ClusterSummary() {
-  const { data } = useNodes();
-  const nodes = data?.items ?? [];
-  const count = (s: string) => nodes.filter((n) => n.state === s).length;
-  const sum = (f: (r: NonNullable<(typeof nodes)[number]['rates']>) => number | undefined) =>
-    nodes.reduce((a, n) => a + (n.rates ? (f(n.rates) ?? 0) : 0), 0);
-  const ratios = nodes.map((n) => n.hit_ratio).filter((r): r is number => typeof r === 'number');
-  const backlog = nodes.reduce((a, n) => a + (n.dht.backlog ?? 0), 0);
-  const migrating = nodes.reduce((a, n) => a + n.migrations.active.length, 0);
+  const { data: s } = useSummary();
+  if (!s) return null;
+  const r = s.rates;
   return (
     <dl className="summary card" aria-label="Cluster summary">
-      <div><dt>Nodes up</dt><dd>{count('up')}</dd></div>
-      <div><dt>Degraded</dt><dd>{count('degraded')}</dd></div>
-      <div><dt>Down</dt><dd>{count('down')}</dd></div>
-      <div><dt>Mean hit ratio</dt><dd>{ratios.length ? formatPercent(ratios.reduce((a, b) => a + b, 0) / ratios.length) : '—'}</dd></div>
-      <div><dt>Read now</dt><dd>{formatRate(sum((r) => (r.fast_read_bps ?? 0) + (r.slow_read_bps ?? 0)))}</dd></div>
-      <div><dt>Write now</dt><dd>{formatRate(sum((r) => (r.fast_write_bps ?? 0) + (r.slow_write_bps ?? 0)))}</dd></div>
-      <div><dt>Migrations</dt><dd>{migrating}</dd></div>
-      <div><dt>DHT backlog</dt><dd>{backlog}</dd></div>
+      <div><dt>Nodes up</dt><dd>{s.up}</dd></div>
+      <div><dt>Degraded</dt><dd>{s.degraded}</dd></div>
+      <div><dt>Down</dt><dd>{s.down}</dd></div>
+      <div><dt>Hit ratio</dt><dd>{formatPercent(s.hit_ratio)}</dd></div>
+      <div><dt>Read now</dt><dd>{formatRate((r.fast_read_bps ?? 0) + (r.slow_read_bps ?? 0))}</dd></div>
+      <div><dt>Write now</dt><dd>{formatRate((r.fast_write_bps ?? 0) + (r.slow_write_bps ?? 0))}</dd></div>
+      <div><dt>Fast tier</dt><dd>{formatBytes(s.tiers.fast?.used)} of {formatBytes(s.tiers.fast?.capacity)}</dd></div>
+      <div><dt>Slow tier</dt><dd>{formatBytes(s.tiers.slow?.used)} of {formatBytes(s.tiers.slow?.capacity)}</dd></div>
+      <div><dt>Heartbeat interval</dt><dd>{s.interval} s</dd></div>
     </dl>
   );
 }

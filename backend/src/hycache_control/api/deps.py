@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from ..control import Control
 from ..schemas import MAX_PATH, check_path
@@ -41,12 +42,16 @@ def _secret(request: Request) -> str | None:
 bearer = HTTPBearer(auto_error=False, description="an API token (hycache-control token create)")
 
 
-def caller(request: Request, control: ControlDep,
-           _doc: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> Caller:
+async def caller(request: Request, control: ControlDep,
+                 _doc: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> Caller:
+    """(async: the token table answers without I/O; only a secret it does not know costs a
+    query, in a worker thread)"""
     secret = _secret(request)
     if secret is None:
         raise auth_error(401, "missing bearer token (Authorization: Bearer <token>)", "missing_token")
-    c = control.tokens.authenticate(secret)
+    c = control.tokens.cached(secret)
+    if c is False:
+        c = await run_in_threadpool(control.tokens.authenticate, secret)
     if c is None:
         raise auth_error(401, "unknown or revoked token", "invalid_token")
     request.state.actor = c.name
@@ -56,13 +61,13 @@ def caller(request: Request, control: ControlDep,
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
-def reader(c: CallerDep) -> Caller:
+async def reader(c: CallerDep) -> Caller:  # async: no I/O, no thread-pool hop
     if c.scope not in ("read", "admin"):
         raise auth_error(403, f"a {c.scope} token may not read this (needs read or admin)", "forbidden")
     return c
 
 
-def admin(c: CallerDep) -> Caller:
+async def admin(c: CallerDep) -> Caller:
     if c.scope != "admin":
         raise auth_error(403, f"a {c.scope} token may not change anything (needs admin)", "forbidden")
     return c

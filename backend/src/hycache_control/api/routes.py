@@ -4,15 +4,16 @@ database and Redis calls never block the event loop."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from .. import schemas as S
+from ..jsonfast import dumps
 from ..schemas import check_path
 from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth_error
 
@@ -29,7 +30,9 @@ NOT_MODIFIED = {304: {"description": "not modified (If-None-Match matched the ET
 
 
 def _etag_response(body: dict, if_none_match: str | None) -> Response:
-    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()
+    """``body`` as JSON with an ETag of its bytes (views are built in a fixed key order, so
+    equal content gives equal bytes)."""
+    raw = dumps(body)
     etag = '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'
     if if_none_match and etag in [t.strip() for t in if_none_match.split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
@@ -61,8 +64,9 @@ def create_token(control: ControlDep, _: Admin, body: S.TokenCreate):
     return {**S.TokenOut.model_validate(row, from_attributes=True).model_dump(), "token": secret}
 
 
-@router.delete("/tokens/{token_id}", response_model=S.TokenOut, responses=ERRORS_404, operation_id="revokeToken",
-               tags=["tokens"])
+@router.delete("/tokens/{token_id}", response_model=S.TokenOut,
+               responses={**ERRORS_404, 409: {"model": S.ErrorOut, "description": "the last active admin token"}},
+               operation_id="revokeToken", tags=["tokens"])
 def revoke_token(control: ControlDep, _: Admin, token_id: Annotated[int, Path(ge=1, le=2**31 - 1)]):
     return S.TokenOut.model_validate(control.tokens.revoke(token_id), from_attributes=True)
 
@@ -73,13 +77,20 @@ def revoke_token(control: ControlDep, _: Admin, token_id: Annotated[int, Path(ge
             tags=["nodes"])
 def list_nodes(control: ControlDep, _: Reader, page: PagingDep,
                state: Annotated[S.NodeState | None, Query(description="only nodes in this state")] = None,
+               q: Annotated[str | None, Query(max_length=200, description="only nodes whose id contains this "
+                                                                            "(case-insensitive)")] = None,
+               sort: Annotated[S.NodeSort, Query(description="sort key (then by id)")] = "id",
+               desc: Annotated[bool, Query(description="descending")] = False,
                if_none_match: Annotated[str | None, Header()] = None):
-    views = control.node_views()
-    if state:
-        views = [v for v in views if v["state"] == state]
-    body = {"items": views[page.offset:page.offset + page.limit], "total": len(views), "limit": page.limit,
-            "offset": page.offset}
-    return _etag_response(S.NodePage.model_validate(body).model_dump(mode="json", by_alias=True), if_none_match)
+    items, total = control.node_page(state, page.offset, page.limit, sort=sort, desc=desc, q=q)
+    body = {"items": items, "total": total, "limit": page.limit, "offset": page.offset}
+    return _etag_response(body, if_none_match)  # the views conform to NodeOut as built (views.py)
+
+
+@router.get("/summary", response_model=S.NodeSummary, responses=ERRORS, operation_id="getNodeSummary",
+            tags=["nodes"])
+def node_summary(control: ControlDep, _: Reader):
+    return control.summary()
 
 
 @router.get("/nodes/{node_id}", response_model=S.NodeOut, responses={**ERRORS_404, **NOT_MODIFIED},
@@ -89,7 +100,7 @@ def get_node(control: ControlDep, _: Reader, node_id: NodeId,
     v = control.node_view(node_id)
     if v is None:
         raise _not_found(["path", "node_id"], f"no node {node_id}")
-    return _etag_response(S.NodeOut.model_validate(v).model_dump(mode="json", by_alias=True), if_none_match)
+    return _etag_response(v, if_none_match)
 
 
 def _time(value: str | None, loc: str, default: float) -> float:
@@ -144,14 +155,18 @@ def put_policy(control: ControlDep, c: Admin, node_id: NodeId, body: S.PolicyIn)
 
 @router.post("/nodes/{node_id}/heartbeats", response_model=S.HeartbeatAnswer, responses=ERRORS,
              operation_id="postHeartbeat", tags=["agents"])
-def heartbeat(control: ControlDep, c: CallerDep, node_id: NodeId, body: S.Heartbeat):
+async def heartbeat(control: ControlDep, c: CallerDep, node_id: NodeId, body: S.Heartbeat):
+    """(async: a heartbeat that needs no database — the common case — is handled on the
+    event loop from memory; one that does goes to a worker thread)"""
     if c.scope != "node" or c.node_id != node_id:
         raise auth_error(403, f"this token may not report for node {node_id} "
                               "(needs the node token of that node)", "forbidden")
     if body.node_id != node_id:
         raise RequestValidationError([{"loc": ("body", "node_id"), "msg": "must equal the node id of the URL",
                                        "type": "value_error", "input": body.node_id}])
-    return control.heartbeat(body)
+    if control.heartbeat_in_memory(body):
+        return control.heartbeat(body, db=False)
+    return await run_in_threadpool(control.heartbeat, body)
 
 
 # -- files ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``nodes`` every second,
+"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``summary`` (GET /summary) and
+``nodes`` every second,
 ``event`` as they happen (``id:`` = event id; ``Last-Event-ID`` replays what was missed),
 ``action`` when an action item changes."""
 
@@ -28,7 +29,7 @@ def _event_json(e) -> str:
 
 
 @router.get("/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}},
-                                                   "description": "Server-Sent Events: nodes, event, action"}},
+                                                   "description": "Server-Sent Events: summary, nodes, event, action"}},
             response_class=EventSourceResponse, operation_id="stream", tags=["stream"])
 async def stream(request: Request, control: ControlDep, _: Reader,
                  last_event_id: Annotated[str | None, Header(max_length=32)] = None,
@@ -54,8 +55,8 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             now = time.monotonic()
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
-                views = await run_in_threadpool(control.node_views)
-                yield {"event": "nodes", "data": json.dumps(views, default=str)}
+                yield await run_in_threadpool(control.summary_sse, NODES_PERIOD * 0.9)
+                yield await run_in_threadpool(control.nodes_sse, NODES_PERIOD * 0.9)  # encoded once for all
             await anyio.sleep(POLL)
 
     return EventSourceResponse(gen(), ping=15, send_timeout=30)

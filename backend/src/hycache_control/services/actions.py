@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import threading
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from sqlalchemy.orm import selectinload
 from ..db import Database
 from ..models import Action, ActionItem
 from .errors import NotFound
+from .bus import Bus
 from .events import EventService
 from .namespace import NamespaceService
 from .nodes import NodeService
@@ -53,8 +55,10 @@ def item_view(i: ActionItem) -> dict[str, Any]:
 
 
 class ActionService:
-    def __init__(self, db: Database, namespace: NamespaceService, nodes: NodeService, events: EventService) -> None:
+    def __init__(self, db: Database, namespace: NamespaceService, nodes: NodeService, events: EventService,
+                 bus: Bus | None = None) -> None:
         self.db = db
+        self.bus = bus
         self.namespace = namespace
         self.nodes = nodes
         self.events = events
@@ -66,15 +70,44 @@ class ActionService:
         #: plan steps (items of a manifest's action) are released by this hook:
         #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
         self.gate = None
-        with db.session() as s:
-            self._pending_nodes: set[str] = set(s.scalars(
-                select(ActionItem.node).where(ActionItem.state.in_(("pending", "delivered"))).distinct()))
+        self._pending_nodes: set[str] = set()
+        self.resync()
+        if bus is not None:  # other processes' item changes and new work (services/bus.py)
+            bus.on("a", self._publish_local)
+            bus.on("w", self._wake_local)
+            bus.on("resync", lambda _: self.resync())
+
+    def resync(self) -> None:
+        """Which nodes have open items (from the database)."""
+        with self.db.session() as s:
+            nodes = set(s.scalars(select(ActionItem.node).where(ActionItem.state.in_(("pending", "delivered")))
+                                  .distinct()))
+        with self._lock:
+            self._pending_nodes.update(n for n in nodes if n)
 
     def _publish(self, items: list[dict]) -> None:
+        self._publish_local(items)
+        if self.bus is not None and self.bus.enabled and items:
+            chunk: list[dict] = []
+            size = 0
+            for it in items:  # several notifications when the views would not fit in one
+                n = len(json.dumps(it, default=str)) + 1
+                if chunk and size + n > 6000:
+                    self.bus.notify_now("a", chunk)
+                    chunk, size = [], 0
+                chunk.append(it)
+                size += n
+            self.bus.notify_now("a", chunk)
+
+    def _publish_local(self, items: list[dict]) -> None:
         with self._lock:
             for it in items:
                 self.last_update = next(self._seq)
                 self.updates.append((self.last_update, it))
+
+    def _wake_local(self, nodes) -> None:
+        with self._lock:
+            self._pending_nodes.update(n for n in nodes if isinstance(n, str))
 
     def updates_after(self, seq: int) -> list[tuple[int, dict]]:
         with self._lock:
@@ -103,8 +136,8 @@ class ActionService:
             s.add(a)
             s.flush()
             view = action_view(a)
-        with self._lock:
-            self._pending_nodes.update(i.node for i in items if i.state == "pending" and i.node)
+        woken = {i.node for i in items if i.state == "pending" and i.node}
+        self.wake(woken)
         for it in view["items"]:
             if it["state"] == "failed":
                 self.events.record("action", f"{action} {it['path']}", "failed", node=it["node"], actor=actor,
@@ -113,9 +146,13 @@ class ActionService:
         return view
 
     def wake(self, nodes) -> None:
-        """Items may now be deliverable to ``nodes`` (new plan steps, a job started)."""
-        with self._lock:
-            self._pending_nodes.update(n for n in nodes if n)
+        """Items may now be deliverable to ``nodes`` (new plan steps, a job started): here,
+        and in every other process (blocking on PostgreSQL: one notification)."""
+        nodes = sorted({n for n in nodes if n})
+        self._wake_local(nodes)
+        if self.bus is not None and self.bus.enabled and nodes:
+            for k in range(0, len(nodes), 200):
+                self.bus.notify_now("w", nodes[k:k + 200])
 
     def get(self, action_id: int) -> dict[str, Any]:
         with self.db.session() as s:
@@ -134,6 +171,11 @@ class ActionService:
             return [action_view(a) for a in rows], total
 
     # -- the heartbeat side -------------------------------------------------------------------
+
+    def has_work(self, node: str) -> bool:
+        """May :meth:`deliver` find items for ``node`` (else it answers [] without a query)?"""
+        with self._lock:
+            return node in self._pending_nodes
 
     def deliver(self, node: str) -> list[dict[str, Any]]:
         """Items for ``node`` (pending or delivered without a result yet: re-sent until the

@@ -28,6 +28,11 @@ class Invalid(ServiceError):
     type = "value_error"
 
 
+class Conflict(ServiceError):
+    status = 409
+    type = "conflict"
+
+
 class Unavailable(ServiceError):
     status = 503
     type = "unavailable"

@@ -1,21 +1,28 @@
 """The event log: audit entries (who did what) and cluster events (node transitions,
 action failures, policies applied).  Inserts are serialised, so ids grow in commit order
-and a stream reader resuming after id N misses nothing."""
+and a stream reader resuming after id N misses nothing — across processes too: on
+PostgreSQL every insert takes a transaction-level advisory lock first, and announces its
+ids on the bus (services/bus.py) so every process's stream sees them at once."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from ..db import Database
 from ..models import Event
+from .bus import EVENTS_LOCK, Bus
 
 
 class EventService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, bus: Bus | None = None) -> None:
         self.db = db
+        self.bus = bus
+        if bus is not None:
+            bus.on("e", self._seen)
+            bus.on("resync", lambda _: self.resync())
         self._lock = threading.Lock()
         self._pending: list[Event] = []
         self._plock = threading.Lock()
@@ -28,11 +35,29 @@ class EventService:
                     action=action[:200], result=result[:200], detail=detail)
         with self._lock:
             with self.db.session() as s:
+                self._serialise(s)
                 s.add(row)
                 s.flush()
                 eid = row.id
+                if self.bus is not None:
+                    self.bus.notify(s, "e", eid)
             self.last_id = max(self.last_id, eid)
         return eid
+
+    def _serialise(self, s) -> None:
+        if self.db.dialect == "postgresql":
+            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": EVENTS_LOCK})
+
+    def _seen(self, eid) -> None:
+        """(bus) another process committed event ``eid``"""
+        if isinstance(eid, int):
+            with self._lock:
+                self.last_id = max(self.last_id, eid)
+
+    def resync(self) -> None:
+        with self.db.session() as s:
+            top = s.scalar(select(func.max(Event.id))) or 0
+        self._seen(top)
 
     def record_later(self, kind: str, action: str, result: str, *, node: str | None = None,
                      actor: str | None = None, detail: str | None = None) -> None:
@@ -52,9 +77,12 @@ class EventService:
         try:
             with self._lock:
                 with self.db.session() as s:
+                    self._serialise(s)
                     s.add_all(batch)
                     s.flush()
                     top = max(e.id for e in batch)
+                    if self.bus is not None:
+                        self.bus.notify(s, "e", top)
                 self.last_id = max(self.last_id, top)
         except Exception:
             with self._plock:

@@ -3,21 +3,28 @@
 States (evaluated every ``monitor`` tick and at every heartbeat):
 
 * a node that has sent heartbeats: ``up`` while they arrive (the last one less than
-  ``down_after_missed x interval + down_grace`` old) and its agent reports its DHT link
+  ``down_after_missed x interval + down_grace`` old, with the interval that node was handed
+  in its last answer) and its agent reports its DHT link
   ``ok``/``connecting``; ``degraded`` while they arrive but the agent reports its DHT link
   degraded, or when they stopped but the DHT registry still sees the node alive (it serves
   files but cannot reach us); ``down`` when they stopped and the registry does not see it.
 * a node known only from the DHT registry (an agent without a control-plane link):
   ``up`` while its registry entry is fresh, else ``down``.
 
-After a control-plane start every node gets one ``down_after`` of grace before its old
+After a control-plane start every node gets one down window of grace before its old
 heartbeat counts as missed (the agents need a beat to notice we are back).
+
+The interval (Nomad's rule): ``max(heartbeat_interval, live nodes / max_heartbeats_per_second)``,
+recomputed every monitor tick and rounded up to 0.1 s, handed to each node in its answer;
+the node's down window follows the interval it was handed, so a stretched interval never
+marks a node down and a shrinking one waits for the node to pick it up.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +40,11 @@ from .events import EventService
 from .metrics import MetricsWriter, _get, gauges, rates
 
 log = logging.getLogger(__name__)
+
+#: a node's row (its last heartbeat, counters, state) is written at a state change and at
+#: most this often otherwise: the row is what a restarted control plane starts from, not
+#: what anyone reads live, so a heartbeat costs no row write.
+NODE_ROW_PERIOD = 10.0
 
 NODE_COLUMNS = ("id", "address", "version", "boot_id", "seq", "sent_at", "first_seen", "last_heartbeat",
                 "heartbeats", "state", "state_since", "status", "counters", "updated_at")
@@ -57,18 +69,28 @@ class LiveNode:
     registry: dict[str, Any] | None = None  # the DHT registry's entry (addr, load, last_beat)
     updated_at: float = 0.0
     persisted: bool = field(default=False, repr=False)
+    saved_at: float = field(default=0.0, repr=False)  # when its row last went to the writer
+    interval: float | None = field(default=None, repr=False)  # the interval its last answer carried
 
     def row(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in NODE_COLUMNS}
 
 
 class NodeService:
-    def __init__(self, db: Database, events: EventService, *, interval: float, down_after: float,
-                 registry_reader=None) -> None:
+    def __init__(self, db: Database, events: EventService, *, interval: float, down_after_missed: int = 3,
+                 down_grace: float = 2.0, max_rate: float = 1000.0, registry_reader=None) -> None:
         self.db = db
         self.events = events
-        self.interval = interval
-        self.down_after = down_after
+        self.base_interval = interval
+        self.interval = interval  # what new answers carry (adaptive)
+        self.down_after_missed = down_after_missed
+        self.down_grace = down_grace
+        self.max_rate = max_rate
+        self._beating = 0
+        self.leader = lambda: True  # Control sets its Leader's view (services/bus.py)
+        self.shared = lambda: False  # do other processes take this cluster's heartbeats? (Control: its Bus)
+        self._beaten: dict[str, float] = {}  # node -> last heartbeat, not yet shared
+        self._seen_shared = 0.0
         self.registry_reader = registry_reader  # () -> {node_id: list_nodes entry}; raises if unreachable
         self.started = time.time()
         self.live: dict[str, LiveNode] = {}
@@ -84,19 +106,41 @@ class NodeService:
                     version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
                     last_heartbeat=n.last_heartbeat, heartbeats=n.heartbeats, status=n.status, counters=n.counters,
                     updated_at=n.updated_at, persisted=True)
+        # the agents that were beating keep the interval they were handed: start from the
+        # interval their number implies, so the restart grace covers their next beat
+        beating = [n for n in self.live.values() if n.last_heartbeat is not None and n.state != "down"]
+        self._beating = len(beating)
+        self._set_interval()
+        for n in beating:
+            n.interval = self.interval
 
     # -- persistence (called by the metrics writer inside its transaction) ---------------------
 
     def sink(self, s: Session, rows: list[dict]) -> None:
-        ins = (postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert)(Node)
-        stmt = ins.on_conflict_do_update(index_elements=[Node.id],
+        t = Node.__table__  # Core, not the ORM's bulk path (a third of the cost)
+        ins = (postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert)(t)
+        stmt = ins.on_conflict_do_update(index_elements=[t.c.id],
                                          set_={c: ins.excluded[c] for c in NODE_COLUMNS if c != "id"})
         s.execute(stmt, rows)
 
     # -- heartbeats ---------------------------------------------------------------------------
 
-    def heartbeat(self, hb, now: float | None = None) -> None:
-        """Take one heartbeat (a validated ``schemas.Heartbeat``): rates, state, persistence."""
+    def adapt_interval(self, now: float) -> float:
+        """(lock held) The interval for the number of nodes whose heartbeats arrive now."""
+        self._beating = sum(1 for n in self.live.values()
+                            if n.last_heartbeat is not None and now - n.last_heartbeat <= self.down_after(n))
+        return self._set_interval()
+
+    def _set_interval(self) -> float:
+        self.interval = max(self.base_interval, math.ceil(self._beating / self.max_rate * 10) / 10)
+        return self.interval
+
+    def down_after(self, n: LiveNode) -> float:
+        return self.down_after_missed * max(n.interval or self.base_interval, self.base_interval) + self.down_grace
+
+    def heartbeat(self, hb, now: float | None = None) -> float:
+        """Take one heartbeat (a validated ``schemas.Heartbeat``): rates, state, persistence.
+        Returns the interval to hand the node."""
         now = time.time() if now is None else now
         counters = hb.counters.model_dump()
         transition = None
@@ -121,14 +165,24 @@ class NodeService:
             if sample is not None:
                 n.rates = sample
             n.updated_at = now
+            if n.interval is None:  # new here: counted at once, so a burst of new nodes stretches the interval
+                self._beating += 1
+                self._set_interval()
+            n.interval = self.interval
+            if self.shared():
+                self._beaten[n.id] = now
             transition = self._evaluate(n, now)
-            row = n.row()
+            row = None
+            if transition or now - n.saved_at >= NODE_ROW_PERIOD:
+                row, n.saved_at = n.row(), now
         if self.writer is not None:
             if sample is not None:
                 self.writer.sample(sample)
-            self.writer.node(row)
+            if row is not None:
+                self.writer.node(row)
         if transition:
             self._announce(*transition)
+        return n.interval
 
     # -- states -------------------------------------------------------------------------------
 
@@ -142,7 +196,7 @@ class NodeService:
     def state_of(self, n: LiveNode, now: float) -> str:
         if n.last_heartbeat is None:
             return "up" if self._registry_alive(n, now) else "down"
-        fresh = now - max(n.last_heartbeat, self.started) <= self.down_after
+        fresh = now - max(n.last_heartbeat, self.started) <= self.down_after(n)
         if fresh:
             return "degraded" if self._link_degraded(n) else "up"
         return "degraded" if self._registry_alive(n, now) else "down"
@@ -156,6 +210,8 @@ class NodeService:
         return n.id, old, new
 
     def _announce(self, node: str, old: str, new: str) -> None:
+        if not self.leader():  # several processes: one records the cluster's transitions
+            return
         try:
             self.events.record_later("node", f"state {new}", new, node=node, detail=f"{old} -> {new}")
         except Exception as e:
@@ -188,16 +244,79 @@ class NodeService:
         now = time.time() if now is None else now
         changes = []
         with self.lock:
+            self.adapt_interval(now)
             for n in self.live.values():
                 t = self._evaluate(n, now)
                 if t:
                     changes.append(t)
                     if n.persisted or n.last_heartbeat is not None:
-                        rows = n.row()
+                        n.saved_at = now
                         if self.writer is not None:
-                            self.writer.node(rows)
+                            self.writer.node(n.row())
         for t in changes:
             self._announce(*t)
+
+    # -- several processes: liveness through the database ----------------------------------
+
+    def share(self) -> None:
+        """(writer, after the node rows) Publish the last heartbeat of every node this
+        process heard since the last flush: one narrow batched UPDATE."""
+        with self.lock:
+            beaten, self._beaten = self._beaten, {}
+        if not beaten:
+            return
+        from sqlalchemy import bindparam, update
+        t = Node.__table__
+        try:
+            with self.db.session() as s:
+                s.execute(update(t).where(t.c.id == bindparam("b_id")).where(t.c.last_heartbeat < bindparam("b_lh"))
+                          .values(last_heartbeat=bindparam("b_lh")),
+                          [{"b_id": k, "b_lh": v} for k, v in beaten.items()])
+        except Exception:
+            with self.lock:
+                for k, v in beaten.items():
+                    self._beaten[k] = max(v, self._beaten.get(k, 0.0))
+            raise
+
+    def merge_shared(self) -> int:
+        """(monitor) Take the heartbeats other processes heard (blocking: one query); the
+        number of nodes whose last heartbeat moved."""
+        if not self.shared():
+            return 0
+        cols = [Node.id, Node.last_heartbeat]
+        with self.db.session() as s:
+            rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
+            known = {r[0] for r in rows}
+            with self.lock:
+                unknown = [k for k in known if k not in self.live]
+            full = list(s.scalars(select(Node).where(Node.id.in_(unknown)))) if unknown else []
+        moved = 0
+        with self.lock:
+            for n in full:  # a node only the other processes heard so far
+                self.live[n.id] = LiveNode(
+                    id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
+                    version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
+                    last_heartbeat=n.last_heartbeat, heartbeats=n.heartbeats, status=n.status, counters=n.counters,
+                    updated_at=n.updated_at, persisted=True, interval=self.interval)
+            for node_id, lh in rows:
+                self._seen_shared = max(self._seen_shared, lh)
+                n = self.live.get(node_id)
+                if n is not None and (n.last_heartbeat is None or lh > n.last_heartbeat):
+                    n.last_heartbeat = lh
+                    n.interval = n.interval or self.interval
+                    moved += 1
+        return moved
+
+    def save_all(self) -> None:
+        """Hand every node's row to the writer (at a clean stop)."""
+        if self.writer is None:
+            return
+        now = time.time()
+        with self.lock:
+            for n in self.live.values():
+                if n.persisted or n.last_heartbeat is not None:
+                    n.saved_at = now
+                    self.writer.node(n.row())
 
     # -- views --------------------------------------------------------------------------------
 

@@ -13,16 +13,39 @@ from sqlalchemy import select
 from ..db import Database
 from ..models import Policy
 from .errors import Invalid
+from .bus import Bus
 from .events import EventService
 
 
 class PolicyService:
-    def __init__(self, db: Database, events: EventService) -> None:
+    def __init__(self, db: Database, events: EventService, bus: Bus | None = None) -> None:
         self.db = db
         self.events = events
+        self.bus = bus
         self._lock = threading.Lock()
-        with db.session() as s:
-            self._cache: dict[str, dict[str, Any]] = {p.node_id: self._view(p) for p in s.scalars(select(Policy))}
+        self._cache: dict[str, dict[str, Any]] = {}
+        self.resync()
+        if bus is not None:  # another process changed a node's policy row
+            bus.on("p", self._reload)
+            bus.on("resync", lambda _: self.resync())
+
+    def resync(self) -> None:
+        with self.db.session() as s:
+            cache = {p.node_id: self._view(p) for p in s.scalars(select(Policy))}
+        with self._lock:
+            self._cache = cache
+
+    def _reload(self, node_id) -> None:
+        if not isinstance(node_id, str):
+            return
+        with self.db.session() as s:
+            row = s.get(Policy, node_id)
+            view = self._view(row) if row is not None else None
+        with self._lock:
+            if view is None:
+                self._cache.pop(node_id, None)
+            else:
+                self._cache[node_id] = view
 
     @staticmethod
     def _view(p: Policy) -> dict[str, Any]:
@@ -47,7 +70,7 @@ class PolicyService:
             raise Invalid(("body", "policy"), f"unknown policy {policy!r}; known: {', '.join(known)}")
         now = time.time()
         with self._lock, self.db.session() as s:
-            row = s.get(Policy, node_id)
+            row = s.get(Policy, node_id, with_for_update=True)  # two processes: versions never repeat
             if row is None:
                 row = Policy(node_id=node_id, version=0, applied_version=0)
                 s.add(row)
@@ -56,6 +79,8 @@ class PolicyService:
             row.updated_at = now
             s.flush()
             view = self._cache[node_id] = self._view(row)
+            if self.bus is not None:
+                self.bus.notify(s, "p", node_id)
         self.events.record("policy", "policy set", f"version {view['version']}", node=node_id, actor=actor,
                            detail=f"{policy} high={high} low={low}")
         return dict(view)
@@ -67,6 +92,12 @@ class PolicyService:
             return None
         return {"version": p["version"], "policy": p["policy"], "high_watermark": p["high_watermark"],
                 "low_watermark": p["low_watermark"]}
+
+    def needs_write(self, node_id: str, version: int) -> bool:
+        """Would :meth:`applied` write (the node reports a version not yet recorded)?"""
+        with self._lock:
+            p = self._cache.get(node_id)
+            return p is not None and p["applied_version"] != version
 
     def applied(self, node_id: str, version: int) -> None:
         """The node's heartbeat says it runs ``version`` (cheap when nothing changed)."""
@@ -81,5 +112,7 @@ class PolicyService:
                 return
             row.applied_version = version
             self._cache[node_id] = self._view(row)
+            if self.bus is not None:
+                self.bus.notify(s, "p", node_id)
         if version == self._cache[node_id]["version"]:
             self.events.record("policy", "policy applied", f"version {version}", node=node_id, ts=now)

@@ -1,0 +1,213 @@
+"""The control plane at cluster scale (issue 20): heartbeats that touch no database on the
+request path, the token table, node views that conform to the schema without pydantic on
+the way out, the adaptive interval (Nomad's rule) and the down window that follows it.
+SQLite and PostgreSQL (real, see conftest.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from hycache_control import schemas as S
+from hycache_control.app import create_app
+from hycache_control.control import Control
+from hycache_control.services.nodes import LiveNode
+from hycache_control.services.tokens import TokenService
+from hycache_control.settings import load_settings
+from hycache_control.views import node_view
+
+BACKGROUND_THREADS = ("metrics-writer", "monitor", "bus")  # batches, ticks, notifications
+
+
+@pytest.fixture
+def plane(db_url, tmp_path):
+    def make(**kw) -> Control:
+        settings = load_settings(None, db=db_url, state_dir=str(tmp_path), ui_dir=str(tmp_path / "no-ui"),
+                                 **{"heartbeat_interval": 0.5, "down_grace": 0.5, "flush_interval": 0.1, **kw})
+        return Control(settings)
+    return make
+
+
+def beat(node: str, seq: int = 1, **kw) -> S.Heartbeat:
+    return S.Heartbeat(node_id=node, boot_id="b1", seq=seq, sent_at=time.time(), **kw)
+
+
+def test_heartbeats_touch_no_database_on_the_request_path(plane):
+    control = plane()
+    tokens = {f"n{i}": control.tokens.create(f"n{i}", "node", f"n{i}")[1] for i in range(5)}
+    statements: list[tuple[str, str]] = []
+
+    def seen(conn, cursor, statement, *a):
+        statements.append((threading.current_thread().name, statement.split()[0]))
+    with TestClient(create_app(control.settings, control)) as client:
+        event.listen(control.db.engine, "before_cursor_execute", seen)
+        try:
+            for seq in range(1, 21):
+                for node, tok in tokens.items():
+                    r = client.post(f"/api/v1/nodes/{node}/heartbeats", headers={"Authorization": f"Bearer {tok}"},
+                                    json={"node_id": node, "boot_id": "b1", "seq": seq, "sent_at": time.time(),
+                                          "counters": {"fast": {"read_bytes": seq * 100}}})
+                    assert r.status_code == 200, r.text
+                    assert r.json() == {"interval": 0.5, "policy": None, "actions": [], "acked_results": [],
+                                        "plans": []}
+        finally:
+            event.remove(control.db.engine, "before_cursor_execute", seen)
+        on_requests = [s for s in statements if s[0] not in BACKGROUND_THREADS]
+        assert on_requests == []  # 100 heartbeats: not one statement outside the background threads
+        # ... and the samples still reached the database through the writer
+        control.writer.flush()
+        _, samples = control.metrics.query("n0", time.time() - 60, time.time() + 1, 1.0)
+        assert len(samples) == 19  # every heartbeat after the first of the boot
+
+
+def test_token_table_sees_other_processes(plane):
+    control = plane()
+    other = TokenService(control.db)  # another process on the same database
+    _, secret = other.create("late", "node", "late")
+    assert control.tokens.cached(secret) is False  # not in the table yet: only the database can tell
+    c = control.tokens.authenticate(secret)
+    assert c is not None and c.node_id == "late"
+    assert control.tokens.cached(secret) == c  # now answered from memory
+    # revoked by the other process: applies at the next reload (token_cache_seconds)
+    row_id = c.id
+    other.revoke(row_id)
+    assert control.tokens.cached(secret) == c
+    control.tokens.refresh(force=True)
+    assert control.tokens.cached(secret) is None and control.tokens.authenticate(secret) is None
+    # an unknown secret costs one query, then is answered from memory until the next reload
+    assert control.tokens.authenticate("hct_nobody") is None
+    assert control.tokens.cached("hct_nobody") is None
+    # revoked through this process: at once
+    _, mine = control.tokens.create("mine", "read")
+    mine_id = control.tokens.authenticate(mine).id
+    control.tokens.revoke(mine_id)
+    assert control.tokens.cached(mine) is None
+
+
+STATUSES = [
+    {"policy": "lru", "watermarks": {"high": 0.9, "low": 0.7},
+     "tiers": {"fast": {"capacity": 1 << 30, "device_capacity": 2 << 30, "used": 5, "files": 1, "device_free": 9},
+               "slow": {"capacity": 1 << 40, "used": 7, "files": 2, "device_free": 10}},
+     "migrations": {"migrations_done": 3, "bytes_promoted": 10, "bytes_demoted": 5,
+                    "active": [{"path": "/a", "src": "slow", "dst": "fast", "copied": 1, "total": 9}]},
+     "cluster": {"state": "ok", "backlog": 0}, "hccache": {"mode": "on", "hit_ratio": 0.5},
+     "passthrough": {"enabled": True, "reason": None}},
+    # what a broken or hostile agent could send: the views must still conform
+    {"policy": 7, "watermarks": {"high": "x", "low": None},
+     "tiers": {"fast": {"capacity": "big", "used": 1.5, "files": True, "device_free": float("nan")}, "slow": []},
+     "migrations": {"migrations_done": "many", "bytes_promoted": None, "active": [{"path": 3, "copied": "x"}, 5]},
+     "cluster": {"state": 1, "backlog": "x"}, "hccache": "yes", "passthrough": [1]},
+    {"tiers": "none", "migrations": [], "cluster": "down"},
+    None,
+]
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_node_views_conform_to_the_schema_as_built(status):
+    now = time.time()
+    n = LiveNode(id="n1", first_seen=now, state="up", state_since=now, address="h:1", version="0.1.0", boot_id="b",
+                 seq=3, sent_at=now, last_heartbeat=now, heartbeats=3, status=status,
+                 counters={"fast": {"read_bytes": 1}}, updated_at=now,
+                 rates={"node_id": "n1", "ts": now, "resolution": 1, **dict.fromkeys(S.Rates.model_fields, 1.0)},
+                 registry={"addr": "h:1", "load": 0, "last_beat": now})
+    for policy in ({"policy": "lru", "high_watermark": 0.9, "low_watermark": 0.7, "version": 2,
+                    "applied_version": 1},
+                   {"policy": 5, "high_watermark": "x", "low_watermark": None, "version": 0, "applied_version": 0}):
+        v = node_view(n, policy)
+        # what the route sends as is, pydantic would send the same
+        assert S.NodeOut.model_validate(v).model_dump(mode="json", by_alias=True) == v
+
+
+def test_adaptive_interval_and_the_down_window_follow_the_node_count(plane):
+    control = plane(max_heartbeats_per_second=10)  # base 0.5 s, grace 0.5 s, 3 missed
+    nodes = control.nodes
+    t0 = time.time()
+    answers = [control.heartbeat(beat(f"n{i}"), db=False)["interval"] for i in range(30)]
+    # Nomad's rule: max(base, nodes / rate), rounded up to 0.1 s, from the first node that makes it exceed
+    assert answers[:5] == [0.5] * 5 and answers[5] == 0.6 and answers[-1] == 3.0
+    nodes.tick(now=t0 + 0.1)
+    assert nodes.interval == 3.0
+    assert all(n.state == "up" for n in nodes.snapshot())
+    # a node handed 3 s is not down after the base window (3 x 0.5 + 0.5) but after its own (3 x 3 + 0.5)
+    nodes.tick(now=t0 + 3 * 0.5 + 0.5 + 1)
+    assert nodes.get("n29").state == "up"
+    nodes.tick(now=t0 + 3 * 3.0 + 0.5 + 1)
+    assert {n.state for n in nodes.snapshot()} == {"down"}
+    # nobody beats now: the interval is back to the base for the next node
+    assert nodes.interval == 0.5
+    assert control.heartbeat(beat("n0", seq=2), db=False)["interval"] == 0.5
+    control.stop()
+
+
+def test_restart_keeps_the_stretched_window(plane):
+    control = plane(max_heartbeats_per_second=10)
+    for i in range(30):
+        control.heartbeat(beat(f"n{i}"), db=False)
+    control.nodes.tick()
+    control.nodes.save_all()
+    control.writer.flush()
+    control.stop()
+    again = plane(max_heartbeats_per_second=10)
+    # the agents still beat every 3 s: the restarted plane starts from that interval
+    assert again.nodes.interval == 3.0 and again.nodes.get("n7").interval == 3.0
+    again.stop()
+
+
+def test_summary_and_the_node_table_over_every_node(plane):
+    control = plane()
+    st = {"tiers": {"fast": {"capacity": 100, "used": 10, "files": 1}, "slow": {"capacity": 1000, "used": 50, "files": 2}}}
+    for i in range(150):  # more than one page
+        control.heartbeat(beat(f"node-{i:03d}", status={**st, "tiers": {
+            "fast": {**st["tiers"]["fast"], "used": i}, "slow": st["tiers"]["slow"]}},
+            counters={"fast": {"read_bytes": 0, "hits": 0}, "misses": 0}), db=False)
+    for i in range(150):  # a second beat: rates (node i read 1,000 x i bytes, i hits, 1 miss)
+        control.heartbeat(S.Heartbeat(node_id=f"node-{i:03d}", boot_id="b1", seq=2, sent_at=time.time() + 1,
+                                      status=st, counters={"fast": {"read_bytes": 1000 * i, "hits": i}, "misses": 1}),
+                          db=False)
+    # a node the registry knows but that stopped long ago: down
+    control.nodes.live["node-999"] = LiveNode(id="node-999", first_seen=0, state="down", state_since=0)
+    with TestClient(create_app(control.settings, control)) as client:
+        admin = control.tokens.create("a", "admin")[1]
+        h = {"Authorization": f"Bearer {admin}"}
+        s = client.get("/api/v1/summary", headers=h).json()
+        assert (s["nodes"], s["up"], s["degraded"], s["down"]) == (151, 150, 0, 1)
+        assert s["tiers"]["fast"] == {"capacity": 150 * 100, "used": 150 * 10, "files": 150}
+        assert s["tiers"]["slow"]["capacity"] == 150 * 1000 and s["interval"] == 0.5
+        rates = s["rates"]
+        assert rates["hits"] > 0 and s["hit_ratio"] == pytest.approx(rates["hits"] / (rates["hits"] + rates["misses"]))
+        # the node table: filter by state and name, sort, page
+        page = client.get("/api/v1/nodes", headers=h, params={"state": "up", "limit": 10}).json()
+        assert page["total"] == 150 and [v["id"] for v in page["items"]][:2] == ["node-000", "node-001"]
+        page = client.get("/api/v1/nodes", headers=h, params={"q": "NODE-14", "limit": 100}).json()
+        assert page["total"] == 10 and all(v["id"].startswith("node-14") for v in page["items"])
+        page = client.get("/api/v1/nodes", headers=h,
+                          params={"sort": "hit_ratio", "desc": "true", "limit": 3, "offset": 0}).json()
+        assert [v["id"] for v in page["items"]] == ["node-149", "node-148", "node-147"]
+        last = client.get("/api/v1/nodes", headers=h, params={"sort": "hit_ratio", "offset": 150}).json()
+        assert [v["id"] for v in last["items"]] == ["node-999"]  # no value: last either way
+        assert client.get("/api/v1/nodes", headers=h, params={"sort": "nope"}).status_code == 422
+    control.stop()
+
+
+def test_the_last_active_admin_token_cannot_be_revoked(plane):
+    control = plane()
+    first, first_secret = control.tokens.create("first", "admin")
+    second, second_secret = control.tokens.create("second", "admin")
+    reader, _ = control.tokens.create("reader", "read")
+    with TestClient(create_app(control.settings, control)) as client:
+        def revoke(token_id: int, secret: str):
+            return client.delete(f"/api/v1/tokens/{token_id}", headers={"Authorization": f"Bearer {secret}"})
+        assert revoke(reader.id, first_secret).status_code == 200  # other scopes: as before
+        assert revoke(second.id, first_secret).status_code == 200  # another admin remains
+        r = revoke(first.id, first_secret)  # its own, the last one: refused, and it still works
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"][0]["loc"] == ["path", "token_id"] and "last active admin" in r.json()["detail"][0]["msg"]
+        assert client.get("/api/v1/whoami", headers={"Authorization": f"Bearer {first_secret}"}).status_code == 200
+        third, third_secret = control.tokens.create("third", "admin")
+        assert revoke(first.id, third_secret).status_code == 200  # now there is another
+        assert revoke(third.id, third_secret).status_code == 409
+    control.stop()
