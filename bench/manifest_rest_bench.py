@@ -25,6 +25,7 @@ import httpx
 
 from hycache_control.db import Database
 from hycache_control.services.tokens import TokenService
+from hycache_control.stack import StackError, wait_ready
 
 BIN = Path(sys.executable).parent / "hycache-control"
 
@@ -58,17 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                                 start_new_session=True, env={**os.environ, "HYCACHE_CONTROL_HEARTBEAT_INTERVAL": "60"})
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    print("the control plane did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
+            try:
+                wait_ready(url, lambda: proc.poll() is None, None, 90, path="/healthz")
+            except StackError as e:
+                print(f"the control plane did not start: {e}", file=sys.stderr)
+                return 1
             status = {"tiers": {"fast": {"capacity": 1 << 40, "used": 0}, "slow": {"capacity": 1 << 42, "used": 0}}}
             for n in nodes:
                 body = {"node_id": n, "version": "0.1.0", "boot_id": "b", "seq": 1, "sent_at": time.time(),

@@ -269,6 +269,7 @@ def make_tokens(url_db: str, nodes: int) -> tuple[list[str], str]:
 def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     import httpx
 
+    from hycache_control.stack import StackError, wait_ready
     from hycache_control.testing import free_port
     subprocess.run([str(binary), "db", "upgrade", "--db", url_db], check=True, capture_output=True)
     tokens, admin = make_tokens(url_db, nodes)
@@ -278,17 +279,11 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
            "--heartbeat-interval", str(args.interval), "--log-level", "warning", *args.server_arg]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            print((tmp / f"server-{label}-{nodes}.log").read_text()[-3000:])
-            raise SystemExit(1)
-        time.sleep(0.3)
+    try:
+        wait_ready(url, lambda: proc.poll() is None, tmp / f"server-{label}-{nodes}.log", 120, path="/healthz")
+    except StackError as e:
+        print(e)
+        raise SystemExit(1) from None
     try:
         drive("127.0.0.1", port, tokens, admin, nodes, 0, 0, args.warmup, args.interval, args.procs, args.conns)
         spy = None

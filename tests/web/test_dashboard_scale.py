@@ -20,6 +20,7 @@ import pytest
 from hycache_control.db import Database
 from hycache_control.models import Token
 from hycache_control.services.tokens import hash_secret, new_secret
+from hycache_control.stack import wait_ready
 from hycache_control.testing import free_port
 
 from .test_dashboard import CHROMIUM, FRONTEND, _require_frontend, _tail
@@ -55,15 +56,7 @@ def test_dashboard_at_1000_nodes(tmp_path):
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, _tail(log)
-            time.sleep(0.3)
+        wait_ready(url, lambda: proc.poll() is None, log, 90, path="/healthz")
         with httpx.Client(base_url=url, timeout=30) as c:
             for seq in (1, 2):
                 for i, (node, tok) in enumerate(nodes.items()):

@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,28 @@ def _tail(path: Path, n: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "<no log>"
+
+
+def wait_ready(base_url: str, alive: Callable[[], bool], log: Path | None = None, timeout: float = 60.0,
+               path: str = "/readyz") -> None:
+    """Wait until the control plane at ``base_url`` answers ``path`` with 200; raise
+    :class:`StackError` (with the tail of ``log``) when ``alive()`` turns false first or
+    ``timeout`` seconds pass.  Used by the stack, the benchmarks and the tests that start
+    a server of their own."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    tail = (lambda: "\n" + _tail(log)) if log is not None else (lambda: "")
+    while time.monotonic() < deadline:
+        if not alive():
+            raise StackError(f"the control plane exited{tail()}")
+        try:
+            with urllib.request.urlopen(base_url + path, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise StackError(f"the control plane did not answer {path} within {timeout:.0f} s ({last}){tail()}")
 
 
 def _spawn(argv: list[str], log: Path, cwd: Path) -> int:
@@ -263,19 +286,7 @@ class Stack:
             self._save()
 
     def _wait_ready(self, base_url: str, log: Path, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            if not _pid_alive(self.state["control"]["pid"]):
-                raise StackError(f"the control plane exited\n{_tail(log)}")
-            try:
-                with urllib.request.urlopen(base_url + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError) as e:
-                last = str(e)
-            time.sleep(0.2)
-        raise StackError(f"the control plane was not ready within {timeout:.0f} s ({last})\n{_tail(log)}")
+        wait_ready(base_url, lambda: _pid_alive(self.state["control"]["pid"]), log, timeout)
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -367,18 +378,7 @@ def start_control(state_file: str | Path, timeout: float = 60.0) -> None:
     log = Path(cp["log"])
     cp["pid"] = _spawn(cp["argv"], log, log.parent)
     _save_to(state_file, st)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _pid_alive(cp["pid"]):
-            raise StackError(f"the control plane exited\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(st["base_url"] + "/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise StackError(f"the control plane was not ready within {timeout:.0f} s\n{_tail(log)}")
+    wait_ready(st["base_url"], lambda: _pid_alive(cp["pid"]), log, timeout)
 
 
 def stop_state(st: dict) -> None:
