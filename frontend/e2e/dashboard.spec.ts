@@ -154,7 +154,7 @@ test('submit a WfCommons instance and see its placement and the bytes moved', as
   expect(await page.locator('line.wf-edge').count()).toBeGreaterThanOrEqual(6);
   // the bytes chart: bars for placed and round-robin, with their unit
   const chart = page.getByRole('figure', { name: 'Bytes moved' });
-  await expect(chart.getByText('(MiB)')).toBeVisible();
+  await expect(chart.getByText(/^\((B|KiB|MiB|GiB)\)$/)).toBeVisible();
   await expect(chart.getByText(/placed: .* · round-robin: /)).toBeVisible();
   expect(await chart.locator('.recharts-bar-rectangle').count()).toBeGreaterThanOrEqual(2);
   // each node's plan

@@ -45,3 +45,30 @@ export function formatAgo(t: number | string | null | undefined, now = Date.now(
   if (s < 86400) return `${Math.round(s / 3600)} h ago`;
   return `${Math.round(s / 86400)} d ago`;
 }
+
+/** The binary unit (B/KiB/MiB/GiB/…) for an axis whose largest value is `max` bytes. */
+export function bytesUnit(max: number): { unit: string; div: number } {
+  let v = Number.isFinite(max) ? Math.abs(max) : 0;
+  let i = 0;
+  while (v >= 1024 && i < UNITS.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return { unit: UNITS[i]!, div: 1024 ** i };
+}
+
+/**
+ * One formatter for every bytes axis: the unit is chosen once from the data's largest value
+ * (so a chart of KiB values reads KiB, not 0.0 MiB at every tick), each tick is raw bytes.
+ */
+export function bytesAxis(values: number[]): { unit: string; tick: (bytes: number) => string } {
+  const max = values.reduce((m, v) => (Number.isFinite(v) ? Math.max(m, Math.abs(v)) : m), 0);
+  const { unit, div } = bytesUnit(max);
+  const top = max / div;
+  const tick = (bytes: number) => {
+    const v = bytes / div;
+    if (div === 1) return String(Math.round(v));
+    return top < 10 ? Number(v.toFixed(2)).toString() : top < 100 ? Number(v.toFixed(1)).toString() : v.toFixed(0);
+  };
+  return { unit, tick };
+}
