@@ -1,4 +1,5 @@
 import { render, screen, within } from '@testing-library/react';
+import userEvent from '@testing-library/user-event';
 import type { ManifestJob } from '../api/types';
 import { nodeColors } from './nodeColors';
 import { PlacementTable } from './PlacementTable';
@@ -29,10 +30,59 @@ test('the placement table has a row per job with its node and state', () => {
   const rows = within(table).getAllByRole('row').slice(1);
   expect(rows).toHaveLength(5);
   const p2 = within(table).getByRole('row', { name: /^p2/ });
-  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', '1', 'pending', '—', '—']);
+  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', 'p', '1', 'pending', '—', '—', '—']);
   const split = within(table).getByRole('row', { name: /^split/ });
-  expect(within(split).getAllByRole('cell')[2]).toHaveTextContent('done');
-  expect(within(split).getAllByRole('cell')[4]).not.toHaveTextContent('—');
+  expect(within(split).getAllByRole('cell')[3]).toHaveTextContent('done');
+  expect(within(split).getAllByRole('cell')[5]).not.toHaveTextContent('—');
+  expect(within(split).getAllByRole('cell')[6]).toHaveTextContent('1 min 0 s');
+});
+
+// a Montage-like manifest: 120 jobs of three task types on three nodes, runtimes 1..120 s
+const many: ManifestJob[] = Array.from({ length: 120 }, (_, i) => ({
+  id: `${['mProject', 'mDiff', 'mBackground'][i % 3]}_${String(i).padStart(5, '0')}`,
+  node: `n${i % 3}`,
+  position: Math.floor(i / 3),
+  state: 'done' as const,
+  started_at: 1763900000,
+  finished_at: 1763900000 + ((i * 37) % 120) + 1,
+  parents: [],
+}));
+const bodyRows = () => within(screen.getByRole('table', { name: 'Placement' })).getAllByRole('row').slice(1);
+const firstIds = () => bodyRows().slice(0, 3).map((r) => within(r).getByRole('rowheader').textContent);
+
+test('the job table pages by 50, sorts by name/node/runtime and filters by name and task type', async () => {
+  const user = userEvent.setup();
+  render(<PlacementTable jobs={many} colors={nodeColors(['n0', 'n1', 'n2'])} />);
+  const status = within(screen.getByRole('navigation', { name: 'Job pages' })).getByRole('status');
+  expect(bodyRows()).toHaveLength(50);
+  expect(status).toHaveTextContent('1–50 of 120');
+  expect(screen.getByRole('button', { name: 'Previous' })).toBeDisabled();
+  await user.click(screen.getByRole('button', { name: 'Next' }));
+  await user.click(screen.getByRole('button', { name: 'Next' }));
+  expect(status).toHaveTextContent('101–120 of 120');
+  expect(bodyRows()).toHaveLength(20);
+  expect(screen.getByRole('button', { name: 'Next' })).toBeDisabled();
+  // sorting goes back to the first page; runtime sorts numerically, twice = descending
+  await user.click(screen.getByRole('button', { name: 'Runtime' }));
+  expect(status).toHaveTextContent('1–50 of 120');
+  const runtimeOf = (r: HTMLElement) => within(r).getAllByRole('cell')[6]!.textContent;
+  expect(runtimeOf(bodyRows()[0]!)).toBe('1.0 s');
+  await user.click(screen.getByRole('button', { name: 'Runtime' }));
+  expect(screen.getByRole('columnheader', { name: 'Runtime' })).toHaveAttribute('aria-sort', 'descending');
+  expect(runtimeOf(bodyRows()[0]!)).toBe('2 min 0 s');
+  await user.click(screen.getByRole('button', { name: 'Node' }));
+  expect(bodyRows().slice(0, 40).every((r) => within(r).getAllByRole('cell')[0]!.textContent?.trim() === 'n0')).toBe(true);
+  await user.click(screen.getByRole('button', { name: 'Job' }));
+  expect(firstIds()).toEqual(['mBackground_00002', 'mBackground_00005', 'mBackground_00008']);
+  // filters
+  await user.selectOptions(screen.getByLabelText('Task type'), 'mDiff');
+  expect(status).toHaveTextContent('1–40 of 40');
+  expect(bodyRows().every((r) => within(r).getAllByRole('cell')[1]!.textContent === 'mDiff')).toBe(true);
+  await user.type(screen.getByLabelText('Job name contains'), '0001');
+  expect(firstIds()).toEqual(['mDiff_00001', 'mDiff_00010', 'mDiff_00013']);
+  await user.clear(screen.getByLabelText('Job name contains'));
+  await user.type(screen.getByLabelText('Job name contains'), 'nothing');
+  expect(status).toHaveTextContent('no job matches');
 });
 
 test('the graph is layered by dependency depth, with an edge per parent', () => {
