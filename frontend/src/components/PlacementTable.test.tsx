@@ -3,7 +3,7 @@ import userEvent from '@testing-library/user-event';
 import type { ManifestJob } from '../api/types';
 import { nodeColors } from './nodeColors';
 import { PlacementTable } from './PlacementTable';
-import { WorkflowGraph, layoutWorkflow } from './WorkflowGraph';
+import { WorkflowGraph, dagLayout, layoutWorkflow } from './WorkflowGraph';
 
 const job = (id: string, node: string, position: number, parents: string[], state: ManifestJob['state'] = 'pending'): ManifestJob => ({
   id,
@@ -112,4 +112,45 @@ test('the picture colours each job by its node and has a legend', () => {
   expect(colors.a).not.toBe(colors.b);
   expect(container.querySelectorAll('line.wf-edge')).toHaveLength(6);
   expect(within(screen.getByRole('list', { name: 'Nodes' })).getAllByRole('listitem').map((li) => li.textContent?.trim())).toEqual(['a', 'b']);
+});
+
+test('dagre places a job below its parents', () => {
+  const l = dagLayout(jobs);
+  const y = (id: string) => l.boxes.find((b) => b.id === id)!.y;
+  expect(l.grouped).toBe(false);
+  expect(y('split')).toBeLessThan(y('p1'));
+  expect(y('p1')).toBe(y('p3'));
+  expect(y('p2')).toBeLessThan(y('merge'));
+});
+
+test('above the threshold jobs are grouped by (task type, node) with counts and aggregated edges', () => {
+  // mProject_i → mDiff_i → one mAdd, on two nodes
+  const big: ManifestJob[] = [];
+  for (let i = 0; i < 100; i++) big.push(job(`mProject_${i}`, i % 2 ? 'b' : 'a', i, []));
+  for (let i = 0; i < 100; i++) big.push(job(`mDiff_${i}`, 'a', 100 + i, [`mProject_${i}`]));
+  big.push(job('mAdd_1', 'b', 300, big.filter((j) => j.id.startsWith('mDiff')).map((j) => j.id)));
+  const l = dagLayout(big, 150);
+  expect(l.grouped).toBe(true);
+  expect(l.boxes.map((b) => [b.id, b.count]).sort()).toEqual([['mAdd @ b', 1], ['mDiff @ a', 100], ['mProject @ a', 50], ['mProject @ b', 50]]);
+  expect(l.edges.map((e) => [e.from, e.to, e.count]).sort()).toEqual([['mDiff @ a', 'mAdd @ b', 100], ['mProject @ a', 'mDiff @ a', 50], ['mProject @ b', 'mDiff @ a', 50]]);
+  const { container } = render(<WorkflowGraph jobs={big} colors={colors} />);
+  expect(screen.getByRole('img', { name: 'Workflow graph: 201 jobs in 4 groups (task type on node) on 2 nodes' })).toBeInTheDocument();
+  expect(container.querySelectorAll('g.wf-group')).toHaveLength(4);
+  expect(container.querySelector('g[data-group="mDiff @ a"] rect')!.getAttribute('fill')).toBe(colors.a);
+  expect(container.querySelector('g[data-group="mDiff @ a"]')).toHaveTextContent('× 100');
+});
+
+test('zoom buttons, keys and fit change the view transform', async () => {
+  const user = userEvent.setup();
+  const { container } = render(<WorkflowGraph jobs={jobs} colors={colors} />);
+  const view = () => container.querySelector('g.wf-view')!.getAttribute('transform');
+  const fitted = view();
+  await user.click(screen.getByRole('button', { name: 'Zoom in' }));
+  const zoomed = view();
+  expect(zoomed).not.toBe(fitted);
+  screen.getByRole('group', { name: /^Workflow graph/ }).focus();
+  await user.keyboard('{ArrowLeft}');
+  expect(view()).not.toBe(zoomed);
+  await user.click(screen.getByRole('button', { name: 'Fit' }));
+  expect(view()).toBe(fitted);
 });

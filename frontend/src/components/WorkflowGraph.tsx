@@ -1,7 +1,12 @@
-// The workflow as a picture: jobs layered by dependency depth (a job sits one layer below
-// its deepest parent), edges from the jobs' parents, each job coloured by its node. Without
-// parents (an older control plane) the layers are each node's plan order.
+// The workflow as a picture: a layered DAG laid out by dagre, edges from the jobs' parents,
+// each job coloured by its node, drawn as SVG with zoom (wheel, buttons, +/-), pan (drag,
+// arrow keys) and "fit". Above GROUP_ABOVE jobs (Montage: 1,738) one box stands for the
+// jobs of one task type placed on one node, with their count, and edges are aggregated.
+// Without parents (an older control plane) the layers are each node's plan order.
+import dagre from '@dagrejs/dagre';
+import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'react';
 import type { ManifestJob } from '../api/types';
+import { taskType } from './taskType';
 
 export interface Layout {
   layers: string[][];
@@ -35,26 +40,162 @@ export function layoutWorkflow(jobs: ManifestJob[]): Layout {
   return { layers: layers.filter(Boolean), edges };
 }
 
+export const GROUP_ABOVE = 150;
 const W = 120;
 const H = 34;
-const GAP_X = 24;
-const GAP_Y = 46;
 
-export function WorkflowGraph({ jobs, colors }: { jobs: ManifestJob[]; colors: Record<string, string> }) {
-  const { layers, edges } = layoutWorkflow(jobs);
-  const node = new Map(jobs.map((j) => [j.id, j.node]));
-  const widest = Math.max(1, ...layers.map((l) => l.length));
-  const width = widest * (W + GAP_X) + GAP_X;
-  const height = layers.length * (H + GAP_Y) + GAP_Y - H / 2;
-  const pos = new Map<string, { x: number; y: number }>();
-  layers.forEach((layer, li) => {
-    const offset = (width - layer.length * (W + GAP_X) + GAP_X) / 2;
-    layer.forEach((id, i) => pos.set(id, { x: offset + i * (W + GAP_X), y: GAP_Y / 2 + li * (H + GAP_Y) }));
-  });
+export interface GraphBox {
+  id: string;
+  label: string;
+  node: string;
+  count: number;
+  /** the job's state (one job) or the state of its first running/pending job (a group) */
+  state: ManifestJob['state'];
+  x: number;
+  y: number;
+}
+export interface GraphEdge {
+  from: string;
+  to: string;
+  count: number;
+}
+export interface DagLayout {
+  boxes: GraphBox[];
+  edges: GraphEdge[];
+  grouped: boolean;
+  layers: number;
+  width: number;
+  height: number;
+}
+
+/** The boxes (jobs, or (task type, node) groups) and their edges, placed by dagre. */
+export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLayout {
+  const grouped = jobs.length > groupAbove;
+  const { layers, edges: jobEdges } = layoutWorkflow(jobs);
+  const depth = new Map<string, number>();
+  layers.forEach((l, i) => l.forEach((id) => depth.set(id, i)));
+  const boxOf = new Map<string, string>();
+  const boxes = new Map<string, GraphBox>();
+  const rank = { running: 0, pending: 1, done: 2 } as const;
+  for (const j of jobs) {
+    const id = grouped ? `${taskType(j.id)} @ ${j.node}` : j.id;
+    boxOf.set(j.id, id);
+    const b = boxes.get(id);
+    if (b) {
+      b.count++;
+      if (rank[j.state] < rank[b.state]) b.state = j.state;
+    } else boxes.set(id, { id, label: grouped ? taskType(j.id) : j.id, node: j.node, count: 1, state: j.state, x: 0, y: 0 });
+  }
+  const edgeCount = new Map<string, GraphEdge>();
+  for (const [a, b] of jobEdges) {
+    const from = boxOf.get(a)!;
+    const to = boxOf.get(b)!;
+    if (from === to) continue;
+    const k = `${from}\u0000${to}`;
+    const e = edgeCount.get(k);
+    if (e) e.count++;
+    else edgeCount.set(k, { from, to, count: 1 });
+  }
+  const g = new dagre.graphlib.Graph();
+  g.setGraph({ rankdir: 'TB', nodesep: 16, ranksep: 46, marginx: 12, marginy: 12 });
+  g.setDefaultEdgeLabel(() => ({}));
+  for (const b of boxes.values()) g.setNode(b.id, { width: W, height: grouped ? H + 12 : H });
+  // without parents: keep each node's plan order as the layers
+  if (jobEdges.length === 0 && !grouped) {
+    const byNode = new Map<string, ManifestJob[]>();
+    for (const j of jobs) (byNode.get(j.node) ?? byNode.set(j.node, []).get(j.node)!).push(j);
+    for (const list of byNode.values()) {
+      list.sort((a, b) => a.position - b.position);
+      for (let i = 1; i < list.length; i++) g.setEdge(list[i - 1]!.id, list[i]!.id, { weight: 0, minlen: 1 });
+    }
+  }
+  const edges = [...edgeCount.values()];
+  for (const e of edges) g.setEdge(e.from, e.to, { weight: e.count });
+  dagre.layout(g);
+  for (const b of boxes.values()) {
+    const n = g.node(b.id);
+    b.x = n.x - W / 2;
+    b.y = n.y - n.height / 2;
+  }
+  const ranks = new Set([...boxes.values()].map((b) => b.y));
+  const gl = g.graph();
+  return { boxes: [...boxes.values()], edges, grouped, layers: grouped ? ranks.size : layers.length, width: gl.width ?? W, height: gl.height ?? H };
+}
+
+interface View {
+  k: number;
+  x: number;
+  y: number;
+}
+const VIEW_H = 440;
+const clampK = (k: number) => Math.min(4, Math.max(0.02, k));
+
+export function WorkflowGraph({ jobs, colors, groupAbove = GROUP_ABOVE }: { jobs: ManifestJob[]; colors: Record<string, string>; groupAbove?: number }) {
+  const l = useMemo(() => dagLayout(jobs, groupAbove), [jobs, groupAbove]);
+  const boxH = l.grouped ? H + 12 : H;
+  const pos = new Map(l.boxes.map((b) => [b.id, b]));
   const nodes = [...new Set(jobs.map((j) => j.node))].sort();
+  const svgRef = useRef<SVGSVGElement>(null);
+  // the viewport's size, followed by a ResizeObserver (jsdom has none: a default size)
+  const [box, setBox] = useState({ w: 640, h: VIEW_H });
+  useEffect(() => {
+    const el = svgRef.current;
+    if (!el || typeof ResizeObserver === 'undefined') return;
+    const ro = new ResizeObserver(([e]) => {
+      if (e && e.contentRect.width > 0) setBox({ w: e.contentRect.width, h: e.contentRect.height || VIEW_H });
+    });
+    ro.observe(el);
+    return () => ro.disconnect();
+  }, []);
+  const fitted = useMemo<View>(() => {
+    const k = clampK(Math.min(1, box.w / l.width, box.h / l.height));
+    return { k, x: (box.w - l.width * k) / 2, y: (box.h - l.height * k) / 2 };
+  }, [box, l]);
+  // the user's zoom/pan, for this layout; none (or another layout's) = fitted
+  const [moved, setMoved] = useState<{ for: DagLayout; v: View } | null>(null);
+  const view = moved && moved.for === l ? moved.v : fitted;
+  const setView = (f: (v: View) => View) => setMoved({ for: l, v: f(view) });
+  const fit = () => setMoved(null);
+  const drag = useRef<{ px: number; py: number; x: number; y: number } | null>(null);
+  const zoomAt = (factor: number, cx = box.w / 2, cy = box.h / 2) =>
+    setView((v) => {
+      const k = clampK(v.k * factor);
+      return { k, x: cx - ((cx - v.x) * k) / v.k, y: cy - ((cy - v.y) * k) / v.k };
+    });
+  const zoomRef = useRef(zoomAt);
+  useLayoutEffect(() => {
+    zoomRef.current = zoomAt;
+  });
+  // wheel zoom needs a non-passive listener to keep the page from scrolling
+  useEffect(() => {
+    const el = svgRef.current;
+    if (!el) return;
+    const onWheel = (e: WheelEvent) => {
+      e.preventDefault();
+      const r = el.getBoundingClientRect();
+      zoomRef.current(Math.exp(-e.deltaY * 0.0015), e.clientX - r.left, e.clientY - r.top);
+    };
+    el.addEventListener('wheel', onWheel, { passive: false });
+    return () => el.removeEventListener('wheel', onWheel);
+  }, []);
+  const onKey = (e: React.KeyboardEvent) => {
+    const step = 40;
+    const moves: Record<string, [number, number]> = { ArrowLeft: [step, 0], ArrowRight: [-step, 0], ArrowUp: [0, step], ArrowDown: [0, -step] };
+    if (e.key === '+' || e.key === '=') zoomAt(1.25);
+    else if (e.key === '-') zoomAt(0.8);
+    else if (e.key === '0') fit();
+    else if (moves[e.key]) {
+      const [dx, dy] = moves[e.key]!;
+      setView((v) => ({ ...v, x: v.x + dx, y: v.y + dy }));
+    } else return;
+    e.preventDefault();
+  };
+  const what = l.grouped ? `${l.boxes.length} groups (task type on node)` : `${l.layers} layers`;
   return (
     <figure className="workflow card">
-      <figcaption>Workflow graph, jobs coloured by node</figcaption>
+      <figcaption>
+        Workflow graph, {l.grouped ? 'jobs grouped by task type and node, ' : 'jobs '}coloured by node
+      </figcaption>
       <ul className="legend" aria-label="Nodes">
         {nodes.map((n) => (
           <li key={n}>
@@ -62,31 +203,76 @@ export function WorkflowGraph({ jobs, colors }: { jobs: ManifestJob[]; colors: R
           </li>
         ))}
       </ul>
-      {/* focusable: a wide graph scrolls sideways, also from the keyboard */}
-      <div className="workflow-scroll" tabIndex={0} role="group" aria-label="Workflow graph (scrolls sideways when wide)">
-        <svg role="img" aria-label={`Workflow graph: ${jobs.length} jobs in ${layers.length} layers on ${nodes.length} nodes`} width={width} height={height} viewBox={`0 0 ${width} ${height}`} style={{ maxWidth: '100%', height: 'auto' }}>
+      <div className="workflow-tools" role="toolbar" aria-label="Graph view">
+        <button type="button" onClick={() => zoomAt(1.25)} aria-label="Zoom in">
+          +
+        </button>
+        <button type="button" onClick={() => zoomAt(0.8)} aria-label="Zoom out">
+          −
+        </button>
+        <button type="button" onClick={fit}>
+          Fit
+        </button>
+        <span className="small muted">wheel to zoom, drag or arrow keys to pan</span>
+      </div>
+      <div className="workflow-scroll" tabIndex={0} role="group" aria-label="Workflow graph (zoom with + and -, pan with the arrow keys, 0 to fit)" onKeyDown={onKey}>
+        <svg
+          ref={svgRef}
+          role="img"
+          aria-label={`Workflow graph: ${jobs.length} jobs in ${what} on ${nodes.length} nodes`}
+          width="100%"
+          height={VIEW_H}
+          className="workflow-svg"
+          onPointerDown={(e) => {
+            drag.current = { px: e.clientX, py: e.clientY, x: view.x, y: view.y };
+            e.currentTarget.setPointerCapture?.(e.pointerId);
+          }}
+          onPointerMove={(e) => {
+            const d = drag.current;
+            if (d) setView((v) => ({ ...v, x: d.x + e.clientX - d.px, y: d.y + e.clientY - d.py }));
+          }}
+          onPointerUp={() => (drag.current = null)}
+          onPointerCancel={() => (drag.current = null)}
+        >
           <defs>
             <marker id="wf-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse">
               <path d="M 0 0 L 10 5 L 0 10 z" fill="var(--fg-muted)" />
             </marker>
           </defs>
-          {edges.map(([a, b]) => {
-            const p = pos.get(a)!;
-            const q = pos.get(b)!;
-            return <line key={`${a}->${b}`} className="wf-edge" x1={p.x + W / 2} y1={p.y + H} x2={q.x + W / 2} y2={q.y} stroke="var(--fg-muted)" markerEnd="url(#wf-arrow)" />;
-          })}
-          {jobs.map((j) => {
-            const p = pos.get(j.id)!;
-            return (
-              <g key={j.id} className="wf-job" data-job={j.id} data-node={node.get(j.id)}>
-                <title>{`${j.id} on ${j.node} (${j.state})`}</title>
-                <rect x={p.x} y={p.y} width={W} height={H} rx={6} fill={colors[j.node]} stroke={j.state === 'running' ? 'var(--fg)' : 'none'} strokeWidth={2} />
-                <text x={p.x + W / 2} y={p.y + H / 2} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={12}>
-                  {j.id.length > 16 ? `${j.id.slice(0, 15)}…` : j.id}
+          <g className="wf-view" transform={`translate(${view.x.toFixed(1)} ${view.y.toFixed(1)}) scale(${view.k.toFixed(4)})`}>
+            {l.edges.map((e) => {
+              const p = pos.get(e.from)!;
+              const q = pos.get(e.to)!;
+              return (
+                <line
+                  key={`${e.from}->${e.to}`}
+                  className="wf-edge"
+                  data-count={e.count}
+                  x1={p.x + W / 2}
+                  y1={p.y + boxH}
+                  x2={q.x + W / 2}
+                  y2={q.y}
+                  stroke="var(--fg-muted)"
+                  strokeWidth={l.grouped ? Math.min(6, 1 + Math.log2(e.count)) : 1}
+                  markerEnd="url(#wf-arrow)"
+                />
+              );
+            })}
+            {l.boxes.map((b) => (
+              <g key={b.id} className={l.grouped ? 'wf-job wf-group' : 'wf-job'} data-job={l.grouped ? undefined : b.id} data-group={l.grouped ? b.id : undefined} data-count={b.count} data-node={b.node}>
+                <title>{l.grouped ? `${b.count} ${b.label} jobs on ${b.node}` : `${b.id} on ${b.node} (${b.state})`}</title>
+                <rect x={b.x} y={b.y} width={W} height={boxH} rx={6} fill={colors[b.node]} stroke={b.state === 'running' ? 'var(--fg)' : 'none'} strokeWidth={2} />
+                <text x={b.x + W / 2} y={b.y + (l.grouped ? boxH / 2 - 7 : boxH / 2)} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={12}>
+                  {b.label.length > 16 ? `${b.label.slice(0, 15)}…` : b.label}
                 </text>
+                {l.grouped && (
+                  <text x={b.x + W / 2} y={b.y + boxH / 2 + 9} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={11}>
+                    {`× ${b.count}`}
+                  </text>
+                )}
               </g>
-            );
-          })}
+            ))}
+          </g>
         </svg>
       </div>
     </figure>
