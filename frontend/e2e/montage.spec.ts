@@ -49,7 +49,7 @@ function montage(n: number) {
 
 test('a Montage-sized manifest: grouped graph, zoom and pan, paged table, a bytes axis that reads', async ({ page, request }, info) => {
   const s = stack();
-  const wf = montage(420); // 420 + 840 + 420 + 5 = 1,685 jobs
+  const wf = montage(420); // 420 + 840 + 420 + 6 = 1,686 jobs
   const jobs = wf.workflow.specification.tasks.length;
   const nodes = Object.keys(s.agents).sort();
   const res = await request.post(`${s.base_url}/api/v1/manifests?nodes=${nodes.join(',')}&solver=greedy`, {
