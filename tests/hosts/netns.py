@@ -67,6 +67,16 @@ def _ip_json(*args: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
+def _forward(action: str, bridge: str) -> subprocess.CompletedProcess | None:
+    """Add (``-I``) or delete (``-D``) the rule that lets frames between two ports of
+    ``bridge`` through the FORWARD chain.  Needed where bridged frames go through
+    iptables (``br_netfilter``) and the chain's policy is DROP — which is what a running
+    Docker Engine sets up; without iptables there is nothing to open."""
+    if shutil.which("iptables") is None:
+        return None
+    return _run(["iptables", "-w", action, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"], check=False)
+
+
 def _pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
@@ -107,6 +117,8 @@ def clean_stale() -> list[str]:
                 ip("netns", "del", name, check=False)
             else:
                 ip("link", "del", name, check=False)
+                if name.endswith("br"):
+                    _forward("-D", name)
             removed.append(name)
     return removed
 
@@ -241,6 +253,11 @@ class HostNetwork:
         else:
             raise NetnsError("could not claim a subnet")
         ip("link", "set", self.bridge, "up")
+        out = _forward("-I", self.bridge)
+        if out is not None:
+            if out.returncode != 0:
+                raise NetnsError(f"iptables: cannot let the bridge forward: {out.stderr.strip()}")
+            self._made.append(("forward", self.bridge))
         for i in range(self.count):
             name = f"{PREFIX}{self.id}-{i}"
             outer, inner = f"{PREFIX}{self.id}v{i}", f"{PREFIX}{self.id}p{i}"
@@ -282,9 +299,11 @@ class HostNetwork:
         for kind, name in reversed(self._made):
             if kind == "netns":
                 out = ip("netns", "del", name, check=False)
+            elif kind == "forward":
+                out = _forward("-D", name)
             else:
                 out = ip("link", "del", name, check=False)
-            if out.returncode != 0 and "Cannot find" not in out.stderr and "No such" not in out.stderr \
+            if out.returncode != 0 and "Cannot find" not in out.stderr and "Bad rule" not in out.stderr and "No such" not in out.stderr \
                     and "does not exist" not in out.stderr:
                 problems.append(f"removing {kind} {name}: {out.stderr.strip()}")
         self._made.clear()

@@ -71,15 +71,26 @@ def check_credentials(startup_nodes: Sequence[tuple[str, int]], username: str | 
                       timeout: float = 3.0) -> bool:
     """Authenticate once against the startup nodes, one after the other, and PING.
 
-    True when a node accepted; False when none answered (Redis may come later: callers
-    carry on). Raises :class:`DHTAuthError` as soon as a node refuses the credentials (or
-    wants some and none were given). Blocking: call it at start-up.
+    True when a node accepted; False when none answered within ``timeout`` seconds in all
+    (Redis may come later, or this host may be cut off: callers carry on, and the start of
+    an agent must not wait a timeout per seed). Raises :class:`DHTAuthError` as soon as a
+    node refuses the credentials (or wants some and none were given). Blocking: call it
+    at start-up.
     """
-    import redis
+    import time
 
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    deadline = time.monotonic() + timeout
     for host, port in startup_nodes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
         r = redis.Redis(host=host, port=int(port), username=username, password=password,
-                        socket_timeout=timeout, socket_connect_timeout=timeout)
+                        socket_timeout=left, socket_connect_timeout=left,
+                        retry=Retry(NoBackoff(), 0))  # one try per seed: the budget is the deadline
         try:
             r.ping()
             return True
