@@ -66,6 +66,7 @@ assertions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -396,39 +397,22 @@ def _meta_worker(directory: str, n: int, barrier, conn) -> None:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, float]:
-    """create/stat/remove of n files per writer; returns {key: ops/s or tail seconds}."""
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(writers)
-    dirs = [t.path / f"meta-w{writers}-{i}" for i in range(writers)]
+FORK = multiprocessing.get_context("fork")
+
+
+@contextlib.contextmanager
+def _workers(target, args_list: list[tuple]):
+    """One forked process per entry of ``args_list`` running ``target(*args, conn)``;
+    yields the parent ends of their pipes; joins them at the end, kills what is left."""
     procs, conns = [], []
-    for d in dirs:
-        d.mkdir()
-    out: dict[str, float] = {}
     try:
-        for d in dirs:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_meta_worker, args=(str(d), n, barrier, child), daemon=True)
+        for args in args_list:
+            parent, child = FORK.Pipe()
+            p = FORK.Process(target=target, args=(*args, child), daemon=True)
             p.start()
             procs.append(p)
             conns.append(parent)
-        for op in META_OPS:
-            caches.drop()
-            for c in conns:
-                c.send(op)
-            times = []
-            for c in conns:
-                if not c.poll(1800):
-                    raise RuntimeError(f"{t.name}: {op} with {writers} writers did not finish in 30 min")
-                status, v = c.recv()
-                if status != "ok":
-                    raise RuntimeError(f"{t.name}: {op} with {writers} writers failed: {v}")
-                times.append(v)
-            out[meta_key(op, writers)] = writers * n / max(times)
-            if t.name in DHT_TARGETS and op in TAIL_OPS:
-                out[tail_key(op, writers)] = t.daemon.wait_published(timeout=600)
-        for c in conns:
-            c.send(None)
+        yield conns
         for p in procs:
             p.join(timeout=30)
     finally:
@@ -436,6 +420,36 @@ def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, f
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def _answer(conn, what: str):
+    """A worker's ("ok", value) answer, or RuntimeError naming ``what``."""
+    if not conn.poll(1800):
+        raise RuntimeError(f"{what} did not finish in 30 min")
+    status, v = conn.recv()
+    if status != "ok":
+        raise RuntimeError(f"{what} failed: {v}")
+    return v
+
+
+def metadata_run(t: Target, writers: int, n: int, caches: Caches) -> dict[str, float]:
+    """create/stat/remove of n files per writer; returns {key: ops/s or tail seconds}."""
+    barrier = FORK.Barrier(writers)
+    dirs = [t.path / f"meta-w{writers}-{i}" for i in range(writers)]
+    for d in dirs:
+        d.mkdir()
+    out: dict[str, float] = {}
+    with _workers(_meta_worker, [(str(d), n, barrier) for d in dirs]) as conns:
+        for op in META_OPS:
+            caches.drop()
+            for c in conns:
+                c.send(op)
+            times = [_answer(c, f"{t.name}: {op} with {writers} writers") for c in conns]
+            out[meta_key(op, writers)] = writers * n / max(times)
+            if t.name in DHT_TARGETS and op in TAIL_OPS:
+                out[tail_key(op, writers)] = t.daemon.wait_published(timeout=600)
+        for c in conns:
+            c.send(None)
     for d in dirs:
         d.rmdir()
     return out
@@ -458,35 +472,16 @@ def serve_run(t: Target, readers: int, args, caches: Caches) -> dict[str, float]
     if not directory.exists():
         smallfiles.make_tree(str(directory), args.serve_files)
     trace = smallfiles.trace(args.serve_files, args.serve_requests)
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(readers)
+    barrier = FORK.Barrier(readers)
     caches.drop()
-    procs, conns = [], []
-    try:
-        for i in range(readers):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve_worker, args=(str(directory), trace[i::readers], args.serve_files,
-                                                         barrier, child), daemon=True)
-            p.start()
-            procs.append(p)
-            conns.append(parent)
-        lat, nbytes, wall = [], 0, 0.0
+    lat, nbytes, wall = [], 0, 0.0
+    with _workers(_serve_worker, [(str(directory), trace[i::readers], args.serve_files, barrier)
+                                  for i in range(readers)]) as conns:
         for c in conns:
-            if not c.poll(1800):
-                raise RuntimeError(f"{t.name}: serving with {readers} readers did not finish in 30 min")
-            status, v = c.recv()
-            if status != "ok":
-                raise RuntimeError(f"{t.name}: serving with {readers} readers failed: {v}")
+            v = _answer(c, f"{t.name}: serving with {readers} readers")
             lat += v[0]
             nbytes += v[1]
             wall = max(wall, v[2])
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
     s = smallfiles.summary(lat, nbytes, wall)
     mean, p99, mbs = serve_keys(readers)
     return {mean: s["mean_ms"], p99: s["p99_ms"], mbs: s["mb_s"]}
