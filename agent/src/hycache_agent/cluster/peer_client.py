@@ -30,10 +30,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Self
 
+import h11
 import httpcore
 import httpx
 import trio
 
+from hycache_agent.cluster import bulk
 from hycache_agent.cluster.peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
 
 Addr = str | tuple[str, int]
@@ -120,6 +122,9 @@ def _transport(max_connections: int) -> httpx.AsyncHTTPTransport:
 
 # transport problems worth another attempt (not LocalProtocolError/UnsupportedProtocol: ours)
 RETRYABLE = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+# the same for the raw bulk connections (cluster/bulk.py)
+RAW_RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
+                 h11.RemoteProtocolError)
 
 
 class _Retry(Exception):
@@ -148,6 +153,17 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
         while rest:
             k = os.pwrite(fd, rest, pos)
             rest, pos = rest[k:], pos + k
+    return total
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> int:
+    total = 0
+    for p in pieces:
+        view = memoryview(p)
+        while view:
+            k = os.write(fd, view)
+            view = view[k:]
+        total += len(p)
     return total
 
 
@@ -182,6 +198,7 @@ class PeerClient:
     def __init__(self, node_id: str, secret: bytes, *, retries: int = 5, backoff: float = 0.1,
                  max_backoff: float = 3.0, connect_timeout: float = 5.0, read_timeout: float = 30.0,
                  chunk_size: int = CHUNK, max_connections: int = 64, io_threads: int = 2,
+                 bulk_threads: int = 8,
                  clock: Callable[[], float] = time.time) -> None:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
@@ -195,6 +212,11 @@ class PeerClient:
         # file reads/writes of all transfers share these threads (see docs/peer.md: more
         # writer threads than cores starve the loop thread without adding throughput)
         self.limiter = trio.CapacityLimiter(io_threads)
+        # whole-file transfers (cluster/bulk.py): a thread each while its body moves in
+        # the kernel; they mostly wait on the socket, so more of them than io_threads
+        self._bulk_limiter = trio.CapacityLimiter(bulk_threads)
+        self._raw = bulk.Pool(connect_timeout)
+        self.read_timeout = read_timeout
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             transport=_transport(max_connections),
@@ -209,6 +231,7 @@ class PeerClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        await self._raw.aclose()
         await self._http.aclose()
 
     # -------------------------------------------------------------- plumbing
@@ -246,15 +269,8 @@ class PeerClient:
                     break
         except RETRYABLE:
             pass
-        try:
-            message = json.loads(body)["error"]
-        except (ValueError, KeyError, TypeError):
-            message = (body[:200].decode("utf-8", "replace") or resp.headers.get("x-hycache-error")
-                       or resp.reason_phrase)
-        where = str(addr) if path is None else f"{addr} {path!r}"
-        cls = {404: PeerNotFound, 401: PeerAuthError}.get(resp.status_code, PeerError)
-        return cls(f"{where}: HTTP {resp.status_code}: {message}", addr=str(addr), path=path,
-                   status=resp.status_code)
+        return _error_for(resp.status_code, body, resp.headers.get("x-hycache-error"), resp.reason_phrase,
+                          addr, path)
 
     async def _simple(self, method: str, addr: Addr, target: str, path: bytes | None,
                       handle: Callable[[httpx.Response], Any], *, headers: dict[str, str] | None = None,
@@ -369,124 +385,126 @@ class PeerClient:
 
     async def _fetch(self, addr: Addr, path: bytes, fd: int, progress: Progress | None,
                      expect: str | None, started: Callable[[int, str], None] | None = None) -> str:
-        state: dict[str, Any] = {"size": None, "etag": expect, "written": 0, "started": started}
-        send_ch, recv_ch = trio.open_memory_channel[tuple[int, list[bytes]]](4)
-        errors: list[BaseException] = []
-
-        async def writer() -> None:
-            async with recv_ch:
-                async for offset, pieces in recv_ch:
-                    n = await self._thread(_pwrite_all, fd, pieces, offset)
-                    state["written"] += n
-                    if progress is not None:
-                        progress(state["written"], state["size"] or 0)
-
-        async def guarded(fn: Callable[[], Any], nursery: trio.Nursery) -> None:
-            try:
-                await fn()
-            except Exception as e:  # noqa: BLE001 - re-raised below, unwrapped
-                errors.append(e)
-                nursery.cancel_scope.cancel()
-
-        async def receiver() -> None:
-            async with send_ch:
-                await self._receive(addr, path, state, send_ch)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(guarded, writer, nursery)
-            await guarded(receiver, nursery)
-        if errors:
-            raise errors[0]
-        size = state["size"]
-        if state["written"] != size:  # pragma: no cover - guarded by the receive loop
-            raise PeerError(f"{addr} {path!r}: wrote {state['written']} of {size} bytes",
-                            addr=str(addr), path=path)
-        await trio.to_thread.run_sync(_truncate_regular, fd, size)
-        return state["etag"]
-
-    async def _receive(self, addr: Addr, path: bytes, state: dict[str, Any],
-                       out: trio.MemorySendChannel) -> None:
-        target = files_target(path)
-        got = 0  # bytes received (queued for writing)
+        """The whole file into ``fd`` over a raw connection (``cluster/bulk.py``): the
+        head through h11, the body spliced from the socket into the file in worker
+        threads.  A broken connection resumes with Range/If-Range from the bytes written."""
+        host, port = parse_addr(addr, default_host="127.0.0.1")
+        target = files_target(path).encode("ascii")
+        regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
+        pipe = await trio.to_thread.run_sync(bulk.make_pipe) if regular else None
+        size: int | None = None
+        etag = expect
+        got = 0  # bytes written, always a prefix of the file
         fails = 0
         last: BaseException | None = None
-        while state["size"] is None or got < state["size"]:
-            headers = {}
-            if state["size"] is not None:  # resuming
-                headers["Range"] = f"bytes={got}-"
-                headers["If-Range"] = f'"{state["etag"]}"'
-            before = got
-            pieces: list[bytes] = []
-            buffered = 0
-            start = got
-            try:
-                req = self._build("GET", addr, target, headers)
-                resp = await self._http.send(req, stream=True)
+        local_error: OSError | None = None
+        try:
+            while size is None or got < size:
+                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock()))]
+                if size is not None:  # resuming
+                    headers += [("range", f"bytes={got}-"), ("if-range", f'"{etag}"')]
+                before = got
+                conn: bulk.Conn | None = None
+                reusable = False
                 try:
-                    if resp.status_code == 503:
+                    conn = await self._raw.get(host, port)
+                    self.stats.requests += 1
+                    try:
+                        await bulk.send_head(conn, "GET", target, headers)
+                        resp = await bulk.read_response(conn, self.read_timeout)
+                    except (*RAW_RETRYABLE, bulk.Broken):
+                        if conn.reused:  # a keep-alive connection the server had closed: not a failure
+                            await self._raw.put(conn, False)
+                            conn = None
+                            continue
+                        raise
+                    status = resp.status_code
+                    if status == 503:
                         raise _Retry(f"HTTP 503 from {addr}")
-                    if resp.status_code == 416 and state["size"] is not None:
+                    if status == 416 and size is not None:
                         raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
                                           addr=str(addr), path=path)
-                    if resp.status_code not in (200, 206):
-                        raise await self._error(resp, addr, path)
-                    etag = _unquote_etag(resp.headers.get("etag", ""))
-                    if state["size"] is not None and resp.status_code != 206:
+                    if status not in (200, 206):
+                        body = await bulk.read_small_body(conn, self.read_timeout)
+                        raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
+                                         resp.reason.decode("latin-1"), addr, path)
+                    new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
+                    if size is not None and status != 206:
                         # If-Range did not match: the peer sent the whole, newer file
                         raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
-                                          f"({state['etag']!r} → {etag!r})", addr=str(addr), path=path)
-                    if state["etag"] is not None and etag != state["etag"]:
-                        raise PeerChanged(f"{addr} {path!r}: version {etag!r}, expected {state['etag']!r}",
+                                          f"({etag!r} → {new_etag!r})", addr=str(addr), path=path)
+                    if etag is not None and new_etag != etag:
+                        raise PeerChanged(f"{addr} {path!r}: version {new_etag!r}, expected {etag!r}",
                                           addr=str(addr), path=path)
-                    if resp.status_code == 206:
-                        first, total = _content_range(resp.headers.get("content-range", ""))
-                        if first != got or (state["size"] is not None and total != state["size"]):
-                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range "
-                                              f"{resp.headers.get('content-range')!r}", addr=str(addr), path=path)
-                        if state["size"] is None:
-                            state["size"] = total
+                    length = int(bulk.header(resp, b"content-length") or "-1")
+                    if status == 206:
+                        crange = bulk.header(resp, b"content-range") or ""
+                        first, total = _content_range(crange)
+                        if first != got or (size is not None and total != size) or length != total - first:
+                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r}",
+                                              addr=str(addr), path=path)
+                        if size is None:
+                            size = total
                         else:
                             self.stats.resumes += 1
                     else:
-                        state["size"] = int(resp.headers["content-length"])
-                    state["etag"] = etag
-                    if state["started"] is not None:
-                        cb, state["started"] = state["started"], None
-                        cb(state["size"], etag)
+                        if length < 0:
+                            raise PeerError(f"{addr} {path!r}: no Content-Length", addr=str(addr), path=path)
+                        size = length
+                    etag = new_etag
+                    if started is not None:
+                        cb, started = started, None
+                        cb(size, etag)
                     try:
-                        async for chunk in resp.aiter_raw():
-                            pieces.append(chunk)
-                            buffered += len(chunk)
-                            got += len(chunk)
-                            if buffered >= self.chunk_size:
-                                await out.send((start, pieces))
-                                start, pieces, buffered = got, [], 0
-                    finally:  # keep what arrived, even if the connection broke
-                        if pieces:
-                            await out.send((start, pieces))
+                        pieces, ended = bulk.buffered_body(conn)
+                        try:  # errors of the local file are not the peer's: raised as they are
+                            if pieces:
+                                got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
+                                    else await self._thread_bulk(_write_all, fd, pieces)
+                            r = bulk.Received()
+                            while got < size and not ended and r.error is None:
+                                r = await self._thread_bulk(bulk.splice_in, conn.fd, fd, got,
+                                                            min(bulk.HOP, size - got), self.read_timeout, pipe)
+                                got += r.n
+                                if progress is not None:
+                                    progress(got, size)
+                        except OSError as e:
+                            local_error = e
+                            raise
+                        if r.error is not None:
+                            raise bulk.Broken(str(r.error)) from r.error
+                        if ended and got < size:
+                            raise bulk.Broken("short response")
+                        reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
+                    finally:
                         self.stats.bytes_received += got - before
-                    if got > state["size"]:
-                        raise PeerError(f"{addr} {path!r}: more bytes than announced",
-                                        addr=str(addr), path=path)
+                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
+                    if e is local_error:
+                        raise
+                    last = e
+                    if got > before:  # progress: the retry budget starts again
+                        fails = 0
+                    if fails >= self.retries:
+                        raise PeerUnavailable(
+                            f"{addr}: fetching {path!r}: {e!r} after {fails + 1} attempts without progress "
+                            f"({got} of {size} bytes)", addr=str(addr), path=path) from e
+                    await self._sleep_backoff(fails)
+                    fails += 1
+                    continue
                 finally:
-                    await resp.aclose()
-            except (*RETRYABLE, _Retry) as e:
-                last = e
-                if got > before:  # progress: the retry budget starts again
-                    fails = 0
-                if fails >= self.retries:
-                    raise PeerUnavailable(
-                        f"{addr}: fetching {path!r}: {e!r} after {fails + 1} attempts without progress "
-                        f"({got} of {state['size']} bytes)", addr=str(addr), path=path) from e
-                await self._sleep_backoff(fails)
-                fails += 1
-                continue
-            if got < state["size"]:  # the server ended a response early without an error
-                last = PeerError("short response")
-                fails += 1
-                if fails > self.retries:
-                    raise PeerUnavailable(f"{addr}: fetching {path!r}: {last} ({got} of {state['size']} bytes)",
-                                          addr=str(addr), path=path)
+                    if conn is not None:
+                        with trio.CancelScope(shield=True):
+                            await self._raw.put(conn, reusable)
+        finally:
+            if pipe is not None:
+                for p in pipe:
+                    os.close(p)
+        if regular:
+            await trio.to_thread.run_sync(_truncate_regular, fd, size)
+        return etag
+
+    async def _thread_bulk(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
 
     async def push_replica(self, peer_addr: Addr, path: bytes, src_blob: str | os.PathLike[str],
                            headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -519,6 +537,17 @@ class PeerClient:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(os.close, fd)
+
+
+def _error_for(status: int, body: bytes, header: str | None, reason: str, addr: Addr,
+               path: bytes | None) -> PeerError:
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", "replace") or header or reason
+    where = str(addr) if path is None else f"{addr} {path!r}"
+    cls = {404: PeerNotFound, 401: PeerAuthError}.get(status, PeerError)
+    return cls(f"{where}: HTTP {status}: {message}", addr=str(addr), path=path, status=status)
 
 
 def _content_range(value: str) -> tuple[int, int]:

@@ -1,0 +1,248 @@
+"""Bulk bodies of the peer protocol moved in the kernel (the client's side).
+
+A whole-file GET and a replica PUT carry the file's bytes and nothing else; parsing them
+with h11 in Python (httpx/httpcore) and writing them from worker threads costs more CPU
+than the copy itself.  Here the request and the response *head* go through h11 as
+everywhere else, and the body goes between the socket and the file in the kernel:
+
+* a GET body: ``splice`` socket → pipe → file at its offset (no copy through user
+  space; ``recv_into`` + ``write`` when the destination is not a regular file);
+* a PUT body: ``sendfile`` from the source blob to the socket.
+
+The syscalls run in worker threads (a cold file blocks on the disk), a bounded number of
+bytes per hop, so the trio loop only sees one wake-up per hop and a cancelled transfer
+stops within one hop (``trio.from_thread.check_cancelled`` between polls).
+
+Connections are plain trio TCP streams kept alive per peer (a body received exactly to
+its Content-Length leaves the connection at a message boundary); one h11 connection
+object per request.  Integrity is the protocol's, as before: the signed request, the
+status, Content-Length / Content-Range and the ETag (version token) are checked by the
+caller, and a body that ends early is a broken transfer (resumed with Range/If-Range).
+The protocol has no per-block checksum; TCP's checksum covers the wire, as it did for the
+httpx path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import stat
+import time
+from dataclasses import dataclass, field
+
+import h11
+import trio
+
+RECV = 256 << 10  # socket reads for response heads
+HOP = 4 << 20  # body bytes per worker-thread hop (progress is reported per hop)
+PIPE_SIZE = 1 << 20  # the splice pipe's capacity (fs.pipe-max-size permitting)
+POLL_SLICE = 0.25  # seconds between cancellation checks while a socket waits
+IDLE_KEEP = 4  # idle connections kept per peer
+IDLE_EXPIRY = 30.0  # seconds an idle connection is kept (the server drops them after 60)
+
+
+class Broken(Exception):
+    """The connection ended before the body did (retryable)."""
+
+
+def wait_fd(fd: int, events: int, timeout: float) -> None:
+    """Until ``fd`` is ready for ``events``; TimeoutError after ``timeout`` seconds of
+    nothing.  Checks for trio cancellation every POLL_SLICE (worker threads of
+    ``trio.to_thread.run_sync`` only)."""
+    p = select.poll()
+    p.register(fd, events | select.POLLERR | select.POLLHUP)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no progress on fd {fd} for {timeout:.0f} s")
+        if p.poll(min(left, POLL_SLICE) * 1000):
+            return
+        trio.from_thread.check_cancelled()
+
+
+def is_regular(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def make_pipe() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass  # the default 64 KiB pipe works, in smaller steps
+    return r, w
+
+
+@dataclass
+class Received:
+    n: int = 0  # bytes written to the file
+    error: BaseException | None = None  # what ended the hop early (None: all of it arrived)
+
+
+def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
+              pipe: tuple[int, int] | None) -> Received:
+    """Move ``count`` bytes from the (non-blocking) socket into ``fd`` at ``offset``:
+    ``splice`` through ``pipe`` for a regular file, ``recv_into`` + ``write`` without a
+    pipe.  Stops early on end of stream or a socket error (in ``error``; the bytes
+    before it are written)."""
+    out = Received()
+    buf = None if pipe is not None else bytearray(min(count, 1 << 20))
+    try:
+        while out.n < count:
+            want = count - out.n
+            try:
+                if pipe is not None:
+                    k = os.splice(sock_fd, pipe[1], min(want, PIPE_SIZE),
+                                  flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+                else:
+                    k = os.readv(sock_fd, [memoryview(buf)[:min(want, len(buf))]])
+            except BlockingIOError:
+                wait_fd(sock_fd, select.POLLIN, timeout)
+                continue
+            if k == 0:
+                out.error = Broken(f"connection closed {count - out.n} bytes before the end of the body")
+                return out
+            if pipe is not None:
+                left = k
+                while left:  # drain the pipe into the file (blocking: the pipe holds k bytes)
+                    m = os.splice(pipe[0], fd, left, offset_dst=offset + out.n, flags=os.SPLICE_F_MOVE)
+                    left -= m
+                    out.n += m
+            else:
+                view = memoryview(buf)[:k]
+                while view:
+                    m = os.write(fd, view)
+                    view = view[m:]
+                out.n += k
+    except (ConnectionError, TimeoutError) as e:
+        out.error = e
+    except OSError as e:
+        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
+            out.error = e
+        else:
+            raise
+    return out
+
+
+def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float) -> int:
+    """Send ``count`` bytes of ``fd`` at ``offset`` to the (non-blocking) socket; fewer
+    only if the file ends first."""
+    sent = 0
+    while sent < count:
+        try:
+            k = os.sendfile(sock_fd, fd, offset + sent, count - sent)
+        except BlockingIOError:
+            wait_fd(sock_fd, select.POLLOUT, timeout)
+            continue
+        if k == 0:  # end of file
+            break
+        sent += k
+    return sent
+
+
+# --------------------------------------------------------------------------- connections
+@dataclass
+class Conn:
+    stream: trio.SocketStream
+    key: tuple[str, int]
+    reused: bool = False
+    h: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
+
+    @property
+    def fd(self) -> int:
+        return self.stream.socket.fileno()
+
+
+class Pool:
+    """Idle keep-alive connections per (host, port)."""
+
+    def __init__(self, connect_timeout: float) -> None:
+        self.connect_timeout = connect_timeout
+        self._idle: dict[tuple[str, int], list[tuple[trio.SocketStream, float]]] = {}
+
+    async def get(self, host: str, port: int) -> Conn:
+        key = (host, port)
+        idle = self._idle.get(key, [])
+        now = time.monotonic()
+        while idle:
+            stream, since = idle.pop()
+            if now - since < IDLE_EXPIRY:
+                return Conn(stream, key, reused=True)
+            await trio.aclose_forcefully(stream)
+        with trio.fail_after(self.connect_timeout):
+            stream = await trio.open_tcp_stream(host, port)
+        return Conn(stream, key)
+
+    async def put(self, conn: Conn, reusable: bool) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if reusable and len(idle) < IDLE_KEEP:
+            idle.append((conn.stream, time.monotonic()))
+        else:
+            await trio.aclose_forcefully(conn.stream)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, {}
+        for streams in idle.values():
+            for stream, _ in streams:
+                await trio.aclose_forcefully(stream)
+
+
+async def send_head(conn: Conn, method: str, target: bytes, headers: list[tuple[str, str]]) -> None:
+    host, port = conn.key
+    hdrs = [("host", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"), *headers]
+    await conn.stream.send_all(conn.h.send(h11.Request(method=method, target=target, headers=hdrs)))
+
+
+async def read_event(conn: Conn, timeout: float):
+    """The next h11 event of the response, reading the socket as needed."""
+    while True:
+        event = conn.h.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        with trio.fail_after(timeout):
+            data = await conn.stream.receive_some(RECV)
+        conn.h.receive_data(data)
+
+
+async def read_response(conn: Conn, timeout: float) -> h11.Response:
+    while True:
+        event = await read_event(conn, timeout)
+        if isinstance(event, h11.Response):
+            return event
+        if isinstance(event, h11.ConnectionClosed):
+            raise Broken("connection closed before the response")
+        # InformationalResponse (100 Continue): keep reading
+
+
+async def read_small_body(conn: Conn, timeout: float, limit: int = 65536) -> bytes:
+    body = b""
+    while len(body) <= limit:
+        event = await read_event(conn, timeout)
+        if isinstance(event, h11.Data):
+            body += bytes(event.data)
+        else:
+            break
+    return body
+
+
+def buffered_body(conn: Conn) -> tuple[list[bytes], bool]:
+    """The body bytes h11 already holds (read with the head), and whether the body ended."""
+    pieces: list[bytes] = []
+    while True:
+        event = conn.h.next_event()
+        if isinstance(event, h11.Data):
+            pieces.append(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            return pieces, True
+        else:  # NEED_DATA: the rest is still in the socket
+            return pieces, False
+
+
+def header(resp: h11.Response, name: bytes) -> str | None:
+    for k, v in resp.headers:
+        if k == name:
+            return v.decode("latin-1")
+    return None
