@@ -28,6 +28,7 @@ import errno
 import fcntl
 import os
 import select
+import socket
 import stat
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ import trio
 
 RECV = 256 << 10  # socket reads for response heads
 HOP = 4 << 20  # body bytes per worker-thread hop (progress is reported per hop)
+SEND_HOP = 8 << 20  # body bytes per hop of a sendfile transfer
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+BULK_LOWAT = 4 << 20  # a bulk socket counts as writable below this much unsent data
+TRIO_LOWAT = 16 << 10  # trio's own setting for its SocketStreams (it would drain the socket between polls)
 PIPE_SIZE = 1 << 20  # the splice pipe's capacity (fs.pipe-max-size permitting)
 POLL_SLICE = 0.25  # seconds between cancellation checks while a socket waits
 IDLE_KEEP = 4  # idle connections kept per peer
@@ -61,6 +66,13 @@ def wait_fd(fd: int, events: int, timeout: float) -> None:
         if p.poll(min(left, POLL_SLICE) * 1000):
             return
         trio.from_thread.check_cancelled()
+
+
+def set_notsent_lowat(sock, value: int) -> None:
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, value)
+    except OSError:
+        pass
 
 
 def is_regular(fd: int) -> bool:
@@ -174,6 +186,7 @@ class Pool:
             await trio.aclose_forcefully(stream)
         with trio.fail_after(self.connect_timeout):
             stream = await trio.open_tcp_stream(host, port)
+        set_notsent_lowat(stream.socket, BULK_LOWAT)
         return Conn(stream, key)
 
     async def put(self, conn: Conn, reusable: bool) -> None:
@@ -228,8 +241,9 @@ async def read_small_body(conn: Conn, timeout: float, limit: int = 65536) -> byt
     return body
 
 
-def buffered_body(conn: Conn) -> tuple[list[bytes], bool]:
-    """The body bytes h11 already holds (read with the head), and whether the body ended."""
+def buffered_body(conn) -> tuple[list[bytes], bool]:
+    """The body bytes h11 already holds (read with the head), and whether the body ended.
+    ``conn`` is anything with an ``h`` (h11.Connection): a client Conn or the server's."""
     pieces: list[bytes] = []
     while True:
         event = conn.h.next_event()

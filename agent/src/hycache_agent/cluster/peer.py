@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import re
-import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -44,7 +43,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 import h11
 import trio
 
-from hycache_agent.cluster.bulk import sendfile_out
+from hycache_agent.cluster import bulk
 from hycache_agent.secretfile import read_protected
 from hycache_agent.fs.tiers import remove_blob
 
@@ -60,10 +59,6 @@ IDLE_TIMEOUT = 60.0  # an idle keep-alive connection, or a stalled request, is d
 MAX_SMALL_BODY = 64 << 10  # bodies of requests that should have none (GET, HEAD) are drained up to this
 MIN_SECRET = 16  # bytes
 SENDFILE_MIN = 1 << 20  # bodies from this size go by os.sendfile (smaller: one pread + send)
-SENDFILE_HOP = 8 << 20  # bytes per worker-thread hop of a sendfile transfer
-TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
-SENDFILE_LOWAT = 4 << 20  # the socket counts as writable below this much unsent data
-TRIO_LOWAT = 16 << 10  # trio's own setting for its SocketStreams
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 ETAG_RE = re.compile(r"[\x21\x23-\x7e]{1,200}\Z")  # RFC 9110 etagc, no quote
 FILES = b"/" + API.encode() + b"/files"
@@ -315,11 +310,24 @@ class _FileBody:
         return self.n
 
 
-def _set_notsent_lowat(sock, value: int) -> None:
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, value)
-    except OSError:
-        pass
+def _splice_behind(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
+                   pipe: tuple[int, int], kicked: int) -> tuple[bulk.Received, int]:
+    """``count`` bytes of the socket spliced into ``fd`` at ``offset``, then the
+    write-back of what is written since ``kicked`` started (as ``_write_behind``)."""
+    r = bulk.splice_in(sock_fd, fd, offset, count, timeout, pipe)
+    written = offset + r.n
+    if written - kicked >= WRITEBACK_KICK:
+        try:
+            os.posix_fadvise(fd, kicked, written - kicked, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        kicked = written
+    return r, kicked
+
+
+def _close_pipe(pipe: tuple[int, int]) -> None:
+    for p in pipe:
+        os.close(p)
 
 
 def _fsync_close(fd: int) -> None:
@@ -365,10 +373,11 @@ class _Stalled(Exception):
 
 
 class _Conn:
-    __slots__ = ("h", "peer", "stream")
+    __slots__ = ("close_after", "h", "peer", "stream")
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
+        self.close_after = False  # a body went around h11: no next request on this connection
         self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=16 << 10)
         try:
             host, port = stream.socket.getpeername()[:2]
@@ -495,7 +504,7 @@ class PeerServer:
     async def _send_head(self, c: _Conn, status: int, headers: Iterable[tuple[str, str]],
                          close: bool = False) -> None:
         hdrs = [("x-hycache-node", self.node_id), *headers]
-        if close:
+        if close or c.close_after:
             hdrs.append(("connection", "close"))
         self._count(status)
         await self._send(c, h11.Response(status_code=status, headers=hdrs))
@@ -714,19 +723,19 @@ class PeerServer:
         page cache to the socket in the kernel, never through Python.  h11 is told about
         them with a placeholder of the body's length (its data passthrough), so it still
         checks the Content-Length framing and keeps the connection reusable.  The calls
-        run in a worker thread (a cold blob blocks on the disk), SENDFILE_HOP bytes per
+        run in a worker thread (a cold blob blocks on the disk), bulk.SEND_HOP bytes per
         hop so a cancelled transfer stops within one hop."""
         for piece in c.h.send_with_data_passthrough(h11.Data(data=_FileBody(length))):
             if not isinstance(piece, _FileBody):  # pragma: no cover - framing bytes (none for Content-Length)
                 await c.stream.send_all(piece)
         sock = c.stream.socket
-        _set_notsent_lowat(sock, SENDFILE_LOWAT)  # trio's 16 KiB would drain the socket between polls
+        bulk.set_notsent_lowat(sock, bulk.BULK_LOWAT)  # trio's 16 KiB would drain the socket between polls
         try:
             pos, end = offset, offset + length
             while pos < end:
-                want = min(SENDFILE_HOP, end - pos)
+                want = min(bulk.SEND_HOP, end - pos)
                 try:
-                    sent = await self._thread(sendfile_out, sock.fileno(), fd, pos, want, self.idle_timeout)
+                    sent = await self._thread(bulk.sendfile_out, sock.fileno(), fd, pos, want, self.idle_timeout)
                 except TimeoutError as e:
                     raise _Abort(f"peer {c.peer} stopped reading for {self.idle_timeout:.0f} s") from e
                 except (BrokenPipeError, ConnectionError) as e:
@@ -738,7 +747,7 @@ class PeerServer:
                 if sent < want:
                     raise _Abort(f"{blob} shrank to {pos} bytes while serving it")
         finally:
-            _set_notsent_lowat(sock, TRIO_LOWAT)
+            bulk.set_notsent_lowat(sock, bulk.TRIO_LOWAT)
 
     # -------------------------------------------------------------- PUT
     async def _receive_to(self, c: _Conn, fd: int) -> int:
@@ -786,6 +795,38 @@ class PeerServer:
             raise errors[0]
         return received
 
+    async def _receive_raw(self, c: _Conn, fd: int, length: int) -> int:
+        """A body of ``length`` bytes into ``fd``, moved in the kernel: what h11 already
+        read with the head is written first, the rest is spliced socket → pipe → file in
+        worker threads (``cluster/bulk.py``), write-back started every WRITEBACK_KICK
+        bytes so the final fsync finds little left.  h11 does not see those bytes, so the
+        connection closes after the response."""
+        pieces, ended = bulk.buffered_body(c)
+        received = 0
+        kicked = 0
+        if pieces:
+            n, kicked = await self._thread(_write_behind, fd, pieces, kicked, 0)
+            received += n
+            self.stats.bytes_received += n
+        if ended:
+            return received
+        c.close_after = True
+        pipe = await self._thread(bulk.make_pipe)
+        try:
+            while received < length:
+                r, kicked = await self._thread(_splice_behind, c.stream.socket.fileno(), fd, received,
+                                               min(bulk.HOP, length - received), self.idle_timeout, pipe, kicked)
+                received += r.n
+                self.stats.bytes_received += r.n
+                if isinstance(r.error, TimeoutError):
+                    raise _Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
+                if r.error is not None:
+                    raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._thread(_close_pipe, pipe)
+        return received
+
     async def _put(self, c: _Conn, path: bytes, headers: dict[str, str], sender: str) -> None:
         staging = self.files.staging_dir
         try:
@@ -801,7 +842,11 @@ class PeerServer:
         try:
             if c.h.they_are_waiting_for_100_continue:
                 await self._send(c, h11.InformationalResponse(status_code=100, headers=[]))
-            received = await self._receive_to(c, fd)
+            length = headers.get("content-length", "")
+            if length.isascii() and length.isdigit() and "transfer-encoding" not in headers:
+                received = await self._receive_raw(c, fd, int(length))
+            else:
+                received = await self._receive_to(c, fd)
             fd_, fd = fd, -1
             await self._thread(_fsync_close, fd_)
             meta = {k: v for k, v in headers.items() if k.startswith("x-hycache-")}

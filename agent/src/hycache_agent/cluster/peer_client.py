@@ -26,7 +26,7 @@ import os
 import random
 import stat
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Self
 
@@ -179,16 +179,6 @@ def _open_src(path: str) -> tuple[int, int]:
     except OSError:
         pass
     return fd, os.fstat(fd).st_size
-
-
-def _read_exact(fd: int, n: int, offset: int) -> bytes:
-    data = os.pread(fd, n, offset)
-    while len(data) < n:
-        more = os.pread(fd, n - len(data), offset + len(data))
-        if not more:
-            break
-        data += more
-    return data
 
 
 class PeerClient:
@@ -509,34 +499,88 @@ class PeerClient:
     async def push_replica(self, peer_addr: Addr, path: bytes, src_blob: str | os.PathLike[str],
                            headers: dict[str, str] | None = None) -> dict[str, Any]:
         """PUT the whole of ``src_blob`` as ``path``'s replica on the peer, with metadata
-        headers (``X-HyCache-Version``, ``X-HyCache-Mode``, ...).  Retried from the start on
-        transport errors (a replica push is idempotent).  Returns the peer's JSON answer."""
+        headers (``X-HyCache-Version``, ``X-HyCache-Mode``, ...).  The body goes by
+        ``sendfile`` from the blob (its page cache, right after a write) to a raw
+        connection (``cluster/bulk.py``).  Retried from the start on transport errors (a
+        replica push is idempotent).  Returns the peer's JSON answer."""
         src = os.fspath(src_blob)
-        hdrs = dict(headers or {})
-
-        async def body(fd: int, size: int) -> AsyncIterator[bytes]:
-            pos = 0
-            while pos < size:
-                n = min(self.chunk_size, size - pos)
-                data = await self._thread(_read_exact, fd, n, pos)
-                if len(data) < n:
-                    raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
-                pos += n
-                self.stats.bytes_sent += n
-                yield data
-
+        host, port = parse_addr(peer_addr, default_host="127.0.0.1")
+        target = files_target(path).encode("ascii")
         fd, size = await trio.to_thread.run_sync(_open_src, src)
+        last: BaseException | None = None
         try:
-            hdrs["Content-Length"] = str(size)
-
-            async def handle(resp: httpx.Response) -> dict[str, Any]:
-                return json.loads(await resp.aread())
-
-            return await self._simple("PUT", peer_addr, files_target(path), path, handle, headers=hdrs,
-                                      content_factory=lambda: body(fd, size), ok=(201,))
+            attempt = 0
+            while attempt <= self.retries:
+                conn: bulk.Conn | None = None
+                reusable = False
+                try:
+                    conn = await self._raw.get(host, port)
+                    self.stats.requests += 1
+                    hdrs = [(k.lower(), v) for k, v in (headers or {}).items()]
+                    hdrs += [("content-length", str(size)), ("content-type", "application/octet-stream"),
+                             ("authorization", authorization(self._secret, self.node_id, "PUT", target,
+                                                             self.clock()))]
+                    sent_error: BaseException | None = None
+                    pos = 0
+                    try:
+                        await bulk.send_head(conn, "PUT", target, hdrs)
+                        while pos < size:
+                            want = min(bulk.SEND_HOP, size - pos)
+                            n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
+                            pos += n
+                            self.stats.bytes_sent += n
+                            if n < want:
+                                raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
+                        conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
+                        conn.h.send(h11.EndOfMessage())
+                    except (*RAW_RETRYABLE, bulk.Broken) as e:
+                        if conn.reused and pos == 0:  # a keep-alive connection the server had closed
+                            await self._raw.put(conn, False)
+                            conn = None
+                            continue
+                        sent_error = e  # the peer may have answered early (401, 4xx): read it
+                    try:
+                        resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)
+                    except (*RAW_RETRYABLE, bulk.Broken):
+                        if sent_error is not None:
+                            raise sent_error from None
+                        raise
+                    body = await bulk.read_small_body(conn, self.read_timeout)
+                    if resp.status_code == 503:
+                        raise _Retry(f"HTTP 503 from {peer_addr}")
+                    if resp.status_code != 201:
+                        raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
+                                         resp.reason.decode("latin-1"), peer_addr, path)
+                    reusable = (sent_error is None and conn.h.our_state is h11.DONE
+                                and conn.h.their_state is h11.DONE
+                                and (bulk.header(resp, b"connection") or "").lower() != "close")
+                    return json.loads(body)
+                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
+                    last = e
+                    attempt += 1
+                    if attempt <= self.retries:
+                        await self._sleep_backoff(attempt - 1)
+                finally:
+                    if conn is not None:
+                        with trio.CancelScope(shield=True):
+                            await self._raw.put(conn, reusable)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(os.close, fd)
+        raise PeerUnavailable(f"{peer_addr}: PUT {target.decode()}: {last!r} after {self.retries + 1} attempts",
+                              addr=str(peer_addr), path=path) from last
+
+
+class _Sent:
+    """A body h11 counts (its length) but never sees: it went by sendfile."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def _error_for(status: int, body: bytes, header: str | None, reason: str, addr: Addr,
