@@ -26,17 +26,22 @@ Rows (median and min–max of ``--passes``):
 * ``write``    ``--writes`` files of ``--write-size`` written with 1 MiB writes + fsync +
   close (``dd bs=1M conv=fsync``) by a writer with ``--replicas 1`` async / sync, and
   none; MB/s seen by the writer, and for async also until every replica was pushed
+* ``2disk write`` the same write rows with the replica's node ``r`` on a device of its
+  own (a loop-mounted ext4 image in /dev/shm: another machine's disk), the writer on
+  this machine's disk as before; printed beside the same-disk rows, never instead
+  (``--no-two-disk`` leaves them out)
 * ``takeover`` the reader appends one byte to a large file the holder wrote (the reader
   becomes the primary): seconds and MB/s of the file's size
 
 Usage: bench/remote_bench.py [--size 256M] [--passes 3] [--small 200] [--modes off,block,hybrid]
-                             [--agent-bin PATH] [--json FILE] [--plot FILE.png]
-Needs root (FUSE mounts, drop_caches).  Prints a table; writes nothing else unless --json/--plot.
+                             [--agent-bin PATH] [--json FILE] [--plot FILE.png] [--no-two-disk]
+Needs root (FUSE mounts, drop_caches, the loop device).  Prints a table; writes nothing else unless --json/--plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -222,6 +227,48 @@ def write_holder_files(a: Agent, size: int, passes: int, nsmall: int) -> None:
     time.sleep(1.2)  # the readers' listing caches (1 s)
 
 
+def write_rows(a, work: Path, common: dict, wsize: int, add, prefix: str) -> None:
+    """The write rows: a fresh writer with replicas none / async / sync (keys
+    ``{prefix}write MODE``), its replicas going to the other agents of ``common``'s
+    namespace."""
+    for rmode, extra in [("none", []), ("async", ["--replicas", "1", "--replica-mode", "async"]),
+                         ("sync", ["--replicas", "1", "--replica-mode", "sync"])]:
+        tag = prefix.strip().replace(" ", "")
+        w = Agent(work / f"w{tag}-{rmode}", f"w{tag}{rmode}", "--rebalance-interval", "0", *extra, **common).start()
+        ready(w)
+        try:
+            time.sleep(2.5)  # a heartbeat: the writer knows its replica peers
+            for i in range(a.passes):
+                drop_caches()
+                t0 = time.perf_counter()
+                add(f"{prefix}write {rmode}", write_files(w.mnt / f"{rmode}{i}", a.writes, wsize))
+                if rmode == "async":  # what the writer saw, and until every replica was pushed
+                    wait_replicated(w, (i + 1) * a.writes)
+                    add(f"{prefix}write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
+        finally:
+            w.stop()
+        time.sleep(NODE_TTL + 1)  # a stopped writer must not be picked as the next one's replica peer
+
+
+@contextlib.contextmanager
+def own_device(mnt: Path, size: int):
+    """An ext4 file system on a loop device backed by a sparse file in /dev/shm (RAM),
+    mounted at ``mnt``: a disk of its own, as another machine's would be."""
+    import subprocess
+
+    image = Path(tempfile.mkdtemp(prefix="hycache-rmbench-dev-", dir="/dev/shm")) / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    mnt.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        shutil.rmtree(image.parent, ignore_errors=True)
+
+
 def med(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "passes": xs}
 
@@ -239,6 +286,10 @@ def main() -> int:
     p.add_argument("--write-size", default="64M")
     p.add_argument("--modes", default="off,block,hybrid")
     p.add_argument("--no-writes", action="store_true")
+    p.add_argument("--two-disk", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the write rows with the replica's node on its own device (default on)")
+    p.add_argument("--two-disk-size", default="6G", type=parse_size,
+                   help="size of that device (a sparse ext4 image in /dev/shm; default 6G)")
     p.add_argument("--agent-bin", default=AGENT_BIN, help="the hycache-agent to run (A/B against another tree)")
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path)
@@ -302,22 +353,19 @@ def main() -> int:
             add("GET", raw_get(addr, f"/p{i}/big".encode(), secret))
         print(f"local and GET done ({time.monotonic() - t_start:.0f} s)", flush=True)
         if not a.no_writes:
-            for rmode, extra in [("none", []), ("async", ["--replicas", "1", "--replica-mode", "async"]),
-                                 ("sync", ["--replicas", "1", "--replica-mode", "sync"])]:
-                w = Agent(work / f"w-{rmode}", f"w{rmode}", "--rebalance-interval", "0", *extra, **common).start()
-                ready(w)
-                try:
-                    time.sleep(2.5)  # a heartbeat: the writer knows its replica peers
-                    for i in range(a.passes):
-                        drop_caches()
-                        t0 = time.perf_counter()
-                        add(f"write {rmode}", write_files(w.mnt / f"{rmode}{i}", a.writes, wsize))
-                        if rmode == "async":  # what the writer saw, and until every replica was pushed
-                            wait_replicated(w, (i + 1) * a.writes)
-                            add("write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
-                finally:
-                    w.stop()
-                time.sleep(NODE_TTL + 1)  # a stopped writer must not be picked as the next one's replica peer
+            write_rows(a, work, common, wsize, add, "")
+            if a.two_disk:
+                # the replica's node on its own device: a loop-mounted ext4 image in RAM
+                # (/dev/shm) stands for the second machine's disk; the writer stays on this
+                # one.  Its own namespace: only the writer and r are nodes there.
+                with own_device(work / "r-dev", a.two_disk_size) as dev:
+                    r = Agent(dev / "r", "r", "--rebalance-interval", "0",
+                              **{**common, "namespace": ns + "-2d"}).start()
+                    ready(r)
+                    try:
+                        write_rows(a, work, {**common, "namespace": ns + "-2d"}, wsize, add, "2disk ")
+                    finally:
+                        r.stop()
             print(f"writes done ({time.monotonic() - t_start:.0f} s)", flush=True)
         for mode in a.modes.split(","):
             b = Agent(work / f"b-{mode}", f"b{mode}", "--rebalance-interval", "0", *MODES[mode], **common).start()
@@ -395,9 +443,14 @@ def print_table(res: dict, modes: list[str]) -> None:
         cells.append(cell(s, "GET", "local seq") if row == "seq" else "—")
         print(f"| {row.replace('_ms', '')} | {unit} | " + " | ".join(cells) + " |")
     if "write none" in s:
-        print("\n| writes | MB/s (× none) |\n|---|---:|")
+        two = "2disk write none" in s
+        print("\n| writes | same disk: MB/s (× none) |" + (" replica's node on its own device (× none) |" if two else "")
+              + "\n|---|---:|" + ("---:|" if two else ""))
         for m in ("none", "async", "async, pushed", "sync"):
-            print(f"| replicas {m} | {cell(s, f'write {m}', 'write none')} |")
+            line = f"| replicas {m} | {cell(s, f'write {m}', 'write none')} |"
+            if two:
+                line += f" {cell(s, f'2disk write {m}', '2disk write none')} |"
+            print(line)
     if "takeover s" in s:
         t = s["takeover s"]
         print(f"\ntakeover (append 1 byte to a {res['size'] >> 20} MiB remote file): {t['median']:.2f} s "
@@ -432,12 +485,18 @@ def plot(res: dict, modes: list[str], out: Path) -> None:
     ax1.set_title(f"reads of another node's files ({res['size'] >> 20} MiB)")
     if "write none" in s:
         names = ["none", "async", "async, pushed", "sync"]
-        base = s["write none"]["median"]
-        ax2.bar([n.replace(", ", ",\n") for n in names], [s[f"write {n}"]["median"] / base for n in names],
-                yerr=[[(s[f"write {n}"]["median"] - s[f"write {n}"]["min"]) / base for n in names],
-                      [(s[f"write {n}"]["max"] - s[f"write {n}"]["median"]) / base for n in names]], capsize=3)
+        layouts = [("", "same disk")] + ([("2disk ", "replica on its own device")] if "2disk write none" in s else [])
+        bw = 0.8 / len(layouts)
+        for k, (prefix, label) in enumerate(layouts):
+            base = s[f"{prefix}write none"]["median"]
+            vals = [s[f"{prefix}write {n}"] for n in names]
+            ax2.bar([i + k * bw for i in range(len(names))], [v["median"] / base for v in vals], bw,
+                    yerr=[[(v["median"] - v["min"]) / base for v in vals],
+                          [(v["max"] - v["median"]) / base for v in vals]], capsize=3, label=label)
+        ax2.set_xticks([i + 0.4 - bw / 2 for i in range(len(names))], [n.replace(", ", ",\n") for n in names])
         ax2.axhline(0.7, color="grey", ls="--", lw=0.8)
         ax2.axhline(0.5, color="grey", ls=":", lw=0.8)
+        ax2.legend(fontsize=7)
         ax2.set_title("writes with replicas (× none)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
