@@ -188,15 +188,19 @@ def write_files(d: Path, count: int, size: int) -> float:
     return count * size / (time.perf_counter() - t0) / 1e6
 
 
-def wait_replicated(agent: Agent, files: int, timeout: float = 120.0) -> None:
-    """Until the writer has pushed ``files`` files in all (``status`` → replication)."""
+def wait_replicated(files: list[Path], timeout: float = 120.0) -> None:
+    """Until every one of ``files`` has its replica (the writer's ``user.hycache.info``
+    xattr names one: set once the push is acknowledged; a cheap getxattr, polled every
+    5 ms, not a ``status`` subprocess that walks the tree)."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        rep = (agent.status().get("cluster") or {}).get("replication") or {}
-        if rep.get("pushed_files", 0) >= files:
+    left = list(files)
+    while left:
+        left = [f for f in left if not json.loads(os.getxattr(f, "user.hycache.info")).get("replicas")]
+        if not left:
             return
-        time.sleep(0.02)
-    raise SystemExit(f"{agent.name}: replicas still pending after {timeout:.0f} s")
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{len(left)} replicas still pending after {timeout:.0f} s")
+        time.sleep(0.005)
 
 
 def ready(agent: Agent, timeout: float = 60.0) -> Agent:
@@ -243,7 +247,7 @@ def write_rows(a, work: Path, common: dict, wsize: int, add, prefix: str) -> Non
                 t0 = time.perf_counter()
                 add(f"{prefix}write {rmode}", write_files(w.mnt / f"{rmode}{i}", a.writes, wsize))
                 if rmode == "async":  # what the writer saw, and until every replica was pushed
-                    wait_replicated(w, (i + 1) * a.writes)
+                    wait_replicated([w.mnt / f"{rmode}{i}" / f"w{k}" for k in range(a.writes)])
                     add(f"{prefix}write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
         finally:
             w.stop()
