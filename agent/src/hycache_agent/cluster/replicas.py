@@ -146,6 +146,7 @@ class Replicator:
         self.stats = ReplicatorStats()
         self._pending: dict[int, Inode] = {}
         self._wakeup = trio.Event()
+        self._put_back = False  # the last batch put files back (no peer, no store yet)
         self._warned = False
 
     def wanted(self, inode: Inode) -> bool:
@@ -169,6 +170,7 @@ class Replicator:
             self._wakeup = trio.Event()
             await trio.sleep(ASYNC_DELAY)
             batch, self._pending = self._pending, {}
+            self._put_back = False
             for inode in batch.values():
                 if self.wanted(inode):
                     try:
@@ -176,7 +178,10 @@ class Replicator:
                     except Exception:  # noqa: BLE001 - keep replicating the others
                         log.exception("replicating inode %d failed", inode.ino)
             self.stats.pending = len(self._pending)
-            if self._pending:  # put back by replicate(): no peer known yet, or no store
+            # files put back by replicate() (no peer known yet, or no store) wait before
+            # the next try; files closed during the batch only wait ASYNC_DELAY (before,
+            # any file closed while a batch was pushed waited RETRY_SECONDS too)
+            if self._put_back:
                 await trio.sleep(RETRY_SECONDS)
 
     def targets(self, path: bytes, nodes: dict, *, spares: bool = False) -> list[str]:
@@ -197,6 +202,7 @@ class Replicator:
             nodes = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
             if nodes is self.link.UNREACHABLE:
                 self._pending[inode.ino] = inode  # try again later
+                self._put_back = True
                 return []
         targets = self.targets(path, nodes, spares=True)
         if len(targets) < self.count:
@@ -206,6 +212,7 @@ class Replicator:
                 log.warning("replicas: %d wanted, only %d other live nodes", self.count, len(targets))
             if not targets:
                 self._pending[inode.ino] = inode  # a peer may register later: try again
+                self._put_back = True
                 return []
         opened = await self.link.local_files.open_for_peer(path)
         gen = inode.data_gen
