@@ -381,7 +381,7 @@ class PeerClient:
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
-        pipe = await trio.to_thread.run_sync(bulk.make_pipe) if regular else None
+        pipe: tuple[int, int] | None = None  # made when a body does not come whole with its head
         size: int | None = None
         etag = expect
         got = 0  # bytes written, always a prefix of the file
@@ -453,6 +453,8 @@ class PeerClient:
                                     else await self._thread_bulk(_write_all, fd, pieces)
                             r = bulk.Received()
                             while got < size and not ended and r.error is None:
+                                if regular and pipe is None:
+                                    pipe = await trio.to_thread.run_sync(bulk.make_pipe)
                                 r = await self._thread_bulk(bulk.splice_in, conn.fd, fd, got,
                                                             min(bulk.HOP, size - got), self.read_timeout, pipe)
                                 got += r.n
