@@ -257,7 +257,9 @@ class ClusterLink:
                     put_now.add(ino)
                     if not inode.published:
                         self._unacked[path] = ino
-            elif op in ("acquire", "release", "notify"):
+            elif op == "acquire":  # right after the create's put (before a rename of it)
+                rows.append((op, event[1], None, None))
+            elif op in ("release", "notify"):
                 tail.append((op, event[1], event[2], event[3]))
             elif op == "delete":
                 if event[2] is not None:
