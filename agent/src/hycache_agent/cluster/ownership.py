@@ -360,6 +360,7 @@ class Ownership:
             if local is not None and local.is_reg:
                 node.local = local
                 return local
+            t_acquired = time.monotonic()  # the store's lease runs at least a lease from here
             got = await self._acquire(path, nonblocking)
             if got is None:
                 raise FsError(errno.ENOENT)
@@ -389,8 +390,8 @@ class Ownership:
                 raise
             # held for the open that follows (the kernel retries it on the local inode);
             # if none comes, renew_leases lets it go as any idle lease
-            now = time.monotonic()
-            self.leases[inode.ino] = Lease(path, held=True, since=now, until=now + self.lease_seconds)
+            self.leases[inode.ino] = Lease(path, held=True, since=time.monotonic(),
+                                           until=t_acquired + self.lease_seconds)
             node.local = inode
             self.stats.takeovers += 1
             log.info("took over %r from %s (%d bytes fetched in %.3f s)", path, meta.primary,
