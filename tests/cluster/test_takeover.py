@@ -142,6 +142,44 @@ def test_concurrent_writers_are_serialized_by_the_write_lease(two):
     assert ownership(b)["lease_waits"] >= 1
 
 
+def test_the_primary_keeps_its_write_lease_until_another_node_asks(hycache_mount, redis_cluster, dht_namespace,
+                                                                    secret_file):
+    """A file created here takes its write flag with its publication; opening it for
+    writing later reuses the lease without asking the store, and closing it keeps the
+    lease (idle). Another node that wants to write the file asks the holder to yield
+    (inbox) and gets it long before the lease would run out."""
+    from hycache_dht.redis_store import RedisClusterStore
+
+    # leases of 30 s (a create's: 60 s): what this test sees cannot be their running out
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        write_lease_seconds=30, write_lease_wait=120)
+    store = RedisClusterStore(redis_cluster.nodes[:3], namespace=dht_namespace)
+    try:
+        (a.mountpoint / "mine").write_bytes(b"one")
+        wait_published(a)
+        assert store.get(b"/mine").writer == "a"  # taken with the create's publication
+        before = ownership(a)
+        with open(a.mountpoint / "mine", "r+b") as f:  # mdtest's read phase opens O_RDWR
+            assert f.read() == b"one"
+            f.write(b"+two")
+        after = ownership(a)
+        assert after["lease_reuses"] == before["lease_reuses"] + 1
+        assert after["lease_waits"] == before["lease_waits"]
+        assert after["write_leases_held"] == 0 and after["write_leases_idle"] >= 1
+        wait_published(a)
+        assert store.get(b"/mine").writer == "a"  # kept, idle
+        # b takes the file over: a yields its idle lease at b's request
+        with open(b.mountpoint / "mine", "ab") as g:
+            g.write(b"+three")
+        assert (b.mountpoint / "mine").read_bytes() == b"one+two+three"
+        assert ownership(a)["leases_yielded"] == 1 and ownership(b)["takeovers"] == 1
+        wait_published(b)
+        wait_for(lambda: (a.mountpoint / "mine").read_bytes() == b"one+two+three", what="a sees b's append")
+        assert store.get(b"/mine").writer == "b"  # b keeps it now, idle
+    finally:
+        store.close()
+
+
 def test_a_node_that_was_down_learns_of_the_takeover_at_restart(hycache_mount, two):
     a, b = two
     (a.mountpoint / "report").write_bytes(b"old " * 1000)

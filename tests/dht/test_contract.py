@@ -488,6 +488,26 @@ def test_apply_batch(store):
     assert store.apply([]) == []
 
 
+def test_apply_batch_write_leases(store):
+    """The write flag's acquire/release as batch ops: same answers as acquire_write and
+    release_write, in order with the puts and deletes of the same batch."""
+    res = store.apply([Op.create(b"/l", D), Op.put(b"/l/a", F()), Op.acquire(b"/l/a", "n1", 30),
+                       Op.acquire(b"/l/a", "n2", 30), Op.acquire(b"/l/none", "n1", 30),
+                       Op.put(b"/l/b", F()), Op.acquire(b"/l/b", "n2", 30),
+                       Op.release(b"/l/b", "n1"), Op.release(b"/l/none", "n1"),
+                       Op.acquire(b"/l/a", "bad|id", 30)])
+    assert res[0] is True and isinstance(res[1], int) and res[2] is True and res[3] is False
+    assert isinstance(res[4], FileNotFoundError)
+    assert res[6] is True and res[7] is None and res[8] is None and isinstance(res[9], ValueError)
+    assert store.get(b"/l/a").writer == "n1"
+    assert store.get(b"/l/b").writer == "n2"  # a release by a node that does not hold it: no effect
+    v = store.get(b"/l/a").version
+    assert store.apply([Op.release(b"/l/a", "n1"), Op.acquire(b"/l/b", "n2", 30)]) == [None, True]
+    m = store.get(b"/l/a")
+    assert m.writer is None and m.lease_until == 0 and m.version == v  # the flag has its own CAS
+    assert store.acquire_write(b"/l/a", "n2", 30)
+
+
 def test_huge_directory_create_stays_o1(store, engine, capsys):
     """100k entries in one directory: per-create time at 1k vs 100k entries (printed),
     listing streams them all."""

@@ -196,6 +196,10 @@ class LocalStore(MetaStore):
             return self._create(c, op.path, op.meta)
         if op.op == "put":
             return self._put(c, op.path, op.meta, op.expect_version, op.owners)
+        if op.op == "acquire":
+            return self._acquire(c, op.path, op.node, op.lease_seconds)
+        if op.op == "release":
+            return self._release(c, op.path, op.node)
         return self._delete(c, op.path, op.expect_version)
 
     # -- the API --------------------------------------------------------------------------
@@ -238,22 +242,29 @@ class LocalStore(MetaStore):
         if not node or "|" in node:
             raise ValueError(f"bad node id {node!r}")
         with self._tx() as c:
-            row = self._row(c, paths.check(path))
-            if row is None:
-                raise FileNotFoundError(errno.ENOENT, "no such file", path)
-            now = time.time()
-            if row[2] and row[2] != node and row[3] > now:
-                return False
-            parent, name = paths.split(path)
-            c.execute("UPDATE entries SET writer = ?, lease_until = ? WHERE parent = ? AND name = ?",
-                      (node, now + max(0.001, lease_seconds), parent, name))
-            return True
+            return self._acquire(c, path, node, lease_seconds)
+
+    def _acquire(self, c, path: bytes, node: str, lease_seconds: float) -> bool:
+        row = self._row(c, paths.check(path))
+        if row is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        now = time.time()
+        if row[2] and row[2] != node and row[3] > now:
+            return False
+        parent, name = paths.split(path)
+        c.execute("UPDATE entries SET writer = ?, lease_until = ? WHERE parent = ? AND name = ?",
+                  (node, now + max(0.001, lease_seconds), parent, name))
+        return True
 
     def release_write(self, path: bytes, node: str) -> None:
-        parent, name = paths.split(paths.check(path))
         with self._tx() as c:
-            c.execute("UPDATE entries SET writer = '', lease_until = 0"
-                      " WHERE parent = ? AND name = ? AND writer = ?", (parent, name, node))
+            self._release(c, path, node)
+
+    @staticmethod
+    def _release(c, path: bytes, node: str) -> None:
+        parent, name = paths.split(paths.check(path))
+        c.execute("UPDATE entries SET writer = '', lease_until = 0"
+                  " WHERE parent = ? AND name = ? AND writer = ?", (parent, name, node))
 
     def apply(self, ops: list[Op]) -> list[object]:
         """One transaction for the whole batch; per op its result or its exception."""

@@ -119,11 +119,14 @@ def unpack_body(
 class Op:
     """One queued update for :meth:`MetaStore.apply`."""
 
-    op: str  # "put" | "delete" | "create"
+    op: str  # "put" | "delete" | "create" | "acquire" | "release"
     path: bytes
     meta: EntryMeta | None = None
     expect_version: int | None = None
     owners: tuple[str, ...] | None = None  # put: the owner guard (see MetaStore.put)
+    node: str | None = None  # acquire/release: the node taking or giving up the write flag
+    lease_seconds: float = 0.0  # acquire: the lease
+
 
     @classmethod
     def put(cls, path: bytes, meta: EntryMeta, expect_version: int | None = None,
@@ -138,9 +141,25 @@ class Op:
     def delete(cls, path: bytes, expect_version: int | None = None) -> Op:
         return cls("delete", path, None, expect_version)
 
+    @classmethod
+    def acquire(cls, path: bytes, node: str, lease_seconds: float) -> Op:
+        """``acquire_write`` in a batch: its result is True (held) or False (another
+        node holds it); FileNotFoundError when the entry is missing."""
+        return cls("acquire", path, node=node, lease_seconds=lease_seconds)
+
+    @classmethod
+    def release(cls, path: bytes, node: str) -> Op:
+        """``release_write`` in a batch: its result is None (also when the entry is
+        missing or another node holds the flag)."""
+        return cls("release", path, node=node)
+
     def check(self) -> None:
-        if self.op not in ("put", "delete", "create"):
+        if self.op not in ("put", "delete", "create", "acquire", "release"):
             raise ValueError(f"unknown op {self.op!r}")
+        if self.op in ("acquire", "release"):
+            if not self.node or "|" in self.node:
+                raise ValueError(f"bad node id {self.node!r}")
+            return
         if self.op != "delete":
             if self.meta is None:
                 raise ValueError(f"{self.op} needs meta")

@@ -258,6 +258,10 @@ class RedisClusterStore(CrossSlotProtocols):
                 continue
             if op.op == "delete":
                 args = self.c.script_args("delete", key, name, _exp(op.expect_version))
+            elif op.op == "acquire":
+                args = self.c.script_args("acquire", key, name, op.node, max(1, int(op.lease_seconds * 1000)))
+            elif op.op == "release":
+                args = self.c.script_args("release", key, name, op.node)
             else:
                 m = op.meta
                 argv = [parent, name, m.kind, new_id(), pack_body(m)]
@@ -284,6 +288,10 @@ class RedisClusterStore(CrossSlotProtocols):
                 results[i] = r
             elif r[0] == ST_BUSY or (op.op == "delete" and r[0] == ST_ISDIR):
                 later.append(i)
+            elif op.op == "acquire":
+                results[i] = True if r[0] == ST_OK else False if r[0] == ST_HELD else self._error(r[0], op.path)
+            elif op.op == "release":
+                results[i] = None  # also: missing, or the flag is another node's
             elif op.op == "create":
                 results[i] = r[0] == ST_OK if r[0] in (ST_OK, ST_EXISTS) else self._error(r[0], op.path)
                 if r[0] == ST_OK and op.meta.kind == "dir":
@@ -315,6 +323,10 @@ class RedisClusterStore(CrossSlotProtocols):
                 return self.create(op.path, op.meta)
             if op.op == "put":
                 return self.put(op.path, op.meta, op.expect_version, op.owners)
+            if op.op == "acquire":
+                return self.acquire_write(op.path, op.node, op.lease_seconds)
+            if op.op == "release":
+                return self.release_write(op.path, op.node)
             return self.delete(op.path, op.expect_version)
         except (OSError, ValueError) as e:
             if isinstance(e, ConnectionError):

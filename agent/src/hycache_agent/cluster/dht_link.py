@@ -57,6 +57,10 @@ META_TTL_SECONDS = 1.0
 PUBLISH_BATCH = 512
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
 SMALL_DIR = 1024
+# A directory whose names are being looked up fast (a burst of creates) is listed whole
+# if it has at most this many entries per lookup of the last listing period: one listing
+# a second costs less than a store round trip (and a thread hop) per name.
+LIST_PER_LOOKUP = 8
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
@@ -149,6 +153,8 @@ class ClusterLink:
         self._streams: dict[tuple[bytes, int], StreamCopy] = {}  # copies streaming in for readers
         self._nursery: trio.Nursery | None = None
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
+        self._list_lookups: dict[bytes, int] = {}  # directory -> lookups since its last listing
+        self._dir_sizes: dict[bytes, int] = {}  # directory -> entries (at least) at its last listing
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
@@ -170,6 +176,7 @@ class ClusterLink:
         ns.events = []
         ns.journal.outbox_hook = self._outbox_rows
         ns.journal.on_commit = self._committed
+        self.engine.on_file_created = self.ownership.created
         self._published_upto = self.engine.store.outbox_published_upto()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         for entry in os.scandir(self.cache_dir):  # a remote cache does not survive a restart
@@ -250,6 +257,8 @@ class ClusterLink:
                     put_now.add(ino)
                     if not inode.published:
                         self._unacked[path] = ino
+            elif op == "acquire":  # right after the create's put (before a rename of it)
+                rows.append((op, event[1], None, None))
             elif op in ("release", "notify"):
                 tail.append((op, event[1], event[2], event[3]))
             elif op == "delete":
@@ -337,7 +346,7 @@ class ClusterLink:
                 rows = None
                 continue
             try:
-                acked, superseded = await trio.to_thread.run_sync(self._apply_rows, rows)
+                acked, superseded, lost = await trio.to_thread.run_sync(self._apply_rows, rows)
             except (DHTError, ConnectionError, TimeoutError, OSError) as exc:
                 self._degraded(exc)
                 await trio.sleep(backoff)
@@ -368,21 +377,25 @@ class ClusterLink:
                 inode = self.engine.ns.inodes.get(ino) if ino is not None else None
                 if inode is not None:
                     inode.published = True
+            for path in lost:
+                self.ownership.lease_lost(path)
             for path, exc in superseded:
                 try:
                     await self.ownership.superseded(path, f"taken by {exc.primary}")
                 except FsError as err:
                     log.warning("%r: held by %s, local copy not reconciled yet: %s", path, exc.primary, err)
 
-    def _apply_rows(self, rows) -> tuple[list[bytes], list[tuple[bytes, NotPrimary]]]:
-        """(worker thread) Apply outbox rows in order: runs of put/delete as one pipelined
-        batch, renames, lease releases and inbox messages one by one.  Returns the paths
-        whose puts were applied, and those refused because another node holds them now.
-        Puts carry the owner guard: this node (and, for a takeover, the old holder)."""
+    def _apply_rows(self, rows) -> tuple[list[bytes], list[tuple[bytes, NotPrimary]], list[bytes]]:
+        """(worker thread) Apply outbox rows in order: runs of put/delete/lease acquire
+        and release as one pipelined batch, renames and inbox messages one by one.
+        Returns the paths whose puts were applied, those refused because another node
+        holds them now, and those whose write flag (taken after a create) another node
+        holds.  Puts carry the owner guard: this node (and, for a takeover, the old holder)."""
         run: list[Op] = []
         latest: dict[bytes, int] = {}  # path -> index of its put in ``run``
         acked: list[bytes] = []
         superseded: list[tuple[bytes, NotPrimary]] = []
+        lost: list[bytes] = []
         messages: list[tuple[bytes, bytes, bytes]] = []
         me = self.node_id
 
@@ -390,7 +403,13 @@ class ClusterLink:
             if run:
                 results = self.store.apply(run)
                 for op, result in zip(run, results):
-                    if isinstance(result, NotPrimary):
+                    if op.op in ("acquire", "release"):
+                        if result is False:
+                            lost.append(op.path)
+                        elif isinstance(result, (DHTError, ConnectionError, TimeoutError)):
+                            raise result
+                        # a missing entry (removed, or renamed in the same batch): nothing to hold
+                    elif isinstance(result, NotPrimary):
                         superseded.append((op.path, result))
                     elif isinstance(result, BaseException):
                         if isinstance(result, (DHTError, ConnectionError, TimeoutError)):
@@ -429,12 +448,10 @@ class ClusterLink:
             elif op == "delete":
                 latest.pop(path, None)
                 run.append(Op.delete(path))
+            elif op == "acquire":
+                run.append(Op.acquire(path, me, self.ownership.idle_seconds))
             elif op == "release":
-                flush()
-                try:
-                    self.store.release_write(path, me)
-                except FileNotFoundError:
-                    pass
+                run.append(Op.release(path, me))
             elif op == "rename":
                 flush()
                 try:
@@ -448,7 +465,7 @@ class ClusterLink:
                     self.status.conflicts += 1
                     log.warning("global namespace: rename %r → %r not applied: %s", path, path2, exc)
         flush()
-        return acked, superseded
+        return acked, superseded, lost
 
     def _degraded(self, exc: BaseException) -> None:
         if self.status.state != "degraded":
@@ -589,28 +606,40 @@ class ClusterLink:
         return self.remote_node(path, meta)
 
     async def _small_listing(self, dirpath: bytes) -> dict[bytes, EntryMeta] | None:
-        """The store's entries of a small directory, cached for META_TTL_SECONDS, so that
-        a burst of creates (each preceded by a lookup of the new name) costs one listing
-        per second instead of one store round trip per name.  None for a large directory
-        (more than SMALL_DIR entries: names are looked up one by one) or when the store
-        is unreachable.  The staleness is the same as the kernel's entry cache."""
+        """The store's entries of a directory, cached for META_TTL_SECONDS, so that a
+        burst of creates (each preceded by a lookup of the new name) costs one listing
+        per second instead of one store round trip per name.  Listed when it has at most
+        SMALL_DIR entries, or LIST_PER_LOOKUP per lookup made in it since its last
+        listing (a large directory being filled fast); otherwise None (names are looked
+        up one by one), also when the store is unreachable.  The staleness is the same as
+        the kernel's entry cache."""
         now = time.monotonic()
+        lookups = self._list_lookups.get(dirpath, 0) + 1
+        self._list_lookups[dirpath] = lookups
         cached = self._listings.get(dirpath)
         if cached is not None and now - cached[0] < META_TTL_SECONDS:
             return cached[1]
-        def listing() -> dict[bytes, EntryMeta] | None:
-            out = {}
-            for name, meta in self.store.list_dir(dirpath):
-                if len(out) >= SMALL_DIR:
-                    return None
-                out[name] = meta
-            return out
+        limit = max(SMALL_DIR, LIST_PER_LOOKUP * lookups)
+        self._list_lookups[dirpath] = 0
+        if self._dir_sizes.get(dirpath, 0) > limit:  # too large the last time: no scan
+            entries = None
+        else:
+            def listing() -> dict[bytes, EntryMeta] | None:
+                out = {}
+                for name, meta in self.store.list_dir(dirpath):
+                    if len(out) >= limit:
+                        return None
+                    out[name] = meta
+                return out
 
-        entries = await self.query(listing, missing={})
-        if entries is UNREACHABLE:
-            return None
+            entries = await self.query(listing, missing={})
+            if entries is UNREACHABLE:
+                return None
+            self._dir_sizes[dirpath] = limit + 1 if entries is None else len(entries)
         if len(self._listings) > 4096:
             self._listings.clear()
+            self._list_lookups.clear()
+            self._dir_sizes.clear()
         self._listings[dirpath] = (now, entries)
         return entries
 

@@ -4,8 +4,20 @@
   its write flag in the DHT (``acquire_write``, a compare-and-swap with a lease, renewed
   every third of the lease while the file is open). A second writer on another node waits
   until the flag is free or its lease has expired (a dead holder's lease runs out: no lock
-  survives it), then gets EBUSY; with O_NONBLOCK it gets EAGAIN at once. The flag is
-  released through the outbox, *after* the file's last size and times are published.
+  survives it), then gets EBUSY; with O_NONBLOCK it gets EAGAIN at once.
+* **The primary keeps its lease** (no store round trip on the open path). A file created
+  here takes its flag with its publication (an ``acquire`` row right after its put in the
+  same pipeline, for ``idle_seconds`` = two lease periods), and a lease whose last writer
+  closed is *idle*, not released. A later open for writing of a file this node created
+  or wrote a moment ago takes the lease it still holds without asking the store, as long
+  as the lease outlasts the next renewal (renewals, one pipelined batch, cover the leases
+  in use only). An idle lease is forgotten once it could run out, and its flag runs out in
+  the store by itself (nothing is sent). Another node that finds the flag held asks its
+  holder to *yield* (an inbox message): an idle lease is released at once, one in use at
+  its last close — so a takeover waits for the inbox poll (about a second), not for the
+  lease; a dead node's newest files wait for their flag to run out (at most two lease
+  periods). Releases go through the outbox, *after* the file's last size and times are
+  published.
   While the store is unreachable, local files are written without a lease (the agent keeps
   serving); such files are marked, and if another node took one over meanwhile the local
   bytes are kept as a conflict copy instead of being dropped.
@@ -38,7 +50,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 import trio
-from hycache_dht.meta import EntryMeta
+from hycache_dht.meta import EntryMeta, Op
 from hycache_dht.registry import INBOX_DIR
 
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
@@ -62,6 +74,8 @@ class OwnershipStats:
     taken_from_us: int = 0  # local names dropped because another node took them over / removed them
     conflict_copies: int = 0
     lease_waits: int = 0  # opens that had to wait for another node's write lease
+    lease_reuses: int = 0  # write opens that took a lease this node still held (no store call)
+    leases_yielded: int = 0  # idle leases released because another node asked for them
     leases_lost: int = 0  # renewals that found another holder
     inbox_messages: int = 0
     remote_removes: int = 0
@@ -74,8 +88,10 @@ class Lease:
 
     path: bytes  # when acquired (a rename carries the flag along in the store)
     held: bool  # False: written without the flag (store unreachable, or the lease was lost)
-    writers: int = 0  # open write handles (0 right after a takeover, until its open comes)
-    since: float = field(default_factory=time.monotonic)
+    writers: int = 0  # open write handles (0: idle — after a takeover or a create, or the last close)
+    since: float = field(default_factory=time.monotonic)  # last time the writers fell to 0 (or taken)
+    until: float = 0.0  # (monotonic) the store's lease runs at least until then
+    yield_asked: bool = False  # another node waits for it: release at the last close
 
 
 class Ownership:
@@ -86,6 +102,7 @@ class Ownership:
         self.node_id: str = link.node_id
         self.lease_seconds = lease_seconds
         self.lease_wait = lease_wait
+        self.idle_seconds = 2 * lease_seconds  # the lease a create takes with its publication
         self.leases: dict[int, Lease] = {}  # by inode number
         self.unleased: set[int] = set()  # written without the lease (degraded / lease lost)
         self.stats = OwnershipStats()
@@ -150,18 +167,43 @@ class Ownership:
                 waited = True
                 self.stats.lease_waits += 1
                 log.info("waiting for the write lease on %r (held by another node)", path)
+                await self._ask_to_yield(path)
             if time.monotonic() > deadline:
                 raise FsError(errno.EBUSY)
             await trio.sleep(delay)
             delay = min(1.0, delay * 2)
 
+    def _reusable(self, entry: Lease, now: float) -> bool:
+        """An idle lease that an open may take without asking the store: held, and
+        valid in the store for longer than the renewer needs to come round again."""
+        return entry.held and entry.until - now > self.lease_seconds / 2
+
+    def created(self, inode: Inode) -> None:
+        """(engine hook, trio thread, inside the create) A regular file made here: its
+        write flag is taken right after its put is published (same pipeline); meanwhile
+        nobody else can know the name. The lease starts idle."""
+        path = self.ns.path_of(inode.ino)
+        if path is None or self.ns.events is None:
+            return
+        now = time.monotonic()
+        self.leases[inode.ino] = Lease(path, held=True, since=now, until=now + self.idle_seconds)
+        self._event("acquire", path, None, None)
+
     async def lease_for_write(self, inode: Inode, nonblocking: bool = False) -> None:
-        """Before a local write handle opens (or a truncate): hold ``inode``'s lease."""
+        """Before a local write handle opens (or a truncate): hold ``inode``'s lease.
+        A lease this node still holds (in use, or idle and valid) costs nothing."""
         entry = self.leases.get(inode.ino)
+        if entry is not None and entry.writers <= 0:
+            if self._reusable(entry, time.monotonic()):
+                self.stats.lease_reuses += 1
+            else:
+                del self.leases[inode.ino]  # idle and no longer vouched for: take it afresh
+                entry = None
         if entry is None:
             path = self.ns.path_of(inode.ino)
             if path is None:
                 return
+            t0 = time.monotonic()
             got = await self._acquire(path, nonblocking)
             entry = self.leases.get(inode.ino)  # another opener may have got it meanwhile
             if entry is None:
@@ -170,19 +212,25 @@ class Ownership:
                     if not self._warned_unleased:
                         self._warned_unleased = True
                         log.warning("metadata store unreachable: writing local files without a write lease")
-                entry = self.leases[inode.ino] = Lease(path, held=bool(got))
+                entry = self.leases[inode.ino] = Lease(path, held=bool(got),
+                                                       until=t0 + self.lease_seconds if got else 0.0)
         entry.writers += 1
 
-    async def write_done(self, ino: int) -> None:
-        """A write handle closed (or a truncate finished): release the lease after the
-        file's last change is published."""
+    async def write_done(self, ino: int, *, keep: bool = True) -> None:
+        """A write handle closed (or a truncate finished). The lease stays, idle, for the
+        next open of this file (``keep``), unless another node asked for it: then it is
+        released after the file's last change is published."""
         entry = self.leases.get(ino)
         if entry is None:
             return
         entry.writers -= 1
         if entry.writers > 0:
             return
-        await self._release(ino, entry)
+        entry.since = time.monotonic()
+        if entry.yield_asked:
+            self.stats.leases_yielded += 1
+        if not keep or entry.yield_asked or not entry.held:
+            await self._release(ino, entry)
 
     async def _release(self, ino: int, entry: Lease) -> None:
         del self.leases[ino]
@@ -190,37 +238,112 @@ class Ownership:
             self._event("release", self.ns.path_of(ino) or entry.path, None, None)
             await self.ns.journal.sync()
 
+    async def _ask_to_yield(self, path: bytes) -> None:
+        """Another node holds ``path``'s flag: ask it (inbox) to release it if idle, or
+        at its last close."""
+        meta = await self.link.store_get(path)
+        if meta is not None and meta.writer and meta.writer != self.node_id:
+            self.notify(meta.writer, "yield", path)
+            self.engine.commit_soon()
+
+    async def yield_lease(self, path: bytes, sender: str) -> None:
+        """(inbox) ``sender`` waits for our flag on ``path``."""
+        try:
+            inode = self.ns.resolve(path)
+        except FsError:
+            inode = None
+        entry = self.leases.get(inode.ino) if inode is not None else None
+        if entry is not None and entry.writers > 0:
+            entry.yield_asked = True  # released at the last close
+            log.info("%s waits for the write lease on %r: released at its last close", sender, path)
+            return
+        if entry is not None:
+            del self.leases[inode.ino]
+            self.stats.leases_yielded += 1
+            log.info("%s waits for the write lease on %r: released", sender, path)
+        # idle, or forgotten here while the flag still runs in the store: release it
+        # (the store ignores a release by a node that does not hold the flag)
+        self._event("release", path, None, None)
+        await self.ns.journal.sync()
+
+    def lease_lost(self, path: bytes) -> None:
+        """The publisher's ``acquire`` after a create found another node's flag."""
+        try:
+            inode = self.ns.resolve(path)
+        except FsError:
+            return
+        entry = self.leases.get(inode.ino)
+        if entry is not None and entry.held:
+            self._lost(inode.ino, entry, path)
+
+    def _lost(self, ino: int, entry: Lease, path: bytes) -> None:
+        self.stats.leases_lost += 1
+        entry.held = False
+        self.unleased.add(ino)
+        log.error("lost the write lease on %r to another node (our lease ran out): "
+                  "if it takes the file over, our bytes are kept as a conflict copy", path)
+
     async def renew_leases(self) -> None:
         while True:
             await trio.sleep(self.lease_seconds / 3)
-            now = time.monotonic()
-            for ino, entry in list(self.leases.items()):
-                if entry.writers <= 0 and now - entry.since > self.lease_seconds:
-                    await self._release(ino, entry)  # a takeover whose open never came
-            held = [(ino, self.ns.path_of(ino) or e.path) for ino, e in self.leases.items() if e.held]
-            if not held or not self.link.reachable:
-                continue
-            store, node, lease = self.link.store, self.node_id, self.lease_seconds
+            await self.renew_once()
 
-            def renew():
-                out = []
-                for ino, path in held:
-                    try:
-                        out.append((ino, path, store.acquire_write(path, node, lease)))
-                    except FileNotFoundError:
-                        out.append((ino, path, True))
-                return out
-
-            results = await self.link.query(renew, missing=[])
-            if results is self.link.UNREACHABLE:
+    async def renew_once(self) -> None:
+        """Forget idle leases that could run out before the next renewal (their flag runs
+        out in the store by itself) and those of removed files; renew the leases in use
+        in one pipelined batch."""
+        now = time.monotonic()
+        inodes = self.ns.inodes
+        for ino, entry in list(self.leases.items()):
+            if entry.writers > 0:
                 continue
-            for ino, path, ok in results:
-                if not ok and ino in self.leases:
-                    self.stats.leases_lost += 1
-                    self.leases[ino].held = False
-                    self.unleased.add(ino)
-                    log.error("lost the write lease on %r to another node (our lease ran out): "
-                              "if it takes the file over, our bytes are kept as a conflict copy", path)
+            inode = inodes.get(ino)
+            if (inode is None or inode.nlink <= 0  # removed: the store's entry went with its name
+                    or not entry.held  # written without the flag: nothing to release
+                    or not self._reusable(entry, now)):
+                del self.leases[ino]
+        # the path each lease was taken under (a rename carries the flag along in the
+        # store): a renamed file's entry is missing there, and is renewed under its new path
+        held = [(ino, e.path) for ino, e in self.leases.items() if e.held and e.writers > 0]
+        if not held or not self.link.reachable:
+            return
+        store, node, lease = self.link.store, self.node_id, self.lease_seconds
+
+        def renew(held):
+            return store.apply([Op.acquire(path, node, lease) for _, path in held])
+
+        t0 = time.monotonic()
+        results = await self.link.query(renew, held, missing=None)
+        if results is self.link.UNREACHABLE or results is None:
+            return
+        moved = []
+        for (ino, path), ok in zip(held, results):
+            entry = self.leases.get(ino)
+            if entry is None:
+                continue
+            if isinstance(ok, FileNotFoundError):
+                now_path = self.ns.path_of(ino)
+                if now_path is not None and now_path != path:
+                    entry.path = now_path
+                    moved.append((ino, now_path))
+                    continue
+            self._renewed(ino, entry, path, ok, t0)
+        if moved:
+            results = await self.link.query(renew, moved, missing=None)
+            if results is self.link.UNREACHABLE or results is None:
+                return
+            for (ino, path), ok in zip(moved, results):
+                entry = self.leases.get(ino)
+                if entry is not None:
+                    self._renewed(ino, entry, path, ok, t0)
+
+    def _renewed(self, ino: int, entry: Lease, path: bytes, ok, t0: float) -> None:
+        if ok is True:  # the store's lease is now this long (also a create's longer one)
+            entry.until = t0 + self.lease_seconds
+        elif isinstance(ok, FileNotFoundError):
+            pass  # not published yet: the publication's acquire sets the lease
+        elif ok is False and entry.held:
+            self._lost(ino, entry, path)
 
     # ------------------------------------------------------------------ takeover
     async def take_over(self, node, *, truncate: bool, nonblocking: bool = False) -> Inode:
@@ -237,6 +360,7 @@ class Ownership:
             if local is not None and local.is_reg:
                 node.local = local
                 return local
+            t_acquired = time.monotonic()  # the store's lease runs at least a lease from here
             got = await self._acquire(path, nonblocking)
             if got is None:
                 raise FsError(errno.ENOENT)
@@ -265,8 +389,9 @@ class Ownership:
                     await self.link.query("release_write", path, self.node_id, missing=None)
                 raise
             # held for the open that follows (the kernel retries it on the local inode);
-            # if none comes, renew_leases lets it go after one lease period
-            self.leases[inode.ino] = Lease(path, held=True)
+            # if none comes, renew_leases lets it go as any idle lease
+            self.leases[inode.ino] = Lease(path, held=True, since=time.monotonic(),
+                                           until=t_acquired + self.lease_seconds)
             node.local = inode
             self.stats.takeovers += 1
             log.info("took over %r from %s (%d bytes fetched in %.3f s)", path, meta.primary,
@@ -388,6 +513,9 @@ class Ownership:
         """A local name was renamed (the store's rename is queued): the node whose name the
         rename replaced drops it; other nodes move their parts of a directory; a file's
         replica holders rename their copies."""
+        entry = self.leases.get(src.ino)
+        if entry is not None:
+            entry.path = dst_path  # the store's rename carries the flag along
         if replaced is not None:
             if replaced.is_dir:
                 self.notify(None, "drop", dst_path)
@@ -449,6 +577,8 @@ class Ownership:
                     elif act == "rename":
                         await self.link.replica_store.rename(path, path2)
                         await self.renamed_elsewhere(path, path2, sender)
+                    elif act == "yield":
+                        await self.yield_lease(path, sender)
                     elif act == "adopt" and self.link.rebalancer is not None:
                         await self.link.rebalancer.adopt(path, sender)
                     else:
@@ -476,8 +606,9 @@ class Ownership:
         if inode.ino == ROOT_INO or (inode.is_dir and self.ns.children.get(inode.ino)):
             return
         parent, name = self._link_at(inode, path)
+        entry = self.leases.pop(inode.ino, None) if inode.is_reg else None
         if inode.is_reg and (not inode.published or inode.ino in self.unleased
-                             or (inode.ino in self.leases and self.leases[inode.ino].writers > 0)):
+                             or (entry is not None and entry.writers > 0)):
             new = name + b".hycache-conflict-%s-%d" % (self.node_id.encode(), time.time_ns() // 10**6)
             with self.quiet():
                 self.ns.rename(parent, name, parent, new, 0)
@@ -525,7 +656,8 @@ class Ownership:
 
     def status(self) -> dict:
         d = dict(self.stats.__dict__)
-        d["write_leases_held"] = sum(1 for e in self.leases.values() if e.held)
+        d["write_leases_held"] = sum(1 for e in self.leases.values() if e.held and e.writers > 0)
+        d["write_leases_idle"] = sum(1 for e in self.leases.values() if e.held and e.writers <= 0)
         d["unleased_files"] = len(self.unleased)
         return d
 

@@ -139,7 +139,7 @@ class Rebalancer:
         node = self.link.remote_node(path, meta)
         own = self.link.ownership
         inode = await own.take_over(node, truncate=False)
-        await own.write_done(inode.ino)  # nothing will write it: release the lease now
+        await own.write_done(inode.ino, keep=False)  # nothing will write it: release the lease now
         self.stats.adopted_files += 1
         self.stats.adopted_bytes += inode.size
         log.info("rebalance: adopted %r (%d bytes) from %s", path, inode.size, sender)

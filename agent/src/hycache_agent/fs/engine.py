@@ -231,6 +231,7 @@ class TieringEngine:
         self.control = None  # control_link.ControlLink when linked to a control plane
         self._census_cache: tuple[float, float, Any] | None = None  # (when, seconds taken, counts)
         self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
+        self.on_file_created = None  # (cluster) called with each regular file create_file makes
         self._nursery: trio.Nursery | None = None
         self._evict_wakeup = trio.Event()
         self.started = time.time()
@@ -763,6 +764,8 @@ class TieringEngine:
             raise
         if tier == T.FAST:
             self.policy.admit(inode.ino, 0)
+        if self.on_file_created is not None and stat.S_ISREG(mode):
+            self.on_file_created(inode)  # (cluster) rides on the same commit
         self.commit_soon()
         return inode
 

@@ -498,7 +498,16 @@ class HyCacheOperations(pyfuse3.Operations):
         node = await self.engine.create_file(parent_inode, name, stat.S_IFREG | stat.S_IMODE(mode),
                                              ctx.uid, ctx.gid)
         fh = await self.engine.open(node, flags & ~os.O_TRUNC, ctx.uid, created=True)
-        return await self._file_info(fh, node, True), self._entry(node)
+        if self.own is not None:  # the lease create_file registered: no store round trip
+            await self.own.lease_for_write(node)
+            self._leased[fh] = node.ino
+        try:
+            fi = await self._file_info(fh, node, True)
+        except BaseException:
+            if self._leased.pop(fh, None) is not None:
+                await self.own.write_done(node.ino)
+            raise
+        return fi, self._entry(node)
 
     @errno_edge
     async def open(self, inode, flags, ctx):
