@@ -10,6 +10,7 @@ from typing import Any
 
 from .db import Database
 from .jsonfast import dumps
+from .nodefeed import NodeFeed
 from .services.actions import ActionService
 from .services.bus import Bus, Leader
 from .services.events import EventService
@@ -62,9 +63,9 @@ class Control:
         self.policies = PolicyService(self.db, self.events, self.bus)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
-        self._nodes_sse: tuple[float, bytes] | None = None
+        self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
-        self._nodes_sse_lock = threading.Lock()
+        self._summary_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 
@@ -144,21 +145,20 @@ class Control:
 
     def summary_sse(self, max_age: float) -> bytes:
         """The stream's ``summary`` message, built once per ``max_age`` for every client."""
-        with self._nodes_sse_lock:
+        with self._summary_sse_lock:
             now = time.monotonic()
             if self._summary_sse is None or now - self._summary_sse[0] >= max_age:
                 self._summary_sse = (now, b"event: summary\r\ndata: " + dumps(self.summary()) + b"\r\n\r\n")
             return self._summary_sse[1]
 
-    def nodes_sse(self, max_age: float) -> bytes:
-        """The stream's ``nodes`` message (every node's view, one JSON array), encoded once
-        per ``max_age`` seconds however many stream clients ask (blocking: call it in a
-        thread)."""
-        with self._nodes_sse_lock:
-            now = time.monotonic()
-            if self._nodes_sse is None or now - self._nodes_sse[0] >= max_age:
-                self._nodes_sse = (now, b"event: nodes\r\ndata: " + dumps(self.node_views()) + b"\r\n\r\n")
-            return self._nodes_sse[1]
+    def _feed_source(self):
+        """The stream's nodes (nodefeed.py): a node's view is rebuilt when its heartbeat,
+        state, address or policy moved (or it has a DHT registry entry, whose age moves)."""
+        for n in self.nodes.snapshot():
+            policy = self.policies.get(n.id, n.status)
+            key = None if n.registry is not None else (
+                n.updated_at, n.last_heartbeat, n.heartbeats, n.state, n.address, tuple(policy.values()))
+            yield n.id, key, lambda n=n, policy=policy: node_view(n, policy)
 
     def node_view(self, node_id: str) -> dict[str, Any] | None:
         n = self.nodes.get(node_id)
