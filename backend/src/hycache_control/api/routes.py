@@ -175,8 +175,11 @@ async def heartbeat(control: ControlDep, c: CallerDep, node_id: NodeId, body: S.
             operation_id="listFiles", tags=["files"])
 def list_files(control: ControlDep, _: Reader, path: PathDep,
                cursor: Annotated[str | None, Query(max_length=8192, description="next_cursor of the previous page")] = None,
-               limit: Annotated[int, Query(ge=1, le=5000)] = 500):
-    items, nxt = control.namespace.list(path, cursor, limit)
+               limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+               prefix: Annotated[str | None, Query(max_length=255, description="only names that start with this")] = None):
+    """One page of a directory, never read whole (a page may be short and still have a
+    next_cursor: keep following it until it is null)."""
+    items, nxt = control.namespace.list(path, cursor, limit, prefix)
     return {"path": path, "items": items, "next_cursor": nxt}
 
 
