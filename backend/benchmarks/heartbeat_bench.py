@@ -329,7 +329,7 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
                 raise SystemExit(1) from None
         if args.processes > 1:  # several processes (as on several hosts) behind HAProxy
             port = free_port()
-            lb = start_haproxy(tmp, port, backends, maxconn=20000)
+            lb = start_haproxy(tmp, port, backends, maxconn=4000, check="inter 1s fall 3 rise 2")
         else:
             port = backends[0]
         url = f"http://127.0.0.1:{port}"

@@ -37,6 +37,9 @@ NOT_BUILT = """<!doctype html><html><head><title>HyCache control plane</title></
 </body></html>"""
 
 
+#: gc.set_threshold of a serving process (Python's default: 700, 10, 10)
+GC_THRESHOLDS = (10_000, 10, 100)
+
 #: the settings of ``serve --workers N``'s processes (JSON, set by the parent)
 SETTINGS_ENV = "HYCACHE_CONTROL_SERVE_SETTINGS"
 
@@ -60,13 +63,17 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
         watch = LoopWatch()
         app.state.registry = make_registry(c, watch)
         c.start()
-        # what was loaded so far (modules, the node table) lives as long as the process:
-        # out of the collector's sight, a full collection no longer walks it.  Unfrozen, a
-        # full collection took 170-240 ms every few seconds at 1,000 heartbeats/s, the
-        # heartbeats' tail (docs/scaling.md); HYCACHE_CONTROL_GC_FREEZE=0 measures without.
-        if os.environ.get("HYCACHE_CONTROL_GC_FREEZE", "1") != "0":
+        # the collector, tuned for a server whose garbage is acyclic (freed by reference
+        # counts) and whose live data is big: what was loaded so far (modules, the stored
+        # node table) lives as long as the process, out of the collector's sight, so a full
+        # collection no longer walks it; and collections are rarer (a full one walks every
+        # node's status: ~20 ms per 1,000 nodes).  Untuned, full collections took 170-240 ms
+        # every few seconds at 1,000 heartbeats/s: the heartbeats' tail (docs/scaling.md).
+        # HYCACHE_CONTROL_GC_TUNE=0 runs with Python's defaults (to measure the difference).
+        if os.environ.get("HYCACHE_CONTROL_GC_TUNE", "1") != "0":
             gc.collect()
             gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
         watch.install_gc()
         lag = asyncio.get_running_loop().create_task(watch.run(), name="loop-watch")
         try:

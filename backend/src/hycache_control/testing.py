@@ -98,11 +98,12 @@ HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 
 
 def start_haproxy(tmp: Path, port: int, backends: list[int], *, maxconn: int = 2000,
-                  timeout: float = 30.0) -> subprocess.Popen:
+                  timeout: float = 30.0, check: str = "inter 200ms fall 2 rise 2") -> subprocess.Popen:
     """Debian's HAProxy on ``127.0.0.1:port`` in front of control-plane processes on
     ``backends`` (round robin, health-checked on /healthz, a request retried on another
     process when its connection fails), the way several hosts' processes stand behind
-    one; returns when it forwards /healthz.  The tests' kill -9 test and the heartbeat
+    one; returns when it forwards /healthz.  ``check``: the health checks' timing (a
+    process is taken out after ``fall`` failed checks, a check failing after 2 s).  The tests' kill -9 test and the heartbeat
     benchmark's ``--processes N`` use it."""
     import httpx
     cfg = tmp / "haproxy.cfg"
@@ -115,6 +116,7 @@ defaults
     timeout client 60s
     timeout server 60s
     timeout http-keep-alive 60s
+    timeout check 2s
     retries 3
     option redispatch
 frontend control_plane
@@ -124,7 +126,7 @@ backend control_plane
     balance roundrobin
     option httpchk GET /healthz
     http-response set-header X-Served-By %[srv_name]
-    default-server inter 200ms fall 2 rise 2
+    default-server {check}
 {servers}
 """)
     proc = subprocess.Popen([HAPROXY, "-f", str(cfg), "-db"], stdout=open(tmp / "haproxy.log", "wb"),
