@@ -190,6 +190,19 @@ def test_summary_and_the_node_table_over_every_node(plane):
         last = client.get("/api/v1/nodes", headers=h, params={"sort": "hit_ratio", "offset": 150}).json()
         assert [v["id"] for v in last["items"]] == ["node-999"]  # no value: last either way
         assert client.get("/api/v1/nodes", headers=h, params={"sort": "nope"}).status_code == 422
+        # the overview's charts: the summary over time, points recorded by the monitor
+        hist = None
+        for _ in range(100):
+            hist = client.get("/api/v1/summary/history", headers=h, params={"seconds": 60}).json()
+            if hist["points"]:
+                break
+            time.sleep(0.1)
+        assert hist["period"] > 0 and hist["points"], hist
+        p = S.SummaryPoint.model_validate(hist["points"][-1])
+        assert (p.nodes, p.up, p.down) == (151, 150, 1)
+        assert (p.fast_capacity, p.fast_used, p.fast_used_pct) == (15000, 1500, 10.0)
+        assert p.slow_used_pct == 5.0 and p.read_bps == rates["fast_read_bps"] + rates["slow_read_bps"]
+        assert client.get("/api/v1/summary/history", headers=h, params={"seconds": 0}).status_code == 422
     control.stop()
 
 

@@ -3,6 +3,7 @@ the metrics writer, the monitor (node states, DHT registry, downsampling)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -21,13 +22,16 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import SORT_KEYS, node_view, summarise
+from .views import SORT_KEYS, node_view, summarise, summary_point
 
 log = logging.getLogger(__name__)
 
 REGISTRY_PERIOD = 2.0
 DOWNSAMPLE_PERIOD = 60.0
 RESYNC_PERIOD = 5.0
+#: a point of the cluster's history (GET /summary/history) this often, kept an hour
+HISTORY_PERIOD = 2.0
+HISTORY_KEEP = 1800
 
 
 class Control:
@@ -65,6 +69,8 @@ class Control:
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
         self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
+        self._summary: tuple[float, dict[str, Any]] | None = None
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_KEEP)
         self._summary_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
@@ -96,7 +102,7 @@ class Control:
         self.db.close()
 
     def _monitor_loop(self) -> None:
-        next_registry = next_downsample = next_resync = 0.0
+        next_registry = next_downsample = next_resync = next_history = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -110,6 +116,9 @@ class Control:
                 if self.bus.enabled and now >= next_resync:  # a notification lost in a race costs <= 5 s
                     next_resync = now + RESYNC_PERIOD
                     self.actions.resync()
+                if now >= next_history:
+                    next_history = now + HISTORY_PERIOD
+                    self.history.append(summary_point(self.summary_cached(HISTORY_PERIOD / 2)))
                 if leader and now >= next_downsample:
                     next_downsample = now + DOWNSAMPLE_PERIOD
                     self.metrics.downsample()
@@ -143,13 +152,28 @@ class Control:
         """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
         return summarise(self.nodes.snapshot(), self.nodes.interval)
 
-    def summary_sse(self, max_age: float) -> bytes:
-        """The stream's ``summary`` message, built once per ``max_age`` for every client."""
+    def summary_cached(self, max_age: float) -> dict[str, Any]:
+        """:meth:`summary`, computed at most once per ``max_age`` (the stream's clients and
+        the history share it)."""
         with self._summary_sse_lock:
             now = time.monotonic()
-            if self._summary_sse is None or now - self._summary_sse[0] >= max_age:
-                self._summary_sse = (now, b"event: summary\r\ndata: " + dumps(self.summary()) + b"\r\n\r\n")
+            if self._summary is None or now - self._summary[0] >= max_age:
+                self._summary = (now, self.summary())
+            return self._summary[1]
+
+    def summary_sse(self, max_age: float) -> bytes:
+        """The stream's ``summary`` message, built once per ``max_age`` for every client."""
+        s = self.summary_cached(max_age)
+        with self._summary_sse_lock:
+            if self._summary_sse is None or self._summary_sse[0] != s["ts"]:
+                self._summary_sse = (s["ts"], b"event: summary\r\ndata: " + dumps(s) + b"\r\n\r\n")
             return self._summary_sse[1]
+
+    def summary_history(self, seconds: float) -> dict[str, Any]:
+        """The cluster's summary points of the last ``seconds`` (this process's: every
+        node, each heard directly or through the other processes)."""
+        since = time.time() - seconds
+        return {"period": HISTORY_PERIOD, "points": [p for p in list(self.history) if p["ts"] >= since]}
 
     def _feed_source(self):
         """The stream's nodes (nodefeed.py): a node's view is rebuilt when its heartbeat,

@@ -93,6 +93,15 @@ def node_summary(control: ControlDep, _: Reader):
     return control.summary()
 
 
+@router.get("/summary/history", response_model=S.SummaryHistory, responses=ERRORS, operation_id="getSummaryHistory",
+            tags=["nodes"])
+def summary_history(control: ControlDep, _: Reader,
+                    seconds: Annotated[float, Query(gt=0, le=3600, description="the last this many seconds")] = 600):
+    """The cluster's capacity, use and throughput over time: a point every 2 s, each
+    summed by the server over every node (the overview's charts), the last hour kept."""
+    return control.summary_history(seconds)
+
+
 @router.get("/nodes/{node_id}", response_model=S.NodeOut, responses={**ERRORS_404, **NOT_MODIFIED},
             operation_id="getNode", tags=["nodes"])
 def get_node(control: ControlDep, _: Reader, node_id: NodeId,
