@@ -24,9 +24,9 @@ KEEP = 30
 
 
 class NodeFeed:
-    """``source()`` yields ``(node_id, change_key, build)`` for every node in id order:
-    ``build()`` makes its view, called only when ``change_key`` differs from the last one
-    (None: always build)."""
+    """``source()`` yields ``(node_id, change_key, build)`` for the nodes that may have
+    changed since the last call: ``build()`` makes its view, called only when
+    ``change_key`` differs from the last one (None: always build)."""
 
     def __init__(self, source: Callable[[], Iterable[tuple[str, Any, Callable[[], dict]]]]) -> None:
         self.source = source
@@ -63,10 +63,7 @@ class NodeFeed:
                     if d:
                         d["id"] = node_id
                         changed.append(d)
-            removed = [k for k in self._views if k not in seen]
-            for k in removed:
-                del self._views[k]
-                self._keys.pop(k, None)
+            removed: list[str] = []  # (the control plane never forgets a node)
             self._seq += 1
             if changed or removed:
                 if len(self._deltas) == KEEP:

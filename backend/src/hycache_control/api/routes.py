@@ -159,7 +159,9 @@ def get_policy(control: ControlDep, _: Reader, node_id: NodeId):
 def put_policy(control: ControlDep, c: Admin, node_id: NodeId, body: S.PolicyIn):
     if not control.nodes.known(node_id):
         raise _not_found(["path", "node_id"], f"no node {node_id}")
-    return control.policies.put(node_id, body.policy, body.high_watermark, body.low_watermark, c.name)
+    out = control.policies.put(node_id, body.policy, body.high_watermark, body.low_watermark, c.name)
+    control.nodes.mark_changed(node_id)  # the stream's next delta carries the node's new policy
+    return out
 
 
 @router.post("/nodes/{node_id}/heartbeats", response_model=S.HeartbeatAnswer, responses=ERRORS,
