@@ -263,5 +263,13 @@ def test_the_stream_sends_what_changed(plane):
         last, snap = control.feed.snapshot(0)
         assert {v["id"]: v["heartbeats"] for v in _sse(snap)[1]}["q0"] == nodefeed.KEEP + 2
         assert control.feed.after(last, 0) == (last + 1, [])
+        control.nodes.save_all()  # (the writer thread was not started: its rows by hand)
+        control.writer.flush()
     finally:
         control.stop()
+    # a restarted control plane's first snapshot has the stored nodes (before they beat)
+    again = plane(heartbeat_interval=60)
+    try:
+        assert [v["id"] for v in _sse(again.feed.snapshot(0)[1])[1]] == ["q0", "q1", "q2", "q3"]
+    finally:
+        again.stop()

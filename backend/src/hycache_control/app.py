@@ -48,10 +48,13 @@ def app_from_env() -> FastAPI:
     """The app of one worker process of ``serve --workers N`` (uvicorn's factory): the
     parent validated the settings and migrated the database."""
     import json
-    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False)
+    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
 
 
-def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True) -> FastAPI:
+def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True,
+               tune_gc: bool = False) -> FastAPI:
+    """``tune_gc``: the process serves only this app (``serve``): tune its garbage collector
+    (below); not in a process that runs other things too (the tests)."""
     holder: dict = {"control": control}
 
     @asynccontextmanager
@@ -70,7 +73,7 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
         # node's status: ~20 ms per 1,000 nodes).  Untuned, full collections took 170-240 ms
         # every few seconds at 1,000 heartbeats/s: the heartbeats' tail (docs/scaling.md).
         # HYCACHE_CONTROL_GC_TUNE=0 runs with Python's defaults (to measure the difference).
-        if os.environ.get("HYCACHE_CONTROL_GC_TUNE", "1") != "0":
+        if tune_gc and os.environ.get("HYCACHE_CONTROL_GC_TUNE", "1") != "0":
             gc.collect()
             gc.freeze()
             gc.set_threshold(*GC_THRESHOLDS)

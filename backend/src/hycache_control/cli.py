@@ -282,7 +282,7 @@ def _serve(args: argparse.Namespace) -> int:
     common = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level, access_log=s.log_level == "debug",
                   loop="uvloop", http="httptools", timeout_keep_alive=KEEP_ALIVE_SECONDS)
     if s.workers == 1:
-        uvicorn.run(create_app(s), **common)
+        uvicorn.run(create_app(s, tune_gc=True), **common)
         return 0
     import os
 

@@ -29,8 +29,12 @@ test('a nodes-delta message patches the changed fields, adds new nodes in order 
   expect(qc.getQueryData<Node>(keys.node('a'))).toMatchObject({ state: 'degraded', policy: { version: 0 } });
   expect(qc.getQueryData<MetricSample[]>(keys.liveSamples('a'))?.map((s) => s.ts)).toEqual([100, 101]);
   expect(qc.getQueryData(keys.node('c'))).toBeUndefined();
+  // a node whose own cache entry is gone (nothing showed it) is patched from the list
+  qc.removeQueries({ queryKey: keys.node('b'), exact: true });
+  applyMessage(qc, { event: 'nodes-delta', data: JSON.stringify({ seq: 3, changed: [{ id: 'b', state: 'down' }], removed: [] }) });
+  expect(qc.getQueryData<Node>(keys.node('b'))).toMatchObject({ state: 'down', policy: { version: 0 } });
   // a part of a node never seen whole is not made into a node
-  applyMessage(qc, { event: 'nodes-delta', data: JSON.stringify({ seq: 3, changed: [{ id: 'z', state: 'up' }], removed: [] }) });
+  applyMessage(qc, { event: 'nodes-delta', data: JSON.stringify({ seq: 4, changed: [{ id: 'z', state: 'up' }], removed: [] }) });
   expect(qc.getQueryData<NodeList>(keys.nodes)!.items.map((n) => n.id)).toEqual(['a', 'b']);
 });
 

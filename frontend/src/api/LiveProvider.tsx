@@ -32,8 +32,11 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
     const changed = Array.isArray(d.changed) ? d.changed.filter((c) => typeof c?.id === 'string') : [];
     const removed = new Set(Array.isArray(d.removed) ? d.removed : []);
     const byId = new Map<string, Node>();
+    // a node's last view: its own cache entry, else the node list's (either may have been
+    // garbage-collected by the query cache while nothing showed it)
+    const inList = new Map((qc.getQueryData<NodeList>(keys.nodes)?.items ?? []).map((n) => [n.id, n]));
     for (const c of changed) {
-      const old = qc.getQueryData<Node>(keys.node(c.id!));
+      const old = qc.getQueryData<Node>(keys.node(c.id!)) ?? inList.get(c.id!);
       if (!old && !('state' in c && 'tiers' in c)) continue; // a part of a node we never saw whole
       const n = { ...(old ?? {}), ...c } as Node;
       byId.set(n.id, n);

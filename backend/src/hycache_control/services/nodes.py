@@ -109,6 +109,7 @@ class NodeService:
                     updated_at=n.updated_at, persisted=True)
         # the agents that were beating keep the interval they were handed: start from the
         # interval their number implies, so the restart grace covers their next beat
+        self.changed = set(self.live)  # the stream's first snapshot has the stored nodes too
         beating = [n for n in self.live.values() if n.last_heartbeat is not None and n.state != "down"]
         self._beating = len(beating)
         self._set_interval()
