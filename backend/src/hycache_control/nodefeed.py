@@ -1,7 +1,8 @@
 """The stream's node messages (GET /api/v1/stream): a snapshot of every node's view when a
 client connects, then once a period a delta with what changed — for each node whose view
 changed, its id and the top-level fields of ``NodeOut`` that differ from the previous
-delta; a node new since then comes whole; a node gone is listed in ``removed``.
+delta; a node new since then comes whole; ``removed`` lists nodes gone (none yet: the
+control plane keeps every node it heard).
 
 Built once per period for every client (``NodeFeed.advance``, in a worker thread); a
 client that fell behind the deltas kept (``KEEP`` periods) gets a snapshot again.  At
@@ -47,9 +48,8 @@ class NodeFeed:
             if now - self._at < max_age:
                 return self._seq
             self._at = now
-            changed, seen = [], set()
+            changed = []
             for node_id, key, build in self.source():
-                seen.add(node_id)
                 if key is not None and self._keys.get(node_id) == key:
                     continue
                 self._keys[node_id] = key
