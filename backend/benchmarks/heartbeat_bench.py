@@ -266,47 +266,116 @@ def make_tokens(url_db: str, nodes: int) -> tuple[list[str], str]:
     return tokens, admin
 
 
+def loop_stats(urls: list[str], admin: str) -> dict | None:
+    """The servers' event-loop lag and GC pause histograms (``GET /metrics``, loopwatch.py),
+    summed over the processes; None when the build has none (an older baseline)."""
+    import httpx
+    out: dict = {}
+    for u in urls:
+        try:
+            text = httpx.get(f"{u}/metrics", headers={"Authorization": f"Bearer {admin}"}, timeout=60).text
+        except httpx.HTTPError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(("hycache_control_loop_lag_seconds", "hycache_control_gc_pause_seconds",
+                                "hycache_control_loop_lag_max", "hycache_control_loop_stalls_total")):
+                k, _, v = line.rpartition(" ")
+                out[k] = out.get(k, 0.0) + float(v) if "max" not in k else max(out.get(k, 0.0), float(v))
+    return out or None
+
+
+def lag_summary(before: dict | None, after: dict | None, wall: float) -> dict | None:
+    if not before or not after:
+        return None
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+
+    def over(name: str, bound: str, labels: str = "") -> float:
+        total = d.get(f'{name}_count{{{labels}}}' if labels else f"{name}_count", 0.0)
+        sep = "," if labels else ""
+        return total - d.get(f'{name}_bucket{{{labels}{sep}le="{bound}"}}', 0.0)
+    lag = "hycache_control_loop_lag_seconds"
+    gcp = "hycache_control_gc_pause_seconds"
+    return {"busy": d.get('hycache_control_loop_stalls_total{cause="busy"}', 0.0),
+            "starved": d.get('hycache_control_loop_stalls_total{cause="starved"}', 0.0),
+            "lag_over_20ms": over(lag, "0.02"), "lag_over_50ms": over(lag, "0.05"),
+            "lag_sum": d.get(f"{lag}_sum", 0.0) / wall,
+            "gc2": d.get(f'{gcp}_count{{generation="2"}}', 0.0), "gc2_sum": d.get(f'{gcp}_sum{{generation="2"}}', 0.0),
+            "gc_sum": sum(d.get(f'{gcp}_sum{{generation="{g}"}}', 0.0) for g in range(3)) / wall,
+            "gc_over_20ms": sum(over(gcp, "0.02", f'generation="{g}"') for g in range(3))}
+
+
 def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     import httpx
 
     from hycache_control.stack import StackError, wait_ready
-    from hycache_control.testing import free_port
+    from hycache_control.testing import free_port, start_haproxy
     subprocess.run([str(binary), "db", "upgrade", "--db", url_db], check=True, capture_output=True)
     tokens, admin = make_tokens(url_db, nodes)
-    port = free_port()
-    log = open(tmp / f"server-{label}-{nodes}.log", "wb")
-    cmd = [str(binary), "serve", "--db", url_db, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
-           "--heartbeat-interval", str(args.interval), "--log-level", "warning", *args.server_arg]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    procs, backends = [], []
+    lb = None
     try:
-        wait_ready(url, lambda: proc.poll() is None, tmp / f"server-{label}-{nodes}.log", 120, path="/healthz")
-    except StackError as e:
-        print(e)
-        raise SystemExit(1) from None
-    try:
+        for k in range(args.processes):
+            port = free_port()
+            logf = tmp / f"server-{label}-{nodes}-{k}.log"
+            cmd = [str(binary), "serve", "--db", url_db, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
+                   "--heartbeat-interval", str(args.interval), "--log-level", "warning", *args.server_arg]
+            proc = subprocess.Popen(cmd, stdout=open(logf, "wb"), stderr=subprocess.STDOUT)
+            procs.append(proc)
+            backends.append(port)
+            try:
+                wait_ready(f"http://127.0.0.1:{port}", lambda p=proc: p.poll() is None, logf, 120, path="/healthz")
+            except StackError as e:
+                print(e)
+                raise SystemExit(1) from None
+        if args.processes > 1:  # several processes (as on several hosts) behind HAProxy
+            port = free_port()
+            lb = start_haproxy(tmp, port, backends, maxconn=4000, check="inter 1s fall 3 rise 2")
+        else:
+            port = backends[0]
+        url = f"http://127.0.0.1:{port}"
+        direct = [f"http://127.0.0.1:{p}" for p in backends]
         drive("127.0.0.1", port, tokens, admin, nodes, 0, 0, args.warmup, args.interval, args.procs, args.conns)
-        spy = None
+        # the measured run starts where the agents are after the warm-up: on the interval the
+        # control plane hands them now (not all at the base interval again)
+        start_interval = args.interval
+        try:
+            start_interval = max(args.interval, float(httpx.get(f"{url}/api/v1/summary", timeout=60, headers={
+                "Authorization": f"Bearer {admin}"}).json()["interval"]))
+        except (httpx.HTTPError, KeyError, ValueError, TypeError):
+            pass
+        spies = []
         if args.profile:
-            spy = subprocess.Popen([args.profile, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)),
-                                    "--rate", "200", "--format", "raw", "--nonblocking", "-o",
-                                    str(Path(args.profile_dir) / f"{label}-{nodes}.txt")],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+            for k, proc in enumerate(procs):
+                spies.append(subprocess.Popen(
+                    [args.profile, "record", "--pid", str(proc.pid), "--duration", str(int(args.seconds)),
+                     "--rate", "200", "--format", "raw", "--nonblocking", "--subprocesses", "--threads", "--gil", "-o",
+                     str(Path(args.profile_dir) / f"{label}-{nodes}{f'-{k}' if k else ''}.txt")],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        lag0 = loop_stats(direct, admin)
+        cpu0, wall0 = sum(cpu_seconds(p.pid) for p in procs), time.monotonic()
+        lbcpu0 = cpu_seconds(lb.pid) if lb else 0.0
         res, me = drive("127.0.0.1", port, tokens, admin, nodes, args.readers, args.streams, args.seconds,
-                        args.interval, args.procs, args.conns)
+                        start_interval, args.procs, args.conns)
         wall = time.monotonic() - wall0
-        cpu = cpu_seconds(proc.pid) - cpu0
-        if spy is not None:
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+        lbcpu = (cpu_seconds(lb.pid) - lbcpu0) if lb else 0.0
+        lag = lag_summary(lag0, loop_stats(direct, admin), wall)
+        for spy in spies:
             spy.wait(timeout=60)
         # the states right after the load (no grace beyond the down window has passed)
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
             up = c.get("/api/v1/nodes", params={"state": "up", "limit": 1}).json()["total"]
+            interval = c.get("/api/v1/summary").json().get("interval")
             time.sleep(args.interval * 2 + 0.5)  # let the writer flush the last samples
             samples = len(c.get("/api/v1/nodes/n0/metrics", params={"since": time.time() - args.seconds}).json()["samples"])
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        if lb is not None:
+            lb.terminate()
+            lb.wait(timeout=30)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
     import psycopg
     with psycopg.connect(url_db.replace("postgresql+psycopg", "postgresql")) as conn:
         rows, size = conn.execute("SELECT count(*), pg_total_relation_size('metric_samples') FROM metric_samples").fetchone()
@@ -314,7 +383,8 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
             "p50": pct(res.hb_lat, 50), "p99": pct(res.hb_lat, 99), "max": max(res.hb_lat, default=0.0),
             "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 50),
             "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "samples": samples,
-            "stream_bps": res.stream_bytes / wall / max(1, args.streams), "load": os.getloadavg()[0]}
+            "stream_bps": res.stream_bytes / wall / max(1, args.streams), "load": os.getloadavg()[0],
+            "lag": lag, "lb_cpu": lbcpu / wall, "interval": interval, "start_interval": start_interval}
 
 
 def main() -> int:
@@ -328,6 +398,8 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=1, help="load generator processes")
     ap.add_argument("--conns", type=int, default=64, help="keep-alive connections the nodes share")
     ap.add_argument("--baseline", metavar="BIN", help="another hycache-control to measure first (A/B in one run)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="serve processes on one database; above 1 behind HAProxy (as several hosts' processes)")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for serve (repeat), e.g. --server-arg=--workers --server-arg=2")
     ap.add_argument("--profile", metavar="PY_SPY", help="py-spy binary: record the server during each measured run")
@@ -352,20 +424,28 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"PostgreSQL, {args.readers} polling + {args.streams} stream dashboards, {args.seconds:g} s measured "
           f"after {args.warmup:g} s warm-up, {os.cpu_count()} cores; interval {args.interval:g} s "
-          f"(the server may stretch it){'; serve ' + ' '.join(args.server_arg) if args.server_arg else ''}")
+          f"(the server may stretch it){'; serve ' + ' '.join(args.server_arg) if args.server_arg else ''}"
+          f"{f'; {args.processes} processes behind HAProxy' if args.processes > 1 else ''}")
     print()
-    print("| build | simulated nodes | heartbeats accepted (offered at the start) | p50 | p99 | max | errors "
+    print("| build | simulated nodes | interval | heartbeats accepted (offered at the start of the measured run) | p50 | p99 | max | errors "
           "| server CPU | server CPU per request | load generator CPU | nodes up after | reads p50 / p99 | stream bytes/s per dashboard "
-          "| load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| loop lag > 20 ms / > 50 ms | GC full / all pauses | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     tail = []
     for r in rows:
         errs = f"{len(r['errors'])} {sorted(set(map(str, r['errors'])))[:3]}" if r["errors"] else "0"
-        print(f"| {r['label']} | {r['nodes']:,} | {r['ok'] / r['wall']:,.0f}/s ({r['nodes'] / args.interval:,.0f}/s) "
+        lg = r["lag"]
+        lagcol = (f"{lg['lag_over_20ms']:.0f} / {lg['lag_over_50ms']:.0f} (busy {lg['busy']:.0f}, starved "
+                  f"{lg['starved']:.0f}; {lg['lag_sum'] * 100:.1f} % late)"
+                  if lg else "n/a")
+        gccol = (f"{lg['gc2']:.0f} in {lg['gc2_sum'] * 1000:.0f} ms / {lg['gc_sum'] * 100:.1f} % of the time"
+                 if lg else "n/a")
+        cpucol = f"{r['cpu'] * 100:.0f} %" + (f" (+ HAProxy {r['lb_cpu'] * 100:.0f} %)" if r["lb_cpu"] else "")
+        print(f"| {r['label']} | {r['nodes']:,} | {r['interval']} s | {r['ok'] / r['wall']:,.0f}/s ({r['nodes'] / r['start_interval']:,.0f}/s) "
               f"| {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {errs} "
-              f"| {r['cpu'] * 100:.0f} % | {r['cpu'] * r['wall'] / max(1, r['ok'] + r['reads']) * 1000:.2f} ms "
+              f"| {cpucol} | {r['cpu'] * r['wall'] / max(1, r['ok'] + r['reads']) * 1000:.2f} ms "
               f"| {r['gen_cpu'] * 100:.0f} % | {r['up']:,} | {r['rd_p50'] * 1000:.0f} / "
-              f"{r['rd_p99'] * 1000:.0f} ms | {r['stream_bps']:,.0f} | {r['load']:.1f} |")
+              f"{r['rd_p99'] * 1000:.0f} ms | {r['stream_bps']:,.0f} | {lagcol} | {gccol} | {r['load']:.1f} |")
         if r["sample_rows"]:
             tail.append(f"{r['label']} {r['nodes']:,} nodes: metric_samples {r['sample_rows']:,} rows, "
                         f"{r['sample_bytes'] / 2**20:.1f} MiB with indexes ({r['sample_bytes'] / r['sample_rows']:.0f} B/row)")

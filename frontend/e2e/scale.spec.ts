@@ -1,7 +1,7 @@
 // The dashboard at 1,000 simulated nodes (tests/web/test_dashboard_scale.py starts a real
 // control plane and the nodes, and passes HYCACHE_SCALE_STATE): the counts come from the
-// server over every node, the node table sorts, filters and pages, a node is one click
-// away, axe stays clean; the time to render the overview and the bytes per second the
+// server over every node, the cluster-wide capacity and throughput charts draw, the node
+// table sorts, filters and pages, a node is one click away, axe stays clean; the time to render the overview and the bytes per second the
 // browser receives are measured and printed (no timed assertion).
 import { expect, test } from '@playwright/test';
 import AxeBuilder from '@axe-core/playwright';
@@ -46,6 +46,14 @@ test('1,000 nodes: counts from the server, the node table, a node one click away
   const w0 = Date.now();
   await page.waitForTimeout(10_000);
   console.log(`scale: the overview received ${Math.round(bytes / ((Date.now() - w0) / 1000)).toLocaleString('en-US')} bytes/s over 10 s`);
+
+  // the cluster-wide charts, from points the server sums over every node (GET /summary/history)
+  for (const title of ['Cluster capacity used per tier', 'Cluster throughput']) {
+    const chart = page.getByRole('figure', { name: title });
+    await expect(chart).toBeVisible();
+    await expect(chart.locator('.recharts-line-curve').first()).toBeVisible({ timeout: 30_000 });
+  }
+  await expect(page.getByRole('figure', { name: 'Cluster capacity used per tier' }).getByText('fast tier')).toBeVisible();
 
   // filter by state and by name, sort, page
   await page.getByRole('combobox', { name: 'State' }).selectOption('degraded');

@@ -8,57 +8,20 @@ Also ``serve --workers 2``."""
 from __future__ import annotations
 
 import collections
-import shutil
-import subprocess
 import threading
 import time
 
 import httpx
 import pytest
 
-from hycache_control.testing import free_port
+from hycache_control.testing import free_port, start_haproxy
 
 from .conftest import make_token, redis_seeds, wait_for
 from .test_api import file_meta
 from .test_server import _h, read_sse
 
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 NODES = 12
 INTERVAL = 0.5
-
-
-def start_haproxy(tmp, port: int, backends: list[int]) -> subprocess.Popen:
-    cfg = tmp / "haproxy.cfg"
-    servers = "\n".join(f"    server cp{i} 127.0.0.1:{p} check" for i, p in enumerate(backends))
-    cfg.write_text(f"""global
-    maxconn 2000
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    retries 3
-    option redispatch
-frontend control_plane
-    bind 127.0.0.1:{port}
-    default_backend control_plane
-backend control_plane
-    balance roundrobin
-    option httpchk GET /healthz
-    http-response set-header X-Served-By %[srv_name]
-    default-server inter 200ms fall 2 rise 2
-{servers}
-""")
-    proc = subprocess.Popen([HAPROXY, "-f", str(cfg), "-db"], stdout=open(tmp / "haproxy.log", "wb"),
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def up():
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-    wait_for(up, 30, "haproxy to forward /healthz")
-    return proc
 
 
 class Agents:

@@ -190,6 +190,19 @@ def test_summary_and_the_node_table_over_every_node(plane):
         last = client.get("/api/v1/nodes", headers=h, params={"sort": "hit_ratio", "offset": 150}).json()
         assert [v["id"] for v in last["items"]] == ["node-999"]  # no value: last either way
         assert client.get("/api/v1/nodes", headers=h, params={"sort": "nope"}).status_code == 422
+        # the overview's charts: the summary over time, points recorded by the monitor
+        hist = None
+        for _ in range(100):
+            hist = client.get("/api/v1/summary/history", headers=h, params={"seconds": 60}).json()
+            if hist["points"]:
+                break
+            time.sleep(0.1)
+        assert hist["period"] > 0 and hist["points"], hist
+        p = S.SummaryPoint.model_validate(hist["points"][-1])
+        assert (p.nodes, p.up, p.down) == (151, 150, 1)
+        assert (p.fast_capacity, p.fast_used, p.fast_used_pct) == (15000, 1500, 10.0)
+        assert p.slow_used_pct == 5.0 and p.read_bps == rates["fast_read_bps"] + rates["slow_read_bps"]
+        assert client.get("/api/v1/summary/history", headers=h, params={"seconds": 0}).status_code == 422
     control.stop()
 
 
@@ -211,3 +224,52 @@ def test_the_last_active_admin_token_cannot_be_revoked(plane):
         assert revoke(first.id, third_secret).status_code == 200  # now there is another
         assert revoke(third.id, third_secret).status_code == 409
     control.stop()
+
+
+def _sse(msg: bytes) -> tuple[str, object]:
+    import json
+    head, _, data = msg.decode().partition("\r\ndata: ")
+    return head.removeprefix("event: "), json.loads(data)
+
+
+def test_the_stream_sends_what_changed(plane):
+    """A snapshot of every node, then per period only the nodes that changed and only their
+    changed fields; a client that fell behind the deltas kept gets a snapshot again."""
+    from hycache_control import nodefeed
+    control = plane(heartbeat_interval=60)
+    try:
+        for i in range(3):
+            control.heartbeat(beat(f"q{i}", status={"tiers": {"fast": {"capacity": 100, "used": i}}}), db=False)
+        seq, snap = control.feed.snapshot(0)
+        event, views = _sse(snap)
+        assert event == "nodes" and [v["id"] for v in views] == ["q0", "q1", "q2"]
+        assert all(S.NodeOut.model_validate(v) for v in views)
+        assert control.feed.after(seq, 0) == (seq + 1, [])  # nothing moved: no delta at all
+        control.heartbeat(beat("q1", seq=2, status={"tiers": {"fast": {"capacity": 100, "used": 1}}}), db=False)
+        control.heartbeat(beat("q3"), db=False)  # a new node comes whole
+        seq2, msgs = control.feed.after(seq + 1, 0)
+        assert len(msgs) == 1
+        event, delta = _sse(msgs[0])
+        assert event == "nodes-delta" and delta["seq"] == seq2 and delta["removed"] == []
+        q1, q3 = delta["changed"]
+        assert q1["id"] == "q1" and "last_heartbeat" in q1 and "heartbeats" in q1
+        assert "tiers" not in q1 and "policy" not in q1  # unchanged fields stay out
+        assert S.NodeOut.model_validate(q3).id == "q3"
+        # a client further behind than the deltas kept: None (the stream sends a snapshot)
+        for k in range(nodefeed.KEEP + 1):
+            control.heartbeat(beat("q0", seq=3 + k), db=False)
+            control.feed.advance(0)
+        assert control.feed.after(seq2, 0) is None
+        last, snap = control.feed.snapshot(0)
+        assert {v["id"]: v["heartbeats"] for v in _sse(snap)[1]}["q0"] == nodefeed.KEEP + 2
+        assert control.feed.after(last, 0) == (last + 1, [])
+        control.nodes.save_all()  # (the writer thread was not started: its rows by hand)
+        control.writer.flush()
+    finally:
+        control.stop()
+    # a restarted control plane's first snapshot has the stored nodes (before they beat)
+    again = plane(heartbeat_interval=60)
+    try:
+        assert [v["id"] for v in _sse(again.feed.snapshot(0)[1])[1]] == ["q0", "q1", "q2", "q3"]
+    finally:
+        again.stop()

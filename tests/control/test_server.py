@@ -82,10 +82,12 @@ def test_stream_nodes_events_and_last_event_id(control_server, tmp_path):
         assert c.get("/api/v1/stream").status_code == 401
         first = c.post("/api/v1/tokens", json={"name": "one", "scope": "read"}, headers=h)
         assert first.status_code == 201
-        # a fresh stream (token in the query, as EventSource does) gets nodes each second...
+        # a fresh stream (token in the query, as EventSource does) gets every node once and
+        # the summary each second...
         with c.stream("GET", "/api/v1/stream", params={"access_token": srv.admin}) as resp:
             assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
-            msgs = read_sse(resp, lambda m: sum(x.get("event") == "nodes" for x in m) >= 2)
+            msgs = read_sse(resp, lambda m: sum(x.get("event") == "summary" for x in m) >= 2)
+            assert [m["event"] for m in msgs if m.get("event", "").startswith("nodes")] == ["nodes"]
             assert isinstance(json.loads([m for m in msgs if m.get("event") == "nodes"][0]["data"]), list)
             # ... and events as they happen, with ids
             c.post("/api/v1/tokens", json={"name": "two", "scope": "read"}, headers=h)

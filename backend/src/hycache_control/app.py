@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -17,6 +19,7 @@ from . import schemas as S
 from .api import routes, stream
 from .api.deps import auth_error
 from .control import Control
+from .loopwatch import LoopWatch
 from .middleware import Audit, BodyLimit
 from .prometheus import make_registry, render
 from .services.errors import ServiceError
@@ -34,6 +37,9 @@ NOT_BUILT = """<!doctype html><html><head><title>HyCache control plane</title></
 </body></html>"""
 
 
+#: gc.set_threshold of a serving process (Python's default: 700, 10, 10)
+GC_THRESHOLDS = (10_000, 10, 100)
+
 #: the settings of ``serve --workers N``'s processes (JSON, set by the parent)
 SETTINGS_ENV = "HYCACHE_CONTROL_SERVE_SETTINGS"
 
@@ -42,10 +48,13 @@ def app_from_env() -> FastAPI:
     """The app of one worker process of ``serve --workers N`` (uvicorn's factory): the
     parent validated the settings and migrated the database."""
     import json
-    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False)
+    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
 
 
-def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True) -> FastAPI:
+def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True,
+               tune_gc: bool = False) -> FastAPI:
+    """``tune_gc``: the process serves only this app (``serve``): tune its garbage collector
+    (below); not in a process that runs other things too (the tests)."""
     holder: dict = {"control": control}
 
     @asynccontextmanager
@@ -54,11 +63,27 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
             holder["control"] = await run_in_threadpool(lambda: Control(settings, migrate=migrate))
         c = holder["control"]
         app.state.control = c
-        app.state.registry = make_registry(c)
+        watch = LoopWatch()
+        app.state.registry = make_registry(c, watch)
         c.start()
+        # the collector, tuned for a server whose garbage is acyclic (freed by reference
+        # counts) and whose live data is big: what was loaded so far (modules, the stored
+        # node table) lives as long as the process, out of the collector's sight, so a full
+        # collection no longer walks it; and collections are rarer (a full one walks every
+        # node's status: ~20 ms per 1,000 nodes).  Untuned, full collections took 170-240 ms
+        # every few seconds at 1,000 heartbeats/s: the heartbeats' tail (docs/scaling.md).
+        # HYCACHE_CONTROL_GC_TUNE=0 runs with Python's defaults (to measure the difference).
+        if tune_gc and os.environ.get("HYCACHE_CONTROL_GC_TUNE", "1") != "0":
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
+        watch.install_gc()
+        lag = asyncio.get_running_loop().create_task(watch.run(), name="loop-watch")
         try:
             yield
         finally:
+            lag.cancel()
+            watch.uninstall_gc()
             await run_in_threadpool(c.stop)
 
     app = FastAPI(title="HyCache control plane", version=__version__, lifespan=lifespan,

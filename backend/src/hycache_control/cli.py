@@ -250,6 +250,10 @@ def _run(args: argparse.Namespace) -> int:
     return 2
 
 
+#: how long serve keeps an idle keep-alive connection (uvicorn's default is 5 s)
+KEEP_ALIVE_SECONDS = 75
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -271,10 +275,14 @@ def _serve(args: argparse.Namespace) -> int:
              s.db_url.split("@")[-1], s.redis or "none", s.dht_namespace)
     # uvloop and httptools: the event loop and HTTP parser in C (h11 and the pure-Python
     # loop cost more CPU per heartbeat, docs/scaling.md)
+    # keep-alive: an idle connection is kept longer than the agents' heartbeat interval and
+    # than a load balancer's idle pool, so the client side closes it first.  With uvicorn's
+    # 5 s default an agent on a 10 s interval (10,000 nodes) found its connection closed by
+    # the server as it sent the next heartbeat ("closed mid-answer", docs/scaling.md).
     common = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level, access_log=s.log_level == "debug",
-                  loop="uvloop", http="httptools")
+                  loop="uvloop", http="httptools", timeout_keep_alive=KEEP_ALIVE_SECONDS)
     if s.workers == 1:
-        uvicorn.run(create_app(s), **common)
+        uvicorn.run(create_app(s, tune_gc=True), **common)
         return 0
     import os
 

@@ -3,6 +3,7 @@ the metrics writer, the monitor (node states, DHT registry, downsampling)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 from .db import Database
 from .jsonfast import dumps
+from .nodefeed import NodeFeed
 from .services.actions import ActionService
 from .services.bus import Bus, Leader
 from .services.events import EventService
@@ -20,13 +22,16 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import SORT_KEYS, node_view, summarise
+from .views import SORT_KEYS, node_view, summarise, summary_point
 
 log = logging.getLogger(__name__)
 
 REGISTRY_PERIOD = 2.0
 DOWNSAMPLE_PERIOD = 60.0
 RESYNC_PERIOD = 5.0
+#: a point of the cluster's history (GET /summary/history) this often, kept an hour
+HISTORY_PERIOD = 2.0
+HISTORY_KEEP = 1800
 
 
 class Control:
@@ -62,9 +67,11 @@ class Control:
         self.policies = PolicyService(self.db, self.events, self.bus)
         self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
         self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
-        self._nodes_sse: tuple[float, bytes] | None = None
+        self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
-        self._nodes_sse_lock = threading.Lock()
+        self._summary: tuple[float, dict[str, Any]] | None = None
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY_KEEP)
+        self._summary_sse_lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="monitor", daemon=True)
 
@@ -95,7 +102,7 @@ class Control:
         self.db.close()
 
     def _monitor_loop(self) -> None:
-        next_registry = next_downsample = next_resync = 0.0
+        next_registry = next_downsample = next_resync = next_history = 0.0
         while not self._stop.is_set():
             now = time.monotonic()
             try:
@@ -109,6 +116,9 @@ class Control:
                 if self.bus.enabled and now >= next_resync:  # a notification lost in a race costs <= 5 s
                     next_resync = now + RESYNC_PERIOD
                     self.actions.resync()
+                if now >= next_history:
+                    next_history = now + HISTORY_PERIOD
+                    self.history.append(summary_point(self.summary_cached(HISTORY_PERIOD / 2)))
                 if leader and now >= next_downsample:
                     next_downsample = now + DOWNSAMPLE_PERIOD
                     self.metrics.downsample()
@@ -140,25 +150,38 @@ class Control:
 
     def summary(self) -> dict[str, Any]:
         """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
-        return summarise(self.nodes.snapshot(), self.nodes.interval)
+        return summarise(self.nodes.refs(), self.nodes.interval)
+
+    def summary_cached(self, max_age: float) -> dict[str, Any]:
+        """:meth:`summary`, computed at most once per ``max_age`` (the stream's clients and
+        the history share it)."""
+        with self._summary_sse_lock:
+            now = time.monotonic()
+            if self._summary is None or now - self._summary[0] >= max_age:
+                self._summary = (now, self.summary())
+            return self._summary[1]
 
     def summary_sse(self, max_age: float) -> bytes:
         """The stream's ``summary`` message, built once per ``max_age`` for every client."""
-        with self._nodes_sse_lock:
-            now = time.monotonic()
-            if self._summary_sse is None or now - self._summary_sse[0] >= max_age:
-                self._summary_sse = (now, b"event: summary\r\ndata: " + dumps(self.summary()) + b"\r\n\r\n")
+        s = self.summary_cached(max_age)
+        with self._summary_sse_lock:
+            if self._summary_sse is None or self._summary_sse[0] != s["ts"]:
+                self._summary_sse = (s["ts"], b"event: summary\r\ndata: " + dumps(s) + b"\r\n\r\n")
             return self._summary_sse[1]
 
-    def nodes_sse(self, max_age: float) -> bytes:
-        """The stream's ``nodes`` message (every node's view, one JSON array), encoded once
-        per ``max_age`` seconds however many stream clients ask (blocking: call it in a
-        thread)."""
-        with self._nodes_sse_lock:
-            now = time.monotonic()
-            if self._nodes_sse is None or now - self._nodes_sse[0] >= max_age:
-                self._nodes_sse = (now, b"event: nodes\r\ndata: " + dumps(self.node_views()) + b"\r\n\r\n")
-            return self._nodes_sse[1]
+    def summary_history(self, seconds: float) -> dict[str, Any]:
+        """The cluster's summary points of the last ``seconds`` (this process's: every
+        node, each heard directly or through the other processes)."""
+        since = time.time() - seconds
+        return {"period": HISTORY_PERIOD, "points": [p for p in list(self.history) if p["ts"] >= since]}
+
+    def _feed_source(self):
+        """The stream's nodes (nodefeed.py): the nodes marked changed since the last delta
+        (a heartbeat, a state change, a new DHT registry entry, a policy): O(changed), not
+        O(nodes), each period."""
+        for n in self.nodes.take_changed():
+            policy = self.policies.get(n.id, n.status)
+            yield n.id, None, lambda n=n, policy=policy: node_view(n, policy)
 
     def node_view(self, node_id: str) -> dict[str, Any] | None:
         n = self.nodes.get(node_id)

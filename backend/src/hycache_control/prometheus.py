@@ -4,15 +4,17 @@ live node states at scrape time (labels: node, tier, state; never a path)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from .control import Control
+from .loopwatch import LoopWatch
 
 
 class ClusterCollector(Collector):
-    def __init__(self, control: Control) -> None:
+    def __init__(self, control: Control, watch: LoopWatch | None = None) -> None:
         self.control = control
+        self.watch = watch
 
     def collect(self):
         c = self.control
@@ -68,11 +70,31 @@ class ClusterCollector(Collector):
         ev = GaugeMetricFamily("hycache_control_last_event_id", "id of the newest event")
         ev.add_metric([], c.events.last_id)
         yield ev
+        if self.watch is not None:
+            w = self.watch
+            lag = HistogramMetricFamily("hycache_control_loop_lag_seconds",
+                                        "how late the event loop ran a task due every 10 ms (loopwatch.py)")
+            lag.add_metric([], w.lag.cumulative(), w.lag.total)
+            yield lag
+            mx = GaugeMetricFamily("hycache_control_loop_lag_max_seconds", "the largest loop lag since the start")
+            mx.add_metric([], w.lag.max)
+            yield mx
+            st = CounterMetricFamily("hycache_control_loop_stalls", "loop lags above 20 ms by cause: busy (the "
+                                     "process used >= half a core meanwhile) or starved (it waited for a CPU)",
+                                     labels=["cause"])
+            for cause, k in w.stalls.items():
+                st.add_metric([cause], k)
+            yield st
+            gcp = HistogramMetricFamily("hycache_control_gc_pause_seconds", "garbage collections by generation",
+                                        labels=["generation"])
+            for g, h in w.gc.items():
+                gcp.add_metric([str(g)], h.cumulative(), h.total)
+            yield gcp
 
 
-def make_registry(control: Control) -> CollectorRegistry:
+def make_registry(control: Control, watch: LoopWatch | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ClusterCollector(control))
+    reg.register(ClusterCollector(control, watch))
     return reg
 
 

@@ -197,6 +197,33 @@ class NodeSummary(BaseModel):
     ts: float
 
 
+class SummaryPoint(BaseModel):
+    """The cluster's summary at one time (``GET /summary/history``): every node summed."""
+    ts: float
+    nodes: int
+    up: int
+    degraded: int
+    down: int
+    fast_capacity: int
+    fast_used: int
+    #: used / capacity in percent (null without capacity)
+    fast_used_pct: float | None
+    slow_capacity: int
+    slow_used: int
+    slow_used_pct: float | None
+    #: bytes/s, every node's latest sample summed
+    read_bps: float
+    write_bps: float
+    remote_read_bps: float
+    hit_ratio: float | None
+
+
+class SummaryHistory(BaseModel):
+    #: seconds between points
+    period: float
+    points: list[SummaryPoint]
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 class Sample(Rates):

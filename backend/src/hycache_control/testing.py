@@ -92,3 +92,53 @@ def start_postgres() -> PostgresServer:
                 raise RuntimeError(f"postgres did not start: {e.stderr}\n{srv.log_tail()}") from e
             shutil.rmtree(srv.data, ignore_errors=True)
             srv.port = free_port()
+
+
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+
+
+def start_haproxy(tmp: Path, port: int, backends: list[int], *, maxconn: int = 2000,
+                  timeout: float = 30.0, check: str = "inter 200ms fall 2 rise 2") -> subprocess.Popen:
+    """Debian's HAProxy on ``127.0.0.1:port`` in front of control-plane processes on
+    ``backends`` (round robin, health-checked on /healthz, a request retried on another
+    process when its connection fails), the way several hosts' processes stand behind
+    one; returns when it forwards /healthz.  ``check``: the health checks' timing (a
+    process is taken out after ``fall`` failed checks, a check failing after 2 s).  The tests' kill -9 test and the heartbeat
+    benchmark's ``--processes N`` use it."""
+    import httpx
+    cfg = tmp / "haproxy.cfg"
+    servers = "\n".join(f"    server cp{i} 127.0.0.1:{p} check" for i, p in enumerate(backends))
+    cfg.write_text(f"""global
+    maxconn {maxconn}
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    timeout check 2s
+    retries 3
+    option redispatch
+frontend control_plane
+    bind 127.0.0.1:{port}
+    default_backend control_plane
+backend control_plane
+    balance roundrobin
+    option httpchk GET /healthz
+    http-response set-header X-Served-By %[srv_name]
+    default-server {check}
+{servers}
+""")
+    proc = subprocess.Popen([HAPROXY, "-f", str(cfg), "-db"], stdout=open(tmp / "haproxy.log", "wb"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"haproxy did not forward /healthz: {(tmp / 'haproxy.log').read_text()[-2000:]}")
+        time.sleep(0.2)

@@ -148,3 +148,17 @@ def summarise(nodes: list[LiveNode], interval: float) -> dict[str, Any]:
     total = rates["hits"] + rates["misses"]
     return {"nodes": len(nodes), **states, "interval": interval, "tiers": tiers, "rates": rates,
             "hit_ratio": rates["hits"] / total if total > 0 else None, "ts": time.time()}
+
+
+def summary_point(s: dict[str, Any]) -> dict[str, Any]:
+    """A point of GET /summary/history (``SummaryPoint``) from a summary (``summarise``)."""
+    r, t = s["rates"], s["tiers"]
+
+    def pct(tier: str) -> float | None:
+        cap = t[tier]["capacity"]
+        return round(100.0 * t[tier]["used"] / cap, 3) if cap > 0 else None
+    return {"ts": s["ts"], "nodes": s["nodes"], "up": s["up"], "degraded": s["degraded"], "down": s["down"],
+            "fast_capacity": t["fast"]["capacity"], "fast_used": t["fast"]["used"], "fast_used_pct": pct("fast"),
+            "slow_capacity": t["slow"]["capacity"], "slow_used": t["slow"]["used"], "slow_used_pct": pct("slow"),
+            "read_bps": r["fast_read_bps"] + r["slow_read_bps"], "write_bps": r["fast_write_bps"] + r["slow_write_bps"],
+            "remote_read_bps": r["remote_read_bps"], "hit_ratio": s["hit_ratio"]}

@@ -217,6 +217,45 @@ class RedisClusterStore(CrossSlotProtocols):
         for name, raw in self._hscan(self._dkey(path)):
             yield name, decode_entry(raw)
 
+    def list_page(self, path: bytes, position: tuple[int, int] | None, limit: int, prefix: bytes = b"",
+                  budget: int = 0) -> tuple[list[tuple[bytes, EntryMeta]], tuple[int, int] | None]:
+        """One page of a directory without reading it whole: ``(entries, position of the
+        next page or None at the end)``.  The directory's hash is walked with HSCAN from
+        ``position`` = (HSCAN cursor, entries of that batch already returned); each batch
+        is sorted by name, so a directory that fits one batch (small ones) pages in name
+        order, a large one in the hash's order, by batches.  ``prefix`` filters by name
+        prefix on the server (MATCH); at most ``budget`` fields (default 20 x limit) are
+        visited per page, so a rare prefix may give a short page with a position.
+        FileNotFoundError / NotADirectoryError as ``list_dir``."""
+        m = self.get(path)
+        if m is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        if m.kind != "dir":
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        key = self._dkey(path)
+        cursor, skip = position or (0, 0)
+        count = max(10, min(limit, 5000))
+        match = (b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix) + b"*"
+                 if prefix else None)
+        out: list[tuple[bytes, EntryMeta]] = []
+        visited, budget = 0, budget or 20 * limit
+        while True:
+            args = ("HSCAN", key, cursor, "COUNT", count) + (("MATCH", match) if match else ())
+            nxt, page = self._read(key, *args)
+            nxt = int(nxt)
+            batch = sorted((n, raw) for n, raw in page.items() if not keys.is_reserved_field(n))
+            visited += max(len(page), count)
+            room = limit - len(out)
+            take = batch[skip:skip + room]
+            out += [(n, decode_entry(raw)) for n, raw in take]
+            if skip + len(take) < len(batch):  # the page ends inside this batch
+                return out, (cursor, skip + len(take))
+            cursor, skip = nxt, 0
+            if cursor == 0:
+                return out, None
+            if len(out) >= limit or visited >= budget:
+                return out, (cursor, 0)
+
     def acquire_write(self, path: bytes, node: str, lease_seconds: float) -> bool:
         if not node or "|" in node:
             raise ValueError(f"bad node id {node!r}")

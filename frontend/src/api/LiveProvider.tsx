@@ -1,4 +1,5 @@
-// Feeds the stream into the query cache: `summary` replaces the cluster summary, `nodes` the node list, `event` and
+// Feeds the stream into the query cache: `summary` replaces the cluster summary, `nodes` the node list (then
+// `nodes-delta` patches the nodes that changed), `event` and
 // `action` refresh the events and the action they name.
 import { useEffect, useState, type ReactNode } from 'react';
 import { useQueryClient, type QueryClient } from '@tanstack/react-query';
@@ -21,17 +22,38 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
   if (m.event === 'summary') {
     qc.setQueryData(keys.summary, data);
   } else if (m.event === 'nodes') {
+    // every node (on connect, or after falling behind the deltas)
     const items = (Array.isArray(data) ? data : (data as { items?: Node[] }).items ?? []) as Node[];
     qc.setQueryData<NodeList>(keys.nodes, { items, total: items.length, limit: items.length, offset: 0 });
-    for (const n of items) {
-      qc.setQueryData(keys.node(n.id), n);
-      const r = n.rates as MetricSample | null | undefined;
-      if (r && typeof r.ts === 'number') {
-        qc.setQueryData<MetricSample[]>(keys.liveSamples(n.id), (old = []) =>
-          old.length && old[old.length - 1]!.ts >= r.ts ? old : [...old.slice(-(LIVE_KEEP - 1)), r],
-        );
-      }
+    for (const n of items) putNode(qc, n);
+  } else if (m.event === 'nodes-delta') {
+    // per changed node its id and the fields that changed; a new node comes whole
+    const d = data as { changed?: Partial<Node>[]; removed?: string[] };
+    const changed = Array.isArray(d.changed) ? d.changed.filter((c) => typeof c?.id === 'string') : [];
+    const removed = new Set(Array.isArray(d.removed) ? d.removed : []);
+    const byId = new Map<string, Node>();
+    // a node's last view: its own cache entry, else the node list's (either may have been
+    // garbage-collected by the query cache while nothing showed it)
+    const inList = new Map((qc.getQueryData<NodeList>(keys.nodes)?.items ?? []).map((n) => [n.id, n]));
+    for (const c of changed) {
+      const old = qc.getQueryData<Node>(keys.node(c.id!)) ?? inList.get(c.id!);
+      if (!old && !('state' in c && 'tiers' in c)) continue; // a part of a node we never saw whole
+      const n = { ...(old ?? {}), ...c } as Node;
+      byId.set(n.id, n);
+      putNode(qc, n);
     }
+    for (const id of removed) qc.removeQueries({ queryKey: keys.node(id), exact: true });
+    qc.setQueryData<NodeList>(keys.nodes, (list) => {
+      if (!list) return list;
+      const items = list.items.filter((n) => !removed.has(n.id)).map((n) => byId.get(n.id) ?? n);
+      const known = new Set(items.map((n) => n.id));
+      const added = [...byId.values()].filter((n) => !known.has(n.id));
+      if (added.length) {
+        items.push(...added);
+        items.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+      }
+      return { ...list, items, total: items.length, limit: items.length };
+    });
   } else if (m.event === 'event') {
     void qc.invalidateQueries({ queryKey: ['events'] });
   } else if (m.event === 'action') {
@@ -56,6 +78,17 @@ export function applyMessage(qc: QueryClient, m: StreamMessage): void {
       void qc.invalidateQueries({ queryKey: ['files'] });
       void qc.invalidateQueries({ queryKey: ['file-info'] });
     }
+  }
+}
+
+/** one node's view into the cache, and its rates as the next live sample */
+function putNode(qc: QueryClient, n: Node): void {
+  qc.setQueryData(keys.node(n.id), n);
+  const r = n.rates as MetricSample | null | undefined;
+  if (r && typeof r.ts === 'number') {
+    qc.setQueryData<MetricSample[]>(keys.liveSamples(n.id), (old = []) =>
+      old.length && old[old.length - 1]!.ts >= r.ts ? old : [...old.slice(-(LIVE_KEEP - 1)), r],
+    );
   }
 }
 

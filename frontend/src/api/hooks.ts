@@ -7,6 +7,7 @@ export const keys = {
   whoami: (token: string | null) => ['whoami', token] as const,
   nodes: ['nodes'] as const,
   summary: ['summary'] as const,
+  summaryHistory: (seconds: number) => ['summary-history', seconds] as const,
   nodeTable: (q: NodeTableQuery) => ['node-table', q] as const,
   node: (id: string) => ['nodes', id] as const,
   metrics: (id: string, windowSeconds: number) => ['metrics', id, windowSeconds] as const,
@@ -32,6 +33,16 @@ export function useNodes() {
 /** Every node summed by the server (GET /summary; the stream's `summary` keeps it fresh). */
 export function useSummary() {
   return useQuery({ queryKey: keys.summary, queryFn: () => call(api.GET('/api/v1/summary', {})), refetchInterval: 15_000 });
+}
+
+/** The cluster's summary over the last `seconds` (server-computed points, GET /summary/history). */
+export function useSummaryHistory(seconds: number) {
+  return useQuery({
+    queryKey: keys.summaryHistory(seconds),
+    queryFn: () => call(api.GET('/api/v1/summary/history', { params: { query: { seconds } } })),
+    placeholderData: keepPreviousData,
+    refetchInterval: 10_000,
+  });
 }
 
 export interface NodeTableQuery {

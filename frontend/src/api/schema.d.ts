@@ -60,7 +60,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Files */
+        /**
+         * List Files
+         * @description One page of a directory, never read whole (a page may be short and still have a
+         *     next_cursor: keep following it until it is null).
+         */
         get: operations["listFiles"];
         put?: never;
         post?: never;
@@ -312,6 +316,27 @@ export interface paths {
         };
         /** Node Summary */
         get: operations["getNodeSummary"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/summary/history": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Summary History
+         * @description The cluster's capacity, use and throughput over time: a point every 2 s, each
+         *     summed by the server over every node (the overview's charts), the last hour kept.
+         */
+        get: operations["getSummaryHistory"];
         put?: never;
         post?: never;
         delete?: never;
@@ -1140,6 +1165,49 @@ export interface components {
             /** Ts */
             ts: number;
         };
+        /** SummaryHistory */
+        SummaryHistory: {
+            /** Period */
+            period: number;
+            /** Points */
+            points: components["schemas"]["SummaryPoint"][];
+        };
+        /**
+         * SummaryPoint
+         * @description The cluster's summary at one time (``GET /summary/history``): every node summed.
+         */
+        SummaryPoint: {
+            /** Degraded */
+            degraded: number;
+            /** Down */
+            down: number;
+            /** Fast Capacity */
+            fast_capacity: number;
+            /** Fast Used */
+            fast_used: number;
+            /** Fast Used Pct */
+            fast_used_pct: number | null;
+            /** Hit Ratio */
+            hit_ratio: number | null;
+            /** Nodes */
+            nodes: number;
+            /** Read Bps */
+            read_bps: number;
+            /** Remote Read Bps */
+            remote_read_bps: number;
+            /** Slow Capacity */
+            slow_capacity: number;
+            /** Slow Used */
+            slow_used: number;
+            /** Slow Used Pct */
+            slow_used_pct: number | null;
+            /** Ts */
+            ts: number;
+            /** Up */
+            up: number;
+            /** Write Bps */
+            write_bps: number;
+        };
         /** TierCounters */
         TierCounters: {
             /**
@@ -1513,6 +1581,8 @@ export interface operations {
                 limit?: number;
                 /** @description absolute path in the namespace */
                 path?: string;
+                /** @description only names that start with this */
+                prefix?: string | null;
             };
             header?: never;
             path?: never;
@@ -2806,7 +2876,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Server-Sent Events: summary, nodes, event, action */
+            /** @description Server-Sent Events: summary, nodes, nodes-delta, event, action */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2878,6 +2948,74 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["NodeSummary"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    getSummaryHistory: {
+        parameters: {
+            query?: {
+                /** @description the last this many seconds */
+                seconds?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SummaryHistory"];
                 };
             };
             /** @description the body is not JSON */

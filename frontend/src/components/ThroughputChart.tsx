@@ -3,16 +3,17 @@
 import { CartesianGrid, Legend, Line, LineChart, ResponsiveContainer, Tooltip, XAxis, YAxis } from 'recharts';
 import type { MetricSample } from '../api/types';
 
-export interface Series {
-  key: keyof MetricSample;
+/** a line of the chart: a numeric field of the samples */
+export interface Series<T extends { ts: number } = MetricSample> {
+  key: keyof T & string;
   label: string;
   color: string;
 }
 
-export interface ThroughputChartProps {
+export interface ThroughputChartProps<T extends { ts: number } = MetricSample> {
   title: string;
-  samples: MetricSample[];
-  series: Series[];
+  samples: T[];
+  series: Series<T>[];
   /** unit shown on the y axis and in the tooltip */
   unit: string;
   /** divide raw values by this (1e6 turns bytes/s into MB/s) */
@@ -29,7 +30,7 @@ function tickFormat(windowSeconds: number) {
   };
 }
 
-export function ThroughputChart({ title, samples, series, unit, scale = 1, windowSeconds }: ThroughputChartProps) {
+export function ThroughputChart<T extends { ts: number } = MetricSample>({ title, samples, series, unit, scale = 1, windowSeconds }: ThroughputChartProps<T>) {
   const data = samples.map((s) => {
     const row: Record<string, number | null> = { ts: s.ts };
     for (const se of series) {

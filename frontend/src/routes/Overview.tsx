@@ -1,14 +1,17 @@
 import { useState } from 'react';
-import { useNodes, useNodeTable, useSummary } from '../api/hooks';
+import { useNodes, useNodeTable, useSummary, useSummaryHistory } from '../api/hooks';
 import type { NodeSort, NodeState } from '../api/types';
 import { NodeCard } from '../components/NodeCard';
 import { NodeTable } from '../components/NodeTable';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
+import { ThroughputChart } from '../components/ThroughputChart';
 import { formatBytes, formatPercent, formatRate } from '../format';
 
 /** up to this many nodes the overview shows a card per node; above it, the node table */
 export const CARDS_UP_TO = 24;
 const PAGE = 50;
+/** the window of the cluster-wide charts */
+const HISTORY_SECONDS = 600;
 
 export function Overview() {
   const summary = useSummary();
@@ -26,6 +29,7 @@ export function Overview() {
         <>
           {summary.isError && <ErrorState error={summary.error} title="Showing the last known state" />}
           <ClusterSummary />
+          <ClusterCharts />
           {small ? <NodeCards /> : <Nodes />}
         </>
       )}
@@ -88,5 +92,38 @@ function ClusterSummary() {
       <div><dt>Slow tier</dt><dd>{formatBytes(s.tiers.slow?.used)} of {formatBytes(s.tiers.slow?.capacity)}</dd></div>
       <div><dt>Heartbeat interval</dt><dd>{s.interval} s</dd></div>
     </dl>
+  );
+}
+
+/** Capacity and throughput over every node, as the server sums them (GET /summary/history). */
+function ClusterCharts() {
+  const h = useSummaryHistory(HISTORY_SECONDS);
+  if (h.isError && !h.data) return <ErrorState error={h.error} title="Cannot load the cluster's history" />;
+  const points = h.data?.points ?? [];
+  return (
+    <div className="charts charts-2">
+      <ThroughputChart
+        title="Cluster capacity used per tier"
+        unit="%"
+        windowSeconds={HISTORY_SECONDS}
+        samples={points}
+        series={[
+          { key: 'fast_used_pct', label: 'fast tier', color: 'var(--c1)' },
+          { key: 'slow_used_pct', label: 'slow tier', color: 'var(--c3)' },
+        ]}
+      />
+      <ThroughputChart
+        title="Cluster throughput"
+        unit="MB/s"
+        scale={1e6}
+        windowSeconds={HISTORY_SECONDS}
+        samples={points}
+        series={[
+          { key: 'read_bps', label: 'read', color: 'var(--c1)' },
+          { key: 'write_bps', label: 'write', color: 'var(--c2)' },
+          { key: 'remote_read_bps', label: 'remote read', color: 'var(--c5)' },
+        ]}
+      />
+    </div>
   );
 }

@@ -93,6 +93,15 @@ def node_summary(control: ControlDep, _: Reader):
     return control.summary()
 
 
+@router.get("/summary/history", response_model=S.SummaryHistory, responses=ERRORS, operation_id="getSummaryHistory",
+            tags=["nodes"])
+def summary_history(control: ControlDep, _: Reader,
+                    seconds: Annotated[float, Query(gt=0, le=3600, description="the last this many seconds")] = 600):
+    """The cluster's capacity, use and throughput over time: a point every 2 s, each
+    summed by the server over every node (the overview's charts), the last hour kept."""
+    return control.summary_history(seconds)
+
+
 @router.get("/nodes/{node_id}", response_model=S.NodeOut, responses={**ERRORS_404, **NOT_MODIFIED},
             operation_id="getNode", tags=["nodes"])
 def get_node(control: ControlDep, _: Reader, node_id: NodeId,
@@ -150,7 +159,9 @@ def get_policy(control: ControlDep, _: Reader, node_id: NodeId):
 def put_policy(control: ControlDep, c: Admin, node_id: NodeId, body: S.PolicyIn):
     if not control.nodes.known(node_id):
         raise _not_found(["path", "node_id"], f"no node {node_id}")
-    return control.policies.put(node_id, body.policy, body.high_watermark, body.low_watermark, c.name)
+    out = control.policies.put(node_id, body.policy, body.high_watermark, body.low_watermark, c.name)
+    control.nodes.mark_changed(node_id)  # the stream's next delta carries the node's new policy
+    return out
 
 
 @router.post("/nodes/{node_id}/heartbeats", response_model=S.HeartbeatAnswer, responses=ERRORS,
@@ -175,8 +186,11 @@ async def heartbeat(control: ControlDep, c: CallerDep, node_id: NodeId, body: S.
             operation_id="listFiles", tags=["files"])
 def list_files(control: ControlDep, _: Reader, path: PathDep,
                cursor: Annotated[str | None, Query(max_length=8192, description="next_cursor of the previous page")] = None,
-               limit: Annotated[int, Query(ge=1, le=5000)] = 500):
-    items, nxt = control.namespace.list(path, cursor, limit)
+               limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+               prefix: Annotated[str | None, Query(max_length=255, description="only names that start with this")] = None):
+    """One page of a directory, never read whole (a page may be short and still have a
+    next_cursor: keep following it until it is null)."""
+    items, nxt = control.namespace.list(path, cursor, limit, prefix)
     return {"path": path, "items": items, "next_cursor": nxt}
 
 

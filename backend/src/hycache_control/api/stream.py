@@ -1,5 +1,7 @@
-"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``summary`` (GET /summary) and
-``nodes`` every second,
+"""GET /api/v1/stream: Server-Sent Events (sse-starlette).  ``summary`` (GET /summary) every
+second; ``nodes`` (every node's view) when the client connects, then ``nodes-delta`` every
+second with what changed (nodefeed.py: per changed node its id and changed fields, the ids
+removed), a ``nodes`` snapshot again when the client fell behind the deltas kept;
 ``event`` as they happen (``id:`` = event id; ``Last-Event-ID`` replays what was missed),
 ``action`` when an action item changes."""
 
@@ -29,7 +31,7 @@ def _event_json(e) -> str:
 
 
 @router.get("/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}},
-                                                   "description": "Server-Sent Events: summary, nodes, event, action"}},
+                                                   "description": "Server-Sent Events: summary, nodes, nodes-delta, event, action"}},
             response_class=EventSourceResponse, operation_id="stream", tags=["stream"])
 async def stream(request: Request, control: ControlDep, _: Reader,
                  last_event_id: Annotated[str | None, Header(max_length=32)] = None,
@@ -43,6 +45,7 @@ async def stream(request: Request, control: ControlDep, _: Reader,
     async def gen():
         nonlocal last, last_update
         next_nodes = 0.0
+        seq = None  # the node feed's sequence number this client has
         while True:
             if control.events.last_id > last:
                 for e in await run_in_threadpool(control.events.after, last):
@@ -56,7 +59,14 @@ async def stream(request: Request, control: ControlDep, _: Reader,
             if now >= next_nodes:
                 next_nodes = now + NODES_PERIOD
                 yield await run_in_threadpool(control.summary_sse, NODES_PERIOD * 0.9)
-                yield await run_in_threadpool(control.nodes_sse, NODES_PERIOD * 0.9)  # encoded once for all
+                deltas = None if seq is None else await run_in_threadpool(control.feed.after, seq, NODES_PERIOD * 0.9)
+                if deltas is None:  # connected, or fell behind: every node (encoded once for all)
+                    seq, snapshot = await run_in_threadpool(control.feed.snapshot, NODES_PERIOD * 0.9)
+                    yield snapshot
+                else:
+                    seq, msgs = deltas
+                    for m in msgs:
+                        yield m
             await anyio.sleep(POLL)
 
     return EventSourceResponse(gen(), ping=15, send_timeout=30)

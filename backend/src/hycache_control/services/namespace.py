@@ -26,15 +26,20 @@ def entry_view(path: bytes, name: bytes, m: EntryMeta) -> dict[str, Any]:
             "pinned": m.pinned, "version": m.version}
 
 
-def encode_cursor(name: bytes) -> str:
-    return base64.urlsafe_b64encode(name).decode().rstrip("=")
+def encode_cursor(position: tuple[int, int]) -> str:
+    """The opaque ``next_cursor`` of a listing: where the store's page walk resumes."""
+    return base64.urlsafe_b64encode(f"{position[0]}.{position[1]}".encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> bytes:
+def decode_cursor(cursor: str) -> tuple[int, int]:
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-    except (binascii.Error, ValueError):
+        scan, _, skip = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().partition(".")
+        position = int(scan), int(skip)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
         raise Invalid(("query", "cursor"), "not a cursor of this listing") from None
+    if position[0] < 0 or position[1] < 0:
+        raise Invalid(("query", "cursor"), "not a cursor of this listing")
+    return position
 
 
 class NamespaceService:
@@ -88,27 +93,27 @@ class NamespaceService:
         p = path.encode()
         return entry_view(p, p.rsplit(b"/", 1)[-1], m)
 
-    def list(self, path: str, cursor: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of a directory, in name order, after ``cursor`` (the last name of the
-        previous page).  The directory is read in the store's pages (HSCAN) and sorted here:
-        O(entries) per page, but a page is stable while names come and go."""
+    def list(self, path: str, cursor: str | None, limit: int,
+             prefix: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a directory (``RedisClusterStore.list_page``: never the whole
+        directory; a directory that fits one batch pages in name order, a large one in
+        its hash's order), names starting with ``prefix`` only, after ``cursor`` (the
+        ``next_cursor`` of the previous page).  A page may hold fewer than ``limit``
+        entries and still have a ``next_cursor`` (a rare prefix, hidden entries)."""
         p = path.encode()
-        after = decode_cursor(cursor) if cursor else None
+        position = decode_cursor(cursor) if cursor else None
         if self._reserved(p):
             raise NotFound(PATH_LOC, f"no such file or directory: {path}")
         try:
-            entries = self.store().list_dir(p)
-            names = sorted(((n, m) for n, m in entries if not registry.hidden(p, n) and (after is None or n > after)),
-                           key=lambda e: e[0])
+            entries, nxt = self.store().list_page(p, position, limit, (prefix or "").encode())
         except FileNotFoundError:
             raise NotFound(PATH_LOC, f"no such file or directory: {path}") from None
         except NotADirectoryError:
             raise Invalid(PATH_LOC, f"not a directory: {path} (use /files/info)", "not_a_directory") from None
         except DHTUnavailable as e:
             raise Unavailable(PATH_LOC, f"the DHT is unreachable: {e}") from e
-        page = names[:limit]
-        nxt = encode_cursor(page[-1][0]) if len(names) > limit else None
-        return [entry_view(join(p, n), n, m) for n, m in page], nxt
+        items = [entry_view(join(p, n), n, m) for n, m in entries if not registry.hidden(p, n)]
+        return items, encode_cursor(nxt) if nxt is not None else None
 
     def close(self) -> None:
         with self._lock:

@@ -94,6 +94,7 @@ class NodeService:
         self.registry_reader = registry_reader  # () -> {node_id: list_nodes entry}; raises if unreachable
         self.started = time.time()
         self.live: dict[str, LiveNode] = {}
+        self.changed: set[str] = set()  # nodes whose view may have changed, for the stream (take_changed)
         self.lock = threading.Lock()
         self.heartbeats_received = 0
         self.dht_reachable: bool | None = None
@@ -108,6 +109,7 @@ class NodeService:
                     updated_at=n.updated_at, persisted=True)
         # the agents that were beating keep the interval they were handed: start from the
         # interval their number implies, so the restart grace covers their next beat
+        self.changed = set(self.live)  # the stream's first snapshot has the stored nodes too
         beating = [n for n in self.live.values() if n.last_heartbeat is not None and n.state != "down"]
         self._beating = len(beating)
         self._set_interval()
@@ -172,6 +174,7 @@ class NodeService:
             if self.shared():
                 self._beaten[n.id] = now
             transition = self._evaluate(n, now)
+            self.changed.add(n.id)
             row = None
             if transition or now - n.saved_at >= NODE_ROW_PERIOD:
                 row, n.saved_at = n.row(), now
@@ -207,6 +210,7 @@ class NodeService:
         if new == n.state:
             return None
         old, n.state, n.state_since, n.updated_at = n.state, new, now, now
+        self.changed.add(n.id)
         return n.id, old, new
 
     def _announce(self, node: str, old: str, new: str) -> None:
@@ -236,6 +240,7 @@ class NodeService:
                     n = self.live[node_id] = LiveNode(id=node_id, first_seen=now, state_since=now, updated_at=now)
                 if n.registry is None or n.registry.get("last_beat") != info.get("last_beat"):
                     n.registry = {"addr": info.get("addr"), "load": info.get("load"), "last_beat": info["last_beat"]}
+                    self.changed.add(node_id)
                     if n.address is None:
                         n.address = info.get("addr")
 
@@ -293,6 +298,7 @@ class NodeService:
         moved = 0
         with self.lock:
             for n in full:  # a node only the other processes heard so far
+                self.changed.add(n.id)
                 self.live[n.id] = LiveNode(
                     id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
                     version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
@@ -303,6 +309,7 @@ class NodeService:
                 n = self.live.get(node_id)
                 if n is not None and (n.last_heartbeat is None or lh > n.last_heartbeat):
                     n.last_heartbeat = lh
+                    self.changed.add(node_id)
                     n.interval = n.interval or self.interval
                     moved += 1
         return moved
@@ -319,6 +326,22 @@ class NodeService:
                     self.writer.node(n.row())
 
     # -- views --------------------------------------------------------------------------------
+
+    def refs(self) -> list[LiveNode]:
+        """Every node, not copied and in no order (a reader that only sums fields: each
+        field is replaced whole under the lock, never changed in place)."""
+        with self.lock:
+            return list(self.live.values())
+
+    def mark_changed(self, node_id: str) -> None:
+        with self.lock:
+            self.changed.add(node_id)
+
+    def take_changed(self) -> list[LiveNode]:
+        """Copies of the nodes marked changed since the last call (the stream's feed)."""
+        with self.lock:
+            ids, self.changed = self.changed, set()
+            return [copy.copy(self.live[i]) for i in sorted(ids) if i in self.live]
 
     def snapshot(self) -> list[LiveNode]:
         with self.lock:
