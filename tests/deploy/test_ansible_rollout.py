@@ -307,7 +307,9 @@ def test_the_services_run_under_systemd(hosts, rolled_out):
     assert "127.0.0.1:5432" in listen and "0.0.0.0:5432" not in listen, listen
     # HAProxy on :8080, hycache-control (2 server processes) behind it on 127.0.0.1:8081
     assert "0.0.0.0:8080" in listen and "127.0.0.1:8081" in listen, listen
-    assert "haproxy" in hosts.exec(CONTROL, "ss", "-ltnpH", "sport", "=", ":8080").stdout
+    exec_start = hosts.exec(CONTROL, "systemctl", "show", "-p", "ExecStart", "hycache-control").stdout
+    assert "--listen 127.0.0.1:8081" in exec_start and "--workers 2" in exec_start, exec_start
+    assert "server control1 127.0.0.1:8081 check" in hosts.exec(CONTROL, "cat", "/etc/haproxy/haproxy.cfg").stdout
 
 
 def test_every_agent_is_up_in_the_api(hosts, rolled_out):
