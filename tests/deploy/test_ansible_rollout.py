@@ -301,7 +301,13 @@ def test_the_services_run_under_systemd(hosts, rolled_out):
     for name in ("hycache-control", "postgresql", "haproxy"):
         assert unit(CONTROL, name) == ("active", "enabled"), name
     # PostgreSQL: the play's database, on localhost only; the URL only in the 0600 env file
-    assert hosts.exec(CONTROL, "stat", "-c", "%a", "/etc/hycache/control-plane.env").stdout.strip() == "600"
+    for f in ("control-plane.env", "control-redis-password", "control-admin-token"):
+        assert hosts.exec(CONTROL, "stat", "-c", "%a", f"/etc/hycache/{f}").stdout.strip() == "600", f
+    # h4 runs an agent and the control plane: each has its own Redis user's password
+    assert hosts.exec(CONTROL, "cat", "/etc/hycache/control-redis-password").stdout.strip() == \
+        PASSWORDS["hycache_redis_control_password"]
+    assert hosts.exec(CONTROL, "cat", "/etc/hycache/redis-password").stdout.strip() == \
+        PASSWORDS["hycache_redis_agent_password"]
     assert "@127.0.0.1:5432/hycache" in hosts.exec(CONTROL, "cat", "/etc/hycache/control-plane.env").stdout
     listen = hosts.exec(CONTROL, "ss", "-ltnH").stdout
     assert "127.0.0.1:5432" in listen and "0.0.0.0:5432" not in listen, listen
