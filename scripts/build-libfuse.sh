@@ -74,7 +74,10 @@ OUT="$TOOLS_DIR/pyfuse3-$PYFUSE3_VERSION-src-$key"
 if [[ ! -f "$OUT/hycache-libfuse-prefix" ]]; then
     work="$TOOLS_DIR/pyfuse3-build"
     rm -rf "$work" "$OUT" && mkdir -p "$work"
-    (cd "$work" && python3 -m pip download -q --no-deps --no-binary :all: "pyfuse3==$PYFUSE3_VERSION" -d .)
+    # the sdist of pyfuse3 only (--no-binary pyfuse3): pip prepares its metadata in a build
+    # environment whose setuptools and Cython may be wheels (with :all:, pip compiled Cython
+    # from source first: ~10 min on a small host, tests/deploy/test_ansible_rollout.py)
+    (cd "$work" && python3 -m pip download -q --no-deps --no-binary pyfuse3 "pyfuse3==$PYFUSE3_VERSION" -d .)
     tar xzf "$work/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$work"
     src="$work/pyfuse3-$PYFUSE3_VERSION"
     patch -d "$src" -p1 --quiet <"$PATCH"

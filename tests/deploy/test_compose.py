@@ -377,7 +377,9 @@ def test_agent_command_and_config_are_what_the_agent_accepts(name):
     assert config.control_plane is not None, f"{name}: not linked to the control plane"
     url = config.control_plane.removeprefix("http://")
     host, _, port = url.partition(":")
-    assert host == "control-plane" and int(port) == control_plane_port(), f"{name}: --control-plane {url}"
+    # through HAProxy, whose backend is the control-plane processes on their port
+    assert host == "haproxy" and int(port) == haproxy_port(), f"{name}: --control-plane {url}"
+    assert svc["depends_on"].get("haproxy") == {"condition": "service_healthy"}
     token_dir = str(PurePosixPath(str(config.control_token_file)).parent)
     (vol,) = [v for v in vols if v["target"] == token_dir]
     assert vol["type"] == "volume" and vol["source"] == "node-tokens"
@@ -661,6 +663,35 @@ def control_plane_argv() -> list[str]:
 def control_plane_port() -> int:
     argv = control_plane_argv()
     return int(argv[argv.index("--listen") + 1].rpartition(":")[2])
+
+
+def haproxy_port() -> int:
+    (bind,) = re.findall(r"^\s*bind\s+\S*:(\d+)\s*$", HAPROXY_CFG.read_text(), re.MULTILINE)
+    return int(bind)
+
+
+HAPROXY_CFG = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+def test_haproxy_fronts_both_control_plane_processes():
+    """HAProxy publishes the control plane (loopback only) and balances the two processes,
+    each checked on GET /readyz; the two run the same command on the same database."""
+    svc = SERVICES["haproxy"]
+    assert svc["build"]["context"] == "./deploy/haproxy" and (REPO / "deploy" / "haproxy" / "Dockerfile").is_file()
+    assert svc["ports"] == ["127.0.0.1:8080:%d" % haproxy_port()]  # interpolated: HYCACHE_CONTROL_PORT unset
+    assert "ports" not in SERVICES["control-plane"] and "ports" not in SERVICES["control-plane-2"]
+    cfg = HAPROXY_CFG.read_text()
+    servers = re.findall(r"^\s*server\s+\S+\s+(\S+):(\d+)", cfg, re.MULTILINE)
+    assert sorted(servers) == [("control-plane", str(control_plane_port())),
+                               ("control-plane-2", str(control_plane_port()))], servers
+    assert re.search(r"option httpchk GET /readyz", cfg) and "http-check expect status 200" in cfg
+    one, two = SERVICES["control-plane"], SERVICES["control-plane-2"]
+    assert as_argv(one["command"]) == as_argv(two["command"]) and one["environment"] == two["environment"]
+    assert two["image"] == one["image"] and two["depends_on"] == {"control-plane": {"condition": "service_healthy"}}
+    dockerfile = (REPO / "deploy" / "haproxy" / "Dockerfile").read_text()
+    assert "apt-get install -y --no-install-recommends haproxy" in dockerfile
+    assert as_argv(svc["healthcheck"]["test"]) == ["CMD", "hycache-haproxy-health"]
+    assert "hycache-haproxy-health" in dockerfile
 
 
 def test_control_plane_service():

@@ -12,6 +12,8 @@ published on 127.0.0.1 and `docker compose exec`:
 * a WfCommons instance POSTed to /api/v1/manifests is placed on the three agents;
 * `kill agent-2` -> down in the API, `start` -> up, its files intact;
 * `restart control-plane` -> the agents relink, nothing lost (PostgreSQL volume);
+* two control-plane processes behind HAProxy: one killed -> the API answers through the
+  other and no agent flaps to down;
 * `down -v` leaves no container, network, volume or host mount behind (checked by the last
   test; the fixture's finaliser runs `down -v` also when a test failed).
 
@@ -178,7 +180,7 @@ def test_every_service_is_healthy(stack):
     if len(rows) == 1 and isinstance(rows[0], list):
         rows = rows[0]
     svc = {r["Service"]: r for r in rows}
-    for name in [*REDIS, "postgres", "control-plane", *AGENTS]:
+    for name in [*REDIS, "postgres", "control-plane", "control-plane-2", "haproxy", *AGENTS]:
         assert svc[name]["State"] == "running" and svc[name]["Health"] == "healthy", (name, svc[name])
     for name in ("redis-cluster-init", "control-plane-tokens"):
         assert svc[name]["State"] == "exited" and svc[name]["ExitCode"] == 0, (name, svc[name])
@@ -290,6 +292,23 @@ def test_a_restarted_control_plane_relinks_the_agents_and_loses_nothing(stack, w
     assert stack.api("/api/v1/manifests").json()["total"] == before
     items = stack.api("/api/v1/files", params={"path": "/"}).json()["items"]
     assert name in {i["name"] for i in items}
+
+
+def test_haproxy_serves_through_one_killed_control_plane_process(stack):
+    """Two control-plane processes behind HAProxy: with one killed (SIGKILL) the API, the
+    dashboard and the agents' heartbeats go to the other; started again, it takes its share."""
+    stack.compose("kill", "control-plane")
+    try:
+        for _ in range(10):  # requests spread over both servers: each answered
+            r = stack.api("/api/v1/nodes")
+            assert r.status_code == 200, r.text[:300]
+        time.sleep(DOWN_BOUND + 2)  # longer than a node takes to be declared down
+        assert all(stack.states().get(a) == "up" for a in AGENTS), stack.states()
+    finally:
+        stack.compose("start", "control-plane")
+    wait_for(lambda: stack.compose("ps", "--format", "{{.Health}}", "control-plane").stdout.decode().strip()
+             == "healthy", 180, "control-plane healthy again")
+    assert stack.api("/api/v1/nodes").status_code == 200
 
 
 def test_down_v_leaves_nothing_behind(stack):
