@@ -180,7 +180,7 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     got2 = beat(api, "a")
     after = [s["step"] for s in plans["a"] if s["job"] == a_first and s["action"] in ("pin", "unpin")]
     assert [d["step"] for d in got2] == sorted(after + second_before)
-    # a job that finishes before its before-steps are delivered: those are skipped
+    # a job that starts before its before-steps are delivered: those are skipped (it never waits for them)
     b_jobs = order["b"]
     for j in b_jobs[:1]:
         for p in parents[j]:
@@ -194,7 +194,7 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     items = [i for i in v["step_items"] if i["node"] == "b" and i["job"] == b_jobs[0]]
     before = [i for i in items if i["plan_action"] in ("prefetch", "evict")]
     assert len(before) == len(skipped_want) > 0
-    assert all(i["state"] == "skipped" and "finished before delivery" in i["detail"] for i in before)
+    assert all(i["state"] == "skipped" and "started before delivery" in i["detail"] for i in before)
     # unpin/evict of a remote copy (a file whose primary is on another node) is skipped
     # from the start: the agent's remote cache manages those copies
     remote = [i for i in v["step_items"] if "remote copy" in (i["detail"] or "")]

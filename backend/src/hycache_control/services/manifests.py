@@ -14,6 +14,8 @@ later reference on the node.
 - before-steps of job J are released once every earlier job of J's node (in plan order)
   has started and every parent of J has finished: J's turn has come (it is the next job
   to start there), and the files it reads exist (a parent on another node wrote them).
+  A before-step still undelivered when its job starts is ``skipped``: the job never
+  waits for it and reads that file where it is.
   Releasing only when the job before it has started lets J's prefetches overlap that job
   (the point of planning ahead) while the evictions of a job two or more places ahead
   cannot throw out files that the jobs before it still need on the fast tier.  A
@@ -331,6 +333,15 @@ class ManifestService:
                     raise Conflict(("path", "job"), f"job {job!r} already finished")
                 if j.state == "pending":
                     j.state, j.started_at = "running", now
+                    # a job never waits for a step that has not reached its node: the job
+                    # reads those files where they are (docs/scheduling.md, "When a job starts")
+                    items = list(s.scalars(select(ActionItem).join(Action).options(selectinload(ActionItem.parent))
+                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                                  ActionItem.state == "pending",
+                                                  ActionItem.plan_action.in_(BEFORE))))
+                    for it in items:
+                        it.state, it.detail, it.updated_at = "skipped", f"job {job} started before delivery", now
+                    skipped = [item_view(i) for i in items]
             else:
                 if j.state == "pending":
                     raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
@@ -346,11 +357,13 @@ class ManifestService:
             states = set(s.scalars(select(ManifestJob.state).where(ManifestJob.manifest_id == manifest_id)))
             m.state = "done" if states == {"done"} else ("running" if states - {"pending"} else "planned")
             m.updated_at = now
-            node = j.node
+            # a start releases the next job's steps on this node, a finish those of the
+            # job's children wherever they run: wake every node of the manifest
+            woken = set((m.options or {}).get("nodes") or ()) | {j.node}
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                    "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
         self.actions._publish(skipped)
-        self.actions.wake([node])
+        self.actions.wake(woken)
         return out
 
     # -- delivery gate (called by ActionService.deliver inside its session) ---------------------
