@@ -22,7 +22,9 @@ What it does, exactly:
   the node is carrying out: a prefetch under way started before the read would and
   moves the same bytes, so it ends before a read of the file started now would, and
   reading alongside it would move the bytes twice (docs/scheduling.md, "When a job
-  starts") — then writes each output, and reports finish.  Nodes run in parallel.
+  starts") — then computes for ``--compute-scale`` × the job's runtime (a sleep; 0 by
+  default: jobs are their I/O only), writes each output, and reports finish.  Nodes run
+  in parallel.
 - A job's outputs are published (the namespace shows them on its node) before it reports
   finish, so the plans of the jobs that read them find them.
 - Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` after
@@ -114,8 +116,10 @@ def _read(path: Path) -> int:
 
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
-                 slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, log=None) -> None:
+                 slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, compute_scale: float = 0.0,
+                 log=None) -> None:
         self.plans = plans
+        self.compute_scale = compute_scale
         self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                                  timeout=60.0)
         self.mounts = mounts
@@ -234,6 +238,8 @@ class Runner:
                             wait_prefetch(jid, "/" + f.lstrip("/"))
                             waited += time.monotonic() - w0
                         rd += _read(self.mounts[node] / f.lstrip("/"))
+                    if self.compute_scale > 0 and job.runtime:
+                        time.sleep(job.runtime * self.compute_scale)
                     wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
                     secs = time.monotonic() - start
                     self.wait_published(dict(job.outputs), node)
@@ -261,7 +267,8 @@ class Runner:
             time.sleep(0.1)
         after = self._wait_heartbeats_after(time.time())
         return {"manifest_id": mid, "name": m["name"], "format": m["format"], "scale": self.scale,
-                "solver": self.solver, "placement": placement, "transfer_bytes": m["transfer_bytes"],
+                "solver": self.solver, "compute_scale": self.compute_scale, "placement": placement,
+                "transfer_bytes": m["transfer_bytes"],
                 "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
                 "jobs": {j.id: results[j.id] for j in wf.jobs}, "steps": final["steps"],
                 "failed_steps": [{k: i[k] for k in ("node", "job", "step", "plan_action", "path", "detail")}
@@ -316,6 +323,9 @@ def main(args) -> int:
             print(f"hycache-control run: error: --mount: {mnt} is not a directory", file=sys.stderr)
             return 2
         mounts[node] = Path(mnt)
+    if args.compute_scale < 0:
+        print("hycache-control run: error: --compute-scale: must be >= 0", file=sys.stderr)
+        return 2
     if args.scale <= 0:
         print("hycache-control run: error: --scale: must be > 0", file=sys.stderr)
         return 2
@@ -330,7 +340,7 @@ def main(args) -> int:
         print(f"hycache-control run: error: MANIFEST: {e}", file=sys.stderr)
         return 2
     runner = Runner(args.api, token, mounts, scale=args.scale, solver=args.solver, slack=args.slack,
-                    plan_wait=args.plan_wait, plans=not args.no_plans)
+                    plan_wait=args.plan_wait, plans=not args.no_plans, compute_scale=args.compute_scale)
     try:
         res = runner.run(document)
     except RunError as e:

@@ -160,6 +160,7 @@ class ManifestService:
             raise Invalid(("body",), str(e)) from None
         result["locations"] = locations
         result["capacity"] = capacity
+        result["tasks"] = {j.id: j.task for j in wf.jobs if j.task}  # the instance's task types
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
@@ -246,6 +247,7 @@ class ManifestService:
 
     def _view(self, s: Session, m: Manifest, *, full: bool = True) -> dict[str, Any]:
         r = m.result
+        tasks = r.get("tasks") or {}
         items = list(s.scalars(select(ActionItem).join(Action).where(Action.manifest_id == m.id)
                                .options(selectinload(ActionItem.parent)).order_by(ActionItem.node, ActionItem.step)))
         summary: dict[str, dict[str, int]] = {n: {"total": 0, **{k: 0 for k in STEP_STATES}} for n in r["plans"]}
@@ -259,8 +261,9 @@ class ManifestService:
              "load_bound_requested": r.get("load_bound_requested"), "load_bound_reason": r.get("load_bound_reason"),
              "makespan": r.get("makespan"), "makespan_unit": r.get("makespan_unit"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
-             "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
-                       "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+             "jobs": [{"id": j.job, "task": tasks.get(j.job), "node": j.node, "position": j.position,
+                       "state": j.state, "started_at": j.started_at, "finished_at": j.finished_at,
+                       "parents": list(j.parents or [])}
                       for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
