@@ -161,6 +161,8 @@ class ManifestService:
         result["locations"] = locations
         result["capacity"] = capacity
         result["tasks"] = {j.id: j.task for j in wf.jobs if j.task}  # the instance's task types
+        # what each job reads (namespace paths): the job view asks POST /placements with it
+        result["inputs"] = {j.id: [ns_path(f) for f in j.inputs] for j in wf.jobs}
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
@@ -267,6 +269,9 @@ class ManifestService:
                       for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
+            inputs = r.get("inputs") or {}
+            for j in v["jobs"]:
+                j["inputs"] = inputs.get(j["id"], [])
             v["plans"] = r["plans"]
             v["step_items"] = [item_view(i) for i in items]
             v["locations"] = r.get("locations", {})
