@@ -42,7 +42,8 @@ WAYS = [("round-robin + LRU", "round-robin", False), ("layer 1 only", "local", F
 def pipeline(mib: int = 8) -> dict:
     """A WfFormat 1.5 instance whose working set (42 × ``mib`` MiB: 336 MiB by default)
     is far larger than two 64 MiB fast tiers while every job fits one: 8 ``align`` jobs
-    each read their own input (2 units) and one of 4 shared references (4 units) and write
+    each read their own input (2 units) and one of 4 references (4 units; align 2k and 2k+1
+    share reference k, which merge k reads too) and write
     1 unit; 4 ``merge`` jobs each read two alignments and a reference and write half a
     unit; one ``report`` reads the merges."""
     M = mib << 20
@@ -55,7 +56,7 @@ def pipeline(mib: int = 8) -> dict:
         runtimes[tid] = runtime
     for i in range(8):
         files[f"in{i}"], files[f"aln{i}"] = 2 * M, M
-        task(f"align_{i}", [f"in{i}", f"ref{i % 4}"], [f"aln{i}"], [], 10.0)
+        task(f"align_{i}", [f"in{i}", f"ref{i // 2}"], [f"aln{i}"], [], 10.0)
     for k in range(4):
         files[f"m{k}"] = M // 2
         task(f"merge_{k}", [f"aln{2 * k}", f"aln{2 * k + 1}", f"ref{k}"], [f"m{k}"],
@@ -161,6 +162,8 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
             # bypass the agent, so slow read bytes stay 0 while these count)
             "slow_opens": sum(delta(n, "slow", "hits") for n in c),
             "makespan": res["makespan"], "failed_steps": len(res["failed_steps"]),
+            "failed_details": [f"{f['node']} {f['job']} {f['plan_action']} {f['path']}: {f['detail']}"
+                               for f in res["failed_steps"][:5]],
             "prefetch_wait": sum(j["prefetch_wait"] for j in res["jobs"].values()),
             "skipped_steps": sum(c.get("skipped", 0) for c in res["steps"].values())}
 
@@ -182,6 +185,8 @@ def main() -> int:
     ap.add_argument("--compute-scale", type=float, default=0.05,
                     help="each job computes (sleeps) this × its runtime (default 0.05)")
     ap.add_argument("--runs", type=int, default=3, help="runs per way (default 3)")
+    ap.add_argument("--ways", default="0,1,2", help="which ways (indices into: round-robin + LRU, "
+                                                   "layer 1 only, full 2LS; default all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     doc = pipeline() if args.manifest == "pipeline" else json.loads(Path(args.manifest).read_text())
@@ -189,12 +194,13 @@ def main() -> int:
     os.chmod(tmp, 0o755)
     cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
     cluster.start()
-    out: dict[str, list[dict]] = {label: [] for label, _, _ in WAYS}
+    ways = [WAYS[int(i)] for i in args.ways.split(",")]
+    out: dict[str, list[dict]] = {label: [] for label, _, _ in ways}
     try:
         seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
         for r in range(args.runs):
-            for k in range(len(WAYS)):
-                label, solver, plans = WAYS[(r + k) % len(WAYS)]
+            for k in range(len(ways)):
+                label, solver, plans = ways[(r + k) % len(ways)]
                 res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans)
                 res["run"], res["position"] = r, k
                 out[label].append(res)
