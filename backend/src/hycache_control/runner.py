@@ -206,7 +206,8 @@ class Runner:
         def prefetches(job: str) -> dict[str, str]:
             """The job's prefetch steps: path → state."""
             v = self._call("GET", f"/manifests/{mid}")
-            return {i["path"]: i["state"] for i in v["step_items"] if i["job"] == job and i["plan_action"] == "prefetch"}
+            return {i["path"]: i["state"] for i in v["step_items"]
+                    if i["job"] == job and i["plan_action"] == "prefetch"}
 
         def wait_prefetch(job: str, path: str) -> str:
             deadline = time.monotonic() + self.plan_wait

@@ -31,7 +31,8 @@ MAX_WAIT = 60.0
 async def poll_plan(control: ControlDep, c: CallerDep,
                     node_id: Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")],
                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description="seconds to wait for new work")] = 30.0,
-                    after: Annotated[str | None, Query(max_length=64, description="the version of the previous answer")] = None):
+                    after: Annotated[str | None, Query(max_length=64,
+                                                       description="the version of the previous answer")] = None):
     """(async: the wait holds no thread; the delivery query runs in a worker thread)"""
     if c.scope != "node" or c.node_id != node_id:
         raise auth_error(403, f"this token may not take the plan of node {node_id} "
