@@ -2,10 +2,14 @@
 two agents with FUSE mounts): round-robin placement with the agents' LRU only, layer 1 only
 (placement by data, no plans), and full 2LS (placement + plans carried out by the agents).
 Each way runs on a fresh cluster state (its own DHT namespace, control-plane database and
-agents).  Prints bytes moved between nodes (the agents' remote fetch bytes), fast-tier hit
-ratio (hits / (hits + misses) of the jobs' opens), slow-tier bytes read, and makespan.
+agents), ``--runs`` times, the order of the ways rotated from run to run (run r starts with
+way r mod 3), so the three share the machine's load alike.  Prints, per way, the median and
+min–max of the makespan, and the medians of bytes moved between nodes (the agents' remote
+fetch bytes), fast-tier hit ratio (hits / (hits + misses) of the jobs' opens), opens served
+by a node's own slow tier, and the seconds jobs waited for a prefetch under way.
 
-    .venv/bin/python bench/twolayer_bench.py [--manifest F] [--scale 0.05] [--fast-capacity 16M] [--json]
+    .venv/bin/python bench/twolayer_bench.py [--manifest pipeline|F] [--scale 1] [--fast-capacity 64M]
+        [--compute-scale 0.05] [--runs 3] [--json]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +37,37 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
 TINY = REPO / "tests" / "core" / "data" / "wfformat-1.5-tiny.json"
 WAYS = [("round-robin + LRU", "round-robin", False), ("layer 1 only", "local", False), ("full 2LS", "local", True)]
+
+
+def pipeline(mib: int = 8) -> dict:
+    """A WfFormat 1.5 instance whose working set (42 × ``mib`` MiB: 336 MiB by default)
+    is far larger than two 64 MiB fast tiers while every job fits one: 8 ``align`` jobs
+    each read their own input (2 units) and one of 4 references (4 units; align 2k and 2k+1
+    share reference k, which merge k reads too) and write
+    1 unit; 4 ``merge`` jobs each read two alignments and a reference and write half a
+    unit; one ``report`` reads the merges."""
+    M = mib << 20
+    files = {f"ref{k}": 4 * M for k in range(4)}
+    tasks, runtimes = [], {}
+
+    def task(tid, ins, outs, parents, runtime):
+        tasks.append({"name": tid, "id": tid, "parents": parents, "children": [], "inputFiles": ins,
+                      "outputFiles": outs})
+        runtimes[tid] = runtime
+    for i in range(8):
+        files[f"in{i}"], files[f"aln{i}"] = 2 * M, M
+        task(f"align_{i}", [f"in{i}", f"ref{i // 2}"], [f"aln{i}"], [], 10.0)
+    for k in range(4):
+        files[f"m{k}"] = M // 2
+        task(f"merge_{k}", [f"aln{2 * k}", f"aln{2 * k + 1}", f"ref{k}"], [f"m{k}"],
+             [f"align_{2 * k}", f"align_{2 * k + 1}"], 8.0)
+    files["report"] = M // 8
+    task("report_0", [f"m{k}" for k in range(4)], ["report"], [f"merge_{k}" for k in range(4)], 4.0)
+    return {"name": "pipeline", "schemaVersion": "1.5", "workflow": {
+        "specification": {"tasks": tasks, "files": [{"id": f, "sizeInBytes": n} for f, n in files.items()]},
+        "execution": {"makespanInSeconds": 0, "executedAt": "2026-11-25T00:00:00Z",
+                      "tasks": [{"id": t, "runtimeInSeconds": r, "command": {"program": t.split("_")[0]}}
+                                for t, r in runtimes.items()]}}}
 
 
 def free_port() -> int:
@@ -97,7 +133,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
         wait(lambda: {n["id"] for n in httpx.get(url + "/api/v1/nodes", headers=h).json()["items"]
                       if n["state"] == "up" and n["tiers"]} >= {"a", "b"}, 60, "both agents up")
         res = Runner(url, admin, mounts, scale=args.scale, solver=solver, plans=plans, plan_wait=60,
-                     log=lambda m: None).run(doc)
+                     compute_scale=args.compute_scale, log=lambda m: None).run(doc)
     finally:
         for p, mnt in reversed(procs):
             if p.poll() is None:
@@ -122,7 +158,14 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
             "planned_transfer_bytes": res["transfer_bytes"]["placed"],
             "hit_ratio": hits / (hits + misses) if hits + misses else None, "hits": hits, "misses": misses,
             "slow_read_bytes": sum(delta(n, "slow", "read_bytes") for n in c),
-            "makespan": res["makespan"], "failed_steps": len(res["failed_steps"])}
+            # opens served by a node's own slow tier (with kernel passthrough their bytes
+            # bypass the agent, so slow read bytes stay 0 while these count)
+            "slow_opens": sum(delta(n, "slow", "hits") for n in c),
+            "makespan": res["makespan"], "failed_steps": len(res["failed_steps"]),
+            "failed_details": [f"{f['node']} {f['job']} {f['plan_action']} {f['path']}: {f['detail']}"
+                               for f in res["failed_steps"][:5]],
+            "prefetch_wait": sum(j["prefetch_wait"] for j in res["jobs"].values()),
+            "skipped_steps": sum(c.get("skipped", 0) for c in res["steps"].values())}
 
 
 def _ok(u: str) -> bool:
@@ -134,35 +177,54 @@ def _ok(u: str) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--manifest", default=str(TINY), help="manifest (default: the tiny WfFormat 1.5 instance)")
-    ap.add_argument("--scale", type=float, default=0.05, help="size factor (default 0.05)")
-    ap.add_argument("--fast-capacity", default="16M", help="each agent's fast tier (default 16M)")
+    ap.add_argument("--manifest", default="pipeline",
+                    help="a manifest file, or 'pipeline' (default: the generated instance above, 336 MiB), "
+                         f"e.g. {TINY.relative_to(REPO)} (328 MB; needs --fast-capacity 200M)")
+    ap.add_argument("--scale", type=float, default=1.0, help="size factor (default 1)")
+    ap.add_argument("--fast-capacity", default="64M", help="each agent's fast tier (default 64M)")
+    ap.add_argument("--compute-scale", type=float, default=0.05,
+                    help="each job computes (sleeps) this × its runtime (default 0.05)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per way (default 3)")
+    ap.add_argument("--ways", default="0,1,2", help="which ways (indices into: round-robin + LRU, "
+                                                   "layer 1 only, full 2LS; default all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    doc = json.loads(Path(args.manifest).read_text())
+    doc = pipeline() if args.manifest == "pipeline" else json.loads(Path(args.manifest).read_text())
     tmp = Path(tempfile.mkdtemp(prefix="twolayer-bench-"))
     os.chmod(tmp, 0o755)
     cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
     cluster.start()
-    out = {}
+    ways = [WAYS[int(i)] for i in args.ways.split(",")]
+    out: dict[str, list[dict]] = {label: [] for label, _, _ in ways}
     try:
         seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
-        for i, (label, solver, plans) in enumerate(WAYS):
-            out[label] = run_way(tmp / f"way{i}", seeds, doc, args, solver, plans)
-            print(f"{label}: {out[label]}", file=sys.stderr)
+        for r in range(args.runs):
+            for k in range(len(ways)):
+                label, solver, plans = ways[(r + k) % len(ways)]
+                res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans)
+                res["run"], res["position"] = r, k
+                out[label].append(res)
+                print(f"run {r} #{k} {label}: {res} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+                shutil.rmtree(tmp / f"run{r}-{k}", ignore_errors=True)
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(out, indent=2))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table("way", "bytes moved between nodes", "fast-tier hit ratio", "slow-tier bytes read", "makespan s")
-        for label, r in out.items():
-            t.add_row(label, str(r["moved_bytes"]), "-" if r["hit_ratio"] is None else f"{r['hit_ratio']:.2f}",
-                      str(r["slow_read_bytes"]), f"{r['makespan']:.2f}")
-        Console().print(t)
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    med = statistics.median
+    t = Table("way", "bytes moved between nodes", "fast-tier hit ratio", "slow-tier opens",
+              "waited for prefetches s", "makespan s median (min–max)", "runs")
+    for label, rs in out.items():
+        hr = [r["hit_ratio"] for r in rs if r["hit_ratio"] is not None]
+        ms = [r["makespan"] for r in rs]
+        t.add_row(label, f"{med(r['moved_bytes'] for r in rs):,.0f}", f"{med(hr):.2f}" if hr else "-",
+                  f"{med(r['slow_opens'] for r in rs):.0f}", f"{med(r['prefetch_wait'] for r in rs):.2f}",
+                  f"{med(ms):.2f} ({min(ms):.2f}–{max(ms):.2f})", " ".join(f"{m:.2f}" for m in ms))
+    Console().print(t)
     return 0
 
 

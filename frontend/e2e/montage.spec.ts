@@ -1,7 +1,9 @@
 // The job view at real size: a Montage-shaped WfFormat 1.5 instance of ~1,700 jobs (made
 // here: the repo holds only tiny instances) is submitted through the REST API of the stack
-// tests/web/test_dashboard.py starts; the view must group the graph by task type and node,
-// zoom and pan it, page the job table and label the bytes axis in a unit that fits.
+// tests/web/test_dashboard.py starts; the view must group the graph by task type and node
+// (the type the instance states: ids here are bare "ID00012", the types are in the
+// execution record's `category`), zoom and pan it, page the job table, label the bytes axis
+// in a unit that fits, and answer "where would this job run now" (POST /placements).
 import { expect, test } from '@playwright/test';
 import AxeBuilder from '@axe-core/playwright';
 import { copyFileSync, mkdirSync } from 'node:fs';
@@ -18,10 +20,13 @@ function montage(n: number) {
   type Task = { name: string; id: string; parents: string[]; children: string[]; inputFiles: string[]; outputFiles: string[] };
   const tasks: Task[] = [];
   const files = new Map<string, number>();
+  const execution: { id: string; runtimeInSeconds: number; category: string }[] = [];
   const add = (name: string, parents: string[], inputs: string[], outputs: string[]) => {
-    tasks.push({ name, id: name, parents, children: [], inputFiles: inputs, outputFiles: outputs });
+    const id = `ID${pad(tasks.length)}`;
+    tasks.push({ name, id, parents, children: [], inputFiles: inputs, outputFiles: outputs });
+    execution.push({ id, runtimeInSeconds: 1 + (tasks.length % 5), category: name.split('_')[0]! });
     for (const f of [...inputs, ...outputs]) if (!files.has(f)) files.set(f, 2048 + ((files.size * 7919) % 6144));
-    return name;
+    return id;
   };
   const proj = Array.from({ length: n }, (_, i) => add(`mProject_${pad(i)}`, [], [`raw_${i}.fits`], [`p_${i}.fits`]));
   const diffs: string[] = [];
@@ -43,7 +48,7 @@ function montage(n: number) {
     schemaVersion: '1.5',
     runtimeSystem: { name: 'e2e', version: '1' },
     author: { name: 'HyCache', email: 'dev@example.org' },
-    workflow: { specification: { tasks, files: [...files].map(([id, sizeInBytes]) => ({ id, sizeInBytes })) }, execution: { makespanInSeconds: 3600, executedAt: '2026-11-25T12:00:00Z', tasks: [], machines: [] } },
+    workflow: { specification: { tasks, files: [...files].map(([id, sizeInBytes]) => ({ id, sizeInBytes })) }, execution: { makespanInSeconds: 3600, executedAt: '2026-11-25T12:00:00Z', tasks: execution, machines: [] } },
   };
 }
 
@@ -97,6 +102,13 @@ test('a Montage-sized manifest: grouped graph, zoom and pan, paged table, a byte
   await expect(pager).toHaveText(`51–100 of ${jobs.toLocaleString('en-US')}`);
   await page.getByRole('combobox', { name: 'Task type' }).selectOption('mBackground');
   await expect(pager).toHaveText('1–50 of 420');
+  await expect(page.getByRole('table', { name: 'Placement' }).getByRole('row').nth(1)).toContainText('mBackground');
+
+  // where would a pending job run now: the online placement, one of the live nodes
+  await page.getByRole('button', { name: /^Where would ID\d+ run now\?$/ }).first().click();
+  const where = page.getByRole('status', { name: /^where ID\d+ would run now$/ });
+  await expect(where).toBeVisible();
+  await expect(where).toContainText(new RegExp(`^\\s*(${nodes.join('|')}) · .* to move`));
 
   // the bytes axis: a unit that fits, ticks that are not all "0.0"
   const chart = page.getByRole('figure', { name: 'Bytes moved' });

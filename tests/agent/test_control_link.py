@@ -121,6 +121,37 @@ def test_heartbeat_carries_status_counters_and_pending_results(tmp_path):
     assert run_engine(tmp_path, body, fast_capacity=M)
 
 
+def test_a_broken_push_channel_falls_back_to_the_heartbeat_and_says_so_once(tmp_path, caplog):
+    """Nothing listens on port 9: the plan long-poll fails, is retried with back-off, and
+    one warning says the steps come with the heartbeat answers; a push answer's actions
+    start like a heartbeat answer's, once per id."""
+    async def body(h):
+        link = ControlLink(h.engine, "http://127.0.0.1:9", "t0ken", node_id="n1", address=None)
+        assert link.status_dict()["push"] == "connecting"
+        async with httpx.AsyncClient() as client:
+            with trio.move_on_after(3.5):  # tries at 0, 1 and 3 s
+                await link.poll_plans(client)
+        assert link.push_state == "broken" and link.status_dict()["push"] == "broken"
+        assert link.push_version is None and link.pushed_actions == 0
+        off = ControlLink(h.engine, "http://127.0.0.1:9", "t0ken", node_id="n1", address=None, push=False)
+        assert off.status_dict()["push"] == "off"
+        # what a push answer brings goes through the same path as a heartbeat answer's actions
+        await h.write_file(b"f", b"a" * 1000)
+        async with trio.open_nursery() as nursery:
+            acts = [{"id": 7, "action": "pin", "path": "/f"}]
+            assert await link.start_actions(acts, nursery) == 1
+            assert await link.start_actions(acts, nursery) == 0
+        assert link.pending[7]["state"] == "done"
+        return True
+
+    import logging
+    with caplog.at_level(logging.INFO, logger="hycache_agent.control.link"):
+        assert run_engine(tmp_path, body, fast_capacity=M)
+    broken = [r for r in caplog.records if "plan push channel broken" in r.getMessage()]
+    assert len(broken) == 1 and broken[0].levelname == "WARNING"
+    assert "heartbeat answers" in broken[0].getMessage()
+
+
 def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_path):
     async def body(h):
         e = h.engine

@@ -180,7 +180,7 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     got2 = beat(api, "a")
     after = [s["step"] for s in plans["a"] if s["job"] == a_first and s["action"] in ("pin", "unpin")]
     assert [d["step"] for d in got2] == sorted(after + second_before)
-    # a job that finishes before its before-steps are delivered: those are skipped
+    # a job that starts before its before-steps are delivered: those are skipped (it never waits for them)
     b_jobs = order["b"]
     for j in b_jobs[:1]:
         for p in parents[j]:
@@ -194,7 +194,7 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     items = [i for i in v["step_items"] if i["node"] == "b" and i["job"] == b_jobs[0]]
     before = [i for i in items if i["plan_action"] in ("prefetch", "evict")]
     assert len(before) == len(skipped_want) > 0
-    assert all(i["state"] == "skipped" and "finished before delivery" in i["detail"] for i in before)
+    assert all(i["state"] == "skipped" and "started before delivery" in i["detail"] for i in before)
     # unpin/evict of a remote copy (a file whose primary is on another node) is skipped
     # from the start: the agent's remote cache manages those copies
     remote = [i for i in v["step_items"] if "remote copy" in (i["detail"] or "")]
@@ -306,3 +306,20 @@ def test_a_2000_job_instance_gzipped_over_rest(api: Api):
                         headers={**api.h(), "content-type": "application/json"})
     assert r.status_code == 201, r.text[:500]
     assert r.json()["solver"] == "hypergraph"
+
+
+def test_jobs_carry_the_instances_task_type(api: Api):
+    """The job view's ``task`` is the instance's own task type (WfFormat ``category`` or the
+    command's ``program``), null when the instance has none."""
+    for n in ("a", "b"):
+        assert api.beat(n, status=STATUS).status_code == 200
+    doc14 = json.loads((Path(__file__).resolve().parents[1] / "core" / "data" / "wfformat-1.4-tiny.json").read_text())
+    r = api.post("/api/v1/manifests?plans=false", doc14)
+    assert r.status_code == 201, r.text
+    want = {"ID01": "split", "ID02": "process", "ID03": "process", "ID04": "process", "ID05": "merge",
+            "ID06": "report"}
+    assert {j["id"]: j["task"] for j in r.json()["jobs"]} == want
+    listed = api.get("/api/v1/manifests").json()["items"][0]
+    assert {j["id"]: j["task"] for j in listed["jobs"]} == want
+    r = api.post("/api/v1/manifests?plans=false", TINY)  # 1.5 without category or command
+    assert r.status_code == 201 and all(j["task"] is None for j in r.json()["jobs"])

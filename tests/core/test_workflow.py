@@ -201,3 +201,24 @@ def test_not_json_and_not_an_object(tmp_path):
     assert "not JSON" in exc.value.errors[0]["msg"]
     fmt, errs = _errors([1, 2])
     assert fmt == HYCACHE and errs
+
+
+def test_task_types_come_from_the_instance():
+    """A job's ``task`` is the instance's own task type: ``category``, else the command's
+    ``program`` (1.4 tasks, 1.5's execution record); None when the instance has neither."""
+    w14 = load_workflow(DATA / "wfformat-1.4-tiny.json")
+    assert {j.id: j.task for j in w14.jobs} == {"ID01": "split", "ID02": "process", "ID03": "process",
+                                                "ID04": "process", "ID05": "merge", "ID06": "report"}
+    assert all(j.task is None for j in load_workflow(DATA / "wfformat-1.5-tiny.json").jobs)
+    data = _load("wfformat-1.5-tiny.json")
+    for t in data["workflow"]["execution"]["tasks"]:
+        t["command"] = {"program": "prog-" + t["id"], "arguments": []}
+    data["workflow"]["specification"]["tasks"][1]["category"] = "stage2"
+    data["workflow"]["execution"]["tasks"][2]["category"] = "stage3"
+    jobs = {j.id: j.task for j in parse_workflow(data).jobs}
+    assert jobs["ID01"] == "prog-ID01" and jobs["ID06"] == "prog-ID06"
+    assert jobs[data["workflow"]["specification"]["tasks"][1]["id"]] == "stage2"  # category wins over program
+    assert jobs[data["workflow"]["execution"]["tasks"][2]["id"]] == "stage3"
+    # the project's manifest has no task types
+    assert all(j.task is None for j in parse_workflow({"version": 1, "jobs": [
+        {"name": "a", "accesses": [{"path": "x", "size": 1, "op": "W"}]}]}).jobs)

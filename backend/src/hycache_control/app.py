@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from . import schemas as S
-from .api import routes, stream
+from .api import plans, routes, stream
 from .api.deps import auth_error
 from .control import Control
 from .loopwatch import LoopWatch
@@ -90,6 +90,7 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
                   description="REST API of the HyCache control plane (docs/control-plane.md).")
     app.include_router(routes.router)
     app.include_router(stream.router)
+    app.include_router(plans.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
     app.add_middleware(Audit, control_getter=lambda: holder["control"])

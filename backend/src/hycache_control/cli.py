@@ -86,7 +86,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--solver", default="local", choices=["greedy", "local", "hypergraph", "exact", "round-robin"])
     r.add_argument("--slack", type=float, default=0.1, help="load bound slack (default 0.1)")
     r.add_argument("--plan-wait", type=float, default=60.0, metavar="S",
-                   help="wait at most S seconds for a job's prefetch/evict steps before starting it")
+                   help="wait at most S seconds for the prefetch under way of an input before reading it")
+    r.add_argument("--compute-scale", type=float, default=0.0, metavar="X",
+                   help="each job also computes (sleeps) X times its runtime from the manifest (default 0)")
     r.add_argument("--no-plans", action="store_true", help="placement only: no layer-2 plans are made or carried out")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -15,9 +15,16 @@ What it does, exactly:
   sees where it is.  Files already present with the scaled size are kept.
 - A manifest file name ``x`` is the path ``/x`` in the namespace (``MOUNT/x``).
 - Each node runs its jobs one at a time in plan order (the order its plan assumes); a job
-  waits for its parents (on any node), then for its own before-steps (prefetch/evict) to
-  reach a final state (at most ``--plan-wait`` seconds), then reports start, reads each
-  input whole, writes each output, and reports finish.  Nodes run in parallel.
+  waits for its parents (on any node) and then reports start at once (the control plane
+  skips its prefetch/evict steps that have not reached the node: the job never waits for
+  those).  It reads each input whole — first those with no prefetch under way, then,
+  each after its prefetch ended (at most ``--plan-wait`` seconds), those whose prefetch
+  the node is carrying out: a prefetch under way started before the read would and
+  moves the same bytes, so it ends before a read of the file started now would, and
+  reading alongside it would move the bytes twice (docs/scheduling.md, "When a job
+  starts") — then computes for ``--compute-scale`` × the job's runtime (a sleep; 0 by
+  default: jobs are their I/O only), writes each output, and reports finish.  Nodes run
+  in parallel.
 - A job's outputs are published (the namespace shows them on its node) before it reports
   finish, so the plans of the jobs that read them find them.
 - Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` after
@@ -109,8 +116,10 @@ def _read(path: Path) -> int:
 
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
-                 slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, log=None) -> None:
+                 slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, compute_scale: float = 0.0,
+                 log=None) -> None:
         self.plans = plans
+        self.compute_scale = compute_scale
         self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                                  timeout=60.0)
         self.mounts = mounts
@@ -194,17 +203,19 @@ class Runner:
         errors: list[str] = []
         t0 = time.monotonic()
 
-        def wait_plan(job: str) -> dict[str, int]:
+        def prefetches(job: str) -> dict[str, str]:
+            """The job's prefetch steps: path → state."""
+            v = self._call("GET", f"/manifests/{mid}")
+            return {i["path"]: i["state"] for i in v["step_items"]
+                    if i["job"] == job and i["plan_action"] == "prefetch"}
+
+        def wait_prefetch(job: str, path: str) -> str:
             deadline = time.monotonic() + self.plan_wait
             while True:
-                v = self._call("GET", f"/manifests/{mid}")
-                mine = [i for i in v["step_items"] if i["job"] == job and i["plan_action"] in ("prefetch", "evict")]
-                if all(i["state"] in FINAL for i in mine) or time.monotonic() > deadline:
-                    states: dict[str, int] = {}
-                    for i in mine:
-                        states[i["state"]] = states.get(i["state"], 0) + 1
-                    return states
-                time.sleep(0.1)
+                state = prefetches(job).get(path, "done")
+                if state in FINAL or time.monotonic() > deadline:
+                    return state
+                time.sleep(0.02)
 
         def node_worker(node: str) -> None:
             try:
@@ -214,16 +225,28 @@ class Runner:
                         while not done[p].wait(0.5):
                             if errors:
                                 return
-                    plan = wait_plan(jid)
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
-                    rd = sum(_read(self.mounts[node] / f.lstrip("/")) for f in job.inputs)
+                    steps = prefetches(jid) if self.plans else {}
+                    plan: dict[str, int] = {}
+                    for st in steps.values():
+                        plan[st] = plan.get(st, 0) + 1
+                    under_way = {f for f in job.inputs if steps.get("/" + f.lstrip("/")) in ("pending", "delivered")}
+                    rd, waited = 0, 0.0
+                    for f in sorted(job.inputs, key=lambda f: f in under_way):  # stable: no prefetch under way first
+                        if f in under_way:
+                            w0 = time.monotonic()
+                            wait_prefetch(jid, "/" + f.lstrip("/"))
+                            waited += time.monotonic() - w0
+                        rd += _read(self.mounts[node] / f.lstrip("/"))
+                    if self.compute_scale > 0 and job.runtime:
+                        time.sleep(job.runtime * self.compute_scale)
                     wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
                     secs = time.monotonic() - start
                     self.wait_published(dict(job.outputs), node)
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
-                                    "started": start - t0, "plan_steps": plan}
+                                    "started": start - t0, "plan_steps": plan, "prefetch_wait": waited}
                     done[jid].set()
             except Exception as e:  # reported, and the other workers stop
                 errors.append(f"node {node}: {e}")
@@ -245,7 +268,8 @@ class Runner:
             time.sleep(0.1)
         after = self._wait_heartbeats_after(time.time())
         return {"manifest_id": mid, "name": m["name"], "format": m["format"], "scale": self.scale,
-                "solver": self.solver, "placement": placement, "transfer_bytes": m["transfer_bytes"],
+                "solver": self.solver, "compute_scale": self.compute_scale, "placement": placement,
+                "transfer_bytes": m["transfer_bytes"],
                 "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
                 "jobs": {j.id: results[j.id] for j in wf.jobs}, "steps": final["steps"],
                 "failed_steps": [{k: i[k] for k in ("node", "job", "step", "plan_action", "path", "detail")}
@@ -268,10 +292,11 @@ def print_summary(res: dict[str, Any]) -> None:
     con.print(f"[bold]manifest {res['manifest_id']}[/] {res['name'] or ''} ({res['format']}, scale {res['scale']}, "
               f"solver {res['solver']}): makespan {res['makespan']:.2f} s; planned transfer "
               f"{res['transfer_bytes']['placed']} B (round-robin {res['transfer_bytes']['round_robin']} B)")
-    t = Table("job", "node", "seconds", "read B", "written B", "plan steps before start")
+    t = Table("job", "node", "seconds", "read B", "written B", "prefetches at start", "waited s")
     for jid, j in res["jobs"].items():
         t.add_row(jid, j["node"], f"{j['seconds']:.3f}", str(j["bytes_read"]), str(j["bytes_written"]),
-                  ", ".join(f"{k} {v}" for k, v in sorted(j["plan_steps"].items())) or "-")
+                  ", ".join(f"{k} {v}" for k, v in sorted(j["plan_steps"].items())) or "-",
+                  f"{j['prefetch_wait']:.3f}")
     con.print(t)
     n = Table("node", "hits", "misses", "remote fetch B", "slow read B", "steps done/failed/skipped/total")
     for node, c in res["counters"].items():
@@ -299,6 +324,9 @@ def main(args) -> int:
             print(f"hycache-control run: error: --mount: {mnt} is not a directory", file=sys.stderr)
             return 2
         mounts[node] = Path(mnt)
+    if args.compute_scale < 0:
+        print("hycache-control run: error: --compute-scale: must be >= 0", file=sys.stderr)
+        return 2
     if args.scale <= 0:
         print("hycache-control run: error: --scale: must be > 0", file=sys.stderr)
         return 2
@@ -313,7 +341,7 @@ def main(args) -> int:
         print(f"hycache-control run: error: MANIFEST: {e}", file=sys.stderr)
         return 2
     runner = Runner(args.api, token, mounts, scale=args.scale, solver=args.solver, slack=args.slack,
-                    plan_wait=args.plan_wait, plans=not args.no_plans)
+                    plan_wait=args.plan_wait, plans=not args.no_plans, compute_scale=args.compute_scale)
     try:
         res = runner.run(document)
     except RunError as e:

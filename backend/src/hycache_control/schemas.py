@@ -410,6 +410,12 @@ class HeartbeatAnswer(BaseModel):
     plans: list[dict[str, Any]] = []
 
 
+class PlanPush(BaseModel):
+    """GET /nodes/{id}/plan: the node's deliverable items, and the version to ask after."""
+    version: str
+    actions: list[ActionDelivery]
+
+
 # -- health ---------------------------------------------------------------------------------
 
 class Health(BaseModel):

@@ -52,6 +52,9 @@ class WorkflowJob:
     outputs: Mapping[str, int]
     machine: str | None = None
     name: str | None = None
+    #: the task type as the instance states it (WfFormat ``category``, else 1.5's
+    #: ``execution.tasks[].command.program``); None when it does not
+    task: str | None = None
 
     def footprint(self) -> int:
         """Distinct bytes the job reads and writes (what it needs on the fast tier)."""
@@ -185,6 +188,20 @@ class _Raw:
     outputs: dict[str, int]
     machine: str | None
     name: str | None
+    task: str | None = None
+
+
+def _task_type(*tasks: Any) -> str | None:
+    """The first of ``category`` (WfFormat 1.4, and 1.5 instances that keep it) or
+    ``command.program`` (1.5's execution record) that is a non-empty string."""
+    for t in tasks:
+        if isinstance(t, dict) and isinstance(t.get("category"), str) and t["category"].strip():
+            return t["category"].strip()
+    for t in tasks:
+        cmd = t.get("command") if isinstance(t, dict) else None
+        if isinstance(cmd, dict) and isinstance(cmd.get("program"), str) and cmd["program"].strip():
+            return cmd["program"].strip()
+    return None
 
 
 def _is_list(value: Any, loc: Loc, errors: _Errors, required: bool = True) -> list | None:
@@ -287,7 +304,7 @@ def _read_14(wf: dict, errors: _Errors) -> list[_Raw]:
             errors.add(loc + ["machine"], f"unknown machine {machine!r} (not in workflow.machines)")
         raws.append(_Raw(tid, loc, _runtime(t, loc, errors, required=False),
                          _refs(t, "parents", loc, errors, False), _refs(t, "children", loc, errors, False),
-                         inputs, outputs, machine, name))
+                         inputs, outputs, machine, name, _task_type(t)))
         if name is not None:
             by_name.setdefault(name, tid)
     # 1.4 tasks name their parents and children by name (or by id): resolve to ids
@@ -357,7 +374,7 @@ def _read_15(wf: dict, errors: _Errors) -> list[_Raw]:
         if tid is None:
             continue
         raws.append(_Raw(tid, loc, None, _refs(t, "parents", loc, errors, True), _refs(t, "children", loc, errors, True),
-                         files[0], files[1], None, name))
+                         files[0], files[1], None, name, _task_type(t)))
     execution = wf.get("execution")
     if execution is not None:
         if not isinstance(execution, dict):
@@ -379,6 +396,8 @@ def _read_15(wf: dict, errors: _Errors) -> list[_Raw]:
                 errors.add(loc + ["id"], f"unknown task {tid!r} (not in workflow.specification.tasks)")
                 continue
             r.runtime = runtime
+            if r.task is None:
+                r.task = _task_type(t)
             ms = _refs(t, "machines", loc, errors, False)
             if ms:
                 m, mloc = ms[0]
@@ -463,7 +482,7 @@ def _finish(fmt: str, name: str | None, raws: list[_Raw], errors: _Errors, sourc
     assert not isinstance(topo, set)
     by_id = {r.id: r for r in unique}
     jobs = [WorkflowJob(j, by_id[j].runtime, tuple(parents[j]), by_id[j].inputs, by_id[j].outputs,
-                        by_id[j].machine, by_id[j].name) for j in topo]
+                        by_id[j].machine, by_id[j].name, by_id[j].task) for j in topo]
     return Workflow(fmt, jobs, name)
 
 

@@ -203,3 +203,10 @@ export function useCancelManifest(id: number) {
     },
   });
 }
+
+/** POST /placements: where a ready job that reads `inputs` should run now (online placement). */
+export function usePlaceJob() {
+  return useMutation({
+    mutationFn: (inputs: string[]) => call(api.POST('/api/v1/placements', { body: { inputs } })),
+  });
+}

@@ -250,6 +250,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/nodes/{node_id}/plan": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Poll Plan
+         * @description (async: the wait holds no thread; the delivery query runs in a worker thread)
+         */
+        get: operations["pollPlan"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/nodes/{node_id}/policy": {
         parameters: {
             query?: never;
@@ -915,6 +935,16 @@ export interface components {
              * @description candidate node ids (default: the live nodes)
              */
             nodes?: string[] | null;
+        };
+        /**
+         * PlanPush
+         * @description GET /nodes/{id}/plan: the node's deliverable items, and the version to ask after.
+         */
+        PlanPush: {
+            /** Actions */
+            actions: components["schemas"]["ActionDelivery"][];
+            /** Version */
+            version: string;
         };
         /** PolicyDelivery */
         PolicyDelivery: {
@@ -2608,6 +2638,79 @@ export interface operations {
             };
             /** @description not found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    pollPlan: {
+        parameters: {
+            query?: {
+                /** @description the version of the previous answer */
+                after?: string | null;
+                /** @description seconds to wait for new work */
+                wait?: number;
+            };
+            header?: never;
+            path: {
+                /** @description node id */
+                node_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PlanPush"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };

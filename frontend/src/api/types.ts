@@ -45,6 +45,10 @@ export interface ManifestJob {
   finished_at: number | null;
   /** the jobs this one waits for (older control planes leave it out) */
   parents?: string[];
+  /** the task type the instance states (WfFormat `category` or the command's `program`); null when it states none */
+  task?: string | null;
+  /** the namespace paths it reads (GET /manifests/{id} only) */
+  inputs?: string[];
 }
 export interface StepCounts {
   total: number;

@@ -30,7 +30,7 @@ test('the placement table has a row per job with its node and state', () => {
   const rows = within(table).getAllByRole('row').slice(1);
   expect(rows).toHaveLength(5);
   const p2 = within(table).getByRole('row', { name: /^p2/ });
-  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', 'p', '1', 'pending', '—', '—', '—']);
+  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', 'p', '1', 'pending', '—', '—', '—', '—']);
   const split = within(table).getByRole('row', { name: /^split/ });
   expect(within(split).getAllByRole('cell')[3]).toHaveTextContent('done');
   expect(within(split).getAllByRole('cell')[5]).not.toHaveTextContent('—');
@@ -153,4 +153,12 @@ test('zoom buttons, keys and fit change the view transform', async () => {
   expect(view()).not.toBe(zoomed);
   await user.click(screen.getByRole('button', { name: 'Fit' }));
   expect(view()).toBe(fitted);
+});
+
+test("a job's task type is the one the instance states, else read from its id", () => {
+  const typed: ManifestJob[] = [{ ...job('ID00001', 'a', 0, []), task: 'mProject' }, job('mDiffFit_00002', 'b', 0, []), { ...job('ID00003', 'a', 1, []), task: null }];
+  render(<PlacementTable jobs={typed} colors={colors} />);
+  const rows = within(screen.getByRole('table', { name: 'Placement' })).getAllByRole('row').slice(1);
+  expect(rows.map((r) => within(r).getAllByRole('cell')[1]!.textContent)).toEqual(['mProject', 'ID00003', 'mDiffFit']);
+  expect(within(screen.getByLabelText('Task type')).getAllByRole('option').map((o) => o.textContent)).toEqual(['any', 'ID00003', 'mDiffFit', 'mProject']);
 });

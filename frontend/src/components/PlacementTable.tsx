@@ -1,9 +1,11 @@
-// The placement as a table: job → node, its task type, state, when it started and finished.
+// The placement as a table: job → node, its task type, state, when it started and finished;
+// for a pending job, "where would it run now" (POST /placements with the files it reads).
 // Paged (50 a page), sorted and filtered here: the manifest's jobs are all in hand.
 import { useMemo, useState } from 'react';
 import type { ManifestJob } from '../api/types';
 import { formatTime } from '../format';
-import { taskType } from './taskType';
+import { jobTask } from './taskType';
+import { WhereNow } from './WhereNow';
 
 export const JOB_PAGE_SIZE = 50;
 type Sort = 'name' | 'node' | 'runtime';
@@ -22,10 +24,10 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
   const [name, setName] = useState('');
   const [type, setType] = useState('');
   const [offset, setOffset] = useState(0);
-  const types = useMemo(() => [...new Set(jobs.map((j) => taskType(j.id)))].sort(), [jobs]);
+  const types = useMemo(() => [...new Set(jobs.map((j) => jobTask(j)))].sort(), [jobs]);
   const rows = useMemo(() => {
     const q = name.trim().toLowerCase();
-    const kept = jobs.filter((j) => (q === '' || j.id.toLowerCase().includes(q)) && (type === '' || taskType(j.id) === type));
+    const kept = jobs.filter((j) => (q === '' || j.id.toLowerCase().includes(q)) && (type === '' || jobTask(j) === type));
     const key = (j: ManifestJob): string | number => (sort === 'name' ? j.id : sort === 'node' ? j.node : (runtime(j) ?? -1));
     const cmp = (a: ManifestJob, b: ManifestJob) => {
       const ka = key(a);
@@ -98,6 +100,7 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
             {header(null, 'Started')}
             {header(null, 'Finished')}
             {header('runtime', 'Runtime')}
+            {header(null, 'Where now')}
           </tr>
         </thead>
         <tbody>
@@ -107,7 +110,7 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
               <td>
                 <span className="swatch" style={{ background: colors[j.node] }} aria-hidden="true" /> {j.node}
               </td>
-              <td>{taskType(j.id)}</td>
+              <td>{jobTask(j)}</td>
               <td>{j.position + 1}</td>
               <td>
                 <span className={`state-word job-${j.state}`}>{j.state}</span>
@@ -115,6 +118,7 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
               <td>{j.started_at ? formatTime(j.started_at) : '—'}</td>
               <td>{j.finished_at ? formatTime(j.finished_at) : '—'}</td>
               <td>{formatRuntime(runtime(j))}</td>
+              <td>{j.state === 'pending' && j.inputs && j.inputs.length > 0 ? <WhereNow job={j.id} inputs={j.inputs} colors={colors} /> : '—'}</td>
             </tr>
           ))}
         </tbody>

@@ -6,7 +6,7 @@
 import dagre from '@dagrejs/dagre';
 import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'react';
 import type { ManifestJob } from '../api/types';
-import { taskType } from './taskType';
+import { jobTask } from './taskType';
 
 export interface Layout {
   layers: string[][];
@@ -78,13 +78,13 @@ export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLay
   const boxes = new Map<string, GraphBox>();
   const rank = { running: 0, pending: 1, done: 2 } as const;
   for (const j of jobs) {
-    const id = grouped ? `${taskType(j.id)} @ ${j.node}` : j.id;
+    const id = grouped ? `${jobTask(j)} @ ${j.node}` : j.id;
     boxOf.set(j.id, id);
     const b = boxes.get(id);
     if (b) {
       b.count++;
       if (rank[j.state] < rank[b.state]) b.state = j.state;
-    } else boxes.set(id, { id, label: grouped ? taskType(j.id) : j.id, node: j.node, count: 1, state: j.state, x: 0, y: 0 });
+    } else boxes.set(id, { id, label: grouped ? jobTask(j) : j.id, node: j.node, count: 1, state: j.state, x: 0, y: 0 });
   }
   const edgeCount = new Map<string, GraphEdge>();
   for (const [a, b] of jobEdges) {

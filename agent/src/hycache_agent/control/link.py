@@ -5,6 +5,13 @@ the agent POSTs ``/api/v1/nodes/{node_id}/heartbeats`` with its status and cumul
 counters; the answer carries the actions to apply (pin, unpin, promote, demote of a path),
 the policy to run, and the action results the control plane has stored.
 
+Beside the heartbeat, a push channel (``poll_plans``): a long-poll of
+``GET /api/v1/nodes/{node_id}/plan?wait=…&after=<version>`` that the control plane answers
+as soon as plan steps or actions become deliverable to the node, so they arrive without
+waiting for the next heartbeat; a finished action's result triggers an early heartbeat.
+When the channel breaks, the heartbeat answers still carry every item (logged once per
+state change) and the channel is retried with back-off.
+
 The link never touches the data path: a control plane that is down, slow or refusing the
 token costs a logged warning per state change and a back-off, nothing else.  The pieces
 that decide (building a heartbeat, handling an answer) are methods that tests call
@@ -42,6 +49,9 @@ MAX_TOKEN = 64 << 10
 STATUS_MAX_AGE = 5.0  # seconds the file counts in a heartbeat's status may lag (counters never do)
 MAX_RESULTS = 1000  # action results per heartbeat (the oldest first; the rest follow)
 MAX_DETAIL = 2000  # characters of a result's detail
+PUSH_WAIT = 30.0  # seconds a plan long-poll may wait on the control plane
+PUSH_BACKOFF = (1.0, 30.0)  # a broken push channel is retried after 1 s, doubling to 30 s
+MIN_KICK_GAP = 0.05  # a result sends the heartbeat early, at most once per this many seconds
 
 
 class TokenFileError(Exception):
@@ -71,7 +81,8 @@ class ControlLink:
     """Heartbeats to one control plane and what its answers ask for."""
 
     def __init__(self, engine: TieringEngine, url: str, token: str, *, node_id: str,
-                 address: str | None, interval: float = 1.0, version: str | None = None) -> None:
+                 address: str | None, interval: float = 1.0, version: str | None = None,
+                 push: bool = True) -> None:
         from hycache_agent.cluster.peer import agent_version
 
         self.engine = engine
@@ -96,17 +107,29 @@ class ControlLink:
         self.running: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self.actions_applied = 0
+        # the push channel (GET …/plan): off | connecting | ok | broken
+        self.push = push
+        self.push_state = "connecting" if push else "off"
+        self.push_version: str | None = None
+        self.push_answers = 0
+        self.pushed_actions = 0
+        self._kick = trio.Event()  # set when a result is waiting: the heartbeat goes early
 
     @property
     def heartbeat_url(self) -> str:
         return f"{self.url}/api/v1/nodes/{self.node_id}/heartbeats"
+
+    @property
+    def plan_url(self) -> str:
+        return f"{self.url}/api/v1/nodes/{self.node_id}/plan"
 
     def status_dict(self) -> dict[str, Any]:
         return {"url": self.url, "state": self.state, "since": self.since, "last_error": self.last_error,
                 "heartbeats_sent": self.heartbeats_sent, "last_ok": self.last_ok,
                 "boot_id": self.boot_id, "interval": self.interval,
                 "pending_results": len(self.pending), "actions_running": len(self.running),
-                "actions_applied": self.actions_applied, "policy_error": self.policy_error}
+                "actions_applied": self.actions_applied, "policy_error": self.policy_error,
+                "push": self.push_state, "pushed_actions": self.pushed_actions}
 
     # ------------------------------------------------------------------ heartbeat
     def build_heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
@@ -140,13 +163,18 @@ class ControlLink:
         policy = answer.get("policy")
         if policy is not None:
             await self.apply_policy(policy)
-        actions = answer.get("actions")
+        await self.start_actions(answer.get("actions"), nursery)
+
+    async def start_actions(self, actions: Any, nursery: trio.Nursery | None = None) -> int:
+        """Start the actions not seen before (in ``nursery``, default the link's own);
+        returns how many were new."""
         if actions is None:
             actions = []
         if not isinstance(actions, list):
             log.warning("control plane: 'actions' is not a list; ignored")
-            return
+            return 0
         nursery = nursery or self._nursery
+        new = 0
         for action in actions:
             aid = action.get("id") if isinstance(action, dict) else None
             if not isinstance(aid, int) or isinstance(aid, bool):
@@ -155,6 +183,7 @@ class ControlLink:
             if aid in self._seen:  # delivered again: applied (or being applied) once only
                 continue
             self._seen[aid] = None
+            new += 1
             while len(self._seen) > SEEN_ACTIONS:
                 self._seen.popitem(last=False)
             if nursery is None:
@@ -162,6 +191,7 @@ class ControlLink:
             else:
                 self.running.add(aid)
                 nursery.start_soon(self._run_action, action)
+        return new
 
     async def _run_action(self, action: dict[str, Any]) -> None:
         aid = action["id"]
@@ -176,6 +206,7 @@ class ControlLink:
             result["detail"] = result["detail"][:MAX_DETAIL - 1] + "…"
         self.pending[aid] = result
         self.actions_applied += 1
+        self._kick.set()
 
     async def apply_action(self, action: dict[str, Any]) -> dict[str, Any]:
         """Apply one action through the engine; returns its result for the heartbeat
@@ -319,9 +350,12 @@ class ControlLink:
         failures = 0
         async with client, trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.push:
+                nursery.start_soon(self.poll_plans, client)
             task_status.started()
             while True:
                 t0 = trio.current_time()
+                self._kick = trio.Event()  # a result from now on sends the next heartbeat early
                 try:
                     delay = await self.heartbeat(client)
                 except Exception as exc:  # noqa: BLE001 - the link must never die
@@ -331,6 +365,70 @@ class ControlLink:
                 if delay < 0:
                     failures += 1
                     delay = min(MAX_BACKOFF, self.interval * 2 ** min(failures - 1, 8))
-                else:
-                    failures = 0
-                await trio.sleep_until(t0 + delay)
+                    await trio.sleep_until(t0 + delay)
+                    continue
+                failures = 0
+                with trio.move_on_at(t0 + delay):
+                    await self._kick.wait()
+                    await trio.sleep_until(t0 + MIN_KICK_GAP)  # results finishing together: one heartbeat
+
+    # ------------------------------------------------------------------ the push channel
+    def _set_push(self, state: str, error: str | None = None) -> None:
+        if state == self.push_state:
+            return
+        previous, self.push_state = self.push_state, state
+        if state == "ok":
+            log.info("control plane %s: plan push channel open%s", self.url,
+                     " again" if previous == "broken" else "")
+        elif state == "broken":
+            log.warning("control plane %s: plan push channel broken (%s); plan steps and actions come "
+                        "with the heartbeat answers until it is back", self.url, error)
+
+    async def poll_one(self, client, wait: float = PUSH_WAIT) -> int:
+        """One long-poll; starts the actions it brings; returns how many were new.  Raises
+        on a network error or an answer that is not a 200 with a JSON object."""
+        import httpx
+
+        params: dict[str, Any] = {"wait": wait}
+        if self.push_version is not None:
+            params["after"] = self.push_version
+        resp = await client.get(self.plan_url, params=params,
+                                timeout=httpx.Timeout(REQUEST_TIMEOUT, read=wait + REQUEST_TIMEOUT))
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+        answer = resp.json()
+        if not isinstance(answer, dict) or not isinstance(answer.get("version"), str):
+            raise RuntimeError(f"bad answer: {resp.text[:200]!r}")
+        self.push_version = answer["version"]
+        self.push_answers += 1
+        new = await self.start_actions(answer.get("actions"))
+        self.pushed_actions += new
+        return new
+
+    async def poll_plans(self, client) -> None:
+        """Keep the push channel open until cancelled; a failure is logged (once per state
+        change) and retried with back-off while the heartbeats carry the items."""
+        import httpx
+
+        backoff = PUSH_BACKOFF[0]
+        while True:
+            t0 = trio.current_time()
+            try:
+                await self.poll_one(client)
+            except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+                self._set_push("broken", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+                self.push_version = None
+                await trio.sleep(backoff)
+                backoff = min(PUSH_BACKOFF[1], backoff * 2)
+                continue
+            except Exception as exc:  # noqa: BLE001 - the link must never die
+                log.exception("control plane plan poll failed")
+                self._set_push("broken", f"{type(exc).__name__}: {exc}")
+                await trio.sleep(backoff)
+                backoff = min(PUSH_BACKOFF[1], backoff * 2)
+                continue
+            self._set_push("ok")
+            backoff = PUSH_BACKOFF[0]
+            # an answer that came back at once twice in a row (another process each time,
+            # behind a load balancer) must not spin: at most ~50 polls a second
+            await trio.sleep_until(t0 + 0.02)

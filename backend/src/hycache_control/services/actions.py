@@ -9,6 +9,8 @@ import itertools
 import json
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select
@@ -71,6 +73,11 @@ class ActionService:
         #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
         self.gate = None
         self._pending_nodes: set[str] = set()
+        #: the push channel (GET /nodes/{id}/plan): a version per node, bumped by every wake,
+        #: and the callbacks of the long-polls waiting for it (called from any thread)
+        self._origin = bus.origin if bus is not None else uuid.uuid4().hex[:12]
+        self._versions: dict[str, int] = {}
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
         self.resync()
         if bus is not None:  # other processes' item changes and new work (services/bus.py)
             bus.on("a", self._publish_local)
@@ -106,8 +113,40 @@ class ActionService:
                 self.updates.append((self.last_update, it))
 
     def _wake_local(self, nodes) -> None:
+        fire: list[Callable[[], None]] = []
         with self._lock:
-            self._pending_nodes.update(n for n in nodes if isinstance(n, str))
+            for n in nodes:
+                if isinstance(n, str):
+                    self._pending_nodes.add(n)
+                    self._versions[n] = self._versions.get(n, 0) + 1
+                    fire.extend(self._watchers.pop(n, ()))
+        for cb in fire:
+            cb()
+
+    # -- the push channel (GET /nodes/{id}/plan) ------------------------------------------------
+
+    def push_version(self, node: str) -> str:
+        """The node's version on this process (opaque: the process and a counter bumped by
+        every wake of the node, here or, through the bus, in another process)."""
+        with self._lock:
+            return f"{self._origin}.{self._versions.get(node, 0)}"
+
+    def watch(self, node: str, after: str | None, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (once, from whichever thread wakes the node) at the node's next
+        wake; False (and no callback) when its version already differs from ``after``."""
+        with self._lock:
+            if after != f"{self._origin}.{self._versions.get(node, 0)}":
+                return False
+            self._watchers.setdefault(node, []).append(callback)
+            return True
+
+    def unwatch(self, node: str, callback: Callable[[], None]) -> None:
+        with self._lock:
+            cbs = self._watchers.get(node)
+            if cbs and callback in cbs:
+                cbs.remove(callback)
+                if not cbs:
+                    del self._watchers[node]
 
     def updates_after(self, seq: int) -> list[tuple[int, dict]]:
         with self._lock:

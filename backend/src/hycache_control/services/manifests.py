@@ -14,6 +14,8 @@ later reference on the node.
 - before-steps of job J are released once every earlier job of J's node (in plan order)
   has started and every parent of J has finished: J's turn has come (it is the next job
   to start there), and the files it reads exist (a parent on another node wrote them).
+  A before-step still undelivered when its job starts is ``skipped``: the job never
+  waits for it and reads that file where it is.
   Releasing only when the job before it has started lets J's prefetches overlap that job
   (the point of planning ahead) while the evictions of a job two or more places ahead
   cannot throw out files that the jobs before it still need on the fast tier.  A
@@ -158,6 +160,9 @@ class ManifestService:
             raise Invalid(("body",), str(e)) from None
         result["locations"] = locations
         result["capacity"] = capacity
+        result["tasks"] = {j.id: j.task for j in wf.jobs if j.task}  # the instance's task types
+        # what each job reads (namespace paths): the job view asks POST /placements with it
+        result["inputs"] = {j.id: [ns_path(f) for f in j.inputs] for j in wf.jobs}
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
@@ -244,6 +249,7 @@ class ManifestService:
 
     def _view(self, s: Session, m: Manifest, *, full: bool = True) -> dict[str, Any]:
         r = m.result
+        tasks = r.get("tasks") or {}
         items = list(s.scalars(select(ActionItem).join(Action).where(Action.manifest_id == m.id)
                                .options(selectinload(ActionItem.parent)).order_by(ActionItem.node, ActionItem.step)))
         summary: dict[str, dict[str, int]] = {n: {"total": 0, **{k: 0 for k in STEP_STATES}} for n in r["plans"]}
@@ -257,11 +263,15 @@ class ManifestService:
              "load_bound_requested": r.get("load_bound_requested"), "load_bound_reason": r.get("load_bound_reason"),
              "makespan": r.get("makespan"), "makespan_unit": r.get("makespan_unit"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
-             "jobs": [{"id": j.job, "node": j.node, "position": j.position, "state": j.state,
-                       "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+             "jobs": [{"id": j.job, "task": tasks.get(j.job), "node": j.node, "position": j.position,
+                       "state": j.state, "started_at": j.started_at, "finished_at": j.finished_at,
+                       "parents": list(j.parents or [])}
                       for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
+            inputs = r.get("inputs") or {}
+            for j in v["jobs"]:
+                j["inputs"] = inputs.get(j["id"], [])
             v["plans"] = r["plans"]
             v["step_items"] = [item_view(i) for i in items]
             v["locations"] = r.get("locations", {})
@@ -331,6 +341,15 @@ class ManifestService:
                     raise Conflict(("path", "job"), f"job {job!r} already finished")
                 if j.state == "pending":
                     j.state, j.started_at = "running", now
+                    # a job never waits for a step that has not reached its node: the job
+                    # reads those files where they are (docs/scheduling.md, "When a job starts")
+                    items = list(s.scalars(select(ActionItem).join(Action).options(selectinload(ActionItem.parent))
+                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                                  ActionItem.state == "pending",
+                                                  ActionItem.plan_action.in_(BEFORE))))
+                    for it in items:
+                        it.state, it.detail, it.updated_at = "skipped", f"job {job} started before delivery", now
+                    skipped = [item_view(i) for i in items]
             else:
                 if j.state == "pending":
                     raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
@@ -346,11 +365,13 @@ class ManifestService:
             states = set(s.scalars(select(ManifestJob.state).where(ManifestJob.manifest_id == manifest_id)))
             m.state = "done" if states == {"done"} else ("running" if states - {"pending"} else "planned")
             m.updated_at = now
-            node = j.node
+            # a start releases the next job's steps on this node, a finish those of the
+            # job's children wherever they run: wake every node of the manifest
+            woken = set((m.options or {}).get("nodes") or ()) | {j.node}
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                    "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
         self.actions._publish(skipped)
-        self.actions.wake([node])
+        self.actions.wake(woken)
         return out
 
     # -- delivery gate (called by ActionService.deliver inside its session) ---------------------

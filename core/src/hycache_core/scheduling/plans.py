@@ -1,0 +1,128 @@
+"""2-Layer Scheduling, layer 2: each node's plan (prefetch, evict, pin, unpin steps) from its
+reference string by the cost/gain heuristic; see :func:`plan_node`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..policies.heuristic import HeuristicPolicy
+from ..workflow import Workflow, WorkflowJob
+
+# -- layer 2: each node's plan ----------------------------------------------------------
+
+class _NodeCache:
+    """The CacheView the heuristic needs, with pins that follow the plan."""
+
+    def __init__(self, capacity: int, pinned: Iterable[Hashable]) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.sizes: dict[Hashable, int] = {}
+        self.always = frozenset(pinned)
+        self.job: set[Hashable] = set()  # the running job's files: it needs them until it ends
+
+    def is_pinned(self, key: Hashable) -> bool:
+        return key in self.job or key in self.always
+
+
+def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
+              source: Mapping[str, str], pinned: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """One node's ordered steps for its ``jobs`` (in execution order).
+
+    Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
+    node's name — this node's own name means promote the local copy — or ``"slow"``, the
+    shared slow tier) and ``evict`` (drop it from the fast tier), both decided by the
+    heuristic within ``capacity``; ``pin`` for each output the job writes that the plan
+    keeps in the fast tier (the output is written there: the agent must keep it, not
+    fetch it; it comes after the evictions that make its room); ``unpin`` after a job
+    for each resident file with no planned reference left on this node (from then on
+    the agent's own policy may evict it).
+    Prefetched and pinned files are held for the plan until their ``evict`` or
+    ``unpin``.  While a job is planned, the files it has in the fast tier are not
+    chosen as victims for its other files: one input never pushes out another, so
+    every input the plan stages is there when the job starts.  ``resident`` is the plan's fast-tier bytes after the step.
+    """
+    refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
+    for k, job in enumerate(jobs):
+        refs.extend((f, "pre", k) for f in job.inputs)
+        refs.extend((f, "read", k) for f in job.inputs)
+        refs.extend((f, "write", k) for f in job.outputs)
+    policy = HeuristicPolicy(f for f, _, _ in refs)
+    cache = _NodeCache(capacity if capacity is not None else 1 << 62, pinned)
+    steps: list[dict[str, Any]] = []
+
+    def emit(job: str, action: str, path: str, size: int, src: str | None) -> None:
+        steps.append({"step": len(steps) + 1, "job": job, "action": action, "path": path, "size": size,
+                      "source": src, "resident": cache.used})
+
+    i = 0
+    while i < len(refs):
+        k = refs[i][2]
+        job = jobs[k]
+        while i < len(refs) and refs[i][2] == k:
+            f, kind, _ = refs[i]
+            i += 1
+            size = job.inputs[f] if kind != "write" else job.outputs[f]
+            d = policy.access(f, size, cache)
+            if d.hit:
+                cache.job.add(f)
+                continue
+            for v in d.victims:
+                vs = cache.sizes.pop(v)
+                cache.used -= vs
+                emit(job.id, "evict", str(v), vs, None)
+            if d.admit:
+                cache.sizes[f] = size
+                cache.used += size
+                cache.job.add(f)
+                if kind == "write":
+                    emit(job.id, "pin", f, size, None)
+                else:
+                    emit(job.id, "prefetch", f, size, source.get(f, "slow"))
+        cache.job.clear()
+        for f in dict.fromkeys([*job.inputs, *job.outputs]):
+            if f in cache.sizes and policy.remaining(f) == 0:
+                emit(job.id, "unpin", f, cache.sizes[f], None)
+    return steps
+
+
+def prefetch_sources(wf: Workflow, placement: Mapping[str, str],
+                     locations: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """For each node, where each file it reads comes from: the node itself when it
+    holds the file (written there or located there), else the first writer's node, else
+    the located node, else ``"slow"``."""
+    locations = locations or {}
+    writer_nodes: dict[str, list[str]] = defaultdict(list)
+    for job in wf.jobs:
+        for f in job.outputs:
+            writer_nodes[f].append(placement[job.id])
+    out: dict[str, dict[str, str]] = defaultdict(dict)
+    for job in wf.jobs:
+        node = placement[job.id]
+        for f in job.inputs:
+            holders = writer_nodes.get(f, [])
+            if node in holders or locations.get(f) == node:
+                out[node][f] = node
+            elif holders:
+                out[node][f] = holders[0]
+            elif f in locations:
+                out[node][f] = locations[f]
+            else:
+                out[node][f] = "slow"
+    return out
+
+
+def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
+               capacity: int | Mapping[str, int | None] | None = None,
+               locations: Mapping[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order."""
+    by_node: dict[str, list[WorkflowJob]] = {n: [] for n in nodes}
+    for job in wf.jobs:
+        by_node.setdefault(placement[job.id], []).append(job)
+    sources = prefetch_sources(wf, placement, locations)
+    plans = {}
+    for n, jobs in by_node.items():
+        cap = capacity.get(n) if isinstance(capacity, Mapping) else capacity
+        plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), wf.pinned)
+    return plans
