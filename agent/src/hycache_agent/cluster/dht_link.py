@@ -62,6 +62,11 @@ SMALL_DIR = 1024
 # a second costs less than a store round trip (and a thread hop) per name.
 LIST_PER_LOOKUP = 8
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
+# After the mount comes up, questions to the store wait up to this long for the first
+# connection (a rebooted node whose Redis Cluster is still failing over), instead of
+# answering at once as if the namespace held only this node's names; past it, the link
+# is degraded and lookups serve local names only (as during any outage).
+CONNECT_GRACE_SECONDS = 15.0
 
 KIND_OF_MODE = {stat.S_IFDIR: "dir", stat.S_IFREG: "file", stat.S_IFLNK: "symlink"}
 
@@ -140,6 +145,8 @@ class ClusterLink:
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
         self._store: MetaStore | None = None
+        self._connected = trio.Event()
+        self._connect_grace_until = time.monotonic() + CONNECT_GRACE_SECONDS
         self.node_id = node_id
         self.advertise = advertise
         self.peers = peer_client
@@ -201,6 +208,7 @@ class ClusterLink:
                 # must be able to find our address
                 await trio.to_thread.run_sync(self._beat, self._node_meta(), store)
                 self._store = store
+                self._connected.set()
             except Exception as exc:  # noqa: BLE001 - unreachable at start: keep serving locally
                 self._degraded(exc)
                 await trio.sleep(backoff)
@@ -553,6 +561,8 @@ class ClusterLink:
         store is connected, while the link is degraded (no call is made) or when the call
         fails (which marks the link degraded).  Other errors (EEXIST, ENOTEMPTY, ...)
         propagate."""
+        if self._store is None:
+            await self._first_connection()
         if not self.reachable:
             return UNREACHABLE
         if isinstance(fn, str):
@@ -566,6 +576,15 @@ class ClusterLink:
         except (DHTError, ConnectionError, TimeoutError) as exc:
             self._degraded(exc)
             return UNREACHABLE
+
+    async def _first_connection(self) -> None:
+        """Wait (within the grace after start) for the store's first connection: a
+        name held by another node must not look absent only because this agent has
+        not reached the global namespace yet."""
+        remaining = self._connect_grace_until - time.monotonic()
+        if remaining > 0:
+            with trio.move_on_after(remaining):
+                await self._connected.wait()
 
     async def store_get(self, path: bytes) -> EntryMeta | None:
         meta = await self.query("get", path, missing=None)

@@ -209,7 +209,10 @@ class HyCacheOperations(pyfuse3.Operations):
         namespace's own staleness (the agent caches small directories' listings as long)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
-        a.entry_timeout = NEGATIVE_TIMEOUT if self.cluster is None else REMOTE_NEGATIVE_TIMEOUT
+        if self.cluster is None:
+            a.entry_timeout = NEGATIVE_TIMEOUT
+        else:  # not kept while the global namespace cannot be asked: ask again once it is back
+            a.entry_timeout = REMOTE_NEGATIVE_TIMEOUT if self.cluster.reachable else 0
         return a
 
     @metadata_op
