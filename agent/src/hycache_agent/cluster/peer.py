@@ -288,14 +288,19 @@ def _write_behind(fd: int, pieces: list[bytes], kicked: int, written: int) -> tu
     drops them: a replica is not read here), so the final fsync finds little left to do
     and the disk works while the network does.  Returns (bytes written, new kick mark)."""
     n = _write_all(fd, pieces)
-    written += n
-    if written - kicked >= WRITEBACK_KICK:
-        try:
-            os.posix_fadvise(fd, kicked, written - kicked, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        kicked = written
-    return n, kicked
+    return n, _kick_writeback(fd, kicked, written + n)
+
+
+def _kick_writeback(fd: int, kicked: int, written: int) -> int:
+    """Start the write-back of ``fd``'s bytes [kicked, written) once WRITEBACK_KICK of
+    them have gathered; the new kick mark."""
+    if written - kicked < WRITEBACK_KICK:
+        return kicked
+    try:
+        os.posix_fadvise(fd, kicked, written - kicked, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    return written
 
 
 class _FileBody:
@@ -315,14 +320,7 @@ def _splice_behind(sock_fd: int, fd: int, offset: int, count: int, timeout: floa
     """``count`` bytes of the socket spliced into ``fd`` at ``offset``, then the
     write-back of what is written since ``kicked`` started (as ``_write_behind``)."""
     r = bulk.splice_in(sock_fd, fd, offset, count, timeout, pipe)
-    written = offset + r.n
-    if written - kicked >= WRITEBACK_KICK:
-        try:
-            os.posix_fadvise(fd, kicked, written - kicked, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-        kicked = written
-    return r, kicked
+    return r, _kick_writeback(fd, kicked, offset + r.n)
 
 
 def _close_pipe(pipe: tuple[int, int]) -> None:
