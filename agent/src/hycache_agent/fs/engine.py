@@ -37,8 +37,10 @@ import trio
 from hycache_core.policies import OnlinePolicy, load_policy
 from hycache_core.sizes import format_size
 
+from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.config import AgentConfig
+from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
@@ -52,7 +54,6 @@ BLOB_POOL_BATCH = 64
 # a change that only other nodes wait for (a size at close, in a cluster) is committed
 # this soon, unless the next operation's commit takes it first (then it costs no commit)
 COMMIT_SHORTLY_SECONDS = 0.005
-STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
 
 
 @dataclass(eq=False)
@@ -120,45 +121,6 @@ class Handle:
         self.stale_fds = []
 
 
-@dataclass
-class Counters:
-    migrations_done: int = 0
-    migrations_failed: int = 0
-    migrations_abandoned: int = 0
-    bytes_promoted: int = 0
-    bytes_demoted: int = 0
-    spills: int = 0
-    evictions: int = 0
-    promotions: int = 0
-
-
-class TierIO:
-    """Cumulative I/O of one tier since the agent started (plain integer increments on the
-    event loop thread: negligible per read)."""
-
-    __slots__ = ("read_bytes", "write_bytes", "reads", "writes", "hits")
-
-    def __init__(self) -> None:
-        self.read_bytes = self.write_bytes = self.reads = self.writes = self.hits = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-
-class IOStats:
-    """The engine's measured counters (the control plane's heartbeat ``counters``).
-
-    A *hit* is an open for reading of a file whose bytes are on the fast tier; a *miss*
-    one whose bytes are on the slow tier or on another node (``tiers[slow].hits`` counts
-    the slow-tier ones, ``remote_opens`` the others)."""
-
-    __slots__ = ("tiers", "misses", "remote_read_bytes", "remote_opens", "metadata_ops")
-
-    def __init__(self) -> None:
-        self.tiers = {T.FAST: TierIO(), T.SLOW: TierIO()}
-        self.misses = self.remote_read_bytes = self.remote_opens = self.metadata_ops = 0
-
-
 POLICY_FILE = "policy.json"
 
 
@@ -193,7 +155,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class TieringEngine:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
+                 census: Census | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         self.policy: OnlinePolicy = load_policy(config.policy)
@@ -224,12 +187,12 @@ class TieringEngine:
         self._commit_shortly = trio.Event()
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
-        self.counters = Counters()
-        self.io = IOStats()
+        self.counters = counters if counters is not None else Counters()
+        self.io = io if io is not None else IOStats()
+        self.census = census if census is not None else Census()
         self.policy_version = 0  # the control plane's policy version applied (0: none)
         self.device_capacity = 0
         self.control = None  # control_link.ControlLink when linked to a control plane
-        self._census_cache: tuple[float, float, Any] | None = None  # (when, seconds taken, counts)
         self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
         self.on_file_created = None  # (cluster) called with each regular file create_file makes
         self._nursery: trio.Nursery | None = None
@@ -1211,118 +1174,22 @@ class TieringEngine:
             "high_watermark": self.config.high_watermark, "low_watermark": self.config.low_watermark})
 
     # ------------------------------------------------------------------ counters
+    # (fs/counters.py: the counting and the report shapes)
     def counters_dict(self) -> dict[str, Any]:
         """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-        io = self.io
-        remote = {"read_bytes": io.remote_read_bytes, "fetches": 0, "fetch_bytes": 0, "opens": io.remote_opens}
-        if self.cluster is not None:
-            remote["fetches"] = self.cluster.status.remote_fetches
-            remote["fetch_bytes"] = self.cluster.status.remote_bytes
-        return {
-            T.FAST: io.tiers[T.FAST].as_dict(),
-            T.SLOW: io.tiers[T.SLOW].as_dict(),
-            "remote": remote,
-            "misses": io.misses,
-            "metadata_ops": io.metadata_ops,
-            "migrations": self.counters.migrations_done,
-            "migration_bytes": self.counters.bytes_promoted + self.counters.bytes_demoted,
-        }
+        return C.counters_dict(self.io, self.counters, self.cluster)
 
     def file_info(self, inode: Inode) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "ino": inode.ino,
-            "type": "dir" if inode.is_dir else "file" if inode.is_reg else "symlink" if stat.S_ISLNK(inode.mode) else "special",
-            "tier": inode.tier, "size": inode.size, "pinned": inode.pinned, "hits": inode.hits,
-            "open": inode.open_count, "agent_root": str(self.config.root),
-        }
-        if inode.is_reg:
-            info["blob"] = self.blob(inode)
-            if self.cluster is not None:
-                info["primary"] = self.cluster.node_id
-                info["replicas"] = list(inode.replicas)
-        if inode.migration is not None:
-            info["migration"] = inode.migration.as_dict()
-        return info
-
-    def _tier_vfs(self) -> tuple[os.statvfs_result, os.statvfs_result]:
-        """(worker thread) statvfs of the fast and slow tiers: a hung slow tier (a lost NFS
-        server) must never block the event loop."""
-        return self.tiers[T.FAST].statvfs(), self.tiers[T.SLOW].statvfs()
-
-    async def _census(self, max_age: float) -> tuple[dict[str, list[int]], int, int]:
-        """Files and bytes per tier, directories, other inodes: a walk of every inode
-        (about 1.3 s for a million), so callers that poll (the control-plane link, the
-        /metrics scrapes) accept one up to ``max_age`` seconds old — or older when the
-        walk itself is slow (at most 5 % of the loop's time).  The walk yields to the
-        loop between slices, so file system requests never wait for all of it."""
-        cached = self._census_cache
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < max(max_age, 20 * cached[1]) and max_age > 0:
-            return cached[2]
-        counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
-        dirs = others = 0
-        t0 = time.perf_counter()
-        for n, inode in enumerate(list(self.ns.inodes.values()), 1):
-            if n % STATUS_SLICE == 0:
-                await trio.lowlevel.checkpoint()
-            if inode.is_reg:
-                c = counts[inode.tier]
-                c[0] += 1
-                c[1] += inode.size
-            elif inode.is_dir:
-                dirs += 1
-            else:
-                others += 1
-        result = (counts, dirs, others)
-        self._census_cache = (now, time.perf_counter() - t0, result)
-        return result
+        return C.file_info(inode, self.blob(inode) if inode.is_reg else None, str(self.config.root), self.cluster)
 
     async def status(self, max_age: float = 0.0) -> dict[str, Any]:
-        """The agent's state (``hycache-agent status --json``).  ``max_age`` > 0: the file
-        and directory counts may be that many seconds old (see :meth:`_census`)."""
-        fast_vfs, slow_vfs = await trio.to_thread.run_sync(self._tier_vfs)
-        counts, dirs, others = await self._census(max_age)
-        return {
-            "pid": os.getpid(),
-            "mountpoint": str(self.config.mountpoint),
-            "root": str(self.config.root),
-            "uptime_seconds": round(time.time() - self.started, 1),
-            "policy": self.policy.name,
-            "policy_version": self.policy_version,
-            "watermarks": {"high": self.config.high_watermark, "low": self.config.low_watermark},
-            "tiers": {
-                T.FAST: {"path": str(self.tiers[T.FAST].path), "capacity": self.capacity,
-                         "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
-                         "used": self.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
-                         "remote_cache_bytes": self.remote_cache_used,
-                         "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
-                T.SLOW: {"path": str(self.tiers[T.SLOW].path),
-                         "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
-                         "device_capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
-                         "used": counts[T.SLOW][1], "files": counts[T.SLOW][0], "bytes": counts[T.SLOW][1],
-                         "device_free": slow_vfs.f_bavail * slow_vfs.f_frsize},
-            },
-            "counters": self.counters_dict(),
-            "directories": dirs,
-            "other_inodes": others,
-            "open_handles": len(self.handles),
-            "passthrough": dict(self.passthrough),
-            "migrations": {**self.counters.__dict__, "active": [m.as_dict() for m in self.active.values()]},
-            "cluster": None if self.cluster is None else self.cluster.status_dict(),
-            "control": None if self.control is None else self.control.status_dict(),
-            "hccache": None if self.cluster is None or self.cluster.reader is None else self.cluster.reader.status(),
-            "metadata": {"commits": self.ns.journal.commits, "pending": self.ns.journal.pending,
-                         "error": None if self.ns.journal.failed is None else str(self.ns.journal.failed)},
-        }
+        """The agent's state (``hycache-agent status --json``), see :func:`counters.status`."""
+        return await C.status(self, max_age)
 
     async def statfs(self) -> tuple[int, int, int, int]:
         """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
         slow = await trio.to_thread.run_sync(self.tiers[T.SLOW].statvfs)
-        fast_free = max(0, self.capacity - self.fast_used)
-        total = self.capacity + slow.f_blocks * slow.f_frsize
-        free = fast_free + slow.f_bavail * slow.f_frsize
-        files = max(slow.f_files, len(self.ns.inodes) + 1_000_000)
-        return total, free, files, files - len(self.ns.inodes)
+        return C.statfs(self.capacity, self.fast_used, slow, len(self.ns.inodes))
 
 
 class _Unlocked:
