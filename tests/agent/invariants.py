@@ -128,8 +128,9 @@ def check_invariants(engine, *, idle: bool = True) -> None:
         if inode.tier == T.FAST:
             fast_bytes += inode.size
             fast_inos.add(ino)
-    # empty blobs made ahead of time for future creates (if the engine keeps such a pool)
-    pool = set(getattr(engine, "_blob_pool", ())) | set(getattr(engine, "pool_filling", ()))
+    # empty blobs made ahead of time for future creates (fs/blobpool.py)
+    blobs = engine.blobs
+    pool = set(blobs.ready) | set(blobs.pool_filling)
     for ino in pool:
         if ino in ns.inodes:
             problems.append(f"inode {ino} is live but also in the pool of spare blobs")

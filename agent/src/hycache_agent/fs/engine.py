@@ -40,6 +40,7 @@ from hycache_core.sizes import format_size
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.config import AgentConfig
+from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BlobPool
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
@@ -48,9 +49,7 @@ from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, chec
 log = logging.getLogger(__name__)
 
 O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
-BLOB_POOL_LOW = 32
 _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
-BLOB_POOL_BATCH = 64
 # a change that only other nodes wait for (a size at close, in a cluster) is committed
 # this soon, unless the next operation's commit takes it first (then it costs no commit)
 COMMIT_SHORTLY_SECONDS = 0.005
@@ -156,9 +155,17 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
-                 census: Census | None = None) -> None:
+                 census: Census | None = None, blobs: BlobPool | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
+        # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
+        # agent sees no reads or writes, so a file is migrated only while nobody holds it
+        self.passthrough: dict[str, Any] = {"enabled": False, "reason": "not negotiated yet"}
+        # the pool of ready blobs and the reaper of freed ones (fs/blobpool.py); the
+        # create path uses its list and the backings' dict directly (no call per create)
+        self.blobs = blobs if blobs is not None else BlobPool(self.tiers, self.passthrough)
+        self._blob_pool = self.blobs.ready
+        self.pooled_backings = self.blobs.pooled_backings
         self.policy: OnlinePolicy = load_policy(config.policy)
         self.store: SQLiteStore | None = None
         self.ns: Namespace | None = None
@@ -173,19 +180,8 @@ class TieringEngine:
         # bumped by every tier switch: a handle's fd is stale when its generation differs,
         # even if the tier *name* matches again (slow→fast→slow)
         self._blob_gens: dict[int, int] = {}
-        self._blob_pool: list[int] = []  # inode numbers with an empty blob ready on the fast tier
-        # With passthrough, pool blobs are registered as backing files ahead of their
-        # create (the FUSE layer's Backings, set once the kernel accepted passthrough), so
-        # a create needs no thread hop at all: ino -> what backing_pool.prepare returned.
-        self.backing_pool: Any = None
-        self.pooled_backings: dict[int, Any] = {}
-        self._doomed: list[str] = []  # blobs of freed inodes, removed in batches by _reaper
-        self._reaping: trio.Event | None = None  # set when a removal batch in flight is done
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
-        self._reaper_wakeup = trio.Event()
-        self._pool_wakeup = trio.Event()
         self._commit_shortly = trio.Event()
-        self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         self.active: dict[int, Migration] = {}
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
@@ -198,9 +194,6 @@ class TieringEngine:
         self._nursery: trio.Nursery | None = None
         self._evict_wakeup = trio.Event()
         self.started = time.time()
-        # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
-        # agent sees no reads or writes, so a file is migrated only while nobody holds it
-        self.passthrough: dict[str, Any] = {"enabled": False, "reason": "not negotiated yet"}
         self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
         self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
 
@@ -297,8 +290,8 @@ class TieringEngine:
         self._nursery = nursery
         nursery.start_soon(self._evictor)
         nursery.start_soon(self._flusher)
-        nursery.start_soon(self._blob_pool_filler)
-        nursery.start_soon(self._reaper)
+        nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
+        nursery.start_soon(self.blobs.reaper)
         for lane in [self.ns.journal.lane, *self.lanes]:
             nursery.start_soon(lane.drainer)
         self._check_watermark()
@@ -310,15 +303,7 @@ class TieringEngine:
         for h in self.handles.values():
             h.close_all()
         self.handles.clear()
-        for ino in self._blob_pool:  # unused pre-created blobs
-            entry = self.pooled_backings.pop(ino, None)
-            if entry is not None:
-                self.backing_pool.discard(entry)
-            T.remove_blob(self.tiers[T.FAST].blob(ino))
-        self._blob_pool.clear()
-        for path in self._doomed:
-            T.remove_blob(path)
-        self._doomed.clear()
+        self.blobs.close()
         if self.ns is not None:
             self.ns.journal.counter("access_seq", self.ns.access_seq)
             self.ns.journal.sync_blocking()
@@ -335,6 +320,15 @@ class TieringEngine:
     def blob_gen(self, ino: int) -> int:
         """Bumped by every tier switch of the inode: its blob is another file then."""
         return self._blob_gens.get(ino, 0)
+
+    @property
+    def backing_pool(self) -> Any:
+        """The FUSE layer's Backings once the kernel accepted passthrough (it sets it)."""
+        return self.blobs.backing_pool
+
+    @backing_pool.setter
+    def backing_pool(self, backings: Any) -> None:
+        self.blobs.backing_pool = backings
 
     def _blob_leaving(self, ino: int) -> None:
         """The inode's blob is about to move or go: the FUSE layer drops the registration
@@ -456,33 +450,6 @@ class TieringEngine:
         name (:meth:`flush`), fsync and fsyncdir for everything."""
         if self._nursery is not None:  # (not serving yet: the next sync takes it)
             self.ns.journal.commit_soon()
-
-    async def _reaper(self) -> None:
-        """Remove the blobs of freed inodes in batches, off the requests' path (a crash
-        before that leaves orphans, which the recovery pass removes)."""
-        while True:
-            await self._reaper_wakeup.wait()
-            self._reaper_wakeup = trio.Event()
-            await self.reap_now()
-
-    async def reap_now(self) -> bool:
-        """Remove the blobs of freed inodes now.  Also called before a write or a spill
-        gives up with ENOSPC: a device full of deleted files' bytes must not fail it.
-        Returns whether anything was (being) removed."""
-        reaping = self._reaping
-        if reaping is not None:
-            await reaping.wait()
-        doomed, self._doomed = self._doomed, []
-        if not doomed:
-            return reaping is not None
-        self._reaping = done = trio.Event()
-        try:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in doomed])
-        finally:
-            self._reaping = None
-            done.set()
-        return True
 
     # ------------------------------------------------------------------ migration
     async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
@@ -654,53 +621,6 @@ class TieringEngine:
         return "no room on the " + dst + " tier, or the file changed during the copy"
 
     # ------------------------------------------------------------------ files
-    async def _new_blob(self, ino: int) -> str:
-        """Create an empty blob for a new file: on the fast tier, or the slow one if the
-        fast file system itself is full."""
-        for tier in (T.FAST, T.SLOW):
-            try:
-                await trio.to_thread.run_sync(T.create_blob, self.tiers[tier].blob(ino))
-                return tier
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC or tier == T.SLOW:
-                    raise FsError(exc.errno) from exc
-        raise AssertionError("unreachable")
-
-    async def _blob_pool_filler(self) -> None:
-        """Keep empty fast-tier blobs ready so that a create costs one thread hop (the
-        metadata commit) instead of two.  Unused ones are removed at shutdown, or by
-        the recovery pass after a crash (they have no inode)."""
-        fast = self.tiers[T.FAST]
-
-        def make(inos: list[int], pool) -> list[tuple[int, Any]]:
-            made = []
-            for ino in inos:
-                try:
-                    T.create_blob(fast.blob(ino))
-                except OSError:
-                    break
-                made.append((ino, pool.prepare(fast.blob(ino)) if pool is not None else None))
-            return made
-
-        while True:
-            if len(self._blob_pool) < BLOB_POOL_LOW:
-                inos = [self.ns.allocate_ino() for _ in range(BLOB_POOL_BATCH)]
-                self.pool_filling = set(inos)
-                pool = self.backing_pool if self.passthrough["enabled"] else None
-                try:
-                    made = await trio.to_thread.run_sync(make, inos, pool)
-                finally:
-                    self.pool_filling = set()
-                for ino, entry in made:
-                    self._blob_pool.append(ino)
-                    if entry is not None:
-                        self.pooled_backings[ino] = entry
-                if len(made) < len(inos):  # fast device full: try again later
-                    await trio.sleep(1.0)
-                continue
-            await self._pool_wakeup.wait()
-            self._pool_wakeup = trio.Event()
-
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
                           rdev: int = 0) -> Inode:
         """A new file and its name.  The name is committed in the background
@@ -712,10 +632,10 @@ class TieringEngine:
         if stat.S_ISREG(mode) and self._blob_pool:
             ino, tier = self._blob_pool.pop(), T.FAST
             if len(self._blob_pool) < BLOB_POOL_LOW:
-                self._pool_wakeup.set()
+                self.blobs.refill_soon()
         else:
             ino = ns.allocate_ino()
-            tier = await self._new_blob(ino) if stat.S_ISREG(mode) else None
+            tier = await self.blobs.new_blob(ino) if stat.S_ISREG(mode) else None
         try:
             inode = ns.new_inode(parent, name, mode, uid, gid, rdev=rdev, tier=tier, ino=ino)
         except FsError:
@@ -742,7 +662,7 @@ class TieringEngine:
             raise FsError(errno.EEXIST)
         ino = self.ns.allocate_ino()
         if src is None:
-            tier = await self._new_blob(ino)
+            tier = await self.blobs.new_blob(ino)
             size = 0
         else:
             tier, blob = T.FAST, self.tiers[T.FAST].blob(ino)
@@ -900,7 +820,7 @@ class TieringEngine:
                     self.fast_used -= reserve
                     if exc.errno == errno.ENOSPC and not reaped:
                         reaped = True
-                        if await self.reap_now():
+                        if await self.blobs.reap_now():
                             continue  # deleted files' bytes were still on the device
                     if exc.errno == errno.ENOSPC and inode.tier == T.FAST and not spilled:
                         spilled = True
@@ -940,7 +860,7 @@ class TieringEngine:
                 await inode.migration.done.wait()
             if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
                 return
-            await self.reap_now()  # the slow device may still hold deleted files' bytes
+            await self.blobs.reap_now()  # the slow device may still hold deleted files' bytes
         raise FsError(errno.ENOSPC)
 
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
@@ -993,7 +913,7 @@ class TieringEngine:
 
     async def maybe_free(self, inode: Inode) -> None:
         """Delete an inode's bytes once nothing refers to it (no name, handle or lookup);
-        the blobs go in the next removal batch (_reaper)."""
+        the blobs go in the next removal batch (BlobPool.reaper)."""
         if inode.nlink > 0 or inode.open_count > 0 or inode.lookups > 0:
             return
         if self.ns.inodes.get(inode.ino) is not inode:
@@ -1008,8 +928,7 @@ class TieringEngine:
             if inode.tier == T.FAST:
                 self.fast_used -= inode.size
             self.policy.remove(inode.ino)
-            self._doomed.extend(tier.blob(inode.ino) for tier in self.tiers.values())
-            self._reaper_wakeup.set()
+            self.blobs.doom(inode.ino)
 
     async def forget(self, ino: int, n: int) -> None:
         inode = self.ns.inodes.get(ino)
