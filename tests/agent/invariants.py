@@ -186,7 +186,7 @@ async def settle(engine, timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
         while quiet < 2:
             await trio.testing.wait_all_tasks_blocked(cushion=0.005)
-            evicting = engine._evict_wakeup.is_set()
+            evicting = engine.placement.eviction_pending()
             if engine.active or evicting or any(i.migration is not None for i in engine.ns.inodes.values()):
                 quiet = 0
                 await trio.sleep(0.01)

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import errno
 import itertools
-import json
 import logging
 import os
 import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -45,6 +43,7 @@ from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
+from hycache_agent.fs.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -120,42 +119,10 @@ class Handle:
         self.stale_fds = []
 
 
-POLICY_FILE = "policy.json"
-
-
-class PolicyError(ValueError):
-    """A policy setting that cannot be applied (unknown policy, bad watermarks)."""
-
-
-def validate_policy(policy: str, high: float, low: float) -> None:
-    from hycache_core.policies import available_policies
-
-    if policy not in available_policies():
-        raise PolicyError(f"policy: unknown policy {policy!r}; available: {', '.join(available_policies())}")
-    if not (isinstance(high, (int, float)) and 0 < high <= 1):
-        raise PolicyError(f"high_watermark: must be in (0, 1], got {high!r}")
-    if not (isinstance(low, (int, float)) and 0 <= low < 1):
-        raise PolicyError(f"low_watermark: must be in [0, 1), got {low!r}")
-    if low >= high:
-        raise PolicyError(f"low_watermark ({low}) must be below high_watermark ({high})")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """(blocking) Write ``obj`` as JSON to ``path``: temp file, fsync, rename, fsync dir."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, json.dumps(obj, indent=1).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    T.fsync_dir(str(path))
-
-
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
-                 census: Census | None = None, blobs: BlobPool | None = None) -> None:
+                 census: Census | None = None, blobs: BlobPool | None = None,
+                 placement: Placement | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
@@ -192,10 +159,12 @@ class TieringEngine:
         self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
         self.on_file_created = None  # (cluster) called with each regular file create_file makes
         self._nursery: trio.Nursery | None = None
-        self._evict_wakeup = trio.Event()
         self.started = time.time()
         self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
         self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
+        # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
+        self.placement = placement if placement is not None else Placement()
+        self.placement.attach(self)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -207,7 +176,7 @@ class TieringEngine:
         self.store = SQLiteStore(self.config.state_dir / "meta.db")
         self.ns = Namespace(lambda row: MetaJournal(self.store, row))
         self.ns.load(self.store.load(), os.getuid(), os.getgid())
-        saved = self.load_saved_policy()
+        saved = self.placement.load_saved_policy()
         if saved is not None:
             self.config.policy = saved["policy"]
             self.config.high_watermark = saved["high_watermark"]
@@ -288,13 +257,13 @@ class TieringEngine:
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the background tasks (evictor, periodic metadata flush)."""
         self._nursery = nursery
-        nursery.start_soon(self._evictor)
+        nursery.start_soon(self.placement.evictor)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
         nursery.start_soon(self.blobs.reaper)
         for lane in [self.ns.journal.lane, *self.lanes]:
             nursery.start_soon(lane.drainer)
-        self._check_watermark()
+        self.placement.check_watermark()
 
     def close(self) -> None:
         self._nursery = None  # the event loop is gone: what the lanes' callbacks record is
@@ -379,56 +348,6 @@ class TieringEngine:
                 if (inode.tier, self._blob_gens.get(inode.ino, 0)) == (tier, gen):
                     raise  # not moved meanwhile: a real ENOENT
 
-    def _evictable(self, inode: Inode | None) -> bool:
-        """May the evictor move this file now?  Not if pinned, open, being migrated or
-        locked by a writer (checked again when a chosen victim's turn comes)."""
-        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not self._held(inode)
-                and inode.migration is None and self.ns.inodes.get(inode.ino) is inode
-                and not self._locks.get(inode.ino, _UNLOCKED).locked())
-
-    def eviction_candidates(self, exclude: Inode | None = None):
-        for ino in self.policy.eviction_order():
-            inode = self.ns.inodes.get(ino)
-            if inode is not exclude and self._evictable(inode):
-                yield inode
-
-    async def _room_for(self, nbytes: int, exclude: Inode | None) -> bool:
-        """Make ``nbytes`` fit on the fast tier, evicting closed files if needed."""
-        if self.fast_used + nbytes <= self.capacity:
-            return True
-        if nbytes > self.capacity:
-            return False
-        for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
-            if self.fast_used + nbytes <= self.capacity:
-                break
-            await self.migrate(victim, T.SLOW, reason="evict")
-        return self.fast_used + nbytes <= self.capacity
-
-    def _check_watermark(self) -> None:
-        if self.fast_used > self.config.high_watermark * self.capacity:
-            self._evict_wakeup.set()
-
-    async def _evictor(self) -> None:
-        while True:
-            await self._evict_wakeup.wait()
-            self._evict_wakeup = trio.Event()
-            target = self.config.low_watermark * self.capacity
-            failures = 0
-            while self.fast_used > target:
-                victim = next(self.eviction_candidates(), None)
-                if victim is None:
-                    break
-                try:
-                    moved = await self.migrate(victim, T.SLOW, reason="evict")
-                except OSError as exc:  # the slow tier failed (EIO, vanished): keep serving
-                    log.error("eviction of inode %d failed: %s", victim.ino, exc)
-                    moved = False
-                if moved:
-                    failures = 0
-                else:  # back off: a full or failing slow tier must not become a busy loop
-                    failures += 1
-                    await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
-
     async def _flusher(self) -> None:
         while True:
             with trio.move_on_after(1.0):  # what rides on no other commit (times, heat)
@@ -459,7 +378,7 @@ class TieringEngine:
         if (not inode.is_reg or inode.tier == dst or inode.migration is not None
                 or self.ns.inodes.get(inode.ino) is not inode):  # deleted since it was chosen
             return False
-        if reason == "evict" and not self._evictable(inode):  # opened since it was chosen
+        if reason == "evict" and not self.placement.evictable(inode):  # opened since it was chosen
             return False
         if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
             return False  # the kernel writes the blob itself: it must not move under an open
@@ -604,7 +523,7 @@ class TieringEngine:
             return "the file was deleted"
         if inode.tier == dst:
             return None
-        if dst == T.FAST and not await self._room_for(inode.size, inode):
+        if dst == T.FAST and not await self.placement.room_for(inode.size, inode):
             log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
                      format_size(inode.size))
             return f"no room on the fast tier for {format_size(inode.size)}"
@@ -612,7 +531,7 @@ class TieringEngine:
             moved = await self.migrate(inode, dst, reason=reason)
         except OSError as exc:
             return f"migration failed: {exc}"
-        self._check_watermark()
+        self.placement.check_watermark()
         if moved or inode.tier == dst:
             return None
         if inode.tier != dst and inode.migration is not None and inode.migration.dst == dst:
@@ -680,7 +599,7 @@ class TieringEngine:
         if tier == T.FAST:
             self.fast_used += size
             self.policy.admit(inode.ino, size)
-        self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
+        self.placement.check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
 
     def _held(self, inode: Inode) -> bool:
@@ -693,7 +612,7 @@ class TieringEngine:
         if ev is not None:
             ev.set()
         if self.passthrough["enabled"]:
-            self._check_watermark()  # passthrough writes grew it behind the evictor's back
+            self.placement.check_watermark()  # passthrough writes grew it behind the evictor's back
 
     def backing_dropped(self, ino: int) -> None:
         """The FUSE layer dropped the inode's backing file (passthrough) after taking its
@@ -761,7 +680,7 @@ class TieringEngine:
         if not self.passthrough["enabled"]:
             return False
         if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
-            return await self._room_for(1, inode)
+            return await self.placement.room_for(1, inode)
         return True
 
     def written_through(self, inode: Inode, size: int, mtime_ns: int) -> None:
@@ -808,7 +727,7 @@ class TieringEngine:
         async with self.lock(inode):
             end = off + len(buf)
             growth = max(0, end - inode.size)
-            if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
+            if inode.tier == T.FAST and growth and not await self.placement.room_for(growth, inode):
                 await self._spill(inode)
             reaped = spilled = False
             while True:
@@ -842,7 +761,7 @@ class TieringEngine:
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, h.uid)
             self.ns.journal.inode(inode.ino)
-        self._check_watermark()
+        self.placement.check_watermark()
         return n
 
     async def _spill(self, inode: Inode) -> None:
@@ -866,7 +785,7 @@ class TieringEngine:
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
         async with self.lock(inode):
             growth = size - inode.size
-            if inode.tier == T.FAST and growth > 0 and not await self._room_for(growth, inode):
+            if inode.tier == T.FAST and growth > 0 and not await self.placement.room_for(growth, inode):
                 await self._spill(inode)
             try:
                 await trio.to_thread.run_sync(os.truncate, self.blob(inode), size)
@@ -881,7 +800,7 @@ class TieringEngine:
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, uid)
             self.ns.journal.inode(inode.ino)
-        self._check_watermark()
+        self.placement.check_watermark()
 
     async def flush(self, fh: int) -> None:
         """close(2) of a writer waits only for its file's name to be committed (usually
@@ -950,35 +869,29 @@ class TieringEngine:
             await self.maybe_free(replaced)
         await self.ns.journal.sync()
 
-    # ------------------------------------------------------------------ control
-    # One implementation of the per-file controls, shared by the user.hycache.* xattrs,
-    # the CLI (through the xattrs) and the control-plane link.
-    def pin(self, inode: Inode, pinned: bool) -> None:
-        inode.pinned = pinned
-        self.ns.journal.inode(inode.ino)
+    # ------------------------------------------------------------------ placement
+    # (fs/placement.py) what the other seams ask of it: the FUSE layer's xattrs, the
+    # control link, rebalance
+    def eviction_candidates(self, exclude: Inode | None = None):
+        return self.placement.eviction_candidates(exclude)
+
+    def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
+        self.placement.apply_policy(policy, high, low, version)
+
+    def save_policy(self) -> None:
+        self.placement.save_policy()
 
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:
-        """Pin (never evict) or unpin a file, durably."""
-        self.pin(inode, pinned)
-        await self.ns.journal.sync()
-
-    def _check_move(self, inode: Inode, tier: str) -> None:
-        if tier not in T.TIER_NAMES:
-            raise FsError(errno.EINVAL, f"no tier named {tier!r}")
-        if not inode.is_reg:
-            raise FsError(errno.EINVAL, "not a regular file")
-        if tier == T.FAST and inode.size > self.capacity:
-            raise FsError(errno.ENOSPC, f"{format_size(inode.size)} is larger than the fast tier")
+        await self.placement.set_pinned(inode, pinned)
 
     def request_move(self, inode: Inode, tier: str) -> bool:
-        """Start moving a file to ``tier`` in the background (FsError if it cannot go)."""
-        self._check_move(inode, tier)
-        return self.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
+        return self.placement.request_move(inode, tier)
 
     async def move(self, inode: Inode, tier: str) -> str | None:
-        """Move a file to ``tier`` and wait: None when it is there, else the reason."""
-        self._check_move(inode, tier)
-        return await self.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
+        return await self.placement.move(inode, tier)
+
+    async def prefetch(self, path: str | bytes) -> str:
+        return await self.placement.prefetch(path)
 
     # ------------------------------------------------------------------ remote copies
     def remote_copy_added(self, nbytes: int) -> None:
@@ -986,62 +899,11 @@ class TieringEngine:
         room like any fast-tier file (the evictor makes room among local files)."""
         self.fast_used += nbytes
         self.remote_cache_used += nbytes
-        self._check_watermark()
+        self.placement.check_watermark()
 
     def remote_copy_removed(self, nbytes: int) -> None:
         self.fast_used -= nbytes
         self.remote_cache_used -= nbytes
-
-    async def prefetch(self, path: str | bytes) -> str:
-        """Bring a file's bytes onto this node's fast tier ahead of the job that reads it
-        (a plan step of the 2-layer scheduling).  A local file on the slow tier is promoted
-        (waited for); a file whose primary is another node is fetched into this node's
-        remote cache on the fast tier, where a later open finds it (a fast-tier hit).  Room
-        is made like for a promotion (closed, unpinned files are evicted) and never beyond
-        the capacity.  Returns what was done; raises FsError (ENOENT: no such file, ENOSPC:
-        no room, …) with the reason as its second argument."""
-        raw = os.fsencode(path)
-        try:
-            inode = self.local_inode(raw)
-        except FsError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR) or self.cluster is None:
-                raise
-            return await self._prefetch_remote(raw)
-        if not inode.is_reg:
-            raise FsError(errno.EINVAL, "not a regular file")
-        if inode.tier == T.FAST:
-            return "already fast"
-        why = await self.move(inode, T.FAST)
-        if why is not None:
-            raise FsError(errno.ENOSPC, why)
-        return T.FAST
-
-    async def _prefetch_remote(self, raw: bytes) -> str:
-        cluster = self.cluster
-        meta = await cluster.query("get", raw, missing=None)
-        if meta is cluster.UNREACHABLE:
-            raise FsError(errno.EIO, "the metadata store is unreachable")
-        if meta is None or (meta.primary == cluster.node_id and meta.kind != "dir"):
-            raise FsError(errno.ENOENT, "no such file")
-        if meta.kind != "file":
-            raise FsError(errno.EINVAL, "not a regular file")
-        node = cluster.remote_node(raw, meta)
-        async with cluster.fetch_lock(raw):
-            if cluster.has_copy(node):
-                return "already fast (remote copy)"
-            size = node.meta.size
-            if size > self.capacity:
-                raise FsError(errno.ENOSPC, f"{format_size(size)} is larger than the fast tier")
-            if not await self._room_for(size, None):
-                raise FsError(errno.ENOSPC, f"no room for {format_size(size)} on the fast tier "
-                                            f"({format_size(self.fast_used)} of {format_size(self.capacity)} "
-                                            "used by pinned, open or moving files)")
-            self.fast_used += size  # reserved while fetching (the copy is counted once there)
-            try:
-                await cluster.fetch_locked(node)
-            finally:
-                self.fast_used -= size
-        return f"fast (fetched {format_size(node.cache_size)} from {meta.primary})"
 
     def local_inode(self, path: str | bytes) -> Inode:
         """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
@@ -1049,48 +911,6 @@ class TieringEngine:
         if not raw.startswith(b"/") or b"\0" in raw:
             raise FsError(errno.EINVAL, "the path must be absolute, without NUL")
         return self.ns.resolve(raw)
-
-    # ------------------------------------------------------------------ policy
-    def load_saved_policy(self) -> dict[str, Any] | None:
-        """(blocking, at start) The policy last applied from the control plane, if any."""
-        path = self.config.state_dir / POLICY_FILE
-        try:
-            saved = json.loads(path.read_text())
-            validate_policy(saved["policy"], saved["high_watermark"], saved["low_watermark"])
-            saved["version"] = int(saved["version"])
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            log.error("ignoring the saved policy %s: %s", path, exc)
-            return None
-        return saved
-
-    def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
-        """Swap the eviction policy and the watermarks of the running engine (PolicyError
-        if invalid; nothing changes then).  The fast tier's files are re-admitted in their
-        recency order; pinned files stay pinned (the evictor skips them whatever the
-        policy); the evictor runs if the fast tier is above the new high mark."""
-        validate_policy(policy, high, low)
-        if policy != self.policy.name:
-            new = load_policy(policy, capacity=self.capacity)
-            resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
-                              key=lambda i: i.last_access)
-            for inode in resident:
-                new.admit(inode.ino, inode.size, max(1, inode.hits, self.policy.hits(inode.ino)))
-            self.policy = new
-            self.config.policy = policy
-        self.config.high_watermark = float(high)
-        self.config.low_watermark = float(low)
-        if version is not None:
-            self.policy_version = version
-        log.info("policy %s, watermarks %.2f/%.2f applied (version %s)", policy, high, low, version)
-        self._check_watermark()
-
-    def save_policy(self) -> None:
-        """(blocking) Keep the applied policy in the state directory for the next start."""
-        write_json_atomic(self.config.state_dir / POLICY_FILE, {
-            "version": self.policy_version, "policy": self.policy.name,
-            "high_watermark": self.config.high_watermark, "low_watermark": self.config.low_watermark})
 
     # ------------------------------------------------------------------ counters
     # (fs/counters.py: the counting and the report shapes)
@@ -1109,12 +929,3 @@ class TieringEngine:
         """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
         slow = await trio.to_thread.run_sync(self.tiers[T.SLOW].statvfs)
         return C.statfs(self.capacity, self.fast_used, slow, len(self.ns.inodes))
-
-
-class _Unlocked:
-    @staticmethod
-    def locked() -> bool:
-        return False
-
-
-_UNLOCKED = _Unlocked()
