@@ -1,4 +1,19 @@
-"""The tiering engine: owns the tiers, the namespace, space accounting and migrations.
+"""The tiering engine: owns the tiers, the namespace, space accounting and the file
+operations (create, open, read, write, truncate, flush, fsync, release, remove, rename),
+start-up and recovery; composes the parts that do the rest, passed in (or made with
+defaults) as s3ql's ``Operations(block_cache, db, inode_cache)``:
+
+* :mod:`~hycache_agent.fs.counters` — what is counted and reported (status, statfs);
+* :mod:`~hycache_agent.fs.blobpool` — empty fast-tier blobs made ahead of creates, and the
+  removal of freed inodes' blobs;
+* :mod:`~hycache_agent.fs.placement` — room on the fast tier, watermarks and the evictor,
+  the policy's settings, pins, move requests, prefetch (Algorithms 1–3 of the papers);
+* :mod:`~hycache_agent.fs.migrations` — stage → copy → fsync → atomic switch → remove.
+
+The state they share stays here: the namespace, ``capacity``/``fast_used``, the policy
+queue, the files' locks and handles.  The request path keeps direct references to the
+parts' attributes it uses per request (the blob pool's list, the blob generations, the
+room check), so the split adds no call on it.
 
 Placement follows Algorithms 1–3 of the HyCache papers, with an inode store instead of
 symlink stubs (see :mod:`hycache_agent.fs.tiers`):
@@ -11,10 +26,7 @@ symlink stubs (see :mod:`hycache_agent.fs.tiers`):
   low watermark;
 * opening an evicted file reads through from the slow tier at once and promotes it in
   the background (reads never wait for a multi-GB copy);
-* a migration is stage (O_EXCL temp) → copy → fsync file and dir → atomic switch
-  (rename + metadata commit) → remove the old copy.  Writes during the copy bump the
-  inode's data generation and the switch is abandoned, so an open file is never
-  corrupted.  :meth:`TieringEngine.recover` resolves whatever a crash left behind.
+* :meth:`TieringEngine.recover` resolves whatever a crash left behind.
 
 Every blocking call runs in a worker thread (``trio.to_thread.run_sync``).
 """
@@ -33,7 +45,6 @@ from typing import Any
 
 import trio
 from hycache_core.policies import OnlinePolicy, load_policy
-from hycache_core.sizes import format_size
 
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
@@ -42,6 +53,7 @@ from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BlobPool
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
+from hycache_agent.fs.migrations import Migrations
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
 from hycache_agent.fs.placement import Placement
 
@@ -52,33 +64,6 @@ _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
 # a change that only other nodes wait for (a size at close, in a cluster) is committed
 # this soon, unless the next operation's commit takes it first (then it costs no commit)
 COMMIT_SHORTLY_SECONDS = 0.005
-
-
-@dataclass(eq=False)
-class Migration:
-    ino: int
-    src: str
-    dst: str
-    total: int
-    reason: str
-    started: float = field(default_factory=time.monotonic)
-    copied: int = 0
-    cancelled: bool = False
-    last_log: float = 0.0
-    done: trio.Event = field(default_factory=trio.Event)
-
-    def progress(self, copied: int) -> None:  # called from the copying thread
-        self.copied = copied
-        t = time.monotonic()
-        if self.total >= (256 << 20) and t - self.last_log >= 2.0:
-            self.last_log = t
-            log.info("migrating inode %d %s→%s: %s of %s (%.0f%%)", self.ino, self.src, self.dst,
-                     format_size(copied), format_size(self.total), 100.0 * copied / max(1, self.total))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ino": self.ino, "from": self.src, "to": self.dst, "reason": self.reason,
-                "copied": self.copied, "total": self.total,
-                "seconds": round(time.monotonic() - self.started, 3)}
 
 
 @dataclass(eq=False)
@@ -122,7 +107,7 @@ class Handle:
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
                  census: Census | None = None, blobs: BlobPool | None = None,
-                 placement: Placement | None = None) -> None:
+                 placement: Placement | None = None, migrations: Migrations | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
@@ -144,12 +129,8 @@ class TieringEngine:
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._locks: dict[int, trio.Lock] = {}
-        # bumped by every tier switch: a handle's fd is stale when its generation differs,
-        # even if the tier *name* matches again (slow→fast→slow)
-        self._blob_gens: dict[int, int] = {}
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
         self._commit_shortly = trio.Event()
-        self.active: dict[int, Migration] = {}
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.census = census if census is not None else Census()
@@ -158,13 +139,22 @@ class TieringEngine:
         self.control = None  # control_link.ControlLink when linked to a control plane
         self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
         self.on_file_created = None  # (cluster) called with each regular file create_file makes
-        self._nursery: trio.Nursery | None = None
+        self.nursery: trio.Nursery | None = None
         self.started = time.time()
         self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
         self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
         # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
         self.placement = placement if placement is not None else Placement()
         self.placement.attach(self)
+        # the write path asks these on every request that grows a file: direct references
+        self._room_for = self.placement.room_for
+        self._check_watermark = self.placement.check_watermark
+        # moving files between the tiers; the read path uses its generations directly
+        self.migrations = migrations if migrations is not None else Migrations()
+        self.migrations.attach(self)
+        self.active = self.migrations.active
+        self._blob_gens = self.migrations.blob_gens
+        self.blob_gen = self.migrations.blob_gen  # (per passthrough open: no extra call)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -256,17 +246,17 @@ class TieringEngine:
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the background tasks (evictor, periodic metadata flush)."""
-        self._nursery = nursery
+        self.nursery = nursery
         nursery.start_soon(self.placement.evictor)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
         nursery.start_soon(self.blobs.reaper)
         for lane in [self.ns.journal.lane, *self.lanes]:
             nursery.start_soon(lane.drainer)
-        self.placement.check_watermark()
+        self._check_watermark()
 
     def close(self) -> None:
-        self._nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        self.nursery = None  # the event loop is gone: what the lanes' callbacks record is
         for lane in self.lanes:  # committed by sync_blocking() below
             lane.close()
         for h in self.handles.values():
@@ -286,9 +276,10 @@ class TieringEngine:
             lock = self._locks[inode.ino] = trio.Lock()
         return lock
 
-    def blob_gen(self, ino: int) -> int:
-        """Bumped by every tier switch of the inode: its blob is another file then."""
-        return self._blob_gens.get(ino, 0)
+    def is_locked(self, ino: int) -> bool:
+        """A writer (or a migration's switch) holds the file's lock now."""
+        lock = self._locks.get(ino)
+        return lock is not None and lock.locked()
 
     @property
     def backing_pool(self) -> Any:
@@ -298,12 +289,6 @@ class TieringEngine:
     @backing_pool.setter
     def backing_pool(self, backings: Any) -> None:
         self.blobs.backing_pool = backings
-
-    def _blob_leaving(self, ino: int) -> None:
-        """The inode's blob is about to move or go: the FUSE layer drops the registration
-        it may have kept for it after the last release (passthrough.Backings.parked)."""
-        if self.backing_pool is not None:
-            self.backing_pool.forget_parked(ino)
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
@@ -367,177 +352,8 @@ class TieringEngine:
         at once, and the commit overlaps with the application's next steps.  Names made
         this way are durable within a commit's time; a writer's close waits for its file's
         name (:meth:`flush`), fsync and fsyncdir for everything."""
-        if self._nursery is not None:  # (not serving yet: the next sync takes it)
+        if self.nursery is not None:  # (not serving yet: the next sync takes it)
             self.ns.journal.commit_soon()
-
-    # ------------------------------------------------------------------ migration
-    async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
-        """Move a regular file's bytes to tier ``dst``.  Returns True if it moved.
-
-        ``locked``: the caller holds the inode's lock (a spill from inside a write)."""
-        if (not inode.is_reg or inode.tier == dst or inode.migration is not None
-                or self.ns.inodes.get(inode.ino) is not inode):  # deleted since it was chosen
-            return False
-        if reason == "evict" and not self.placement.evictable(inode):  # opened since it was chosen
-            return False
-        if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
-            return False  # the kernel writes the blob itself: it must not move under an open
-        self._blob_leaving(inode.ino)
-        src = inode.tier
-        src_tier, dst_tier = self.tiers[src], self.tiers[dst]
-        mig = Migration(inode.ino, src, dst, inode.size, reason)
-        inode.migration = mig
-        self.active[inode.ino] = mig
-        reserved = 0
-        if dst == T.FAST:
-            reserved = inode.size
-            self.fast_used += reserved
-        gen = inode.data_gen
-        temp = dst_tier.temp_blob(inode.ino)
-        moved = False
-        try:
-            try:
-                await trio.to_thread.run_sync(T.copy_blob, src_tier.blob(inode.ino), temp, mig.progress,
-                                              lambda: mig.cancelled, abandon_on_cancel=False)
-            except InterruptedError:
-                self.counters.migrations_abandoned += 1
-                return False
-            if locked:
-                moved = await self._switch(inode, mig, gen, temp)
-            elif (lock := await self._acquire_for_switch(inode, mig)) is not None:
-                try:
-                    moved = await self._switch(inode, mig, gen, temp)
-                finally:
-                    lock.release()
-            if not moved:
-                self.counters.migrations_abandoned += 1
-            return moved
-        except OSError as exc:
-            if mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
-                # deleted under the copy (maybe_free removed its blobs): nothing to move
-                self.counters.migrations_abandoned += 1
-                return False
-            self.counters.migrations_failed += 1
-            log.error("migration of inode %d %s→%s failed: %s", inode.ino, src, dst, exc)
-            if exc.errno == errno.ENOSPC:
-                return False
-            raise
-        finally:
-            if not moved:
-                # before the migration counts as over: a spill waiting on ``done`` stages
-                # its own copy under the same temp name (O_EXCL) right after
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(T.remove_blob, temp)
-            inode.migration = None
-            self.active.pop(inode.ino, None)
-            mig.done.set()
-            self.fast_used -= reserved
-
-    async def _acquire_for_switch(self, inode: Inode, mig: Migration) -> trio.Lock | None:
-        """Take the file's lock for the switch.  An eviction never waits for a writer;
-        other migrations wait, but give up when cancelled (a spill of the same file
-        cancels a promotion while it holds the lock, so a blocking wait could deadlock)."""
-        lock = self.lock(inode)
-        while True:
-            try:
-                lock.acquire_nowait()
-                return lock
-            except trio.WouldBlock:
-                if mig.reason == "evict" or mig.cancelled:
-                    return None
-                await trio.sleep(0.005)
-
-    async def _switch(self, inode: Inode, mig: Migration, gen: int, temp: str) -> bool:
-        """The atomic switch: called with the inode lock held."""
-        if inode.data_gen != gen or mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
-            return False
-        src_blob = self.tiers[mig.src].blob(inode.ino)
-        dst_blob = self.tiers[mig.dst].blob(inode.ino)
-        await trio.to_thread.run_sync(T.commit_blob, temp, dst_blob)
-        if mig.cancelled or self.ns.inodes.get(inode.ino) is not inode:
-            # deleted during the rename: maybe_free() may have run before the new name existed
-            await trio.to_thread.run_sync(T.remove_blob, dst_blob)
-            return False
-        # Switch the tier, the accounting and the policy together, before the commit
-        # awaits: a deletion (maybe_free) running during the commit must find them agreeing.
-        inode.tier = mig.dst
-        self._blob_gens[inode.ino] = self._blob_gens.get(inode.ino, 0) + 1  # open fds are stale
-        if mig.dst == T.FAST:
-            self.fast_used += inode.size
-            # admitted as the most recently used: persist that, so a restart (which
-            # re-admits in last-access order) rebuilds the same queue
-            self.ns.access_seq += 1
-            inode.last_access = self.ns.access_seq
-            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-            self.counters.bytes_promoted += inode.size
-        else:
-            self.fast_used -= inode.size
-            self.policy.remove(inode.ino)
-            self.counters.bytes_demoted += inode.size
-        self.ns.journal.inode(inode.ino)
-        # from here the metadata (or, if the commit fails, the recovery pass, which keeps
-        # the copy the metadata names) decides; both copies are complete
-        await self.ns.journal.sync()
-        await trio.to_thread.run_sync(T.remove_blob, src_blob)
-        self.counters.migrations_done += 1
-        if mig.reason == "evict":
-            self.counters.evictions += 1
-        elif mig.reason == "spill":
-            self.counters.spills += 1
-        elif mig.dst == T.FAST:
-            self.counters.promotions += 1
-        log.debug("migrated inode %d %s→%s (%s, %s)", inode.ino, mig.src, mig.dst, mig.reason,
-                  format_size(inode.size))
-        return True
-
-    def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
-        """Start a migration in the background (promotion on open, xattr/CLI requests)."""
-        if not inode.is_reg or self._nursery is None:
-            return False
-        if inode.migration is not None:
-            if inode.migration.dst == dst:
-                return True  # already on its way
-        elif inode.tier == dst:
-            return False
-        self._nursery.start_soon(self._background_migration, inode, dst, reason)
-        return True
-
-    async def _background_migration(self, inode: Inode, dst: str, reason: str) -> None:
-        try:
-            await self.move_now(inode, dst, reason)
-        except Exception:
-            log.exception("background migration of inode %d failed", inode.ino)
-
-    async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
-        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
-        # a migration in flight the other way (e.g. the tail of a demotion when the
-        # file is opened again) finishes first; then this one decides afresh
-        while inode.migration is not None or self.passthrough["enabled"] and self._held(inode):
-            if inode.migration is not None:
-                await inode.migration.done.wait()
-            else:  # passthrough: the blob moves only once the last handle is gone
-                await self._idle_event(inode).wait()
-            if self.ns.inodes.get(inode.ino) is not inode:
-                return "the file was deleted"
-        if self.ns.inodes.get(inode.ino) is not inode:
-            return "the file was deleted"
-        if inode.tier == dst:
-            return None
-        if dst == T.FAST and not await self.placement.room_for(inode.size, inode):
-            log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
-                     format_size(inode.size))
-            return f"no room on the fast tier for {format_size(inode.size)}"
-        try:
-            moved = await self.migrate(inode, dst, reason=reason)
-        except OSError as exc:
-            return f"migration failed: {exc}"
-        self.placement.check_watermark()
-        if moved or inode.tier == dst:
-            return None
-        if inode.tier != dst and inode.migration is not None and inode.migration.dst == dst:
-            await inode.migration.done.wait()  # another request moved it meanwhile
-            return None if inode.tier == dst else "the file changed during the copy"
-        return "no room on the " + dst + " tier, or the file changed during the copy"
 
     # ------------------------------------------------------------------ files
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
@@ -599,10 +415,10 @@ class TieringEngine:
         if tier == T.FAST:
             self.fast_used += size
             self.policy.admit(inode.ino, size)
-        self.placement.check_watermark()  # too big for the fast tier: the evictor moves it once closed
+        self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
 
-    def _held(self, inode: Inode) -> bool:
+    def held(self, inode: Inode) -> bool:
         """Open, or (passthrough) its blob still registered with the kernel: its final size
         is known only once the FUSE layer has dropped the backing (:meth:`backing_dropped`)."""
         return bool(inode.open_count) or inode.ino in self.backed
@@ -612,17 +428,17 @@ class TieringEngine:
         if ev is not None:
             ev.set()
         if self.passthrough["enabled"]:
-            self.placement.check_watermark()  # passthrough writes grew it behind the evictor's back
+            self._check_watermark()  # passthrough writes grew it behind the evictor's back
 
     def backing_dropped(self, ino: int) -> None:
         """The FUSE layer dropped the inode's backing file (passthrough) after taking its
         final size: it may move now."""
         self.backed.discard(ino)
         inode = self.ns.inodes.get(ino)
-        if inode is not None and not self._held(inode):
+        if inode is not None and not self.held(inode):
             self._now_free(inode)
 
-    def _idle_event(self, inode: Inode) -> trio.Event:
+    def idle_event(self, inode: Inode) -> trio.Event:
         ev = self._idle.get(inode.ino)
         if ev is None:
             ev = self._idle[inode.ino] = trio.Event()
@@ -641,7 +457,7 @@ class TieringEngine:
             # the handle may get the blob as its backing file: an open arriving during a
             # migration waits for the switch (and before-open promotes while nobody holds it)
             if before_open and not inode.open_count and inode.migration is None:
-                await self._background_migration(inode, T.FAST, "promote")
+                await self.migrations.background_migration(inode, T.FAST, "promote")
             while inode.migration is not None:
                 await inode.migration.done.wait()
             if self.ns.inodes.get(inode.ino) is not inode:
@@ -667,9 +483,9 @@ class TieringEngine:
             self.policy.touch(inode.ino, inode.size)
         elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
             if before_open:
-                await self._background_migration(inode, T.FAST, "promote")
+                await self.migrations.background_migration(inode, T.FAST, "promote")
             else:  # with passthrough: once the last handle is released
-                self.start_migration(inode, T.FAST, "promote")
+                self.migrations.start_migration(inode, T.FAST, "promote")
         return fh
 
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
@@ -680,7 +496,7 @@ class TieringEngine:
         if not self.passthrough["enabled"]:
             return False
         if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
-            return await self.placement.room_for(1, inode)
+            return await self._room_for(1, inode)
         return True
 
     def written_through(self, inode: Inode, size: int, mtime_ns: int) -> None:
@@ -727,8 +543,8 @@ class TieringEngine:
         async with self.lock(inode):
             end = off + len(buf)
             growth = max(0, end - inode.size)
-            if inode.tier == T.FAST and growth and not await self.placement.room_for(growth, inode):
-                await self._spill(inode)
+            if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
+                await self.migrations.spill(inode)
             reaped = spilled = False
             while True:
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
@@ -743,7 +559,7 @@ class TieringEngine:
                             continue  # deleted files' bytes were still on the device
                     if exc.errno == errno.ENOSPC and inode.tier == T.FAST and not spilled:
                         spilled = True
-                        await self._spill(inode)  # the fast device itself is full
+                        await self.migrations.spill(inode)  # the fast device itself is full
                         continue
                     raise FsError(exc.errno) from exc
                 self.fast_used -= reserve
@@ -761,32 +577,14 @@ class TieringEngine:
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, h.uid)
             self.ns.journal.inode(inode.ino)
-        self.placement.check_watermark()
+        self._check_watermark()
         return n
-
-    async def _spill(self, inode: Inode) -> None:
-        """Move the file being written to the slow tier (caller holds its lock)."""
-        if inode.ino in self.backed:
-            # the kernel writes this blob itself while it is open: it stays (over the
-            # capacity) and the evictor makes room once it is closed
-            return
-        log.info("spilling inode %d (%s) to the slow tier: fast tier full", inode.ino, format_size(inode.size))
-        for _ in range(3):
-            if inode.migration is not None:  # a promotion, demotion or eviction got there first
-                # cancel it whatever its direction: its switch needs the lock we hold, so
-                # waiting for a demotion to finish would deadlock (the spill moves it anyway)
-                inode.migration.cancelled = True
-                await inode.migration.done.wait()
-            if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
-                return
-            await self.blobs.reap_now()  # the slow device may still hold deleted files' bytes
-        raise FsError(errno.ENOSPC)
 
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
         async with self.lock(inode):
             growth = size - inode.size
-            if inode.tier == T.FAST and growth > 0 and not await self.placement.room_for(growth, inode):
-                await self._spill(inode)
+            if inode.tier == T.FAST and growth > 0 and not await self._room_for(growth, inode):
+                await self.migrations.spill(inode)
             try:
                 await trio.to_thread.run_sync(os.truncate, self.blob(inode), size)
             except OSError as exc:
@@ -800,7 +598,7 @@ class TieringEngine:
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, uid)
             self.ns.journal.inode(inode.ino)
-        self.placement.check_watermark()
+        self._check_watermark()
 
     async def flush(self, fh: int) -> None:
         """close(2) of a writer waits only for its file's name to be committed (usually
@@ -824,7 +622,7 @@ class TieringEngine:
         h = self.handles.pop(fh)
         inode = h.inode
         inode.open_count -= 1
-        if not self._held(inode):
+        if not self.held(inode):
             self._now_free(inode)
         if h.fd >= 0 or h.stale_fds:  # (none when the kernel did the I/O: passthrough)
             await trio.to_thread.run_sync(h.close_all)
@@ -838,7 +636,7 @@ class TieringEngine:
         if self.ns.inodes.get(inode.ino) is not inode:
             return
         self.ns.forget_inode(inode)
-        self._blob_leaving(inode.ino)
+        self.migrations.blob_leaving(inode.ino)
         self._locks.pop(inode.ino, None)
         self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:
@@ -899,7 +697,7 @@ class TieringEngine:
         room like any fast-tier file (the evictor makes room among local files)."""
         self.fast_used += nbytes
         self.remote_cache_used += nbytes
-        self.placement.check_watermark()
+        self._check_watermark()
 
     def remote_copy_removed(self, nbytes: int) -> None:
         self.fast_used -= nbytes

@@ -68,15 +68,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     T.fsync_dir(str(path))
 
 
-class _Unlocked:
-    @staticmethod
-    def locked() -> bool:
-        return False
-
-
-_UNLOCKED = _Unlocked()
-
-
 class Placement:
     def __init__(self) -> None:
         self.engine: TieringEngine | None = None
@@ -91,9 +82,9 @@ class Placement:
         """May the evictor move this file now?  Not if pinned, open, being migrated or
         locked by a writer (checked again when a chosen victim's turn comes)."""
         e = self.engine
-        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not e._held(inode)
+        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not e.held(inode)
                 and inode.migration is None and e.ns.inodes.get(inode.ino) is inode
-                and not e._locks.get(inode.ino, _UNLOCKED).locked())
+                and not e.is_locked(inode.ino))
 
     def eviction_candidates(self, exclude: Inode | None = None):
         e = self.engine
@@ -112,7 +103,7 @@ class Placement:
         for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
             if e.fast_used + nbytes <= e.capacity:
                 break
-            await e.migrate(victim, T.SLOW, reason="evict")
+            await e.migrations.migrate(victim, T.SLOW, reason="evict")
         return e.fast_used + nbytes <= e.capacity
 
     def check_watermark(self) -> None:
@@ -135,7 +126,7 @@ class Placement:
                 if victim is None:
                     break
                 try:
-                    moved = await e.migrate(victim, T.SLOW, reason="evict")
+                    moved = await e.migrations.migrate(victim, T.SLOW, reason="evict")
                 except OSError as exc:  # the slow tier failed (EIO, vanished): keep serving
                     log.error("eviction of inode %d failed: %s", victim.ino, exc)
                     moved = False
@@ -212,12 +203,12 @@ class Placement:
     def request_move(self, inode: Inode, tier: str) -> bool:
         """Start moving a file to ``tier`` in the background (FsError if it cannot go)."""
         self._check_move(inode, tier)
-        return self.engine.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
+        return self.engine.migrations.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
 
     async def move(self, inode: Inode, tier: str) -> str | None:
         """Move a file to ``tier`` and wait: None when it is there, else the reason."""
         self._check_move(inode, tier)
-        return await self.engine.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
+        return await self.engine.migrations.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
 
     # ------------------------------------------------------------------ prefetch
     async def prefetch(self, path: str | bytes) -> str:
