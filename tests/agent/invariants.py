@@ -128,8 +128,9 @@ def check_invariants(engine, *, idle: bool = True) -> None:
         if inode.tier == T.FAST:
             fast_bytes += inode.size
             fast_inos.add(ino)
-    # empty blobs made ahead of time for future creates (if the engine keeps such a pool)
-    pool = set(getattr(engine, "_blob_pool", ())) | set(getattr(engine, "pool_filling", ()))
+    # empty blobs made ahead of time for future creates (fs/blobpool.py)
+    blobs = engine.blobs
+    pool = set(blobs.ready) | set(blobs.pool_filling)
     for ino in pool:
         if ino in ns.inodes:
             problems.append(f"inode {ino} is live but also in the pool of spare blobs")
@@ -185,7 +186,7 @@ async def settle(engine, timeout: float = 30.0) -> None:
     with trio.fail_after(timeout):
         while quiet < 2:
             await trio.testing.wait_all_tasks_blocked(cushion=0.005)
-            evicting = engine._evict_wakeup.is_set()
+            evicting = engine.placement.eviction_pending()
             if engine.active or evicting or any(i.migration is not None for i in engine.ns.inodes.values()):
                 quiet = 0
                 await trio.sleep(0.01)

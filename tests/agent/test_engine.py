@@ -879,7 +879,7 @@ def test_failing_slow_tier_does_not_kill_the_engine(tmp_path):
         for n, i in enumerate(inos):
             assert await read_file(i) == data(150 * K, n)
         slow.prepare()  # the slow tier is back
-        h.engine._check_watermark()
+        h.engine.placement.check_watermark()
         with trio.fail_after(30):
             while h.engine.fast_used > 0.7 * h.engine.capacity or h.engine.active:
                 await trio.sleep(0.05)  # (the last eviction's tail: removing the old copy)

@@ -31,7 +31,8 @@ from typing import Any
 
 import trio
 
-from hycache_agent.fs.engine import PolicyError, TieringEngine
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.placement import PolicyError
 from hycache_agent.secretfile import read_protected
 from hycache_agent.fs.namespace import FsError
 

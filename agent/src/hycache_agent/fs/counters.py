@@ -1,0 +1,190 @@
+"""What the engine counts and how it reports it: the cumulative counters (the control
+plane's heartbeat ``counters``), the per-file info of ``user.hycache.info``, the census of
+files per tier, ``status`` and ``statfs``.
+
+Counting is plain integer increments on the event loop thread (negligible per request);
+the engine keeps direct references to :class:`Counters` and :class:`IOStats` and bumps
+their fields itself.  The rest are functions of what they are given, so the status shape
+is tested without a mount (tests/agent/test_counters.py).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import Inode
+
+STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
+
+
+@dataclass
+class Counters:
+    migrations_done: int = 0
+    migrations_failed: int = 0
+    migrations_abandoned: int = 0
+    bytes_promoted: int = 0
+    bytes_demoted: int = 0
+    spills: int = 0
+    evictions: int = 0
+    promotions: int = 0
+
+
+class TierIO:
+    """Cumulative I/O of one tier since the agent started (plain integer increments on the
+    event loop thread: negligible per read)."""
+
+    __slots__ = ("read_bytes", "write_bytes", "reads", "writes", "hits")
+
+    def __init__(self) -> None:
+        self.read_bytes = self.write_bytes = self.reads = self.writes = self.hits = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class IOStats:
+    """The engine's measured counters (the control plane's heartbeat ``counters``).
+
+    A *hit* is an open for reading of a file whose bytes are on the fast tier; a *miss*
+    one whose bytes are on the slow tier or on another node (``tiers[slow].hits`` counts
+    the slow-tier ones, ``remote_opens`` the others)."""
+
+    __slots__ = ("tiers", "misses", "remote_read_bytes", "remote_opens", "metadata_ops")
+
+    def __init__(self) -> None:
+        self.tiers = {T.FAST: TierIO(), T.SLOW: TierIO()}
+        self.misses = self.remote_read_bytes = self.remote_opens = self.metadata_ops = 0
+
+
+def counters_dict(io: IOStats, counters: Counters, cluster: Any) -> dict[str, Any]:
+    """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
+    remote = {"read_bytes": io.remote_read_bytes, "fetches": 0, "fetch_bytes": 0, "opens": io.remote_opens}
+    if cluster is not None:
+        remote["fetches"] = cluster.status.remote_fetches
+        remote["fetch_bytes"] = cluster.status.remote_bytes
+    return {
+        T.FAST: io.tiers[T.FAST].as_dict(),
+        T.SLOW: io.tiers[T.SLOW].as_dict(),
+        "remote": remote,
+        "misses": io.misses,
+        "metadata_ops": io.metadata_ops,
+        "migrations": counters.migrations_done,
+        "migration_bytes": counters.bytes_promoted + counters.bytes_demoted,
+    }
+
+
+def file_info(inode: Inode, blob: str | None, agent_root: str, cluster: Any) -> dict[str, Any]:
+    """``user.hycache.info`` of a local inode (``blob``: its blob's path if regular)."""
+    info: dict[str, Any] = {
+        "ino": inode.ino,
+        "type": "dir" if inode.is_dir else "file" if inode.is_reg else "symlink" if stat.S_ISLNK(inode.mode) else "special",
+        "tier": inode.tier, "size": inode.size, "pinned": inode.pinned, "hits": inode.hits,
+        "open": inode.open_count, "agent_root": agent_root,
+    }
+    if inode.is_reg:
+        info["blob"] = blob
+        if cluster is not None:
+            info["primary"] = cluster.node_id
+            info["replicas"] = list(inode.replicas)
+    if inode.migration is not None:
+        info["migration"] = inode.migration.as_dict()
+    return info
+
+
+def tier_vfs(tiers: dict[str, T.Tier]) -> tuple[os.statvfs_result, os.statvfs_result]:
+    """(worker thread) statvfs of the fast and slow tiers: a hung slow tier (a lost NFS
+    server) must never block the event loop."""
+    return tiers[T.FAST].statvfs(), tiers[T.SLOW].statvfs()
+
+
+class Census:
+    """Files and bytes per tier, directories, other inodes, with the last count kept for
+    callers that poll."""
+
+    def __init__(self) -> None:
+        self._census_cache: tuple[float, float, Any] | None = None  # (when, seconds taken, counts)
+
+    async def count(self, inodes: dict[int, Inode], max_age: float) -> tuple[dict[str, list[int]], int, int]:
+        """Files and bytes per tier, directories, other inodes: a walk of every inode
+        (about 1.3 s for a million), so callers that poll (the control-plane link, the
+        /metrics scrapes) accept one up to ``max_age`` seconds old — or older when the
+        walk itself is slow (at most 5 % of the loop's time).  The walk yields to the
+        loop between slices, so file system requests never wait for all of it."""
+        cached = self._census_cache
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < max(max_age, 20 * cached[1]) and max_age > 0:
+            return cached[2]
+        counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
+        dirs = others = 0
+        t0 = time.perf_counter()
+        for n, inode in enumerate(list(inodes.values()), 1):
+            if n % STATUS_SLICE == 0:
+                await trio.lowlevel.checkpoint()
+            if inode.is_reg:
+                c = counts[inode.tier]
+                c[0] += 1
+                c[1] += inode.size
+            elif inode.is_dir:
+                dirs += 1
+            else:
+                others += 1
+        result = (counts, dirs, others)
+        self._census_cache = (now, time.perf_counter() - t0, result)
+        return result
+
+
+async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
+    """The agent's state (``hycache-agent status --json``) of a running ``engine``.
+    ``max_age`` > 0: the file and directory counts may be that many seconds old (see
+    :meth:`Census.count`)."""
+    fast_vfs, slow_vfs = await trio.to_thread.run_sync(tier_vfs, engine.tiers)
+    counts, dirs, others = await engine.census.count(engine.ns.inodes, max_age)
+    return {
+        "pid": os.getpid(),
+        "mountpoint": str(engine.config.mountpoint),
+        "root": str(engine.config.root),
+        "uptime_seconds": round(time.time() - engine.started, 1),
+        "policy": engine.policy.name,
+        "policy_version": engine.policy_version,
+        "watermarks": {"high": engine.config.high_watermark, "low": engine.config.low_watermark},
+        "tiers": {
+            T.FAST: {"path": str(engine.tiers[T.FAST].path), "capacity": engine.capacity,
+                     "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
+                     "used": engine.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                     "remote_cache_bytes": engine.remote_cache_used,
+                     "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
+            T.SLOW: {"path": str(engine.tiers[T.SLOW].path),
+                     "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
+                     "device_capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
+                     "used": counts[T.SLOW][1], "files": counts[T.SLOW][0], "bytes": counts[T.SLOW][1],
+                     "device_free": slow_vfs.f_bavail * slow_vfs.f_frsize},
+        },
+        "counters": engine.counters_dict(),
+        "directories": dirs,
+        "other_inodes": others,
+        "open_handles": len(engine.handles),
+        "passthrough": dict(engine.passthrough),
+        "migrations": {**engine.counters.__dict__, "active": [m.as_dict() for m in engine.active.values()]},
+        "cluster": None if engine.cluster is None else engine.cluster.status_dict(),
+        "control": None if engine.control is None else engine.control.status_dict(),
+        "hccache": None if engine.cluster is None or engine.cluster.reader is None else engine.cluster.reader.status(),
+        "metadata": {"commits": engine.ns.journal.commits, "pending": engine.ns.journal.pending,
+                     "error": None if engine.ns.journal.failed is None else str(engine.ns.journal.failed)},
+    }
+
+
+def statfs(capacity: int, fast_used: int, slow: os.statvfs_result, inodes: int) -> tuple[int, int, int, int]:
+    """(total bytes, free bytes, total inodes, free inodes) of the whole mount: the fast
+    tier's capacity and what is left of it, plus the slow tier's file system."""
+    fast_free = max(0, capacity - fast_used)
+    total = capacity + slow.f_blocks * slow.f_frsize
+    free = fast_free + slow.f_bavail * slow.f_frsize
+    files = max(slow.f_files, inodes + 1_000_000)
+    return total, free, files, files - inodes
