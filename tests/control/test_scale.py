@@ -5,6 +5,7 @@ SQLite and PostgreSQL (real, see conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 
 from hycache_control import schemas as S
+from hycache_control.api import routes
 from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.services.nodes import LiveNode
@@ -62,6 +64,68 @@ def test_heartbeats_touch_no_database_on_the_request_path(plane):
         control.writer.flush()
         _, samples = control.metrics.query("n0", time.time() - 60, time.time() + 1, 1.0)
         assert len(samples) == 19  # every heartbeat after the first of the boot
+
+
+def test_the_lean_heartbeat_route_answers_as_fastapis_handler(plane, monkeypatch):
+    """The heartbeat's lean path (api/routes.py HeartbeatRoute) against FastAPI's handler of
+    the same route (taken for a ``+json`` content type the lean path leaves to it): the same
+    answers, the same errors, the same published operation."""
+    control = plane()
+    tok = control.tokens.create("a", "node", "a")[1]
+    other = control.tokens.create("b", "node", "b")[1]
+    read = control.tokens.create("r", "read")[1]
+    control.policies.put("a", "lru", 0.9, 0.5, "test")
+    fastapi_path = {"Content-Type": "application/vnd.hycache+json"}
+    lean_answered = []
+    lean_path = routes._heartbeat_lean
+
+    async def counted(request):
+        out = await lean_path(request)
+        lean_answered.append(out is not None)
+        return out
+    monkeypatch.setattr(routes, "_heartbeat_lean", counted)
+    with TestClient(create_app(control.settings, control)) as client:
+        def post(node, body, token=tok, headers=None, **kw):
+            h = {"Authorization": f"Bearer {token}"} if token else {}
+            return client.post(f"/api/v1/nodes/{node}/heartbeats", headers={**h, **(headers or {})},
+                               content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                               **kw)
+
+        answers = {}
+        for seq, headers in ((1, {"Content-Type": "application/json"}), (2, fastapi_path)):
+            r = post("a", {"node_id": "a", "boot_id": "b1", "seq": seq, "sent_at": time.time(),
+                           "status": {"big": 2 ** 70}, "counters": {"fast": {"read_bytes": seq}}}, headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            answers[seq] = r.json()
+        assert answers[1] == answers[2] == S.HeartbeatAnswer.model_validate(answers[1]).model_dump(mode="json")
+        assert answers[1]["policy"]["policy"] == "lru" and answers[1]["interval"] == 0.5
+        assert lean_answered == [True, False]  # the lean path answered the first, FastAPI the second
+        assert control.nodes.get("a").heartbeats == 2 and control.nodes.get("a").status == {"big": 2 ** 70}
+
+        good = {"node_id": "a", "boot_id": "b1", "seq": 3, "sent_at": time.time()}
+        cases = [  # (node, body, token) -> the same status and body on either path
+            ("a", good, None), ("a", good, "hct_unknown"), ("a", good, other), ("a", good, read),
+            ("a", {**good, "node_id": "b"}, tok), ("a", {**good, "seq": -1}, tok), ("a", b"{not json", tok),
+            ("a", {**good, "sent_at": "soon"}, tok), ("bad id!", good, tok),
+        ]
+        for node, body, token in cases:
+            lean = post(node, body, token, headers={"Content-Type": "application/json"})
+            full = post(node, body, token, headers=fastapi_path)
+            assert lean.status_code == full.status_code and lean.status_code in (401, 403, 404, 422), (node, body)
+            assert lean.json() == full.json(), (node, body)
+        assert not any(lean_answered[2:])  # every error is FastAPI's
+        assert post("a", good, None, headers={"Content-Type": "application/json"}).status_code == 401
+        assert post("a", good, other, headers={"Content-Type": "application/json"}).status_code == 403
+        assert post("a", {**good, "node_id": "b"}, tok, headers={"Content-Type": "application/json"}).status_code == 422
+
+        op = client.get("/openapi.json").json()["paths"]["/api/v1/nodes/{node_id}/heartbeats"]["post"]
+        assert op["operationId"] == "postHeartbeat" and op["tags"] == ["agents"]
+        assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Heartbeat"}
+        assert op["responses"]["200"]["content"]["application/json"]["schema"] == \
+            {"$ref": "#/components/schemas/HeartbeatAnswer"}
+        assert set(op["responses"]) == {"200", "400", "401", "403", "413", "422"}
+        assert op["security"] == [{"HTTPBearer": []}] and op["parameters"][0]["name"] == "node_id"
 
 
 def test_token_table_sees_other_processes(plane):
