@@ -20,7 +20,7 @@ from hycache_control.control import Control
 from hycache_control.services.nodes import LiveNode
 from hycache_control.services.tokens import TokenService
 from hycache_control.settings import load_settings
-from hycache_control.views import node_view
+from hycache_control.views import node_view, summarise
 
 BACKGROUND_THREADS = ("metrics-writer", "monitor", "bus")  # batches, ticks, notifications
 
@@ -207,6 +207,45 @@ def test_adaptive_interval_and_the_down_window_follow_the_node_count(plane):
     control.stop()
 
 
+def test_the_monitor_looks_at_the_nodes_due_and_a_shared_beat_keeps_the_stretched_window(plane):
+    """The monitor's deadline heap (only the nodes whose window passed are looked at; the
+    summary's totals follow each transition) and a heartbeat heard by another process: the
+    node's window follows the cluster's interval, not an older, shorter one handed here."""
+    from sqlalchemy import update
+
+    from hycache_control.models import Node
+    control = plane(max_heartbeats_per_second=10)  # base 0.5 s, grace 0.5 s, 3 missed
+    nodes = control.nodes
+    t0 = time.time()
+    for i in range(30):
+        control.heartbeat(beat(f"n{i}"), db=False)  # handed 0.5 s (n0-n4) ... 3.0 s (n29)
+    nodes.tick(now=t0 + 0.1)
+    last = max(nodes.get(f"n{i}").last_heartbeat for i in range(5))
+    nodes.tick(now=last + 3 * 0.5 + 0.5 + 0.05)  # past the window of the nodes handed 0.5 s only (n5: 0.6 s)
+    states = {n.id: n.state for n in nodes.snapshot()}
+    assert {i for i, st in states.items() if st == "down"} == {f"n{i}" for i in range(5)}
+    s = control.summary()
+    assert (s["up"], s["down"]) == (25, 5) and {**s, "ts": 0} == {**summarise(nodes.refs(), nodes.interval), "ts": 0}
+    assert nodes.interval == 2.5  # 25 nodes still beating at 10/s
+    # another process heard n0 (its batched UPDATE of the last heartbeat) and handed it the
+    # cluster's interval: here, n0's window follows that interval, not the 0.5 s handed here
+    control.writer.flush()
+    heard = time.time()
+    with control.db.session() as sess:
+        sess.execute(update(Node).where(Node.id == "n0").values(last_heartbeat=heard))
+    nodes.shared = lambda: True
+    assert nodes.merge_shared() == 1
+    assert nodes.get("n0").interval == 2.5
+    nodes.tick(now=heard + 0.1)
+    assert nodes.get("n0").state == "up"
+    nodes.tick(now=heard + 3 * 0.5 + 0.5 + 1)  # the old window (2 s) passed: still up
+    assert nodes.get("n0").state == "up"
+    nodes.tick(now=heard + 3 * 2.5 + 0.5 + 1)
+    assert nodes.get("n0").state == "down"
+    nodes.shared = lambda: False
+    control.stop()
+
+
 def test_restart_keeps_the_stretched_window(plane):
     control = plane(max_heartbeats_per_second=10)
     for i in range(30):
@@ -233,12 +272,16 @@ def test_summary_and_the_node_table_over_every_node(plane):
                                       status=st, counters={"fast": {"read_bytes": 1000 * i, "hits": i}, "misses": 1}),
                           db=False)
     # a node the registry knows but that stopped long ago: down
-    control.nodes.live["node-999"] = LiveNode(id="node-999", first_seen=0, state="down", state_since=0)
+    control.nodes.registry_reader = lambda: {"node-999": {"addr": "h:1", "load": 0, "last_beat": 0.0}}
+    control.nodes.refresh_registry()
+    control.nodes.registry_reader = None
     with TestClient(create_app(control.settings, control)) as client:
         admin = control.tokens.create("a", "admin")[1]
         h = {"Authorization": f"Bearer {admin}"}
         s = client.get("/api/v1/summary", headers=h).json()
         assert (s["nodes"], s["up"], s["degraded"], s["down"]) == (151, 150, 0, 1)
+        # the totals kept as nodes change are the fold over every node
+        assert {**s, "ts": 0} == {**summarise(control.nodes.refs(), control.nodes.interval), "ts": 0}
         assert s["tiers"]["fast"] == {"capacity": 150 * 100, "used": 150 * 10, "files": 150}
         assert s["tiers"]["slow"]["capacity"] == 150 * 1000 and s["interval"] == 0.5
         rates = s["rates"]
