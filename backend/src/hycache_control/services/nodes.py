@@ -1,6 +1,8 @@
 """Nodes: the DHT registry merged with each node's latest heartbeat, and their states.
 
-States (evaluated every ``monitor`` tick and at every heartbeat):
+States (evaluated at every heartbeat, and by the monitor when a node's deadline passes —
+a heap of when each node's heartbeats would be missed or its registry entry ages out —
+with every node looked at again each ``FULL_PASS_PERIOD``):
 
 * a node that has sent heartbeats: ``up`` while they arrive (the last one less than
   ``down_after_missed x interval + down_grace`` old, with the interval that node was handed
@@ -15,9 +17,12 @@ After a control-plane start every node gets one down window of grace before its 
 heartbeat counts as missed (the agents need a beat to notice we are back).
 
 The interval (Nomad's rule): ``max(heartbeat_interval, live nodes / max_heartbeats_per_second)``,
-recomputed every monitor tick and rounded up to 0.1 s, handed to each node in its answer;
+rounded up to 0.1 s, the count following each node's deadline (exact again at each full
+pass) and stretched at once by a node that starts beating, handed to each node in its answer;
 the node's down window follows the interval it was handed, so a stretched interval never
-marks a node down and a shrinking one waits for the node to pick it up.
+marks a node down and a shrinking one waits for the node to pick it up.  A heartbeat another
+process heard (``merge_shared``) stretches the window to this process's interval: the other
+process handed the node the cluster's interval, which this one computes too.
 """
 
 from __future__ import annotations
