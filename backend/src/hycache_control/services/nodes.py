@@ -42,8 +42,8 @@ from sqlalchemy.orm import Session
 
 from ..db import Database
 from ..models import Node
-from .events import EventService
 from ..views import Totals, contribution
+from .events import EventService
 from .metrics import MetricsWriter, _get, gauges, rates
 
 log = logging.getLogger(__name__)
