@@ -352,7 +352,7 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
                      str(Path(args.profile_dir) / f"{label}-{nodes}{f'-{k}' if k else ''}.txt")],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         lag0 = loop_stats(direct, admin)
-        cpu0, wall0 = sum(cpu_seconds(p.pid) for p in procs), time.monotonic()
+        cpu0, wall0, t0 = sum(cpu_seconds(p.pid) for p in procs), time.monotonic(), time.time()
         lbcpu0 = cpu_seconds(lb.pid) if lb else 0.0
         res, me = drive("127.0.0.1", port, tokens, admin, nodes, args.readers, args.streams, args.seconds,
                         start_interval, args.procs, args.conns)
@@ -365,6 +365,10 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
         # the states right after the load (no grace beyond the down window has passed)
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=60) as c:
             up = c.get("/api/v1/nodes", params={"state": "up", "limit": 1}).json()["total"]
+            # each process's own view (behind HAProxy the line above is one of them)
+            up_each = [httpx.get(f"{d}/api/v1/nodes", params={"state": "up", "limit": 1}, timeout=60,
+                                 headers={"Authorization": f"Bearer {admin}"}).json()["total"] for d in direct]
+            t1 = time.time()
             interval = c.get("/api/v1/summary").json().get("interval")
             time.sleep(args.interval * 2 + 0.5)  # let the writer flush the last samples
             samples = len(c.get("/api/v1/nodes/n0/metrics", params={"since": time.time() - args.seconds}).json()["samples"])
@@ -379,10 +383,13 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     import psycopg
     with psycopg.connect(url_db.replace("postgresql+psycopg", "postgresql")) as conn:
         rows, size = conn.execute("SELECT count(*), pg_total_relation_size('metric_samples') FROM metric_samples").fetchone()
+        # steady: the transitions to down the leader recorded during the measured run
+        flaps = conn.execute("SELECT count(*) FROM events WHERE kind = 'node' AND result = 'down' AND ts BETWEEN %s AND %s",
+                             (t0, t1)).fetchone()[0]
     return {"sample_rows": rows, "sample_bytes": size,"label": label, "nodes": nodes, "wall": wall, "ok": len(res.hb_lat), "errors": res.hb_err,
             "p50": pct(res.hb_lat, 50), "p99": pct(res.hb_lat, 99), "max": max(res.hb_lat, default=0.0),
             "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 50),
-            "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "samples": samples,
+            "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "up_each": up_each, "flaps": flaps, "samples": samples,
             "stream_bps": res.stream_bytes / wall / max(1, args.streams), "load": os.getloadavg()[0],
             "lag": lag, "lb_cpu": lbcpu / wall, "interval": interval, "start_interval": start_interval}
 
@@ -428,9 +435,9 @@ def main() -> int:
           f"{f'; {args.processes} processes behind HAProxy' if args.processes > 1 else ''}")
     print()
     print("| build | simulated nodes | interval | heartbeats accepted (offered at the start of the measured run) | p50 | p99 | max | errors "
-          "| server CPU | server CPU per request | load generator CPU | nodes up after | reads p50 / p99 | stream bytes/s per dashboard "
+          "| server CPU | server CPU per request | load generator CPU | nodes up after (each process's view) | down transitions in the run | reads p50 / p99 | stream bytes/s per dashboard "
           "| loop lag > 20 ms / > 50 ms | GC full / all pauses | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     tail = []
     for r in rows:
         errs = f"{len(r['errors'])} {sorted(set(map(str, r['errors'])))[:3]}" if r["errors"] else "0"
@@ -444,7 +451,9 @@ def main() -> int:
         print(f"| {r['label']} | {r['nodes']:,} | {r['interval']} s | {r['ok'] / r['wall']:,.0f}/s ({r['nodes'] / r['start_interval']:,.0f}/s) "
               f"| {r['p50'] * 1000:.1f} ms | {r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {errs} "
               f"| {cpucol} | {r['cpu'] * r['wall'] / max(1, r['ok'] + r['reads']) * 1000:.2f} ms "
-              f"| {r['gen_cpu'] * 100:.0f} % | {r['up']:,} | {r['rd_p50'] * 1000:.0f} / "
+              f"| {r['gen_cpu'] * 100:.0f} % | {r['up']:,}"
+              f"{' (' + ' / '.join(f'{u:,}' for u in r['up_each']) + ')' if len(r['up_each']) > 1 else ''} "
+              f"| {r['flaps']:,} | {r['rd_p50'] * 1000:.0f} / "
               f"{r['rd_p99'] * 1000:.0f} ms | {r['stream_bps']:,.0f} | {lagcol} | {gccol} | {r['load']:.1f} |")
         if r["sample_rows"]:
             tail.append(f"{r['label']} {r['nodes']:,} nodes: metric_samples {r['sample_rows']:,} rows, "

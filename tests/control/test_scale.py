@@ -5,6 +5,7 @@ SQLite and PostgreSQL (real, see conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -13,12 +14,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 
 from hycache_control import schemas as S
+from hycache_control.api import routes
 from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.services.nodes import LiveNode
 from hycache_control.services.tokens import TokenService
 from hycache_control.settings import load_settings
-from hycache_control.views import node_view
+from hycache_control.views import node_view, summarise
 
 BACKGROUND_THREADS = ("metrics-writer", "monitor", "bus")  # batches, ticks, notifications
 
@@ -62,6 +64,68 @@ def test_heartbeats_touch_no_database_on_the_request_path(plane):
         control.writer.flush()
         _, samples = control.metrics.query("n0", time.time() - 60, time.time() + 1, 1.0)
         assert len(samples) == 19  # every heartbeat after the first of the boot
+
+
+def test_the_lean_heartbeat_route_answers_as_fastapis_handler(plane, monkeypatch):
+    """The heartbeat's lean path (api/routes.py HeartbeatRoute) against FastAPI's handler of
+    the same route (taken for a ``+json`` content type the lean path leaves to it): the same
+    answers, the same errors, the same published operation."""
+    control = plane()
+    tok = control.tokens.create("a", "node", "a")[1]
+    other = control.tokens.create("b", "node", "b")[1]
+    read = control.tokens.create("r", "read")[1]
+    control.policies.put("a", "lru", 0.9, 0.5, "test")
+    fastapi_path = {"Content-Type": "application/vnd.hycache+json"}
+    lean_answered = []
+    lean_path = routes._heartbeat_lean
+
+    async def counted(request):
+        out = await lean_path(request)
+        lean_answered.append(out is not None)
+        return out
+    monkeypatch.setattr(routes, "_heartbeat_lean", counted)
+    with TestClient(create_app(control.settings, control)) as client:
+        def post(node, body, token=tok, headers=None, **kw):
+            h = {"Authorization": f"Bearer {token}"} if token else {}
+            return client.post(f"/api/v1/nodes/{node}/heartbeats", headers={**h, **(headers or {})},
+                               content=body if isinstance(body, bytes) else json.dumps(body).encode(),
+                               **kw)
+
+        answers = {}
+        for seq, headers in ((1, {"Content-Type": "application/json"}), (2, fastapi_path)):
+            r = post("a", {"node_id": "a", "boot_id": "b1", "seq": seq, "sent_at": time.time(),
+                           "status": {"big": 2 ** 70}, "counters": {"fast": {"read_bytes": seq}}}, headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.headers["content-type"].startswith("application/json")
+            answers[seq] = r.json()
+        assert answers[1] == answers[2] == S.HeartbeatAnswer.model_validate(answers[1]).model_dump(mode="json")
+        assert answers[1]["policy"]["policy"] == "lru" and answers[1]["interval"] == 0.5
+        assert lean_answered == [True, False]  # the lean path answered the first, FastAPI the second
+        assert control.nodes.get("a").heartbeats == 2 and control.nodes.get("a").status == {"big": 2 ** 70}
+
+        good = {"node_id": "a", "boot_id": "b1", "seq": 3, "sent_at": time.time()}
+        cases = [  # (node, body, token) -> the same status and body on either path
+            ("a", good, None), ("a", good, "hct_unknown"), ("a", good, other), ("a", good, read),
+            ("a", {**good, "node_id": "b"}, tok), ("a", {**good, "seq": -1}, tok), ("a", b"{not json", tok),
+            ("a", {**good, "sent_at": "soon"}, tok), ("bad id!", good, tok),
+        ]
+        for node, body, token in cases:
+            lean = post(node, body, token, headers={"Content-Type": "application/json"})
+            full = post(node, body, token, headers=fastapi_path)
+            assert lean.status_code == full.status_code and lean.status_code in (401, 403, 404, 422), (node, body)
+            assert lean.json() == full.json(), (node, body)
+        assert not any(lean_answered[2:])  # every error is FastAPI's
+        assert post("a", good, None, headers={"Content-Type": "application/json"}).status_code == 401
+        assert post("a", good, other, headers={"Content-Type": "application/json"}).status_code == 403
+        assert post("a", {**good, "node_id": "b"}, tok, headers={"Content-Type": "application/json"}).status_code == 422
+
+        op = client.get("/openapi.json").json()["paths"]["/api/v1/nodes/{node_id}/heartbeats"]["post"]
+        assert op["operationId"] == "postHeartbeat" and op["tags"] == ["agents"]
+        assert op["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Heartbeat"}
+        assert op["responses"]["200"]["content"]["application/json"]["schema"] == \
+            {"$ref": "#/components/schemas/HeartbeatAnswer"}
+        assert set(op["responses"]) == {"200", "400", "401", "403", "413", "422"}
+        assert op["security"] == [{"HTTPBearer": []}] and op["parameters"][0]["name"] == "node_id"
 
 
 def test_token_table_sees_other_processes(plane):
@@ -143,6 +207,45 @@ def test_adaptive_interval_and_the_down_window_follow_the_node_count(plane):
     control.stop()
 
 
+def test_the_monitor_looks_at_the_nodes_due_and_a_shared_beat_keeps_the_stretched_window(plane):
+    """The monitor's deadline heap (only the nodes whose window passed are looked at; the
+    summary's totals follow each transition) and a heartbeat heard by another process: the
+    node's window follows the cluster's interval, not an older, shorter one handed here."""
+    from sqlalchemy import update
+
+    from hycache_control.models import Node
+    control = plane(max_heartbeats_per_second=10)  # base 0.5 s, grace 0.5 s, 3 missed
+    nodes = control.nodes
+    t0 = time.time()
+    for i in range(30):
+        control.heartbeat(beat(f"n{i}"), db=False)  # handed 0.5 s (n0-n4) ... 3.0 s (n29)
+    nodes.tick(now=t0 + 0.1)
+    last = max(nodes.get(f"n{i}").last_heartbeat for i in range(5))
+    nodes.tick(now=last + 3 * 0.5 + 0.5 + 0.05)  # past the window of the nodes handed 0.5 s only (n5: 0.6 s)
+    states = {n.id: n.state for n in nodes.snapshot()}
+    assert {i for i, st in states.items() if st == "down"} == {f"n{i}" for i in range(5)}
+    s = control.summary()
+    assert (s["up"], s["down"]) == (25, 5) and {**s, "ts": 0} == {**summarise(nodes.refs(), nodes.interval), "ts": 0}
+    assert nodes.interval == 2.5  # 25 nodes still beating at 10/s
+    # another process heard n0 (its batched UPDATE of the last heartbeat) and handed it the
+    # cluster's interval: here, n0's window follows that interval, not the 0.5 s handed here
+    control.writer.flush()
+    heard = time.time()
+    with control.db.session() as sess:
+        sess.execute(update(Node).where(Node.id == "n0").values(last_heartbeat=heard))
+    nodes.shared = lambda: True
+    assert nodes.merge_shared() == 1
+    assert nodes.get("n0").interval == 2.5
+    nodes.tick(now=heard + 0.1)
+    assert nodes.get("n0").state == "up"
+    nodes.tick(now=heard + 3 * 0.5 + 0.5 + 1)  # the old window (2 s) passed: still up
+    assert nodes.get("n0").state == "up"
+    nodes.tick(now=heard + 3 * 2.5 + 0.5 + 1)
+    assert nodes.get("n0").state == "down"
+    nodes.shared = lambda: False
+    control.stop()
+
+
 def test_restart_keeps_the_stretched_window(plane):
     control = plane(max_heartbeats_per_second=10)
     for i in range(30):
@@ -169,12 +272,16 @@ def test_summary_and_the_node_table_over_every_node(plane):
                                       status=st, counters={"fast": {"read_bytes": 1000 * i, "hits": i}, "misses": 1}),
                           db=False)
     # a node the registry knows but that stopped long ago: down
-    control.nodes.live["node-999"] = LiveNode(id="node-999", first_seen=0, state="down", state_since=0)
+    control.nodes.registry_reader = lambda: {"node-999": {"addr": "h:1", "load": 0, "last_beat": 0.0}}
+    control.nodes.refresh_registry()
+    control.nodes.registry_reader = None
     with TestClient(create_app(control.settings, control)) as client:
         admin = control.tokens.create("a", "admin")[1]
         h = {"Authorization": f"Bearer {admin}"}
         s = client.get("/api/v1/summary", headers=h).json()
         assert (s["nodes"], s["up"], s["degraded"], s["down"]) == (151, 150, 0, 1)
+        # the totals kept as nodes change are the fold over every node
+        assert {**s, "ts": 0} == {**summarise(control.nodes.refs(), control.nodes.interval), "ts": 0}
         assert s["tiers"]["fast"] == {"capacity": 150 * 100, "used": 150 * 10, "files": 150}
         assert s["tiers"]["slow"]["capacity"] == 150 * 1000 and s["interval"] == 0.5
         rates = s["rates"]

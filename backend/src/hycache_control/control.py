@@ -22,7 +22,7 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import SORT_KEYS, node_view, summarise, summary_point
+from .views import SORT_KEYS, node_view, summary_point
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Control:
 
     def summary(self) -> dict[str, Any]:
         """Every node summed: states, capacity and use per tier, throughput, hit ratio."""
-        return summarise(self.nodes.refs(), self.nodes.interval)
+        return self.nodes.summary()
 
     def summary_cached(self, max_age: float) -> dict[str, Any]:
         """:meth:`summary`, computed at most once per ``max_age`` (the stream's clients and

@@ -8,10 +8,11 @@ conformance."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .services.metrics import _get
-from .services.nodes import LiveNode
+if TYPE_CHECKING:  # (services/nodes.py keeps its summary with contribution and Totals)
+    from .services.nodes import LiveNode
 
 
 def _int(x: Any) -> int | None:
@@ -127,27 +128,84 @@ SUMMED_RATES = ("fast_read_bps", "fast_write_bps", "slow_read_bps", "slow_write_
                 "metadata_ops_per_s", "migration_bps", "hits", "misses")
 
 
+TIERS = ("fast", "slow")
+TIER_FIELDS = ("capacity", "used", "files")
+STATES = ("up", "degraded", "down")
+
+
+def contribution(n: LiveNode) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
+    """What one node adds to the summary: its state, its tiers' capacity, use and files
+    (``TIERS`` x ``TIER_FIELDS``), and its rates (``SUMMED_RATES``; None for a down node or
+    one without a sample: a down node's last sample does not count)."""
+    st = _dict(n.status)
+    tiers = []
+    for t in TIERS:
+        tv = (_dict(_get(st, "tiers", t, default=None)) or {}) if st is not None else {}
+        tiers.extend(_int(tv.get(f)) or 0 for f in TIER_FIELDS)
+    rates = tuple(_num(n.rates.get(f)) for f in SUMMED_RATES) if n.rates and n.state != "down" else None
+    return n.state, tuple(tiers), rates
+
+
+class Totals:
+    """The summary's sums over every node, kept by adding and taking away each node's
+    :func:`contribution` when it changes (NodeService): reading the summary costs nothing
+    per node.  Integers are exact; the rates' float sums are rebuilt from scratch now and
+    then by the owner (:func:`summarise` is the same fold over a list)."""
+
+    __slots__ = ("nodes", "states", "tiers", "rates", "rated")
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.states = dict.fromkeys(STATES, 0)
+        self.tiers = [0] * (len(TIERS) * len(TIER_FIELDS))
+        self.rates = [0.0] * len(SUMMED_RATES)
+        self.rated = 0  # nodes whose rates count
+
+    def add(self, c: tuple | None, sign: int = 1) -> None:
+        if c is None:
+            return
+        state, tiers, rates = c
+        self.nodes += sign
+        self.states[state] = self.states.get(state, 0) + sign
+        for i, v in enumerate(tiers):
+            self.tiers[i] += sign * v
+        if rates is not None:
+            self.rated += sign
+            if self.rated == 0:  # nothing counts: no float residue of the additions and removals
+                self.rates = [0.0] * len(SUMMED_RATES)
+            else:
+                for i, v in enumerate(rates):
+                    self.rates[i] += sign * v
+
+    def rebuild_rates(self, contribs) -> None:
+        """The rates' sums again from every node's contribution (no float residue)."""
+        rates = [0.0] * len(SUMMED_RATES)
+        rated = 0
+        for c in contribs:
+            if c is not None and c[2] is not None:
+                rated += 1
+                for i, v in enumerate(c[2]):
+                    rates[i] += v
+        self.rates, self.rated = rates, rated
+
+    def summary(self, interval: float) -> dict[str, Any]:
+        import time
+        k = len(TIER_FIELDS)
+        tiers = {t: dict(zip(TIER_FIELDS, self.tiers[j * k:(j + 1) * k], strict=True)) for j, t in enumerate(TIERS)}
+        rates = dict(zip(SUMMED_RATES, self.rates, strict=True))
+        total = rates["hits"] + rates["misses"]
+        states = {s: self.states.get(s, 0) for s in STATES}
+        return {"nodes": self.nodes, **states, "interval": interval, "tiers": tiers, "rates": rates,
+                "hit_ratio": rates["hits"] / total if total > 0 else None, "ts": time.time()}
+
+
 def summarise(nodes: list[LiveNode], interval: float) -> dict[str, Any]:
     """GET /nodes/summary (and the stream's ``summary``): counts by state, tiers and rates
     summed over every node (a down node's last sample does not count toward the rates)."""
-    import time
-    states = {"up": 0, "degraded": 0, "down": 0}
-    tiers = {t: {"capacity": 0, "used": 0, "files": 0} for t in ("fast", "slow")}
-    rates = dict.fromkeys(SUMMED_RATES, 0.0)
+    t = Totals()
     for n in nodes:
-        states[n.state] = states.get(n.state, 0) + 1
-        st = _dict(n.status)
-        if st is not None:
-            for t in tiers:
-                tv = _dict(_get(st, "tiers", t, default=None)) or {}
-                for f in ("capacity", "used", "files"):
-                    tiers[t][f] += _int(tv.get(f)) or 0
-        if n.rates and n.state != "down":
-            for f in SUMMED_RATES:
-                rates[f] += _num(n.rates.get(f))
-    total = rates["hits"] + rates["misses"]
-    return {"nodes": len(nodes), **states, "interval": interval, "tiers": tiers, "rates": rates,
-            "hit_ratio": rates["hits"] / total if total > 0 else None, "ts": time.time()}
+        t.add(contribution(n))
+    return t.summary(interval)
 
 
 def summary_point(s: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """Nodes: the DHT registry merged with each node's latest heartbeat, and their states.
 
-States (evaluated every ``monitor`` tick and at every heartbeat):
+States (evaluated at every heartbeat, and by the monitor when a node's deadline passes —
+a heap of when each node's heartbeats would be missed or its registry entry ages out —
+with every node looked at again each ``FULL_PASS_PERIOD``):
 
 * a node that has sent heartbeats: ``up`` while they arrive (the last one less than
   ``down_after_missed x interval + down_grace`` old, with the interval that node was handed
@@ -15,14 +17,18 @@ After a control-plane start every node gets one down window of grace before its 
 heartbeat counts as missed (the agents need a beat to notice we are back).
 
 The interval (Nomad's rule): ``max(heartbeat_interval, live nodes / max_heartbeats_per_second)``,
-recomputed every monitor tick and rounded up to 0.1 s, handed to each node in its answer;
+rounded up to 0.1 s, the count following each node's deadline (exact again at each full
+pass) and stretched at once by a node that starts beating, handed to each node in its answer;
 the node's down window follows the interval it was handed, so a stretched interval never
-marks a node down and a shrinking one waits for the node to pick it up.
+marks a node down and a shrinking one waits for the node to pick it up.  A heartbeat another
+process heard (``merge_shared``) stretches the window to this process's interval: the other
+process handed the node the cluster's interval, which this one computes too.
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 import logging
 import math
 import threading
@@ -36,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from ..db import Database
 from ..models import Node
+from ..views import Totals, contribution
 from .events import EventService
 from .metrics import MetricsWriter, _get, gauges, rates
 
@@ -45,6 +52,12 @@ log = logging.getLogger(__name__)
 #: most this often otherwise: the row is what a restarted control plane starts from, not
 #: what anyone reads live, so a heartbeat costs no row write.
 NODE_ROW_PERIOD = 10.0
+#: ... and, for a node on a stretched interval, at most every this many of its intervals
+#: (10,000 nodes on 10 s: a row every 3rd heartbeat, not every one)
+NODE_ROW_INTERVALS = 3
+#: the monitor re-evaluates the nodes whose deadline passed (a heap) each tick, and every
+#: node this often (a safety net; the summary's float sums are rebuilt then too)
+FULL_PASS_PERIOD = 30.0
 
 NODE_COLUMNS = ("id", "address", "version", "boot_id", "seq", "sent_at", "first_seen", "last_heartbeat",
                 "heartbeats", "state", "state_since", "status", "counters", "updated_at")
@@ -71,6 +84,8 @@ class LiveNode:
     persisted: bool = field(default=False, repr=False)
     saved_at: float = field(default=0.0, repr=False)  # when its row last went to the writer
     interval: float | None = field(default=None, repr=False)  # the interval its last answer carried
+    beating: bool = field(default=False, repr=False, compare=False)  # counted in the adaptive interval
+    contrib: tuple | None = field(default=None, repr=False, compare=False)  # what it adds to the summary
 
     def row(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in NODE_COLUMNS}
@@ -100,6 +115,9 @@ class NodeService:
         self.dht_reachable: bool | None = None
         self.dht_error: str | None = None
         self.writer: MetricsWriter | None = None
+        self.totals = Totals()  # the summary over every node, kept as nodes change (_account)
+        self._due: list[tuple[float, str]] = []  # (when a node's state may change, node): the monitor's heap
+        self._full_at = 0.0
         with db.session() as s:
             for n in s.scalars(select(Node)):
                 self.live[n.id] = LiveNode(
@@ -115,6 +133,10 @@ class NodeService:
         self._set_interval()
         for n in beating:
             n.interval = self.interval
+            n.beating = True
+        for n in self.live.values():
+            self._account(n)
+            self._schedule(n)
 
     # -- persistence (called by the metrics writer inside its transaction) ---------------------
 
@@ -128,10 +150,35 @@ class NodeService:
     # -- heartbeats ---------------------------------------------------------------------------
 
     def adapt_interval(self, now: float) -> float:
-        """(lock held) The interval for the number of nodes whose heartbeats arrive now."""
-        self._beating = sum(1 for n in self.live.values()
-                            if n.last_heartbeat is not None and now - n.last_heartbeat <= self.down_after(n))
+        """(lock held) The interval for the number of nodes whose heartbeats arrive now
+        (every node counted again; between these passes the count follows each node's
+        ``beating``, set at its heartbeat and cleared when its deadline passes)."""
+        k = 0
+        for n in self.live.values():
+            n.beating = self._fresh(n, now)
+            k += n.beating
+        self._beating = k
         return self._set_interval()
+
+    def _fresh(self, n: LiveNode, now: float) -> bool:
+        return n.last_heartbeat is not None and now - n.last_heartbeat <= self.down_after(n)
+
+    def _schedule(self, n: LiveNode, at: float | None = None) -> None:
+        """(lock held) Have the monitor look at ``n`` when its heartbeats would be missed
+        (or at ``at``)."""
+        if at is None:
+            if n.last_heartbeat is None:
+                return
+            at = max(n.last_heartbeat, self.started) + self.down_after(n)
+        heapq.heappush(self._due, (at, n.id))
+
+    def _account(self, n: LiveNode) -> None:
+        """(lock held) Bring the summary's totals up to date with ``n``."""
+        c = contribution(n)
+        if c != n.contrib:
+            self.totals.add(n.contrib, -1)
+            self.totals.add(c)
+            n.contrib = c
 
     def _set_interval(self) -> float:
         self.interval = max(self.base_interval, math.ceil(self._beating / self.max_rate * 10) / 10)
@@ -167,16 +214,19 @@ class NodeService:
             if sample is not None:
                 n.rates = sample
             n.updated_at = now
-            if n.interval is None:  # new here: counted at once, so a burst of new nodes stretches the interval
+            if not n.beating:  # counted at once, so a burst of new nodes stretches the interval
+                n.beating = True
                 self._beating += 1
                 self._set_interval()
             n.interval = self.interval
             if self.shared():
                 self._beaten[n.id] = now
             transition = self._evaluate(n, now)
+            self._account(n)
+            self._schedule(n)
             self.changed.add(n.id)
             row = None
-            if transition or now - n.saved_at >= NODE_ROW_PERIOD:
+            if transition or now - n.saved_at >= max(NODE_ROW_PERIOD, NODE_ROW_INTERVALS * n.interval):
                 row, n.saved_at = n.row(), now
         if self.writer is not None:
             if sample is not None:
@@ -211,6 +261,7 @@ class NodeService:
             return None
         old, n.state, n.state_since, n.updated_at = n.state, new, now, now
         self.changed.add(n.id)
+        self._account(n)
         return n.id, old, new
 
     def _announce(self, node: str, old: str, new: str) -> None:
@@ -232,6 +283,7 @@ class NodeService:
         except Exception as e:
             self.dht_reachable, self.dht_error = False, str(e)
             return
+        from hycache_dht.registry import NODE_TTL_SECONDS
         now = time.time()
         with self.lock:
             for node_id, info in reg.items():
@@ -243,14 +295,38 @@ class NodeService:
                     self.changed.add(node_id)
                     if n.address is None:
                         n.address = info.get("addr")
+                    self._schedule(n, now)  # its state now, and when the entry ages out
+                    self._schedule(n, float(info["last_beat"]) + NODE_TTL_SECONDS)
+                    self._account(n)
 
     def tick(self, now: float | None = None) -> None:
-        """Re-evaluate every node's state (the monitor calls this each second)."""
+        """Re-evaluate the states of the nodes whose deadline passed (the monitor calls this
+        twice a second): O(nodes due), not O(nodes); every node each ``FULL_PASS_PERIOD``."""
         now = time.time() if now is None else now
         changes = []
         with self.lock:
-            self.adapt_interval(now)
-            for n in self.live.values():
+            if now >= self._full_at:
+                self._full_at = now + FULL_PASS_PERIOD
+                self.adapt_interval(now)
+                self._due = [d for d in self._due if d[0] > now]
+                heapq.heapify(self._due)
+                due = list(self.live.values())
+                self.totals.rebuild_rates(n.contrib for n in due)
+            else:
+                ids = set()
+                while self._due and self._due[0][0] <= now:
+                    ids.add(heapq.heappop(self._due)[1])
+                due = [self.live[i] for i in ids if i in self.live]
+                k = self._beating
+                for n in due:
+                    fresh = self._fresh(n, now)
+                    if fresh != n.beating:
+                        n.beating = fresh
+                        k += 1 if fresh else -1
+                if k != self._beating:
+                    self._beating = k
+                    self._set_interval()
+            for n in due:
                 t = self._evaluate(n, now)
                 if t:
                     changes.append(t)
@@ -296,21 +372,37 @@ class NodeService:
                 unknown = [k for k in known if k not in self.live]
             full = list(s.scalars(select(Node).where(Node.id.in_(unknown)))) if unknown else []
         moved = 0
+        now = time.time()
         with self.lock:
             for n in full:  # a node only the other processes heard so far
                 self.changed.add(n.id)
-                self.live[n.id] = LiveNode(
+                ln = self.live[n.id] = LiveNode(
                     id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
                     version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
                     last_heartbeat=n.last_heartbeat, heartbeats=n.heartbeats, status=n.status, counters=n.counters,
                     updated_at=n.updated_at, persisted=True, interval=self.interval)
+                self._account(ln)
+                if self._fresh(ln, now):
+                    ln.beating = True
+                    self._beating += 1
+                self._schedule(ln)
             for node_id, lh in rows:
                 self._seen_shared = max(self._seen_shared, lh)
                 n = self.live.get(node_id)
                 if n is not None and (n.last_heartbeat is None or lh > n.last_heartbeat):
                     n.last_heartbeat = lh
                     self.changed.add(node_id)
-                    n.interval = n.interval or self.interval
+                    # the other process handed the node its interval (both count the same
+                    # cluster): the window follows it, never an older, shorter one handed
+                    # here (nodes fell down in this process's view at 10,000 nodes: the
+                    # interval kept from a warm-up beat, 1-3 s, against beats every 10 s)
+                    n.interval = max(n.interval or 0.0, self.interval)
+                    if not n.beating and self._fresh(n, now):
+                        n.beating = True
+                        self._beating += 1
+                    self._schedule(n)
+                    if n.state != "up":  # back (or still degraded): its state at the next tick
+                        self._schedule(n, now)
                     moved += 1
         return moved
 
@@ -332,6 +424,11 @@ class NodeService:
         field is replaced whole under the lock, never changed in place)."""
         with self.lock:
             return list(self.live.values())
+
+    def summary(self) -> dict[str, Any]:
+        """The summary over every node (views.Totals, kept as nodes change): O(1)."""
+        with self.lock:
+            return self.totals.summary(self.interval)
 
     def mark_changed(self, node_id: str) -> None:
         with self.lock:
