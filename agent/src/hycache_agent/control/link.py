@@ -103,7 +103,7 @@ class ControlLink:
         self._bad_policy_version: int | None = None
         # results waiting for the control plane's acknowledgement, by action id
         self.pending: dict[int, dict[str, Any]] = {}
-        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[tuple[int, Any], None] = collections.OrderedDict()
         self.running: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self.actions_applied = 0
@@ -180,9 +180,10 @@ class ControlLink:
             if not isinstance(aid, int) or isinstance(aid, bool):
                 log.warning("control plane: an action without an integer id: %r; ignored", action)
                 continue
-            if aid in self._seen:  # delivered again: applied (or being applied) once only
+            key = (aid, action.get("attempt"))  # a step retried by the control plane comes again
+            if key in self._seen:  # delivered again: applied (or being applied) once only
                 continue
-            self._seen[aid] = None
+            self._seen[key] = None
             new += 1
             while len(self._seen) > SEEN_ACTIONS:
                 self._seen.popitem(last=False)

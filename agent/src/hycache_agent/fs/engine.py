@@ -1259,7 +1259,7 @@ class TieringEngine:
         now = time.monotonic()
         if cached is not None and now - cached[0] < max(max_age, 20 * cached[1]) and max_age > 0:
             return cached[2]
-        counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
+        counts = {T.FAST: [0, 0, 0], T.SLOW: [0, 0, 0]}  # files, bytes, pinned bytes
         dirs = others = 0
         t0 = time.perf_counter()
         for n, inode in enumerate(list(self.ns.inodes.values()), 1):
@@ -1269,6 +1269,8 @@ class TieringEngine:
                 c = counts[inode.tier]
                 c[0] += 1
                 c[1] += inode.size
+                if inode.pinned:
+                    c[2] += inode.size
             elif inode.is_dir:
                 dirs += 1
             else:
@@ -1294,7 +1296,7 @@ class TieringEngine:
                 T.FAST: {"path": str(self.tiers[T.FAST].path), "capacity": self.capacity,
                          "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
                          "used": self.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
-                         "remote_cache_bytes": self.remote_cache_used,
+                         "remote_cache_bytes": self.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
                          "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
                 T.SLOW: {"path": str(self.tiers[T.SLOW].path),
                          "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
