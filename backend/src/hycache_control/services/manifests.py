@@ -111,6 +111,14 @@ class ManifestService:
         actions.retry = self.retry
         self._online: collections.deque[tuple[float, str]] = collections.deque()
         self._online_lock = threading.Lock()
+        self.bus = actions.bus
+        if self.bus is not None:  # the jobs other control-plane processes placed (PostgreSQL)
+            self.bus.on("j", self._placed_elsewhere)
+
+    def _placed_elsewhere(self, node: Any) -> None:
+        if isinstance(node, str):
+            with self._online_lock:
+                self._online.append((time.monotonic(), node))
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -232,8 +240,9 @@ class ManifestService:
                   nodes: list[str] | None = None) -> dict[str, Any]:
         """Where a ready job that reads ``inputs`` (namespace paths) should run now
         (:func:`hycache_core.scheduling.choose_node`): sizes and locations from the DHT,
-        capacities from the nodes' heartbeats; ties go to the node this control plane
-        sent the fewest jobs to in the last minute (kept in memory: advisory)."""
+        capacities from the nodes' heartbeats; ties go to the node the control plane sent
+        the fewest jobs to in the last minute (kept in memory; with several processes on
+        PostgreSQL each tells the others through the bus's ``j`` notification)."""
         if nodes is None:
             nodes = self._live_nodes()
             if not nodes:
@@ -262,6 +271,8 @@ class ManifestService:
             except PlacementError as e:
                 raise Invalid(("body", "inputs"), str(e)) from None
             self._online.append((now, r["node"]))
+        if self.bus is not None and self.bus.enabled:  # the other processes count it too
+            self.bus.notify_now("j", r["node"])
         return r
 
     # -- views --------------------------------------------------------------------------------
