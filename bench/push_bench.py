@@ -142,8 +142,9 @@ def main() -> int:
         for i, (way, push) in enumerate(ways.items()):
             node = f"n{i}"
             eng = engines[way] = Receipts()
-            link = (PausingLink if way == "push, before" else BenchLink)(eng, url, token(db, "--scope", "node", "--node-id", node), node_id=node, address=None,
-                             interval=args.interval, push=push)
+            cls = PausingLink if way == "push, before" else BenchLink
+            link = cls(eng, url, token(db, "--scope", "node", "--node-id", node), node_id=node, address=None,
+                       interval=args.interval, push=push)
             stop = threading.Event()
             t = threading.Thread(target=run_link, args=(link, stop), daemon=True)
             t.start()
