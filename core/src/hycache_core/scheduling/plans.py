@@ -90,6 +90,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
             size = job.inputs[f] if kind != "write" else job.outputs[f]
             d = policy.access(f, size, cache)
             if d.hit:
+                if cache.sizes.get(f, size) != size:  # a census copy of another size: the job's counts
+                    cache.used += size - cache.sizes[f]
+                    cache.sizes[f] = size
                 cache.job.add(f)
                 continue
             for v in d.victims:
