@@ -34,11 +34,11 @@ def link_for(engine) -> ControlLink:
     return ControlLink(engine, "http://control.invalid:8000", "t0ken", node_id="n1", address=None)
 
 
-async def answer(link: ControlLink, **fields) -> None:
+async def answer(link: ControlLink, sent: dict | None = None, **fields) -> None:
     """Hand the link an answer and wait until the actions it started are finished."""
     async with trio.open_nursery() as nursery:
         await link.handle_answer({"interval": 1.0, "policy": None, "actions": [], "acked_results": [],
-                                  "plans": [], **fields}, nursery)
+                                  "plans": [], **fields}, nursery, sent=sent)
 
 
 # --------------------------------------------------------------------------- counters (engine)
@@ -206,6 +206,23 @@ def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_
         await answer(link, acked_results=[8], actions=[{"id": 8, "action": "prefetch", "path": "/d/nope",
                                                         "attempt": 1}])
         assert 8 not in link.pending
+        # the retry can come (by push) before the answer that acknowledges the first
+        # attempt's result: that acknowledgement must not drop the new attempt's result
+        await answer(link, actions=[{"id": 10, "action": "prefetch", "path": "/d/gone", "manifest_id": 1,
+                                     "job": "j", "step": 2}])
+        first = link.pending[10]
+        hb = link.build_heartbeat(await e.status())
+        sent = {r["id"]: r for r in hb["action_results"]}
+        assert sent[10] is first and first["state"] == "failed"
+        await h.write_file(b"gone", b"g" * K, parent=d)
+        await link.start_actions([{"id": 10, "action": "prefetch", "path": "/d/gone", "manifest_id": 1, "job": "j",
+                                   "step": 2, "attempt": 1}])  # the push channel, before the answer
+        assert link.pending[10]["state"] == "done"
+        await answer(link, acked_results=[10], sent=sent)
+        assert link.pending[10]["state"] == "done"  # kept: the next heartbeat reports it
+        await answer(link, acked_results=[10], sent={r["id"]: r for r in link.build_heartbeat(await e.status())
+                                                     ["action_results"]})
+        assert 10 not in link.pending
         # the fast tier's census carries its pinned bytes (layer 2 plans around them)
         assert (await e.status())["tiers"]["fast"]["pinned_bytes"] == 0
         await answer(link, actions=[{"id": 9, "action": "pin", "path": "/d/nope"}])

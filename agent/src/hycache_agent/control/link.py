@@ -149,17 +149,20 @@ class ControlLink:
             "action_results": list(itertools.islice(self.pending.values(), MAX_RESULTS)),
         }
 
-    async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None) -> None:
+    async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None,
+                            sent: dict[int, dict[str, Any]] | None = None) -> None:
         """Apply a heartbeat's answer: drop acknowledged results, run the policy, start
         the new actions (in ``nursery``, default the link's own).  A malformed part is
-        logged and skipped; the rest still applies."""
+        logged and skipped; the rest still applies.  ``sent``: the results the heartbeat
+        carried (id → result); an acknowledged id whose result has been replaced since —
+        a retried plan step (``attempt``) ran again meanwhile — keeps the new result."""
         if not isinstance(answer, dict):
             raise ValueError("the answer is not a JSON object")
         interval = answer.get("interval")
         if isinstance(interval, (int, float)) and not isinstance(interval, bool):
             self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(interval)))
         for acked in answer.get("acked_results") or ():
-            if isinstance(acked, int):
+            if isinstance(acked, int) and (sent is None or self.pending.get(acked) is sent.get(acked)):
                 self.pending.pop(acked, None)
         policy = answer.get("policy")
         if policy is not None:
@@ -336,7 +339,7 @@ class ControlLink:
             return -1.0
         self._set_state("ok", None)
         self.last_ok = time.time()
-        await self.handle_answer(answer)
+        await self.handle_answer(answer, sent={r.get("id"): r for r in hb["action_results"] if isinstance(r, dict)})
         return self.interval
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
