@@ -10,8 +10,10 @@ A manifest of ``--releases + 1`` jobs on that node, each reading a file of its o
 every job one prefetch step, released when the job before it starts.  For each job the
 bench posts the previous job's start (the release) and waits until the job's step reached
 the link; latency = receipt − the moment the start request was sent (so it includes that
-request).  Both ways in one run, alternating per release: the link with the push channel,
-and the link without it (heartbeats every ``--interval`` s, as before issue 21).
+request).  Three ways in one run, rotating per release: the link with the push channel;
+the same with the poll loop before the change that re-polls at once after a quick answer
+(``push, before``: a 20 ms pause after every answer that came back within 20 ms); and the
+link without the channel (heartbeats every ``--interval`` s, as before issue 21).
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ class BenchLink(ControlLink):
         self.engine.record(action.get("job"))
         return {"id": action["id"], "state": "done", "detail": "bench", "tier": "fast",
                 **{k: action[k] for k in ("manifest_id", "job", "step") if k in action}}
+
+
+class PausingLink(BenchLink):
+    """The link's poll loop before the change (A/B): a 20 ms pause after *every* answer
+    that came back within 20 ms, not only after two in a row."""
+
+    async def poll_plans(self, client) -> None:
+        while True:
+            t0 = trio.current_time()
+            try:
+                await self.poll_one(client)
+            except Exception:  # noqa: BLE001 - the bench's channel: retried like the link's
+                self.push_version = None
+                await trio.sleep(1.0)
+                continue
+            await trio.sleep_until(t0 + 0.02)
 
 
 def free_port() -> int:
@@ -119,20 +137,22 @@ def main() -> int:
             if time.monotonic() > deadline:
                 raise SystemExit("push_bench: the control plane did not start")
             time.sleep(0.1)
-        ways = {"push": True, "heartbeat only": False}
+        ways = {"push": True, "push, before": True, "heartbeat only": False}
         engines: dict[str, Receipts] = {}
         for i, (way, push) in enumerate(ways.items()):
             node = f"n{i}"
             eng = engines[way] = Receipts()
-            link = BenchLink(eng, url, token(db, "--scope", "node", "--node-id", node), node_id=node, address=None,
-                             interval=args.interval, push=push)
+            cls = PausingLink if way == "push, before" else BenchLink
+            link = cls(eng, url, token(db, "--scope", "node", "--node-id", node), node_id=node, address=None,
+                       interval=args.interval, push=push)
             stop = threading.Event()
             t = threading.Thread(target=run_link, args=(link, stop), daemon=True)
             t.start()
             stops.append(stop)
             threads.append(t)
         deadline = time.monotonic() + 30
-        while {n["id"] for n in http.get("/nodes").json()["items"] if n["state"] == "up"} != {"n0", "n1"}:
+        want = {f"n{i}" for i in range(len(ways))}
+        while {n["id"] for n in http.get("/nodes").json()["items"] if n["state"] == "up"} != want:
             if time.monotonic() > deadline:
                 raise SystemExit("push_bench: the simulated nodes did not come up")
             time.sleep(0.1)
@@ -140,13 +160,14 @@ def main() -> int:
         mids = {}
         for i, way in enumerate(ways):
             doc = {"version": 1, "name": f"push-bench-{way}",
-                   "jobs": [{"name": j, "accesses": [{"path": f"{way[0]}/{j}.in", "size": 4096}]} for j in jobs]}
+                   "jobs": [{"name": j, "accesses": [{"path": f"w{i}/{j}.in", "size": 4096}]} for j in jobs]}
             r = http.post("/manifests", json=doc, params={"nodes": f"n{i}", "solver": "greedy"})
             r.raise_for_status()
             mids[way] = r.json()["id"]
             out[way], req[way] = [], []
         for k in range(1, len(jobs)):
-            for way in (ways if k % 2 else reversed(list(ways))):  # alternate which way goes first
+            names = list(ways)
+            for way in names[k % len(names):] + names[:k % len(names)]:  # rotate which way goes first
                 eng, mid = engines[way], mids[way]
                 t_sent = time.monotonic()
                 http.post(f"/manifests/{mid}/jobs/{jobs[k - 1]}/start").raise_for_status()

@@ -162,6 +162,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
             # bypass the agent, so slow read bytes stay 0 while these count)
             "slow_opens": sum(delta(n, "slow", "hits") for n in c),
             "makespan": res["makespan"], "failed_steps": len(res["failed_steps"]),
+            "no_room_steps": sum("no room" in (f["detail"] or "") for f in res["failed_steps"]),
             "failed_details": [f"{f['node']} {f['job']} {f['plan_action']} {f['path']}: {f['detail']}"
                                for f in res["failed_steps"][:5]],
             "prefetch_wait": sum(j["prefetch_wait"] for j in res["jobs"].values()),
@@ -217,12 +218,13 @@ def main() -> int:
 
     med = statistics.median
     t = Table("way", "bytes moved between nodes", "fast-tier hit ratio", "slow-tier opens",
-              "waited for prefetches s", "makespan s median (min–max)", "runs")
+              "waited for prefetches s", "failed steps (no room)", "makespan s median (min–max)", "runs")
     for label, rs in out.items():
         hr = [r["hit_ratio"] for r in rs if r["hit_ratio"] is not None]
         ms = [r["makespan"] for r in rs]
         t.add_row(label, f"{med(r['moved_bytes'] for r in rs):,.0f}", f"{med(hr):.2f}" if hr else "-",
                   f"{med(r['slow_opens'] for r in rs):.0f}", f"{med(r['prefetch_wait'] for r in rs):.2f}",
+                  " ".join(f"{r['failed_steps']}({r['no_room_steps']})" for r in rs),
                   f"{med(ms):.2f} ({min(ms):.2f}–{max(ms):.2f})", " ".join(f"{m:.2f}" for m in ms))
     Console().print(t)
     return 0

@@ -34,11 +34,11 @@ def link_for(engine) -> ControlLink:
     return ControlLink(engine, "http://control.invalid:8000", "t0ken", node_id="n1", address=None)
 
 
-async def answer(link: ControlLink, **fields) -> None:
+async def answer(link: ControlLink, sent: dict | None = None, **fields) -> None:
     """Hand the link an answer and wait until the actions it started are finished."""
     async with trio.open_nursery() as nursery:
         await link.handle_answer({"interval": 1.0, "policy": None, "actions": [], "acked_results": [],
-                                  "plans": [], **fields}, nursery)
+                                  "plans": [], **fields}, nursery, sent=sent)
 
 
 # --------------------------------------------------------------------------- counters (engine)
@@ -193,6 +193,41 @@ def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_
         assert not h.ns.get(ino).pinned and h.tier(ino) == T.FAST
         assert 1 not in link.pending  # acknowledged, not re-run
         assert await h.getxattr(ino, b"user.hycache.tier") == b"fast"
+        # a plan step the control plane retries (it failed for room) comes again with
+        # attempt 1: applied again, once
+        await answer(link, acked_results=[4, 5, 6, 7], actions=[{"id": 8, "action": "prefetch", "path": "/d/nope",
+                                                                 "manifest_id": 1, "job": "j", "step": 1}])
+        assert link.pending[8]["state"] == "failed" and link.pending[8]["job"] == "j"
+        await answer(link, acked_results=[8])
+        await h.write_file(b"nope", b"n" * K, parent=d)
+        await answer(link, actions=[{"id": 8, "action": "prefetch", "path": "/d/nope", "manifest_id": 1, "job": "j",
+                                     "step": 1, "attempt": 1}])
+        assert link.pending[8]["state"] == "done" and link.pending[8]["step"] == 1
+        await answer(link, acked_results=[8], actions=[{"id": 8, "action": "prefetch", "path": "/d/nope",
+                                                        "attempt": 1}])
+        assert 8 not in link.pending
+        # the retry can come (by push) before the answer that acknowledges the first
+        # attempt's result: that acknowledgement must not drop the new attempt's result
+        await answer(link, actions=[{"id": 10, "action": "prefetch", "path": "/d/gone", "manifest_id": 1,
+                                     "job": "j", "step": 2}])
+        first = link.pending[10]
+        hb = link.build_heartbeat(await e.status())
+        sent = {r["id"]: r for r in hb["action_results"]}
+        assert sent[10] is first and first["state"] == "failed"
+        await h.write_file(b"gone", b"g" * K, parent=d)
+        await link.start_actions([{"id": 10, "action": "prefetch", "path": "/d/gone", "manifest_id": 1, "job": "j",
+                                   "step": 2, "attempt": 1}])  # the push channel, before the answer
+        assert link.pending[10]["state"] == "done"
+        await answer(link, acked_results=[10], sent=sent)
+        assert link.pending[10]["state"] == "done"  # kept: the next heartbeat reports it
+        await answer(link, acked_results=[10], sent={r["id"]: r for r in link.build_heartbeat(await e.status())
+                                                     ["action_results"]})
+        assert 10 not in link.pending
+        # the fast tier's census carries its pinned bytes (layer 2 plans around them)
+        assert (await e.status())["tiers"]["fast"]["pinned_bytes"] == 0
+        await answer(link, actions=[{"id": 9, "action": "pin", "path": "/d/nope"}])
+        assert link.pending[9]["state"] == "done" and h.tier(h.ns.resolve(b"/d/nope").ino) == T.FAST
+        assert (await e.status())["tiers"]["fast"]["pinned_bytes"] == K
         return True
 
     assert run_engine(tmp_path, body, fast_capacity=M)

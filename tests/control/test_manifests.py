@@ -89,9 +89,10 @@ def test_invalid_manifests_are_422_naming_the_field(api: Api):
     assert api.get("/api/v1/manifests").json()["total"] == 0
 
 
-def submit(api: Api, store) -> dict:  # noqa: F811
-    store.create(b"/raw.dat", file_meta("a", size=100 << 20))
-    store.create(b"/ref.db", file_meta("b", size=64 << 20))
+def submit(api: Api, store, tier: str = "slow") -> dict:  # noqa: F811
+    """The tiny instance on a and b; its two inputs exist, on a and b's ``tier``."""
+    store.create(b"/raw.dat", file_meta("a", size=100 << 20, tier=tier))
+    store.create(b"/ref.db", file_meta("b", size=64 << 20, tier=tier))
     for n in ("a", "b"):
         assert api.beat(n, status=STATUS).status_code == 200
     r = api.post("/api/v1/manifests", TINY)
@@ -106,9 +107,18 @@ def beat(api: Api, node: str, results=None) -> list[dict]:
 
 
 def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa: F811
-    m = submit(api, store)
+    m = submit(api, store, tier="fast")
+    # layer 2 starts from the nodes' real fast tiers: raw.dat is on a's, ref.db on b's (the DHT)
+    census = {"raw.dat": {"node": "a", "tier": "fast", "size": 100 << 20, "pinned": False},
+              "ref.db": {"node": "b", "tier": "fast", "size": 64 << 20, "pinned": False}}
     expected = place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
-                     locations={"raw.dat": "a", "ref.db": "b"})
+                     locations={"raw.dat": "a", "ref.db": "b"}, census=census,
+                     fast_status={n: STATUS["tiers"]["fast"] for n in "ab"})
+    blind = place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
+                  locations={"raw.dat": "a", "ref.db": "b"})
+    assert m["plans"] != blind["plans"]
+    # a file already on its node's fast tier is never prefetched there
+    assert not [st for st in m["plans"]["a"] if st["action"] == "prefetch" and st["path"] == "raw.dat"]
     assert m["placement"] == expected["placement"]
     assert m["transfer_bytes"] == expected["transfer_bytes"]
     # within the 1.1 load bound (45 s | 45 s of runtime) the optimum moves as much as
@@ -204,6 +214,70 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     # finishing twice is fine, starting a finished job is 409
     assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/start").status_code == 409
     assert api.post(f"/api/v1/manifests/{mid}/jobs/{b_jobs[0]}/finish").status_code == 200
+
+
+def test_a_prefetch_that_found_no_room_is_released_again_once(api: Api, store):  # noqa: F811
+    """A prefetch that fails for room goes back to pending (not dropped) and is delivered
+    again — with ``attempt: 1``, so the agent applies it although it saw the id — once the
+    job before it on the node has ended; a second failure, or another reason, is final."""
+    m = submit(api, store)
+    mid, plans = m["id"], m["plans"]
+    order = {n: [j["id"] for j in sorted(m["jobs"], key=lambda j: j["position"]) if j["node"] == n] for n in plans}
+    a_first = order["a"][0]
+    got = beat(api, "a")
+    pre = [d for d in got if d["job"] == a_first and d["action"] == "prefetch"]
+    assert pre and all(d.get("attempt") is None for d in got)
+    first, rest = pre[0], got[1:] if got[0] is pre[0] else [d for d in got if d is not pre[0]]
+    again = beat(api, "a", [{"id": first["id"], "state": "failed", "tier": "slow",
+                             "detail": f"{first['path']}: no room for 100 MiB on the fast tier"}])
+    item = next(i for i in api.get(f"/api/v1/manifests/{mid}").json()["step_items"] if i["id"] == first["id"])
+    assert item["state"] in ("pending", "delivered") and item["detail"].startswith("retry when the job before it")
+    # nothing runs before a's first job on a: released again at once, marked as a new attempt
+    again = again or beat(api, "a")
+    redo = [d for d in again if d["id"] == first["id"]]
+    assert redo and redo[0]["attempt"] == 1
+    # the second failure is final; so is a failure for another reason
+    others = [{"id": d["id"], "state": "failed", "detail": f"{d['path']}: no such file"} for d in rest]
+    beat(api, "a", [{"id": first["id"], "state": "failed", "detail": "no room: still none"}, *others])
+    items = {i["id"]: i for i in api.get(f"/api/v1/manifests/{mid}").json()["step_items"]}
+    assert items[first["id"]]["state"] == "failed" and items[first["id"]]["detail"] == "no room: still none"
+    assert all(items[d["id"]]["state"] == "failed" for d in rest)
+    assert first["id"] not in [d["id"] for d in beat(api, "a")]
+
+
+def test_a_retried_prefetch_waits_for_the_job_before_it_to_end_or_is_skipped(api: Api, store):  # noqa: F811
+    """Two independent jobs on node a: the second one's prefetch is released when the first
+    starts; it fails for room (the first's open files), is held while the first runs and
+    delivered again when it has ended; a retried step whose job starts first is skipped."""
+    for name in ("x1", "x2", "x3"):
+        store.create(f"/{name}".encode(), file_meta("a", size=10 << 20, tier="slow"))
+    api.beat("a", status=STATUS)
+    doc = {"version": 1, "name": "two", "jobs": [
+        {"name": f"j{k}", "accesses": [{"path": f"x{k}", "size": "10M"}]} for k in (1, 2, 3)]}
+    r = api.post("/api/v1/manifests?nodes=a", doc)
+    assert r.status_code == 201, r.text
+    mid = r.json()["id"]
+    assert [d["job"] for d in beat(api, "a")] == ["j1"]
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/start").status_code == 200
+    got = [d for d in beat(api, "a") if d["job"] == "j2"]
+    assert [d["action"] for d in got] == ["prefetch"]
+    d = got[0]
+    beat(api, "a", [{"id": d["id"], "state": "failed", "detail": "no room: 56 MiB of 64 MiB held by open files"}])
+    assert d["id"] not in [x["id"] for x in beat(api, "a")]  # held while j1 runs
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/finish").status_code == 200
+    redo = [x for x in beat(api, "a") if x["id"] == d["id"]]
+    assert redo and redo[0]["attempt"] == 1
+    beat(api, "a", [{"id": d["id"], "state": "done", "detail": "fast", "tier": "fast"}])
+    # j3's prefetch fails for room too, and j3 starts before j2 has ended: skipped, not failed
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j2/start").status_code == 200
+    d3 = next(x for x in beat(api, "a") if x["job"] == "j3")
+    beat(api, "a", [{"id": d3["id"], "state": "failed", "detail": "no room: held by open files"}])
+    for ev in ("finish",):
+        api.post(f"/api/v1/manifests/{mid}/jobs/j2/{ev}")
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j3/start").status_code == 200
+    items = {i["id"]: i for i in api.get(f"/api/v1/manifests/{mid}").json()["step_items"]}
+    assert items[d["id"]]["state"] == "done"
+    assert items[d3["id"]]["state"] == "skipped" and "started before delivery" in items[d3["id"]]["detail"]
 
 
 def test_delete_cancels_undelivered_steps(api: Api, store):  # noqa: F811

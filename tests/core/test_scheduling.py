@@ -21,6 +21,7 @@ from hycache_core.scheduling import (
     node_names,
     makespan,
     makespan_lower_bound,
+    node_state,
     place,
     plan_node,
     solve_exact,
@@ -331,6 +332,62 @@ def test_plan_node_prefetches_ahead_of_each_job_and_respects_room():
     # x is read again by b: it is never evicted before b ran, y (cost 0 after a) goes first
     evicted = [s["path"] for s in steps if s["action"] == "evict"]
     assert "x" not in evicted
+
+
+
+def test_plan_starts_from_the_nodes_real_contents():
+    """The census is the starting state: a file already on the fast tier needs no
+    prefetch, the plan may evict it (not when pinned there), and room held by files the
+    plan cannot move is not planned with."""
+    jobs = [WorkflowJob("a", None, (), {"x": 60, "y": 30}, {}),
+            WorkflowJob("b", None, ("a",), {"x": 60, "y": 30}, {})]
+    fresh = plan_node("n", jobs, 100, {})
+    assert [(s["action"], s["path"]) for s in fresh if s["action"] == "prefetch"] == [("prefetch", "x"),
+                                                                                       ("prefetch", "y")]
+    steps = plan_node("n", jobs, 100, {}, resident={"x": 60})
+    assert [s["path"] for s in steps if s["action"] == "prefetch"] == ["y"]
+    assert steps[0]["resident"] == 90
+    # 20 bytes held by pinned files that are not the workflow's: y no longer fits beside x
+    held = plan_node("n", jobs, 100, {}, resident={"x": 60}, held=20)
+    assert not [s for s in held if s["action"] == "prefetch"]
+    assert all(s["resident"] <= 80 for s in held)
+    # a stale file (never read again) is evicted for the job's input; a pinned one is not
+    stale = plan_node("n", jobs, 100, {}, resident={"old": 50})
+    assert ("evict", "old") in [(s["action"], s["path"]) for s in stale]
+    kept = plan_node("n", jobs, 100, {}, pinned={"old"}, resident={"old": 50})
+    assert "old" not in [s["path"] for s in kept]
+    assert all(s["resident"] <= 100 for s in kept)
+
+
+def test_node_state_from_the_census():
+    files = {"x": {"node": "a", "tier": "fast", "size": 60, "pinned": False},
+             "y": {"node": "a", "tier": "slow", "size": 30, "pinned": False},
+             "p": {"node": "b", "tier": "fast", "size": 10, "pinned": True},
+             "z": {"node": "gone", "tier": "fast", "size": 5, "pinned": False}}
+    status = {"a": {"capacity": 100, "used": 70, "pinned_bytes": 25}, "b": {"pinned_bytes": 10}, "c": None}
+    resident, held, pinned = node_state(files, ["a", "b", "c"], status)
+    assert resident == {"a": {"x": 60}, "b": {"p": 10}, "c": {}}
+    assert held == {"a": 25, "b": 0, "c": 0}  # b's pinned bytes are the workflow's own p
+    assert pinned == {"a": set(), "b": {"p"}, "c": set()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(workflows(max_jobs=8), st.integers(0, 300))
+def test_a_jobs_steps_never_evict_the_files_of_the_job_still_running_before_it(wf, cap):
+    """A job's prefetches are released when the job before it on the node starts: its
+    evictions before the job runs never take a file that job has open."""
+    steps = plan_node("n", wf.jobs, cap, {})
+    replay(steps, cap)
+    index = {j.id: k for k, j in enumerate(wf.jobs)}
+    for i, s in enumerate(steps):
+        k = index[s["job"]]
+        if s["action"] != "evict" or k == 0:
+            continue
+        nxt = next((t for t in steps[i + 1:] if t["action"] != "evict"), None)
+        if nxt is not None and nxt["action"] == "pin" and nxt["job"] == s["job"]:
+            continue  # room for an output the job writes: the job before it has ended then
+        prev = wf.jobs[k - 1]
+        assert s["path"] not in prev.inputs and s["path"] not in prev.outputs  # open while this job's steps run
 
 
 # -- the CLI --------------------------------------------------------------------------

@@ -400,6 +400,8 @@ class ActionDelivery(BaseModel):
     manifest_id: int | None = None
     job: str | None = None
     step: int | None = None
+    attempt: int | None = Field(None, description="1 when a plan step that failed for room is delivered again "
+                                                  "(the agent applies it although it saw the id)")
 
 
 class HeartbeatAnswer(BaseModel):

@@ -479,6 +479,11 @@ export interface components {
              * @enum {string}
              */
             action: "pin" | "unpin" | "promote" | "demote" | "prefetch";
+            /**
+             * Attempt
+             * @description 1 when a plan step that failed for room is delivered again (the agent applies it although it saw the id)
+             */
+            attempt?: number | null;
             /** Id */
             id: number;
             /** Job */

@@ -53,6 +53,7 @@ MAX_DETAIL = 2000  # characters of a result's detail
 PUSH_WAIT = 30.0  # seconds a plan long-poll may wait on the control plane
 PUSH_BACKOFF = (1.0, 30.0)  # a broken push channel is retried after 1 s, doubling to 30 s
 MIN_KICK_GAP = 0.05  # a result sends the heartbeat early, at most once per this many seconds
+MIN_POLL_GAP = 0.02  # plan long-polls answered at once twice in a row: the next one after this
 
 
 class TokenFileError(Exception):
@@ -104,7 +105,7 @@ class ControlLink:
         self._bad_policy_version: int | None = None
         # results waiting for the control plane's acknowledgement, by action id
         self.pending: dict[int, dict[str, Any]] = {}
-        self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[tuple[int, Any], None] = collections.OrderedDict()
         self.running: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self.actions_applied = 0
@@ -149,17 +150,20 @@ class ControlLink:
             "action_results": list(itertools.islice(self.pending.values(), MAX_RESULTS)),
         }
 
-    async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None) -> None:
+    async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None,
+                            sent: dict[int, dict[str, Any]] | None = None) -> None:
         """Apply a heartbeat's answer: drop acknowledged results, run the policy, start
         the new actions (in ``nursery``, default the link's own).  A malformed part is
-        logged and skipped; the rest still applies."""
+        logged and skipped; the rest still applies.  ``sent``: the results the heartbeat
+        carried (id → result); an acknowledged id whose result has been replaced since —
+        a retried plan step (``attempt``) ran again meanwhile — keeps the new result."""
         if not isinstance(answer, dict):
             raise ValueError("the answer is not a JSON object")
         interval = answer.get("interval")
         if isinstance(interval, (int, float)) and not isinstance(interval, bool):
             self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(interval)))
         for acked in answer.get("acked_results") or ():
-            if isinstance(acked, int):
+            if isinstance(acked, int) and (sent is None or self.pending.get(acked) is sent.get(acked)):
                 self.pending.pop(acked, None)
         policy = answer.get("policy")
         if policy is not None:
@@ -181,9 +185,10 @@ class ControlLink:
             if not isinstance(aid, int) or isinstance(aid, bool):
                 log.warning("control plane: an action without an integer id: %r; ignored", action)
                 continue
-            if aid in self._seen:  # delivered again: applied (or being applied) once only
+            key = (aid, action.get("attempt"))  # a step retried by the control plane comes again
+            if key in self._seen:  # delivered again: applied (or being applied) once only
                 continue
-            self._seen[aid] = None
+            self._seen[key] = None
             new += 1
             while len(self._seen) > SEEN_ACTIONS:
                 self._seen.popitem(last=False)
@@ -335,7 +340,7 @@ class ControlLink:
             return -1.0
         self._set_state("ok", None)
         self.last_ok = time.time()
-        await self.handle_answer(answer)
+        await self.handle_answer(answer, sent={r.get("id"): r for r in hb["action_results"] if isinstance(r, dict)})
         return self.interval
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -412,6 +417,7 @@ class ControlLink:
         import httpx
 
         backoff = PUSH_BACKOFF[0]
+        quick = False  # the previous answer came back at once
         while True:
             t0 = trio.current_time()
             try:
@@ -430,6 +436,10 @@ class ControlLink:
                 continue
             self._set_push("ok")
             backoff = PUSH_BACKOFF[0]
-            # an answer that came back at once twice in a row (another process each time,
-            # behind a load balancer) must not spin: at most ~50 polls a second
-            await trio.sleep_until(t0 + 0.02)
+            # answers that come back at once twice in a row (another process each time,
+            # behind a load balancer) must not spin: at most ~50 polls a second.  One quick
+            # answer alone polls again at once: a job's finish and the next job's start
+            # come a few ms apart, and the start's release must not wait out a pause.
+            was_quick, quick = quick, trio.current_time() - t0 < MIN_POLL_GAP
+            if was_quick and quick:
+                await trio.sleep_until(t0 + MIN_POLL_GAP)

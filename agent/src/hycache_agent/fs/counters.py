@@ -121,7 +121,7 @@ class Census:
         now = time.monotonic()
         if cached is not None and now - cached[0] < max(max_age, 20 * cached[1]) and max_age > 0:
             return cached[2]
-        counts = {T.FAST: [0, 0], T.SLOW: [0, 0]}
+        counts = {T.FAST: [0, 0, 0], T.SLOW: [0, 0, 0]}  # files, bytes, pinned bytes
         dirs = others = 0
         t0 = time.perf_counter()
         for n, inode in enumerate(list(inodes.values()), 1):
@@ -131,6 +131,8 @@ class Census:
                 c = counts[inode.tier]
                 c[0] += 1
                 c[1] += inode.size
+                if inode.pinned:
+                    c[2] += inode.size
             elif inode.is_dir:
                 dirs += 1
             else:
@@ -158,7 +160,7 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
             T.FAST: {"path": str(engine.tiers[T.FAST].path), "capacity": engine.capacity,
                      "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
                      "used": engine.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
-                     "remote_cache_bytes": engine.remote_cache_used,
+                     "remote_cache_bytes": engine.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
                      "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
             T.SLOW: {"path": str(engine.tiers[T.SLOW].path),
                      "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,

@@ -29,6 +29,9 @@ MAX_DELIVERY = 500
 #: items read per query while looking for deliverable ones
 PAGE = 2000
 FINAL = ("done", "failed", "skipped", "cancelled")
+#: the detail of a plan step that failed for room and waits to be delivered again (its
+#: second delivery carries ``attempt: 1``, which the agent applies although it saw the id)
+RETRY = "retry when the job before it has ended: "
 
 
 def action_state(items: list[ActionItem]) -> str:
@@ -72,6 +75,9 @@ class ActionService:
         #: plan steps (items of a manifest's action) are released by this hook:
         #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
         self.gate = None
+        #: a plan step that failed may go back to pending, to be released again later:
+        #: ``retry(session, item, detail) -> bool`` (ManifestService)
+        self.retry = None
         self._pending_nodes: set[str] = set()
         #: the push channel (GET /nodes/{id}/plan): a version per node, bumped by every wake,
         #: and the callbacks of the long-polls waiting for it (called from any thread)
@@ -263,6 +269,8 @@ class ActionService:
                 d = {"id": item.id, "action": item.kind or action, "path": item.path}
                 if item.job is not None:
                     d.update(manifest_id=item.parent.manifest_id, job=item.job, step=item.step)
+                    if (item.detail or "").startswith(RETRY):
+                        d["attempt"] = 1
                 out.append(d)
         self._publish(changed)
         return out
@@ -272,7 +280,7 @@ class ActionService:
         if not results:
             return []
         now = time.time()
-        acked, changed, failed = [], [], []
+        acked, changed, failed, again = [], [], [], set()
         with self.db.session() as s:
             items = {i.id: i for i in s.scalars(select(ActionItem).options(selectinload(ActionItem.parent))
                                                 .where(ActionItem.id.in_([r.id for r in results])))}
@@ -286,6 +294,13 @@ class ActionService:
                 acked.append(r.id)
                 if item.state in FINAL:
                     continue
+                if (r.state == "failed" and item.job is not None and self.retry is not None
+                        and self.retry(s, item, r.detail or "")):
+                    item.state, item.tier, item.updated_at = "pending", r.tier, now  # detail set by retry
+                    item.parent.updated_at = now
+                    changed.append(item_view(item))
+                    again.add(node)
+                    continue
                 item.state, item.detail, item.tier, item.updated_at = r.state, r.detail, r.tier, now
                 item.parent.updated_at = now
                 changed.append(item_view(item))
@@ -294,4 +309,6 @@ class ActionService:
         for action, path, detail in failed:
             self.events.record("action", f"{action} {path}", "failed", node=node, detail=detail)
         self._publish(changed)
+        if again:
+            self.wake(again)
         return acked

@@ -5,9 +5,10 @@
   at commit and only then; every process (itself included, which ignores its own) gets it
   on a listening connection read by one thread, and the handler of its kind runs there.
   Kinds: ``e`` a new event id (the stream's replay), ``a`` an action item's new view,
-  ``p`` a node's policy row changed, ``w`` items became deliverable to nodes, ``h`` a
-  process says hello every ``HELLO_PERIOD`` (so each knows whether it is alone: a process
-  alone shares no liveness through the database).
+  ``p`` a node's policy row changed, ``w`` items became deliverable to nodes, ``j`` a job
+  was placed online on a node (the tie-break of ``POST /placements``), ``h`` a process
+  says hello every ``HELLO_PERIOD`` (so each knows whether it is alone: a process alone
+  shares no liveness through the database).
 * ``Leader``: one process holds a session-level advisory lock and does what must happen
   once per cluster (record node transitions, downsample); when its process dies the lock
   goes with its connection and another process takes over within a monitor tick.

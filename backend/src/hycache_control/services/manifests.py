@@ -22,6 +22,9 @@ later reference on the node.
   before-step whose job finished before the step was delivered is ``skipped``.
 - after-steps of J are released when J has finished (the output exists; the job no longer
   needs the file).
+- a prefetch that fails for room on its node (the job before it still had files open
+  there) is not dropped: it goes back to pending once and is released again when the job
+  before it has ended — or skipped if its own job starts first (``retry``).
 ``DELETE`` cancels every step not yet delivered.
 """
 
@@ -42,7 +45,7 @@ from hycache_core.workflow import WorkflowError, parse_workflow
 
 from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob
-from .actions import ActionService, item_view
+from .actions import RETRY, ActionService, item_view
 from .errors import Invalid, NotFound, ServiceError
 from .events import EventService
 from .namespace import NamespaceService
@@ -105,8 +108,17 @@ class ManifestService:
         self.actions = actions
         self.events = events
         actions.gate = self.gate
+        actions.retry = self.retry
         self._online: collections.deque[tuple[float, str]] = collections.deque()
         self._online_lock = threading.Lock()
+        self.bus = actions.bus
+        if self.bus is not None:  # the jobs other control-plane processes placed (PostgreSQL)
+            self.bus.on("j", self._placed_elsewhere)
+
+    def _placed_elsewhere(self, node: Any) -> None:
+        if isinstance(node, str):
+            with self._online_lock:
+                self._online.append((time.monotonic(), node))
 
     # -- submit ---------------------------------------------------------------------------------
 
@@ -122,14 +134,27 @@ class ManifestService:
             out[n] = int(cap) if isinstance(cap, (int, float)) and cap > 0 else None
         return out
 
-    def _locations(self, files) -> dict[str, str]:
-        out = {}
+    def _locations(self, files) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        """The files' primary nodes (file → node), and the census of those that exist
+        (file → ``{"node", "tier", "size", "pinned"}``, the DHT's entries): where each
+        one is, on which tier, for layer 2's starting state."""
+        out: dict[str, str] = {}
+        census: dict[str, dict[str, Any]] = {}
         if not self.namespace.configured:
-            return out
+            return out, census
         for f in files:
             meta = self.namespace.get(ns_path(f))
             if meta is not None and meta.kind == "file" and meta.primary:
                 out[f] = meta.primary
+                census[f] = {"node": meta.primary, "tier": meta.tier, "size": meta.size, "pinned": bool(meta.pinned)}
+        return out, census
+
+    def _fast_status(self, nodes: list[str]) -> dict[str, dict[str, Any] | None]:
+        """Each node's fast-tier census from its last heartbeat (``tiers.fast``)."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for n in nodes:
+            live = self.nodes.get(n)
+            out[n] = ((live.status or {}).get("tiers") or {}).get("fast") if live is not None else None
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
@@ -147,15 +172,17 @@ class ManifestService:
             if unknown:
                 raise Invalid(("query", "nodes"), f"unknown node(s): {', '.join(unknown)}")
         capacity = self._capacity(nodes)
-        locations = self._locations(wf.sizes)
+        locations, census = self._locations(wf.sizes)
+        # layer 2 starts from each node's real fast tier: the workflow's files already there
+        # (the DHT's tier and pin) and the pinned bytes the heartbeat reports
+        kw = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
+                  census=census, fast_status=self._fast_status(nodes))
         try:
             if solver == "exact":
                 with _stdout_to_stderr():
-                    result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations,
-                                   plans=plans)
+                    result = place(wf, nodes, **kw)
             else:
-                result = place(wf, nodes, solver=solver, slack=slack, capacity=capacity, locations=locations,
-                               plans=plans)
+                result = place(wf, nodes, **kw)
         except PlacementError as e:
             raise Invalid(("body",), str(e)) from None
         result["locations"] = locations
@@ -213,8 +240,9 @@ class ManifestService:
                   nodes: list[str] | None = None) -> dict[str, Any]:
         """Where a ready job that reads ``inputs`` (namespace paths) should run now
         (:func:`hycache_core.scheduling.choose_node`): sizes and locations from the DHT,
-        capacities from the nodes' heartbeats; ties go to the node this control plane
-        sent the fewest jobs to in the last minute (kept in memory: advisory)."""
+        capacities from the nodes' heartbeats; ties go to the node the control plane sent
+        the fewest jobs to in the last minute (kept in memory; with several processes on
+        PostgreSQL each tells the others through the bus's ``j`` notification)."""
         if nodes is None:
             nodes = self._live_nodes()
             if not nodes:
@@ -243,6 +271,8 @@ class ManifestService:
             except PlacementError as e:
                 raise Invalid(("body", "inputs"), str(e)) from None
             self._online.append((now, r["node"]))
+        if self.bus is not None and self.bus.enabled:  # the other processes count it too
+            self.bus.notify_now("j", r["node"])
         return r
 
     # -- views --------------------------------------------------------------------------------
@@ -376,17 +406,35 @@ class ManifestService:
 
     # -- delivery gate (called by ActionService.deliver inside its session) ---------------------
 
+    def retry(self, s: Session, item: ActionItem, detail: str) -> bool:
+        """A plan step failed on its node (ActionService.report): a prefetch that found no
+        room — the fast tier held files the job before it still had open — goes back to
+        pending once, to be released again when that job has ended (its files are then
+        closed and evictable; see :meth:`gate`), unless its own job starts first (then it
+        is skipped, like any step that has not reached its node)."""
+        if item.plan_action != "prefetch" or "no room" not in detail or (item.detail or "").startswith(RETRY):
+            return False
+        j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == item.parent.manifest_id,
+                                               ManifestJob.job == item.job))
+        if j is None or j.state != "pending":
+            return False
+        item.detail = RETRY + detail
+        return True
+
     def gate(self, s: Session, items: list[ActionItem]) -> dict[int, str]:
         """release | hold | skip for each plan step (the module docstring says when)."""
         mids = {i.parent.manifest_id for i in items}
         jobs: dict[tuple[int, str], ManifestJob] = {}
         first_unstarted: dict[tuple[int, str], int] = {}
+        first_unfinished: dict[tuple[int, str], int] = {}
         cancelled = set(s.scalars(select(Manifest.id).where(Manifest.id.in_(mids), Manifest.state == "cancelled")))
         for j in s.scalars(select(ManifestJob).where(ManifestJob.manifest_id.in_(mids))):
             jobs[(j.manifest_id, j.job)] = j
+            key = (j.manifest_id, j.node)
             if j.state == "pending":
-                key = (j.manifest_id, j.node)
                 first_unstarted[key] = min(first_unstarted.get(key, 1 << 30), j.position)
+            if j.state != "done":
+                first_unfinished[key] = min(first_unfinished.get(key, 1 << 30), j.position)
         out = {}
         for it in items:
             mid = it.parent.manifest_id
@@ -399,7 +447,8 @@ class ManifestService:
                 out[it.id] = "release" if j.state == "done" else "hold"
             elif j.state == "done":
                 out[it.id] = "skip"
-            elif (j.position <= first_unstarted.get((mid, j.node), 1 << 30)
+            elif (j.position <= (first_unfinished if (it.detail or "").startswith(RETRY)
+                                 else first_unstarted).get((mid, j.node), 1 << 30)
                   and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
                 out[it.id] = "release"
             else:

@@ -60,7 +60,7 @@ The package, by responsibility (every name is importable from ``hycache_core.sch
   bound (:func:`balance`, :func:`load_bound`), ``PlacementError`` and the constants;
 * ``accounting`` — :func:`transfer_bytes` and the makespan (:func:`makespan`);
 * ``solvers`` — layer 1: the solvers, the local search and :func:`repair`;
-* ``plans`` — layer 2: :func:`plan_node`, :func:`plan_nodes`;
+* ``plans`` — layer 2: :func:`plan_node`, :func:`plan_nodes`, :func:`node_state` (the census);
 * ``online`` — :func:`choose_node`;
 * this module — :func:`place` and :func:`node_names`.
 """
@@ -75,7 +75,7 @@ from ..workflow import Workflow
 from .accounting import (DEFAULT_MAKESPAN_SLACK, LARGE_INSTANCE, _cost, _loads, _upward_rank, makespan,
                          makespan_lower_bound, transfer_bytes)
 from .online import choose_node
-from .plans import plan_node, plan_nodes, prefetch_sources
+from .plans import node_state, plan_node, plan_nodes, prefetch_sources
 from .problem import (BALANCE_MILP_TIME_LIMIT, DEFAULT_SLACK, ELSEWHERE, EXACT_DEFAULT_TIME_LIMIT, SLOW, SOLVERS,
                       Balance, PlacementError, Problem, balance, load_bound, make_problem)
 from .solvers import (HYPERGRAPH_PRESET, HYPERGRAPH_SEED, ExactResult, _State, feasible, hypergraph_nets,
@@ -113,8 +113,15 @@ def node_names(spec: int | str | Sequence[str] | None, wf: Workflow | None = Non
 def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: float = DEFAULT_SLACK,
           capacity: int | Mapping[str, int | None] | None = None, locations: Mapping[str, str] | None = None,
           plans: bool = True, time_limit: float | None = None,
-          makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK) -> dict[str, Any]:
+          makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK,
+          census: Mapping[str, Mapping[str, Any]] | None = None,
+          fast_status: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
     """Both layers of 2LS for a workflow: the dict ``hycache place --json`` prints.
+
+    ``census`` (the workflow's existing files: ``{file: {"node", "tier", "size",
+    "pinned"}}``, e.g. from the DHT) and ``fast_status`` (each node's heartbeat
+    ``tiers.fast``) make layer 2 start from the nodes' real fast-tier contents
+    (:func:`node_state`).
 
     ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
     "slow_tier_bytes": {same keys}, "load": {node: share of the total weight},
@@ -174,7 +181,9 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "makespan": spans,
         "makespan_unit": "seconds" if wf.runtimes_known() else "jobs",
         "makespan_slack": makespan_slack,
-        "plans": plan_nodes(wf, placement, p.nodes, capacity, locations) if plans else {},
+        "plans": plan_nodes(wf, placement, p.nodes, capacity, locations,
+                            state=None if census is None else node_state(census, p.nodes, fast_status))
+        if plans else {},
         "solver": solver,
         "optimal": optimal,
         "seconds": seconds,

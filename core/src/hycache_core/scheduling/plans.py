@@ -21,13 +21,15 @@ class _NodeCache:
         self.sizes: dict[Hashable, int] = {}
         self.always = frozenset(pinned)
         self.job: set[Hashable] = set()  # the running job's files: it needs them until it ends
+        self.busy: set[Hashable] = set()  # the job before it: open while this job's steps run
 
     def is_pinned(self, key: Hashable) -> bool:
-        return key in self.job or key in self.always
+        return key in self.job or key in self.busy or key in self.always
 
 
 def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
-              source: Mapping[str, str], pinned: Iterable[str] = ()) -> list[dict[str, Any]]:
+              source: Mapping[str, str], pinned: Iterable[str] = (), *,
+              resident: Mapping[str, int] | None = None, held: int = 0) -> list[dict[str, Any]]:
     """One node's ordered steps for its ``jobs`` (in execution order).
 
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
@@ -42,6 +44,16 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     ``unpin``.  While a job is planned, the files it has in the fast tier are not
     chosen as victims for its other files: one input never pushes out another, so
     every input the plan stages is there when the job starts.  ``resident`` is the plan's fast-tier bytes after the step.
+
+    The node's real contents are the starting state (:func:`node_state` reads them from a
+    census): ``resident`` (file → bytes) are the workflow's files already on this fast
+    tier — a job reading one needs no prefetch, and the plan may evict them unless they
+    are in ``pinned`` — and ``held`` bytes of it are taken by files the plan cannot
+    move (pinned or open, not the workflow's).  And the steps run while the node's
+    previous job runs (a job's prefetches are released when the job before it starts):
+    its files are open then, so they are never victims of the next job's steps, and its
+    outputs that the plan does not keep still take their room on the fast tier (the
+    agent writes new data there) until that job ends.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
@@ -49,23 +61,38 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
         refs.extend((f, "read", k) for f in job.inputs)
         refs.extend((f, "write", k) for f in job.outputs)
     policy = HeuristicPolicy(f for f, _, _ in refs)
-    cache = _NodeCache(capacity if capacity is not None else 1 << 62, pinned)
+    room = max(0, (capacity if capacity is not None else 1 << 62) - max(0, held))
+    cache = _NodeCache(room, pinned)
+    for f, size in (resident or {}).items():  # the census: already there at the start
+        policy._size[f] = size
+        policy._set_planned(f, size)
+        cache.sizes[f] = size
+        cache.used += size
     steps: list[dict[str, Any]] = []
 
     def emit(job: str, action: str, path: str, size: int, src: str | None) -> None:
         steps.append({"step": len(steps) + 1, "job": job, "action": action, "path": path, "size": size,
                       "source": src, "resident": cache.used})
 
+    transient = 0  # the previous job's outputs the plan does not keep: on the fast tier while it runs
     i = 0
     while i < len(refs):
         k = refs[i][2]
         job = jobs[k]
+        cache.capacity = max(0, room - transient)
+        written = 0
         while i < len(refs) and refs[i][2] == k:
             f, kind, _ = refs[i]
             i += 1
+            if kind == "write" and cache.busy:  # the job runs: the one before it has ended
+                cache.busy = set()
+                cache.capacity = room
             size = job.inputs[f] if kind != "write" else job.outputs[f]
             d = policy.access(f, size, cache)
             if d.hit:
+                if cache.sizes.get(f, size) != size:  # a census copy of another size: the job's counts
+                    cache.used += size - cache.sizes[f]
+                    cache.sizes[f] = size
                 cache.job.add(f)
                 continue
             for v in d.victims:
@@ -80,11 +107,45 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
                     emit(job.id, "pin", f, size, None)
                 else:
                     emit(job.id, "prefetch", f, size, source.get(f, "slow"))
+            elif kind == "write":
+                written += size
+        cache.busy = {f for f in cache.job if f in cache.sizes}
         cache.job.clear()
+        transient = written
         for f in dict.fromkeys([*job.inputs, *job.outputs]):
             if f in cache.sizes and policy.remaining(f) == 0:
                 emit(job.id, "unpin", f, cache.sizes[f], None)
     return steps
+
+
+def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
+               status: Mapping[str, Mapping[str, Any] | None] | None = None
+               ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, set[str]]]:
+    """Each node's fast tier as layer 2 starts from it, from a census.
+
+    ``files``: the workflow's files that exist, each ``{"node": primary, "tier":
+    "fast"|"slow", "size": bytes, "pinned": bool}`` (the DHT's entries); ``status``: each
+    node's fast-tier census (the heartbeat's ``tiers.fast``: ``used``, ``pinned_bytes``).
+    Returns ``(resident, held, pinned)``: per node, the workflow's files on its fast tier
+    (file → bytes), the bytes the plan cannot move (pinned files that are not the
+    workflow's), and the workflow's files pinned there."""
+    resident: dict[str, dict[str, int]] = {n: {} for n in nodes}
+    pinned: dict[str, set[str]] = {n: set() for n in nodes}
+    pinned_here: dict[str, int] = {n: 0 for n in nodes}
+    for f, e in files.items():
+        n = e.get("node")
+        if n in resident and e.get("tier") == "fast":
+            size = int(e.get("size") or 0)
+            resident[n][f] = size
+            if e.get("pinned"):
+                pinned[n].add(f)
+                pinned_here[n] += size
+    held: dict[str, int] = {}
+    for n in nodes:
+        fast = (status or {}).get(n) or {}
+        pb = fast.get("pinned_bytes")
+        held[n] = max(0, int(pb) - pinned_here[n]) if isinstance(pb, (int, float)) else 0
+    return resident, held, pinned
 
 
 def prefetch_sources(wf: Workflow, placement: Mapping[str, str],
@@ -115,14 +176,19 @@ def prefetch_sources(wf: Workflow, placement: Mapping[str, str],
 
 def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
                capacity: int | Mapping[str, int | None] | None = None,
-               locations: Mapping[str, str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order."""
+               locations: Mapping[str, str] | None = None, *,
+               state: tuple[Mapping[str, Mapping[str, int]], Mapping[str, int], Mapping[str, Iterable[str]]]
+               | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order,
+    from each node's real contents when ``state`` (:func:`node_state`) is given."""
     by_node: dict[str, list[WorkflowJob]] = {n: [] for n in nodes}
     for job in wf.jobs:
         by_node.setdefault(placement[job.id], []).append(job)
     sources = prefetch_sources(wf, placement, locations)
+    resident, held, pins = state if state is not None else ({}, {}, {})
     plans = {}
     for n, jobs in by_node.items():
         cap = capacity.get(n) if isinstance(capacity, Mapping) else capacity
-        plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), wf.pinned)
+        plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), {*wf.pinned, *pins.get(n, ())},
+                             resident=resident.get(n), held=held.get(n, 0))
     return plans
