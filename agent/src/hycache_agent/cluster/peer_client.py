@@ -310,44 +310,82 @@ class PeerClient:
             if offset < 0:
                 raise ValueError("negative offset")
             return b""
-
-        async def handle(resp: httpx.Response) -> bytes:
-            got = _unquote_etag(resp.headers.get("etag", ""))
-            if etag is not None and got != etag:
-                raise PeerChanged(f"{peer_addr} {path!r}: version {got!r}, expected {etag!r}",
-                                  addr=str(peer_addr), path=path)
-            if resp.status_code == 416:
-                return b""
-            if resp.status_code != 206:
-                raise PeerError(f"{peer_addr} {path!r}: HTTP {resp.status_code} to a range request",
-                                addr=str(peer_addr), path=path, status=resp.status_code)
-            data = await resp.aread()
-            self.stats.bytes_received += len(data)
-            return data
-
-        return await self._simple("GET", peer_addr, files_target(path), path, handle,
-                                  headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
+        data, _etag, _total = await self._range_get(peer_addr, path, offset, length, etag)
+        return data
 
     async def read_block(self, peer_addr: Addr, path: bytes, offset: int, length: int) -> tuple[bytes, str, int]:
         """``(data, etag, total size)`` of ``length`` bytes at ``offset`` (fewer at the end of
         the file, b"" past it): one range request, the caller checks the version token."""
         if length <= 0 or offset < 0:
             raise ValueError("read_block wants offset >= 0 and length > 0")
+        return await self._range_get(peer_addr, path, offset, length, None)
 
-        async def handle(resp: httpx.Response) -> tuple[bytes, str, int]:
-            got = _unquote_etag(resp.headers.get("etag", ""))
-            total = resp.headers.get("content-range", "").rpartition("/")[2]
-            if resp.status_code == 416:
-                return b"", got, int(total) if total.isdigit() else offset
-            if resp.status_code != 206 or not total.isdigit():
-                raise PeerError(f"{peer_addr} {path!r}: HTTP {resp.status_code} to a range request",
-                                addr=str(peer_addr), path=path, status=resp.status_code)
-            data = await resp.aread()
-            self.stats.bytes_received += len(data)
-            return data, got, int(total)
-
-        return await self._simple("GET", peer_addr, files_target(path), path, handle,
-                                  headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
+    async def _range_get(self, addr: Addr, path: bytes, offset: int, length: int,
+                         expect: str | None) -> tuple[bytes, str, int]:
+        """One range GET on a raw keep-alive connection (``cluster/bulk.py``, the same
+        connections as the whole-file fetches): the signed request, the head through h11,
+        the body (at most ``length`` bytes: a block or a small file) read on the loop.
+        ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
+        protocol's: status, Content-Range (its total), the ETag (``expect``: else
+        PeerChanged) and the body's length against Content-Length (h11); TCP's checksum
+        covers the wire.  Retried on transport errors and 503, as :meth:`_simple`."""
+        host, port = parse_addr(addr, default_host="127.0.0.1")
+        target = files_target(path).encode("ascii")
+        rng = f"bytes={offset}-{offset + length - 1}"
+        last: BaseException | None = None
+        attempt = 0
+        while attempt <= self.retries:
+            conn: bulk.Conn | None = None
+            reusable = False
+            try:
+                conn = await self._raw.get(host, port)
+                self.stats.requests += 1
+                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                           ("range", rng)]
+                try:
+                    await bulk.send_head(conn, "GET", target, headers)
+                    resp = await bulk.read_response(conn, self.read_timeout)
+                except (*RAW_RETRYABLE, bulk.Broken):
+                    if conn.reused:  # a keep-alive connection the server had closed: not a failure
+                        await self._raw.put(conn, False)
+                        conn = None
+                        continue
+                    raise
+                status = resp.status_code
+                if status == 503:
+                    raise _Retry(f"HTTP 503 from {addr}")
+                if status not in (206, 416):
+                    body = await bulk.read_small_body(conn, self.read_timeout)
+                    raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
+                                     resp.reason.decode("latin-1"), addr, path)
+                got = _unquote_etag(bulk.header(resp, b"etag") or "")
+                if expect is not None and got != expect:
+                    raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
+                                      addr=str(addr), path=path)
+                total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
+                if status == 416:
+                    await bulk.read_small_body(conn, self.read_timeout)
+                    data, size = b"", int(total) if total.isdigit() else offset
+                else:
+                    if not total.isdigit():
+                        raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
+                                        addr=str(addr), path=path, status=status)
+                    data, size = await bulk.read_body(conn, self.read_timeout, length), int(total)
+                    self.stats.bytes_received += len(data)
+                reusable = (conn.h.their_state is h11.DONE
+                            and (bulk.header(resp, b"connection") or "").lower() != "close")
+                return data, got, size
+            except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
+                last = e
+                attempt += 1
+                if attempt <= self.retries:
+                    await self._sleep_backoff(attempt - 1)
+            finally:
+                if conn is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._raw.put(conn, reusable)
+        raise PeerUnavailable(f"{addr}: GET {target.decode()} ({rng}): {last!r} after {self.retries + 1} attempts",
+                              addr=str(addr), path=path) from last
 
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
                             progress: Progress | None = None, *, etag: str | None = None,
