@@ -411,25 +411,49 @@ class PeerClient:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(os.close, fd)
 
+    async def fetch_part_to_file(self, peer_addr: Addr, path: bytes, fd: int, first: int, end: int, *,
+                                 etag: str | None = None, progress: Progress | None = None,
+                                 started: Callable[[int, str], None] | None = None) -> tuple[str, int]:
+        """Bytes ``[first, end)`` of the peer's file into ``fd`` at the same offsets (a
+        part of a copy fetched in several parallel streams).  Returns ``(etag, file
+        size)``; PeerChanged if the file no longer reaches ``end`` or is not ``etag``.
+        ``started(file size, etag)`` as for :meth:`fetch_to_file`."""
+        total: list[int] = []
+
+        def first_head(size: int, got_etag: str) -> None:
+            total.append(size)
+            if started is not None:
+                started(size, got_etag)
+
+        got = await self._fetch(peer_addr, path, fd, progress, etag, first_head, first=first, end=end)
+        return got, total[0]
+
     async def _fetch(self, addr: Addr, path: bytes, fd: int, progress: Progress | None,
-                     expect: str | None, started: Callable[[int, str], None] | None = None) -> str:
-        """The whole file into ``fd`` over a raw connection (``cluster/bulk.py``): the
-        head through h11, the body spliced from the socket into the file in worker
-        threads.  A broken connection resumes with Range/If-Range from the bytes written."""
+                     expect: str | None, started: Callable[[int, str], None] | None = None, *,
+                     first: int = 0, end: int | None = None) -> str:
+        """The whole file (or with ``end``, bytes ``[first, end)``) into ``fd`` over a raw
+        connection (``cluster/bulk.py``): the head through h11, the body spliced from the
+        socket into the file in worker threads.  A broken connection resumes with
+        Range/If-Range from the bytes written."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
         pipe: tuple[int, int] | None = None  # made when a body does not come whole with its head
-        size: int | None = None
+        size: int | None = None  # where the bytes wanted end (the file's size when whole)
+        total_seen: int | None = None  # the file's size per the first response (a part)
         etag = expect
-        got = 0  # bytes written, always a prefix of the file
+        got = first  # bytes written, always a prefix of the span
         fails = 0
         last: BaseException | None = None
         local_error: OSError | None = None
         try:
             while size is None or got < size:
                 headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock()))]
-                if size is not None:  # resuming
+                if end is not None:  # a part: always a range, of this version once known
+                    headers.append(("range", f"bytes={got}-{end - 1}"))
+                    if size is not None:
+                        headers.append(("if-range", f'"{etag}"'))
+                elif size is not None:  # resuming
                     headers += [("range", f"bytes={got}-"), ("if-range", f'"{etag}"')]
                 before = got
                 conn: bulk.Conn | None = None
@@ -449,7 +473,7 @@ class PeerClient:
                     status = resp.status_code
                     if status == 503:
                         raise _Retry(f"HTTP 503 from {addr}")
-                    if status == 416 and size is not None:
+                    if status == 416 and (size is not None or end is not None):
                         raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
                                           addr=str(addr), path=path)
                     if status not in (200, 206):
@@ -457,7 +481,7 @@ class PeerClient:
                         raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
                                          resp.reason.decode("latin-1"), addr, path)
                     new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
-                    if size is not None and status != 206:
+                    if (size is not None or end is not None) and status != 206:
                         # If-Range did not match: the peer sent the whole, newer file
                         raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
                                           f"({etag!r} → {new_etag!r})", addr=str(addr), path=path)
@@ -465,10 +489,21 @@ class PeerClient:
                         raise PeerChanged(f"{addr} {path!r}: version {new_etag!r}, expected {etag!r}",
                                           addr=str(addr), path=path)
                     length = int(bulk.header(resp, b"content-length") or "-1")
-                    if status == 206:
+                    if status == 206 and end is not None:
                         crange = bulk.header(resp, b"content-range") or ""
-                        first, total = _content_range(crange)
-                        if first != got or (size is not None and total != size) or length != total - first:
+                        cr_first, total = _content_range(crange)
+                        if cr_first != got or total < end or (total_seen is not None and total != total_seen) \
+                                or length != end - got:
+                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r} for "
+                                              f"[{got}, {end})", addr=str(addr), path=path)
+                        if size is None:
+                            size, total_seen = end, total
+                        else:
+                            self.stats.resumes += 1
+                    elif status == 206:
+                        crange = bulk.header(resp, b"content-range") or ""
+                        cr_first, total = _content_range(crange)
+                        if cr_first != got or (size is not None and total != size) or length != total - cr_first:
                             raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r}",
                                               addr=str(addr), path=path)
                         if size is None:
@@ -482,7 +517,7 @@ class PeerClient:
                     etag = new_etag
                     if started is not None:
                         cb, started = started, None
-                        cb(size, etag)
+                        cb(size if total_seen is None else total_seen, etag)
                     try:
                         pieces, ended = bulk.buffered_body(conn)
                         try:  # errors of the local file are not the peer's: raised as they are
@@ -529,7 +564,7 @@ class PeerClient:
             if pipe is not None:
                 for p in pipe:
                     os.close(p)
-        if regular:
+        if regular and end is None:
             await trio.to_thread.run_sync(_truncate_regular, fd, size)
         return etag
 
