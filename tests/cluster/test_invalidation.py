@@ -22,8 +22,8 @@ def rewrite(path, data: bytes) -> None:
         f.write(data)
 
 
-def test_a_covered_entry_is_kept_until_the_holder_changes_the_file(
-        hycache_mount, redis_cluster, dht_namespace, secret_file):
+def holder_and_reader(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """a holds d/f ("one"), b has read it and subscribed to d's announcements."""
     a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
     (a.mountpoint / "d").mkdir()
     rewrite(a.mountpoint / "d" / "f", b"one")
@@ -31,6 +31,12 @@ def test_a_covered_entry_is_kept_until_the_holder_changes_the_file(
     theirs = b.mountpoint / "d" / "f"
     assert theirs.read_bytes() == b"one"
     wait_for(lambda: inval(b)["state"] == "ok", what="b subscribed to d's announcements")
+    return a, b, theirs
+
+
+def test_a_covered_entry_is_kept_until_the_holder_changes_the_file(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    a, b, theirs = holder_and_reader(hycache_mount, redis_cluster, dht_namespace, secret_file)
     wait_published(a)  # past the first, uncovered entry's 1 s
     assert theirs.read_bytes() == b"one"  # read again: now covered
     time.sleep(1.1)  # older than the 1 s refresh
@@ -48,13 +54,7 @@ def test_a_covered_entry_is_kept_until_the_holder_changes_the_file(
 
 def test_a_lost_subscription_falls_back_to_the_refresh_and_comes_back(
         hycache_mount, redis_cluster, dht_namespace, secret_file):
-    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
-    (a.mountpoint / "d").mkdir()
-    rewrite(a.mountpoint / "d" / "f", b"one")
-    wait_published(a)
-    theirs = b.mountpoint / "d" / "f"
-    assert theirs.read_bytes() == b"one"
-    wait_for(lambda: inval(b)["state"] == "ok", what="b subscribed")
+    a, b, theirs = holder_and_reader(hycache_mount, redis_cluster, dht_namespace, secret_file)
     # Redis drops every subscriber connection (as a failover would)
     for host, port in redis_cluster.nodes:
         r = redis.Redis(host=host, port=port)

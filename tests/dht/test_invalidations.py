@@ -68,7 +68,6 @@ def test_a_dropped_connection_is_reported(redis_cluster, dht_namespace):
         with pytest.raises(FeedLost):
             while time.monotonic() < deadline:
                 events += feed.poll(0.05)
-        # or, had redis-py reconnected behind our back, a second confirmation
         assert ch not in feed.channels
         wait_active(feed, [b"/d"])
         store.put(b"/d/f", fmeta(1))

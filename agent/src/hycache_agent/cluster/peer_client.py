@@ -302,6 +302,33 @@ class PeerClient:
             return int(resp.headers["content-length"]), _unquote_etag(resp.headers.get("etag", ""))
         return await self._simple("HEAD", peer_addr, files_target(path), path, handle)
 
+    async def _get_head(self, host: str, port: int, target: bytes,
+                        headers: list[tuple[str, str]]) -> tuple[bulk.Conn, h11.Response] | None:
+        """A GET on a pooled raw connection, up to the response's head.  None when a
+        reused keep-alive connection turned out closed by the server (not a failure: ask
+        again); other transport errors are raised (the connection closed)."""
+        conn = await self._raw.get(host, port)
+        self.stats.requests += 1
+        try:
+            await bulk.send_head(conn, "GET", target, headers)
+            return conn, await bulk.read_response(conn, self.read_timeout)
+        except (*RAW_RETRYABLE, bulk.Broken):
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, False)
+            if conn.reused:
+                return None
+            raise
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, False)
+            raise
+
+    async def _raise_for(self, conn: bulk.Conn, resp: h11.Response, addr: Addr, path: bytes) -> None:
+        """Raise the PeerError of a non-success answer (its body read, at most 64 KiB)."""
+        body = await bulk.read_small_body(conn, self.read_timeout)
+        raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
+                         resp.reason.decode("latin-1"), addr, path)
+
     async def read_range(self, peer_addr: Addr, path: bytes, offset: int, length: int, *,
                          etag: str | None = None) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer at the end of the file, b"" past it,
@@ -338,26 +365,17 @@ class PeerClient:
             conn: bulk.Conn | None = None
             reusable = False
             try:
-                conn = await self._raw.get(host, port)
-                self.stats.requests += 1
                 headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
                            ("range", rng)]
-                try:
-                    await bulk.send_head(conn, "GET", target, headers)
-                    resp = await bulk.read_response(conn, self.read_timeout)
-                except (*RAW_RETRYABLE, bulk.Broken):
-                    if conn.reused:  # a keep-alive connection the server had closed: not a failure
-                        await self._raw.put(conn, False)
-                        conn = None
-                        continue
-                    raise
+                head = await self._get_head(host, port, target, headers)
+                if head is None:
+                    continue
+                conn, resp = head
                 status = resp.status_code
                 if status == 503:
                     raise _Retry(f"HTTP 503 from {addr}")
                 if status not in (206, 416):
-                    body = await bulk.read_small_body(conn, self.read_timeout)
-                    raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
-                                     resp.reason.decode("latin-1"), addr, path)
+                    await self._raise_for(conn, resp, addr, path)
                 got = _unquote_etag(bulk.header(resp, b"etag") or "")
                 if expect is not None and got != expect:
                     raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
@@ -459,17 +477,10 @@ class PeerClient:
                 conn: bulk.Conn | None = None
                 reusable = False
                 try:
-                    conn = await self._raw.get(host, port)
-                    self.stats.requests += 1
-                    try:
-                        await bulk.send_head(conn, "GET", target, headers)
-                        resp = await bulk.read_response(conn, self.read_timeout)
-                    except (*RAW_RETRYABLE, bulk.Broken):
-                        if conn.reused:  # a keep-alive connection the server had closed: not a failure
-                            await self._raw.put(conn, False)
-                            conn = None
-                            continue
-                        raise
+                    head = await self._get_head(host, port, target, headers)
+                    if head is None:
+                        continue
+                    conn, resp = head
                     status = resp.status_code
                     if status == 503:
                         raise _Retry(f"HTTP 503 from {addr}")
@@ -477,9 +488,7 @@ class PeerClient:
                         raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
                                           addr=str(addr), path=path)
                     if status not in (200, 206):
-                        body = await bulk.read_small_body(conn, self.read_timeout)
-                        raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
-                                         resp.reason.decode("latin-1"), addr, path)
+                        await self._raise_for(conn, resp, addr, path)
                     new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
                     if (size is not None or end is not None) and status != 206:
                         # If-Range did not match: the peer sent the whole, newer file
