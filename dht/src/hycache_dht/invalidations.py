@@ -70,7 +70,8 @@ class InvalidationFeed:
         try:
             for ch in new:  # one per call: channels of different slots may be on one node
                 self._pubsub.ssubscribe(ch)
-        except RETRIABLE as e:
+        except (*RETRIABLE, rex.RedisError) as e:
+            self.close_pubsub()  # every channel is subscribed afresh
             raise FeedLost(f"subscribing: {e!r}") from e
 
     def unsubscribe(self, dirpaths: list[bytes]) -> None:
@@ -81,7 +82,8 @@ class InvalidationFeed:
             try:
                 for ch in chans:
                     self._pubsub.sunsubscribe(ch)
-            except RETRIABLE as e:
+            except (*RETRIABLE, rex.RedisError) as e:
+                self.close_pubsub()
                 raise FeedLost(f"unsubscribing: {e!r}") from e
 
     def poll(self, timeout: float) -> list[tuple[str, bytes]]:

@@ -127,6 +127,13 @@ class Invalidations:
 
     # ------------------------------------------------------------------ on the loop
     def _events(self, events: list[tuple[str, bytes]]) -> None:
+        try:
+            self._handle(events)
+        except Exception:  # noqa: BLE001 - run_sync_soon: an error here would end the event loop
+            log.exception("handling change announcements failed: what was read before is read again")
+            self._uncover_all(time.monotonic())
+
+    def _handle(self, events: list[tuple[str, bytes]]) -> None:
         now = time.monotonic()
         for kind, value in events:
             if kind == "changed":
@@ -157,7 +164,8 @@ class Invalidations:
         node = self.link.remote_by_path(path)
         if node is not None:
             node.fetched = float("-inf")  # the next refresh asks the store
-            self._forget_name(path)
+            if node.meta.kind == "file":  # (a directory's entry changes with every name made in it;
+                self._forget_name(path)   # the kernel keeps it 1 s anyway, and forgetting it drops its subtree)
 
     def _drop_dir(self, dirpath: bytes, now: float) -> None:
         """The channel of ``dirpath`` may have missed announcements."""
@@ -175,15 +183,18 @@ class Invalidations:
             log.warning("change announcements lost (%s): cached remote entries are refreshed every %.0f s "
                         "until they are heard again", why, self.link.meta_ttl)
         self.state = "degraded"
-        now = time.monotonic()
-        self.floor = now
         self.active_since.clear()
+        self._uncover_all(time.monotonic())
+        self._todo.extend(self.wanted)
+
+    def _uncover_all(self, now: float) -> None:
+        """Nothing read before ``now`` is covered any more; the kernel forgets it."""
+        self.floor = now
         for node in self.link.remote_files_in(None):
             if node.read_at < now:
                 node.read_at = float("-inf")
                 self.link.forget_listing(_parent(node.path))
                 self._forget_name(node.path)
-        self._todo.extend(self.wanted)
 
     def _forget_name(self, path: bytes) -> None:
         self.stats["kernel_invalidations"] += 1
