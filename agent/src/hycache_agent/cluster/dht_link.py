@@ -178,6 +178,7 @@ class ClusterLink:
         self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
             if hccache is not None else None
         self.inval = Invalidations(self)  # remote entries kept valid by announced changes
+        self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
         self.meta_ttl = META_TTL_SECONDS
 
     # ------------------------------------------------------------------ wiring

@@ -114,6 +114,12 @@ class HyCacheOperations(pyfuse3.Operations):
         self.own = engine.cluster.ownership if engine.cluster is not None else None
         if self.own is not None:
             self.own.on_invalidate = self._invalidate_entry
+        if self.cluster is not None:
+            self.cluster.on_copy = self._park_copy
+
+    async def _park_copy(self, ino: int, copy: str) -> None:
+        if ino in self.cluster.remote:  # (not forgotten by the kernel meanwhile)
+            await self.remote_backings.park_copy(ino, copy)
 
     def init(self) -> None:
         """pyfuse3 calls this while answering INIT: a backing file can be registered only

@@ -132,6 +132,27 @@ class RemoteBackings:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(_unregister, old.fd, old.backing_id)
 
+    async def park_copy(self, ino: int, copy: str) -> None:
+        """A whole copy of remote inode ``ino`` was just written (HCCache's second level,
+        behind a read the agent served): register it now, off any open's path, parked for
+        the next open, which then costs no thread hop."""
+        if not self.enabled:
+            return
+        gate = self._gates.setdefault(ino, trio.Lock())
+        async with gate:
+            if ino in self.by_ino or ino in self.parked:
+                return
+            try:
+                fd, bid = await trio.to_thread.run_sync(_register, copy)
+            except OSError:
+                return  # the next open tries (and logs) again
+            self.parked[ino] = _Backed(fd, bid, 0)
+        self._drop_gate(ino)
+        while len(self.parked) > self.max_parked:
+            _ino, old = self.parked.popitem(last=False)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_unregister, old.fd, old.backing_id)
+
     async def forget(self, ino: int) -> None:
         """The kernel forgot remote inode ``ino``: its parked registration goes."""
         b = self.parked.pop(ino, None)

@@ -245,6 +245,8 @@ class RemoteReader:
             self.link.engine.remote_copy_added(len(data))
             node.cache_blob, node.cache_version, node.cache_etag = dest, version, etag
             node.cache_size = len(data)
+            if self.link.on_copy is not None:  # the next open reads it through passthrough
+                await self.link.on_copy(node.ino, dest)
         elif node.cache_blob != dest:
             await trio.to_thread.run_sync(_unlink_quiet, dest)
 
