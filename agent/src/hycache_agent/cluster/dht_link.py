@@ -165,6 +165,7 @@ class ClusterLink:
         self._list_lookups: dict[bytes, int] = {}  # directory -> lookups since its last listing
         self._dir_sizes: dict[bytes, int] = {}  # directory -> entries (at least) at its last listing
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
+        self._copy_seq = itertools.count()  # copy_dest: a new name per fetch
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
         # the node registry as of the last heartbeat: id -> {addr, load, age, alive}
@@ -795,7 +796,14 @@ class ClusterLink:
             return await self.fetch_locked(node)
 
     def _copy_dest(self, node: RemoteNode) -> str:
-        return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        return self.copy_dest(node.path, node.meta.version)
+
+    def copy_dest(self, path: bytes, version: int) -> str:
+        """A new file name in the remote cache for a copy of ``path`` at ``version``:
+        unique per fetch, so that removing an old copy — a forgotten inode's, which runs
+        in a worker thread after the node is gone — can never remove a newer copy of the
+        same version fetched meanwhile for a new lookup of the same path."""
+        return str(self.cache_dir / f"{hashlib.sha1(path).hexdigest()}.{version}.{next(self._copy_seq)}")
 
     async def stream_remote(self, node: RemoteNode) -> str:
         """The whole local copy of a remote file's current version, streamed in with one

@@ -31,7 +31,6 @@ A read of a file another node holds is served from the agent's HCCache
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -231,7 +230,7 @@ class RemoteReader:
         return await self._single_flight((path, version, None), fetch, keep)
 
     async def _write_second_level(self, node, version: int, data: bytes, etag: str) -> None:
-        dest = str(self.link.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{version}"))
+        dest = self.link.copy_dest(node.path, version)
         try:
             await trio.to_thread.run_sync(_write_file, dest, data)
         except OSError as exc:
