@@ -60,8 +60,14 @@ PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join 
 SMALL_DIR = 1024
 # A directory whose names are being looked up fast (a burst of creates) is listed whole
 # if it has at most this many entries per lookup of the last listing period: one listing
-# a second costs less than a store round trip (and a thread hop) per name.
-LIST_PER_LOOKUP = 8
+# a second costs less than a store round trip (and a thread hop) per name.  It was 8:
+# with 4 writers each directory sees a quarter of the lookups, so fs_bench's directories
+# of 2,000 files fell back to a round trip per name past ~1,300 entries (~170 lookups/s
+# each) and LOOKUP took 30 % of a create's request time (docs/benchmarks.md, issue 17).
+# Measured on the local cluster: a listing costs ~4-10 us per entry, one get ~90-100 us
+# (22 entries' worth) before the agent's thread hop, which about doubles it.  32 keeps
+# a directory of 2,000 listed down to ~63 lookups a second.
+LIST_PER_LOOKUP = 32
 UNREACHABLE = object()  # what ClusterLink.query answers when the store cannot be asked
 # After the mount comes up, questions to the store wait up to this long for the first
 # connection (a rebooted node whose Redis Cluster is still failing over), instead of

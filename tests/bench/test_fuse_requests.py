@@ -1,0 +1,48 @@
+"""bench/fuse_requests.py's pure parts: the trace text of the kernel's fuse trace points
+turned into latencies by opcode, and the per-operation summary. No timings are asserted:
+the benchmark itself prints numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+_spec = importlib.util.spec_from_file_location("fuse_requests", REPO / "bench" / "fuse_requests.py")
+fr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fr)
+
+TRACE = """\
+# tracer: nop
+#
+#           TASK-PID     CPU#  |||||  TIMESTAMP  FUNCTION
+          python-91      [001] .....   100.000100: fuse_request_send: connection 57 req 2 opcode 3 (FUSE_GETATTR) len 56
+          python-91      [001] .....   100.000150: fuse_request_send: connection 57 req 4 opcode 1 (FUSE_LOOKUP) len 49
+    hycache-agent-80     [000] .....   100.000300: fuse_request_end: connection 57 req 2 len 120 error 0
+    hycache-agent-80     [000] .....   100.001150: fuse_request_end: connection 57 req 4 len 144 error -2
+    hycache-agent-80     [000] .....   100.001200: fuse_request_end: connection 57 req 9 len 16 error 0
+          python-91      [001] .....   100.002000: fuse_request_send: connection 57 req 6 opcode 25 (FUSE_FLUSH) len 64
+          python-91      [001] .....   100.002000: fuse_request_send: connection 57 req 8 opcode 99 (FUSE_NEW) len 64
+    hycache-agent-80     [000] .....   100.004000: fuse_request_end: connection 57 req 8 len 16 error 0
+"""
+
+
+def test_parse_trace_pairs_send_and_end_by_request() -> None:
+    lat = fr.parse_trace(TRACE)
+    assert lat["GETATTR"] == [pytest.approx(0.2)]
+    assert lat["LOOKUP"] == [pytest.approx(1.0)]  # an error reply ends a request too
+    assert lat["99"] == [pytest.approx(2.0)]  # an opcode without a name keeps its number
+    # req 9 was sent before the trace began, req 6 not answered when it stopped
+    assert "FLUSH" not in lat and sum(len(v) for v in lat.values()) == 3
+
+
+def test_summary_counts_requests_per_operation_and_their_share() -> None:
+    s = fr.summary({"FLUSH": [3.0, 1.0], "LOOKUP": [0.5, 0.5]}, ops=2)
+    assert list(s) == ["FLUSH", "LOOKUP"]  # largest share of the request time first
+    assert s["FLUSH"]["per_op"] == 1.0 and s["FLUSH"]["mean_ms"] == 2.0
+    assert s["FLUSH"]["p50_ms"] == 3.0 and s["FLUSH"]["share"] == pytest.approx(0.8)
+    assert s["LOOKUP"]["share"] == pytest.approx(0.2)
