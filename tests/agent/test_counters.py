@@ -56,10 +56,11 @@ def test_file_info_names_the_type_and_the_blob_of_regular_files_only():
     assert C.file_info(_inode(4, stat.S_IFIFO | 0o600), None, "/r", None)["type"] == "special"
 
 
-def test_census_counts_files_and_bytes_per_tier_and_reuses_a_recent_count_only_when_allowed():
+def test_census_counts_files_bytes_and_pinned_bytes_per_tier_and_reuses_a_recent_count_only_when_allowed():
     inodes = {1: _inode(1, stat.S_IFDIR | 0o755)}
     for ino in range(2, 2 + 2 * C.STATUS_SLICE + 3):  # more than two slices: it yields between them
         inodes[ino] = _inode(ino, stat.S_IFREG | 0o644, T.FAST if ino % 2 else T.SLOW, 10)
+    inodes[3].pinned = True  # a pinned file on the fast tier: its bytes count as pinned too
     inodes[10**6] = _inode(10**6, stat.S_IFLNK | 0o777)
     n_fast = sum(1 for i in inodes.values() if i.tier == T.FAST)
     n_slow = sum(1 for i in inodes.values() if i.tier == T.SLOW)
@@ -67,13 +68,13 @@ def test_census_counts_files_and_bytes_per_tier_and_reuses_a_recent_count_only_w
 
     async def main():
         counts, dirs, others = await census.count(inodes, 0)
-        assert counts == {T.FAST: [n_fast, 10 * n_fast], T.SLOW: [n_slow, 10 * n_slow]}
+        assert counts == {T.FAST: [n_fast, 10 * n_fast, 10], T.SLOW: [n_slow, 10 * n_slow, 0]}
         assert (dirs, others) == (1, 1)
         inodes[10**6 + 1] = _inode(10**6 + 1, stat.S_IFREG | 0o644, T.FAST, 1)
         polled = await census.count(inodes, 60)  # a poller accepts the last count
-        assert polled[0][T.FAST] == [n_fast, 10 * n_fast]
+        assert polled[0][T.FAST] == [n_fast, 10 * n_fast, 10]
         exact = await census.count(inodes, 0)  # max_age 0: always counted afresh
-        assert exact[0][T.FAST] == [n_fast + 1, 10 * n_fast + 1]
+        assert exact[0][T.FAST] == [n_fast + 1, 10 * n_fast + 1, 10]
 
     trio.run(main)
 
