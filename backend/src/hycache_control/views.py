@@ -8,6 +8,7 @@ conformance."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .services.metrics import _get
@@ -189,10 +190,11 @@ class Totals:
         self.rates, self.rated = rates, rated
 
     def summary(self, interval: float) -> dict[str, Any]:
-        import time
         k = len(TIER_FIELDS)
         tiers = {t: dict(zip(TIER_FIELDS, self.tiers[j * k:(j + 1) * k], strict=True)) for j, t in enumerate(TIERS)}
-        rates = dict(zip(SUMMED_RATES, self.rates, strict=True))
+        # every contribution is >= 0, so a negative sum is only the float residue of adding
+        # and taking away (e.g. -3.6e-12 B/s once a node's rate went back to 0)
+        rates = {f: max(0.0, v) for f, v in zip(SUMMED_RATES, self.rates, strict=True)}
         total = rates["hits"] + rates["misses"]
         states = {s: self.states.get(s, 0) for s in STATES}
         return {"nodes": self.nodes, **states, "interval": interval, "tiers": tiers, "rates": rates,
