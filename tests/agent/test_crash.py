@@ -7,6 +7,7 @@ copy (or the duplicate) — no temp or second blob may remain.  (DESIGN invarian
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 import time
 
 import pytest
@@ -132,3 +133,54 @@ def test_cli_on_a_dead_mount(agents):
     agents.restart(m)
     assert f.read_bytes() == b"x" * 1000
     wait_for(lambda: info(f)["size"] == 1000, what="the recovered size")
+
+
+
+def test_sigkill_right_after_many_closes(agents):
+    """A writer's close answers without waiting for the commit of the file's name (the
+    name is in the redo log, fs/redolog.py).  The test holds SQLite's write lock, so no
+    commit can happen: every close (and mkdir, symlink, unlink) must still return; then
+    SIGKILL right after the last close, restart, and every closed file is there with its
+    bytes.  (Renames and links still wait for their commit.)"""
+    m = agents.start("1G")
+    files = {}
+
+    def write(i: int) -> None:
+        name = f"d{i % 4}/f{i}"
+        payload = hashlib.shake_256(b"c%d" % i).digest(1 + (i * 131) % 9000)
+        p = m.mountpoint / name
+        if i < 4:
+            p.parent.mkdir()
+        with open(p, "wb") as fh:
+            fh.write(payload)
+        files[name] = payload
+
+    for i in range(100):  # committed as usual
+        write(i)
+    wait_idle(m)
+    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+        for i in range(100, 600):
+            write(i)
+            if i == 300:
+                (m.mountpoint / "d1" / "f1").unlink()
+                files.pop("d1/f1")
+                (m.mountpoint / "late").mkdir()
+            if i > 300:  # a new directory and names in it, none committed
+                (m.mountpoint / "late" / f"f{i}").symlink_to(f"../d{i % 4}/f{i}")
+                files[f"late/f{i}"] = files[f"d{i % 4}/f{i}"]
+        kill_agent(m)
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    m = agents.restart(m)
+    report = recovery_reports(m.stderr)[-1]
+    print(f"recovery after the kill: {report}")
+    assert report["redo_replayed"] >= 500, report
+    # the unlinked file's inode (its unlink replayed) is the one orphan
+    assert report["missing_blobs"] == 0 and report["orphan_inodes_removed"] == 1, report
+    for name, payload in files.items():
+        assert (m.mountpoint / name).read_bytes() == payload, name
+    assert sorted(str(p.relative_to(m.mountpoint)) for p in m.mountpoint.rglob("f*")) == sorted(files)
+    check_tiers_from_outside(m)

@@ -186,7 +186,7 @@ class ClusterLink:
     def attach(self) -> None:
         """Hook into the namespace and journal (before the event loop starts)."""
         ns = self.engine.ns
-        ns.events = []
+        ns.events, ns.replayed_events = ns.replayed_events, []  # (the redo log's replay)
         ns.journal.outbox_hook = self._outbox_rows
         ns.journal.on_commit = self._committed
         self.engine.on_file_created = self.ownership.created

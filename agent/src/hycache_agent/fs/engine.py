@@ -56,6 +56,7 @@ from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
 from hycache_agent.fs.placement import Placement
+from hycache_agent.fs.redolog import RedoLog
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,10 @@ class TieringEngine:
             tier.prepare()
         self.store = SQLiteStore(self.config.state_dir / "meta.db")
         self.ns = Namespace(lambda row: MetaJournal(self.store, row))
-        self.ns.load(self.store.load(), os.getuid(), os.getgid())
+        snapshot = self.store.load()
+        self.ns.load(snapshot, os.getuid(), os.getgid())
+        redo = RedoLog(self.config.state_dir / "redo.log")
+        replayed = self._replay(redo, snapshot.counters.get("redo_upto", 0))
         saved = self.placement.load_saved_policy()
         if saved is not None:
             self.config.policy = saved["policy"]
@@ -191,7 +195,28 @@ class TieringEngine:
             self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
         self.fast_used = sum(i.size for i in resident)
         self.ns.journal.sync_blocking()
+        redo.reset()  # (its records are committed now) from here on, names are logged
+        self.ns.journal.redo = redo
+        if replayed:
+            report["redo_replayed"] = replayed
         return report
+
+    def _replay(self, redo: RedoLog, checkpoint: int) -> int:
+        """(start-up) The name changes a crash left only in the redo log, applied to the
+        loaded namespace before the recovery pass (which would take their blobs for
+        orphans); committed with the start-up's commit, the checkpoint with them."""
+        records = redo.pending(checkpoint)
+        if not records:
+            return 0
+        ns = self.ns
+        ns.events = []  # kept for the cluster link (attached later) to publish
+        try:
+            applied = ns.replay(records)
+        finally:
+            ns.replayed_events, ns.events = ns.events, None
+        ns.journal.counter("redo_upto", redo.last_seq)
+        log.warning("redo log: %d name changes after the last commit (%d applied)", len(records), applied)
+        return applied
 
     def recover(self) -> dict[str, int]:
         """Resolve what a crash left: staged copies, duplicate copies of a migrated file,
@@ -268,6 +293,9 @@ class TieringEngine:
             self.ns.journal.sync_blocking()
         if self.store is not None:
             self.store.close()
+        if self.ns is not None and self.ns.journal.redo is not None:
+            self.ns.journal.redo.close()
+            self.ns.journal.redo = None
 
     # ------------------------------------------------------------------ helpers
     def lock(self, inode: Inode) -> trio.Lock:
@@ -601,8 +629,9 @@ class TieringEngine:
         self._check_watermark()
 
     async def flush(self, fh: int) -> None:
-        """close(2) of a writer waits only for its file's name to be committed (usually
-        done already: create commits in the background).  Its bytes are in its blob as soon
+        """close(2) of a writer waits only for its file's name to be safe from a crash of
+        the agent: in the redo log since its create (``name_seq`` 0: no wait, the usual
+        case), else committed (the ring was full).  Its bytes are in its blob as soon
         as each write returned (they survive an agent crash; fsync makes them survive a
         power failure), and the recovery pass takes the size from the blob.  Size and
         times reach the metadata store with a later group commit (at most a second; in a

@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from hycache_agent.fs.lane import Lane
+from hycache_agent.fs.redolog import RedoLog
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ class _Batch:
     sql: list[tuple[str, tuple[Any, ...]]]
     durable: bool  # also checkpoint the WAL (fsync, fsyncdir)
     outbox_rows: int
+    redo_upto: int = 0  # the last redo record this batch covers (its checkpoint)
 
 
 @dataclass(eq=False)
@@ -227,6 +229,31 @@ class MetaJournal:
         self._unapplied: deque[_Batch] = deque()  # handed over, not committed yet
         self._deferred = False  # commit_soon() came while a commit was in flight
         self._waiters: list[_Waiter] = []
+        # the redo log (fs/redolog.py): name changes safe from a crash before their commit;
+        # None: every writer's close waits for its name's commit
+        self.redo: RedoLog | None = None
+        # no redo record until every change recorded up to this journal sequence number
+        # is committed: a change was not logged (the ring was full, or a takeover), and a
+        # record replayed after it could depend on it
+        self._redo_blocked = 0
+
+    # -- the redo log (trio thread) ----------------------------------------------------
+    def redo_append(self, payload: bytes) -> bool:
+        """Log one name change just recorded (fs/redolog.py).  True: it survives a crash of
+        the agent from now on; False: only once committed (nobody waits for it unless it
+        must: a writer's close, through ``Inode.name_seq``)."""
+        redo = self.redo
+        if redo is None:
+            return False
+        if self._redo_blocked > self._durable_upto or redo.append(payload) is None:
+            self._redo_blocked = self._recorded
+            return False
+        return True
+
+    def redo_skip(self) -> None:
+        """A name change that is not logged: later ones are not either until it is committed."""
+        if self.redo is not None:
+            self._redo_blocked = self._recorded
 
     # -- recording (trio thread, synchronous, O(1)) ---------------------------------
     def inode(self, ino: int) -> None:
@@ -288,8 +315,12 @@ class MetaJournal:
         rows = self.outbox_hook(dirty) if self.outbox_hook is not None else []
         for row in rows:
             batch.append(("INSERT INTO outbox (op, path, path2, meta) VALUES (?, ?, ?, ?)", row))
+        redo_upto = 0
+        if self.redo is not None:  # the checkpoint: committed with what it covers
+            redo_upto = self.redo.last_seq
+            batch.append(("INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)", ("redo_upto", redo_upto)))
         self._queued_upto = self._recorded
-        return _Batch(self._recorded, batch, durable, len(rows))
+        return _Batch(self._recorded, batch, durable, len(rows), redo_upto)
 
     # -- committing ------------------------------------------------------------------
     def commit_soon(self) -> None:
@@ -352,6 +383,8 @@ class MetaJournal:
             self.failed = None
             self.commits += 1
             self._durable_upto = batch.upto
+            if self.redo is not None and batch.redo_upto > self.redo.checkpoint:
+                self.redo.checkpoint = batch.redo_upto
             if batch.durable:
                 self._checkpointed_upto = batch.upto
             return last_seq
@@ -380,5 +413,8 @@ class MetaJournal:
         while self._unapplied:  # left by a failing committer: in order, before the rest
             self.store.apply(self._unapplied[0].sql, True)
             self._unapplied.popleft()
-        self.store.apply(self._take_batch(True).sql, True)
+        batch = self._take_batch(True)
+        self.store.apply(batch.sql, True)
         self._durable_upto = self._checkpointed_upto = self._recorded
+        if self.redo is not None:
+            self.redo.checkpoint = max(self.redo.checkpoint, batch.redo_upto)

@@ -8,12 +8,16 @@ carrying an errno; the FUSE layer turns them into replies.
 from __future__ import annotations
 
 import errno
+import logging
 import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hycache_agent.fs import redolog
 from hycache_agent.fs.metastore import MetaJournal, Snapshot
+
+log = logging.getLogger(__name__)
 
 ROOT_INO = 1
 NAME_MAX = 255
@@ -61,7 +65,8 @@ class Inode:
     replicas: list[str] = field(default_factory=list)  # nodes holding a copy of the current bytes
     replicated_gen: int = -1  # data_gen the replicas were made from
     # the journal sequence number of the last change that gave this inode a name (create,
-    # link): a writer's close waits until it is committed (MetaJournal.sync(upto=...))
+    # link): a writer's close waits until it is committed (MetaJournal.sync(upto=...));
+    # 0 when the change is in the redo log (safe from a crash already: nothing to wait for)
     name_seq: int = 0
 
     @property
@@ -103,6 +108,9 @@ class Namespace:
         # ("take", ino, path, old holder), ("delete", None, path),
         # ("rename", ino, old path, new path).  None = standalone.
         self.events: list[tuple] | None = None
+        # the name events of the redo log's replay at start-up (the cluster link, attached
+        # after it, publishes them: a replayed unlink must reach the global namespace too)
+        self.replayed_events: list[tuple] = []
 
     def child_path(self, parent: int, name: bytes) -> bytes | None:
         base = self.path_of(parent)
@@ -213,10 +221,11 @@ class Namespace:
 
     def new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int, *,
                   rdev: int = 0, target: bytes | None = None, tier: str | None = None,
-                  ino: int | None = None, taken_from: str | None = None) -> Inode:
+                  ino: int | None = None, taken_from: str | None = None, t: int | None = None) -> Inode:
         """Create an inode and its entry (the caller made any blob first, for the number
         it got from :meth:`allocate_ino`).  ``taken_from``: the file was held by that
-        node, which this one takes it over from (published as a takeover)."""
+        node, which this one takes it over from (published as a takeover).  ``t``: its
+        times (a replayed create), else now."""
         check_name(name)
         pdir = self.get(parent)
         entries = self.dir(parent)
@@ -226,7 +235,8 @@ class Namespace:
             gid = pdir.gid
             if stat.S_ISDIR(mode):
                 mode |= stat.S_ISGID
-        t = now_ns()
+        if t is None:
+            t = now_ns()
         if ino is None:
             ino = self.allocate_ino()
         inode = Inode(ino, mode, uid, gid, 2 if stat.S_ISDIR(mode) else 1, atime_ns=t, mtime_ns=t,
@@ -247,7 +257,13 @@ class Namespace:
         self.journal.inode(ino)
         self.journal.link(parent, name, ino)
         self.journal.counter("next_ino", self.next_ino)
-        inode.name_seq = self.journal.seq
+        if taken_from is None and self.journal.redo_append(
+                redolog.create(parent, name, ino, mode, uid, gid, rdev, target, tier, t)):
+            inode.name_seq = 0
+        else:  # (a takeover is not logged: its publication must name the old holder)
+            if taken_from is not None:
+                self.journal.redo_skip()
+            inode.name_seq = self.journal.seq
         return inode
 
     def allocate_ino(self) -> int:
@@ -276,7 +292,7 @@ class Namespace:
         self._dir_changed(self.inodes[parent], t)
         self.journal.inode(ino)
         self.journal.link(parent, name, ino)
-        inode.name_seq = self.journal.seq
+        inode.name_seq = 0 if self.journal.redo_append(redolog.link(ino, parent, name)) else self.journal.seq
         return inode
 
     def _drop_name(self, parent: int, name: bytes, inode: Inode, t: int) -> None:
@@ -310,6 +326,7 @@ class Namespace:
         t = now_ns()
         self._drop_name(parent, name, inode, t)
         self._dir_changed(self.inodes[parent], t)
+        self.journal.redo_append(redolog.unlink(parent, name, rmdir))
         return inode
 
     def is_ancestor(self, maybe_ancestor: int, ino: int) -> bool:
@@ -365,6 +382,7 @@ class Namespace:
             self.journal.link(new_parent, new_name, src.ino)
             self._dir_changed(self.inodes[old_parent], t)
             self._dir_changed(self.inodes[new_parent], t)
+            self.journal.redo_append(redolog.rename(old_parent, old_name, new_parent, new_name, flags))
             return None
         if dst is not None:
             if flags & RENAME_NOREPLACE:
@@ -394,7 +412,50 @@ class Namespace:
         self.journal.inode(src.ino)
         self._dir_changed(self.inodes[old_parent], t)
         self._dir_changed(self.inodes[new_parent], t)
+        self.journal.redo_append(redolog.rename(old_parent, old_name, new_parent, new_name, flags))
         return dst
+
+    def replay(self, records: list[tuple[int, bytes]]) -> int:
+        """(start-up, before recovery) Apply the redo log's records past the checkpoint,
+        in order, through the operations that made them; one whose effect is already
+        here is skipped (idempotent).  Returns how many changed something."""
+        applied = 0
+        for seq, payload in records:
+            rec = redolog.decode(payload)
+            op = rec[0]
+            try:
+                if op == "create":
+                    _, parent, name, ino, mode, uid, gid, rdev, target, tier, t = rec
+                    entries = self.children.get(parent)
+                    if ino in self.inodes or entries is None:
+                        if entries is None:
+                            log.error("redo record %d: create %r in directory %d, which is gone", seq, name, parent)
+                        continue
+                    if name in entries:  # replaced meanwhile by a change not logged
+                        self._drop_name(parent, name, self.inodes[entries[name]], t)
+                    self.new_inode(parent, name, mode, uid, gid, rdev=rdev, target=target, tier=tier, ino=ino, t=t)
+                    self.next_ino = max(self.next_ino, ino + 1)
+                    self.journal.counter("next_ino", self.next_ino)
+                elif op == "link":
+                    _, ino, parent, name = rec
+                    if self.children.get(parent, {}).get(name) == ino or ino not in self.inodes:
+                        continue
+                    self.link(ino, parent, name)
+                elif op == "unlink":
+                    _, parent, name, rmdir = rec
+                    if name not in self.children.get(parent, {}):
+                        continue
+                    self.unlink(parent, name, rmdir=rmdir)
+                else:
+                    _, old_parent, old_name, new_parent, new_name, flags = rec
+                    if old_name not in self.children.get(old_parent, {}):
+                        continue
+                    self.rename(old_parent, old_name, new_parent, new_name, flags)
+            except FsError as exc:
+                log.error("redo record %d (%s): %s; skipped", seq, op, exc)
+                continue
+            applied += 1
+        return applied
 
     def forget_inode(self, inode: Inode) -> None:
         """Drop an inode that has no name, no open handle and no kernel reference."""
