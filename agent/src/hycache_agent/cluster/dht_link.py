@@ -50,6 +50,7 @@ from hycache_agent.remote.reader import RemoteReader
 from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
+LATER = object()  # what ClusterLink.lookup_now answers when the store must be asked (lookup)
 
 REMOTE_INO_BASE = 1 << 48
 HEARTBEAT_SECONDS = 2.0
@@ -615,17 +616,34 @@ class ClusterLink:
             node.meta, node.fetched = meta, time.monotonic()
         return node
 
-    async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
-        """A name not held locally: ask the global namespace."""
+    def lookup_now(self, parent_ino: int, name: bytes) -> RemoteNode | None | object:
+        """:meth:`lookup` answered from memory (the directory's listing is cached and
+        fresh; counted as a lookup made in it), or LATER when the store must be asked
+        (nothing counted: :meth:`lookup` does it)."""
         parent = self.path_of(parent_ino)
         if parent is None or (parent == b"/" and name in HIDDEN_ROOT_NAMES):
             return None
+        cached = self._listings.get(parent)
+        if cached is None or cached[1] is None or time.monotonic() - cached[0] >= META_TTL_SECONDS:
+            return LATER
+        self._list_lookups[parent] = self._list_lookups.get(parent, 0) + 1
+        return self._found(join(parent, name), cached[1].get(name))
+
+    async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
+        """A name not held locally: ask the global namespace."""
+        found = self.lookup_now(parent_ino, name)
+        if found is not LATER:
+            return found
+        parent = self.path_of(parent_ino)
         path = join(parent, name)
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
         else:
             meta = await self.store_get(path)
+        return self._found(path, meta)
+
+    def _found(self, path: bytes, meta: EntryMeta | None) -> RemoteNode | None:
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
             return None  # ours but deleted locally (publication pending) — not there
         return self.remote_node(path, meta)
@@ -700,10 +718,15 @@ class ClusterLink:
     def fetch_lock(self, path: bytes) -> trio.Lock:
         return self._fetch_locks.setdefault(path, trio.Lock())
 
+    @staticmethod
+    def stale(node: RemoteNode) -> bool:
+        """Whether :meth:`refresh` asks the store (else it returns the node as it is)."""
+        return time.monotonic() - node.fetched > META_TTL_SECONDS
+
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
-        if time.monotonic() - node.fetched > META_TTL_SECONDS:
+        if self.stale(node):
             meta = await self.store_get(node.path)
             if meta is not None and meta.version != node.meta.version and same_bytes(node.meta, meta):
                 meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)

@@ -16,7 +16,7 @@ import pyfuse3
 import trio
 
 from hycache_agent.fs import tiers as T
-from hycache_agent.cluster.dht_link import META_TTL_SECONDS
+from hycache_agent.cluster.dht_link import LATER, META_TTL_SECONDS
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.passthrough import Backings, invalidate_attrs
 from hycache_agent.remote.backing import RemoteBackings
@@ -52,8 +52,22 @@ LOCAL_TIMEOUT = 60.0
 HAS_NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
+def errno_of(exc: Exception, where: str) -> int:
+    """The errno a request that failed with ``exc`` is answered with (the only place
+    errno is mapped; :func:`errno_edge` and :func:`answer_now` use it)."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc.errno
+    if isinstance(exc, (FsError, OSError)):
+        code = exc.errno or errno.EIO
+        if code == errno.EIO:  # always worth a line: something failed underneath
+            log.warning("%s: EIO (%s)", where, exc)
+        return code
+    log.error("internal error in %s", where, exc_info=exc)
+    return errno.EIO
+
+
 def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
-    """Turn engine and OS errors into FUSE replies (the only place errno is mapped).
+    """Turn engine and OS errors into FUSE replies.
     ``metadata``: the operation counts as a metadata op in the engine's counters."""
 
     @functools.wraps(fn)
@@ -64,14 +78,8 @@ def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except (FsError, OSError) as exc:
-            code = exc.errno or errno.EIO
-            if code == errno.EIO:  # always worth a line: something failed underneath
-                log.warning("%s: EIO (%s)", fn.__name__, exc)
-            raise pyfuse3.FUSEError(code) from None
-        except Exception:
-            log.exception("internal error in %s", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:
+            raise pyfuse3.FUSEError(errno_of(exc, fn.__name__)) from None
 
     return wrapper
 
@@ -79,6 +87,28 @@ def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
 def metadata_op(fn: Callable) -> Callable:
     """:func:`errno_edge` for a metadata operation (lookup, getattr, mkdir, rename…)."""
     return errno_edge(fn, metadata=True)
+
+
+def answer_now(fn: Callable) -> Callable:
+    """The edge of a synchronous answer (``lookup_now``, ``getattr_now``,
+    ``getxattr_now``: the patched pyfuse3 calls them from the request's callback, before
+    it makes a coroutine).  ``fn`` returns the reply, an errno (int) or None when the
+    answer needs I/O or another thread: then pyfuse3 runs the coroutine (the ``async``
+    handler of the same name), which counts the request itself, so this one counts only
+    what it answers.  Errors are mapped by :func:`errno_of` and answered as errnos (no
+    exception crosses into pyfuse3's callback).  Metadata ops all."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args):
+        try:
+            reply = fn(self, *args)
+        except Exception as exc:
+            reply = errno_of(exc, fn.__name__)
+        if reply is not None:
+            self.engine.io.metadata_ops += 1
+        return reply
+
+    return wrapper
 
 
 class HyCacheOperations(pyfuse3.Operations):
@@ -215,8 +245,21 @@ class HyCacheOperations(pyfuse3.Operations):
             a.entry_timeout = REMOTE_NEGATIVE_TIMEOUT if self.cluster.reachable else 0
         return a
 
-    @metadata_op
-    async def lookup(self, parent_inode, name, ctx=None):
+    # -- requests answered from memory ---------------------------------------------
+    # lookup, getattr and getxattr first try to answer without waiting (``*_from_memory``:
+    # the reply, an errno, or None when it needs the store, a worker thread or a wait);
+    # the patched pyfuse3 calls the ``*_now`` forms from the request's callback, without
+    # a coroutine (docs/agent.md, "The metadata path"), and the ``async`` handlers start
+    # with the same call, so each answer is made in one place.
+
+    def _remote_entry(self, node) -> pyfuse3.EntryAttributes:
+        """The entry of a name the global namespace has (``node``) or not (None)."""
+        if node is None:
+            return self._negative()
+        node.lookups += 1
+        return self._remote_attrs(node)
+
+    def _lookup_from_memory(self, parent_inode: int, name: bytes) -> pyfuse3.EntryAttributes | None:
         try:
             inode = self.ns.lookup(parent_inode, name)
         except FsError as exc:
@@ -224,13 +267,26 @@ class HyCacheOperations(pyfuse3.Operations):
                 raise
             if self.cluster is None:
                 return self._negative()
-            node = await self.cluster.lookup(parent_inode, name)
-            if node is None:
-                return self._negative()
-            node.lookups += 1
-            return self._remote_attrs(node)
-        if inode.ino in self.backings.by_ino:
-            await self.backings.refresh(inode)
+            node = self.cluster.lookup_now(parent_inode, name)
+            return None if node is LATER else self._remote_entry(node)
+        if not self.backings.refresh_now(inode):
+            return None
+        return self._entry(inode)
+
+    @answer_now
+    def lookup_now(self, parent_inode, name):
+        return self._lookup_from_memory(parent_inode, name)
+
+    @metadata_op
+    async def lookup(self, parent_inode, name, ctx=None):
+        entry = self._lookup_from_memory(parent_inode, name)
+        if entry is not None:
+            return entry
+        try:
+            inode = self.ns.lookup(parent_inode, name)
+        except FsError:  # ENOENT (the others were raised above): maybe held elsewhere
+            return self._remote_entry(await self.cluster.lookup(parent_inode, name))
+        await self.backings.refresh(inode)
         return self._entry(inode)
 
     @errno_edge
@@ -240,16 +296,30 @@ class HyCacheOperations(pyfuse3.Operations):
                 continue
             await self.engine.forget(ino, n)
 
-    @metadata_op
-    async def getattr(self, inode, ctx=None):
+    def _getattr_from_memory(self, inode: int) -> pyfuse3.EntryAttributes | None:
         node = self._remote(inode)
         if node is not None:
             if node.local is not None and node.local.nlink > 0:  # taken over
                 return self._stat(inode, node.local, node.local.nlink, self.attr_timeout)
+            return None if self.cluster.stale(node) else self._remote_attrs(node)
+        node = self.ns.get(inode)
+        # the kernel writes a backed file directly: the blob knows its size and times
+        return self._attrs(node) if self.backings.refresh_now(node) else None
+
+    @answer_now
+    def getattr_now(self, inode):
+        return self._getattr_from_memory(inode)
+
+    @metadata_op
+    async def getattr(self, inode, ctx=None):
+        attrs = self._getattr_from_memory(inode)
+        if attrs is not None:
+            return attrs
+        node = self._remote(inode)
+        if node is not None:
             return self._remote_attrs(await self.cluster.refresh(node))
         node = self.ns.get(inode)
-        if inode in self.backings.by_ino:  # the kernel writes it directly: the blob knows
-            await self.backings.refresh(node)
+        await self.backings.refresh(node)
         return self._attrs(node)
 
     @metadata_op
@@ -687,8 +757,27 @@ class HyCacheOperations(pyfuse3.Operations):
         return (mode & bits) == mode
 
     # -- extended attributes (user.hycache.* are the agent's controls) -----------------
+    @answer_now
+    def getxattr_now(self, inode, name):
+        return self._getxattr_from_memory(inode, name)
+
     @metadata_op
     async def getxattr(self, inode, name, ctx):
+        value = self._getxattr_from_memory(inode, name)
+        if value is None:  # user.hycache.info of a file whose blob must be asked first
+            node = self._local(inode) or self.ns.get(inode)
+            await self.backings.refresh(node)
+            value = self._info(node)
+        if type(value) is int:
+            raise FsError(value)
+        return value
+
+    def _info(self, node: Inode) -> bytes:
+        return json.dumps(self.engine.file_info(node)).encode()
+
+    def _getxattr_from_memory(self, inode: int, name: bytes) -> bytes | int | None:
+        """The value, an errno (ENODATA without an exception: the kernel asks for
+        security.capability once per new inode) or None (a refresh must be waited for)."""
         remote = self._remote(inode) if self._local(inode) is None else None
         if remote is not None:
             if name == XATTR_INFO:
@@ -700,22 +789,18 @@ class HyCacheOperations(pyfuse3.Operations):
                                    "agent_root": str(self.engine.config.root)}).encode()
             if name == XATTR_TIER and remote.meta.kind == "file":
                 return b"remote"
-            raise FsError(errno.ENODATA)
+            return errno.ENODATA
         node = self._local(inode) or self.ns.get(inode)
         if name == XATTR_INFO:
-            if node.ino in self.backings.by_ino:  # size and times as the kernel wrote them
-                await self.backings.refresh(node)
-            return json.dumps(self.engine.file_info(node)).encode()
+            # size and times as the kernel wrote them
+            return self._info(node) if self.backings.refresh_now(node) else None
         if name == XATTR_TIER:
             if not node.is_reg:
-                raise FsError(errno.ENODATA)
+                return errno.ENODATA
             return node.tier.encode()
         if name == XATTR_PINNED:
             return b"1" if node.pinned else b"0"
-        try:
-            return node.xattrs[name]
-        except KeyError:
-            raise FsError(errno.ENODATA) from None
+        return node.xattrs.get(name, errno.ENODATA)
 
     @metadata_op
     async def setxattr(self, inode, name, value, ctx):

@@ -266,6 +266,17 @@ class Backings:
         self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen)
         return bid
 
+    def refresh_now(self, inode: Inode) -> bool:
+        """:meth:`refresh` when it needs no waiting (no backing, or a fast-tier blob not
+        being released): done, True; else False and nothing done (await refresh)."""
+        b = self.by_ino.get(inode.ino)
+        if b is None:
+            return True
+        if b.closed is not None or b.tier != T.FAST:
+            return False
+        self._took(inode, b, os.fstat(b.fd))
+        return True
+
     async def refresh(self, inode: Inode) -> None:
         """Bring size and mtime up to what the kernel wrote into the blob.
 
@@ -273,15 +284,12 @@ class Backings:
         open descriptor of a local file system reads the in-memory inode, no I/O, and is
         cheaper than the thread hop around it.  A slow-tier blob may sit on a network
         file system, whose fstat can ask its server: that one goes to a worker thread."""
-        b = self.by_ino.get(inode.ino)
-        if b is None:
+        if self.refresh_now(inode):
             return
+        b = self.by_ino[inode.ino]
         if b.closed is not None:  # the last release is taking the final size right now
             with self.lane.watching():
                 await b.closed.wait()
-            return
-        if b.tier == T.FAST:
-            self._took(inode, b, os.fstat(b.fd))
             return
         b.refs += 1  # a release during the fstat must not close the descriptor under it
         try:
