@@ -43,6 +43,7 @@ from hycache_dht.registry import HIDDEN_ROOT_NAMES, NODE_TTL_SECONDS, NODES_DIR,
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
+from hycache_agent.cluster.invalidation import Invalidations
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
 from hycache_agent.remote.copy import StreamCopy
@@ -120,6 +121,7 @@ class RemoteNode:
     cache_size: int = 0  # bytes of cache_blob, counted in the engine's fast-tier use
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
+    read_at: float = float("-inf")  # when the read of ``meta`` started (cluster/invalidation.py)
 
     @property
     def is_dir(self) -> bool:
@@ -169,6 +171,7 @@ class ClusterLink:
         self._list_lookups: dict[bytes, int] = {}  # directory -> lookups since its last listing
         self._dir_sizes: dict[bytes, int] = {}  # directory -> entries (at least) at its last listing
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
+        self._copy_seq = itertools.count()  # copy_dest: a new name per fetch
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
         # the node registry as of the last heartbeat: id -> {addr, load, age, alive}
@@ -181,6 +184,9 @@ class ClusterLink:
         # remote reads through HCCache (None: whole-file fetch to the fast tier)
         self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
             if hccache is not None else None
+        self.inval = Invalidations(self)  # remote entries kept valid by announced changes
+        self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
+        self.meta_ttl = META_TTL_SECONDS
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:
@@ -235,6 +241,7 @@ class ClusterLink:
         nursery.start_soon(self.replicator.run)
         nursery.start_soon(self.rebalancer.run)
         nursery.start_soon(self._republish_all)
+        nursery.start_soon(self.inval.run)
         if self.reader is not None:
             nursery.start_soon(self.reader.run)
 
@@ -596,7 +603,31 @@ class ClusterLink:
         meta = await self.query("get", path, missing=None)
         return None if meta is UNREACHABLE else meta
 
-    def remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
+    @property
+    def connected(self) -> trio.Event:
+        return self._connected
+
+    def remote_by_path(self, path: bytes) -> RemoteNode | None:
+        return self._remote_by_path.get(path)
+
+    def remote_files_in(self, dirpath: bytes | None) -> list[RemoteNode]:
+        """The remote file nodes of directory ``dirpath`` (None: all of them)."""
+        return [n for n in self._remote_by_path.values() if n.meta.kind == "file"
+                and (dirpath is None or (n.path.rpartition(b"/")[0] or b"/") == dirpath)]
+
+    def forget_kernel_entry(self, path: bytes) -> None:
+        """The kernel forgets the name ``path`` (kept for a covered entry's lease)."""
+        parent, _, name = path.rpartition(b"/")
+        parent = parent or b"/"
+        try:
+            ino = self.engine.ns.resolve(parent).ino
+        except FsError:
+            node = self._remote_by_path.get(parent)
+            ino = node.ino if node is not None and node.is_dir else None
+        if ino is not None and self.ownership.on_invalidate is not None:
+            self.ownership.on_invalidate(ino, name)
+
+    def remote_node(self, path: bytes, meta: EntryMeta, read_at: float | None = None) -> RemoteNode:
         """The overlay node for a remote name.  A file gets a new inode number for every
         version: with the writeback cache the kernel keeps its own idea of a regular
         file's size and ignores sizes the agent reports later, so a changed file must
@@ -613,6 +644,10 @@ class ClusterLink:
             self._remote_by_path[path] = node
         else:
             node.meta, node.fetched = meta, time.monotonic()
+        # when the read began (None: unknown, so not covered by announcements)
+        node.read_at = float("-inf") if read_at is None else read_at
+        if meta.kind == "file":
+            self.inval.watch(path.rpartition(b"/")[0] or b"/")
         return node
 
     async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
@@ -621,14 +656,16 @@ class ClusterLink:
         if parent is None or (parent == b"/" and name in HIDDEN_ROOT_NAMES):
             return None
         path = join(parent, name)
+        read_at = time.monotonic()
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
+            read_at = self._listings.get(parent, (float("-inf"),))[0]
         else:
             meta = await self.store_get(path)
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
             return None  # ours but deleted locally (publication pending) — not there
-        return self.remote_node(path, meta)
+        return self.remote_node(path, meta, read_at)
 
     async def _small_listing(self, dirpath: bytes) -> dict[bytes, EntryMeta] | None:
         """The store's entries of a directory, cached for META_TTL_SECONDS, so that a
@@ -703,12 +740,16 @@ class ClusterLink:
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
-        if time.monotonic() - node.fetched > META_TTL_SECONDS:
+        stale = time.monotonic() - node.fetched > META_TTL_SECONDS
+        if stale and self.inval.covers(node):
+            self.inval.stats["kept_refreshes"] += 1  # no round trip: announcements keep it
+        elif stale:
+            read_at = time.monotonic()
             meta = await self.store_get(node.path)
             if meta is not None and meta.version != node.meta.version and same_bytes(node.meta, meta):
                 meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
-                node.meta, node.fetched = meta, time.monotonic()
+                node.meta, node.fetched, node.read_at = meta, time.monotonic(), read_at
             elif meta is not None and meta.kind == "file":
                 log.debug("%r superseded: %s -> %s", node.path, node.meta, meta)
                 node.superseded = True
@@ -718,6 +759,7 @@ class ClusterLink:
         return node
 
     async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
+        read_at = time.monotonic()
         entries = await self.query(lambda: list(self.store.list_dir(path)), missing=[])
         if entries is UNREACHABLE:
             return []
@@ -725,7 +767,7 @@ class ClusterLink:
         for name, meta in entries:
             if path == b"/" and name in HIDDEN_ROOT_NAMES:
                 continue
-            out.append((name, self.remote_node(join(path, name), meta)))
+            out.append((name, self.remote_node(join(path, name), meta, read_at)))
         return out
 
     async def forget(self, ino: int, n: int) -> bool:
@@ -760,7 +802,14 @@ class ClusterLink:
             return await self.fetch_locked(node)
 
     def _copy_dest(self, node: RemoteNode) -> str:
-        return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        return self.copy_dest(node.path, node.meta.version)
+
+    def copy_dest(self, path: bytes, version: int) -> str:
+        """A new file name in the remote cache for a copy of ``path`` at ``version``:
+        unique per fetch, so that removing an old copy — a forgotten inode's, which runs
+        in a worker thread after the node is gone — can never remove a newer copy of the
+        same version fetched meanwhile for a new lookup of the same path."""
+        return str(self.cache_dir / f"{hashlib.sha1(path).hexdigest()}.{version}.{next(self._copy_seq)}")
 
     async def stream_remote(self, node: RemoteNode) -> str:
         """The whole local copy of a remote file's current version, streamed in with one
@@ -857,6 +906,7 @@ class ClusterLink:
         d["replicas_kept"] = len(self.replica_store.index)
         d["rebalance"] = self.rebalancer.status()
         d["remote_read"] = "hccache" if self.reader is not None else "whole-file"
+        d["invalidations"] = self.inval.status()
         return d
 
 
