@@ -73,3 +73,43 @@ def test_a_lost_subscription_falls_back_to_the_refresh_and_comes_back(
     assert theirs.read_bytes() == b"two, longer"
     rewrite(a.mountpoint / "d" / "f", b"three")
     wait_for(lambda: theirs.read_bytes() == b"three", timeout=5.0, what="the newest bytes on b")
+
+
+def test_a_file_renamed_over_is_never_announced_with_an_older_entry(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """The writer's way to replace a file atomically: write a temp name, close, rename it
+    over.  The close's new size and the rename reach the publisher in one batch; the rename
+    must move the current entry.  Before: the rename went first, announced at once, so for
+    the moment until the put behind it the new name showed the temp file's entry of its
+    create (size 0), and every reader the announcement sent to look the name up again read
+    that (the torn-read test's readers all read b'' from a 3 MiB file).  Here every
+    announcement of the name is answered by a read of its entry, as a reader's lookup does."""
+    from hycache_dht.invalidations import wait_active
+    from hycache_dht.redis_store import RedisClusterStore
+
+    (a,) = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a",))
+    (a.mountpoint / "d").mkdir()
+    wait_published(a)
+    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
+    feed = store.invalidation_feed()
+    size = 256 << 10
+    seen: list[int] = []
+    try:
+        wait_active(feed, [b"/d"])
+        for k in range(20):
+            tmp = a.mountpoint / "d" / f".f.tmp{k}"
+            tmp.write_bytes(bytes([k]) * size)
+            (a.mountpoint / "d" / f".f.tmp{k}").rename(a.mountpoint / "d" / "f")
+            deadline = time.monotonic() + 10
+            done = False
+            while not done and time.monotonic() < deadline:
+                for kind, path in feed.poll(0.05):
+                    if kind == "changed" and path == b"/d/f":
+                        meta = store.get(b"/d/f")
+                        seen.append(-1 if meta is None else meta.size)
+                        done = done or (meta is not None and meta.size == size)
+            assert done, f"rewrite {k}: /d/f never announced at its size ({seen})"
+    finally:
+        feed.close()
+        store.close()
+    assert seen and set(seen) == {size}, seen

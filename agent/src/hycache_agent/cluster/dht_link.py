@@ -290,6 +290,23 @@ class ClusterLink:
                 inode = ns.inodes.get(ino)
                 if old is not None and new is not None:
                     fallback = _pack_row_meta(self.entry_meta(inode)) if inode is not None else None
+                    if inode is not None and not inode.is_dir and rows and rows[-1] == ("delete", new, None, None):
+                        # the name it replaces (dropped just before, fs/namespace.py rename): the
+                        # store's rename replaces it in one step; deleted first, the name was
+                        # missing for a moment (a reader sent by the delete's announcement: ENOENT)
+                        rows.pop()
+                    if inode is not None and not inode.is_dir:
+                        sig = self._signature(inode)
+                        if self._published_sig.get(ino) != sig:
+                            # changed since its last put (a write closed in this same batch,
+                            # then the rename: write a temp name, rename it over the file):
+                            # the entry goes out under the old name first, so the rename moves
+                            # the current size.  Put after it, the new name showed the old
+                            # entry (a temp file's size 0) until the put, and the rename's
+                            # announcement sent every reader of the name to read it just then
+                            rows.append(("put", old, None, fallback))
+                            if len(inode.links) == 1:  # (a hard link's other names: put below)
+                                self._published_sig[ino] = sig
                     rows.append(("rename", old, new, fallback))
         ns.events.clear()
         for ino in dirty:
