@@ -240,3 +240,48 @@ def test_a_large_file_streams_in_then_reads_through_passthrough(hycache_mount, r
         assert after["read_bytes"] == before["read_bytes"], "the second open was served by the agent"
     else:
         assert after["read_bytes"] == before["read_bytes"] + len(data)
+
+
+@pytest.mark.parametrize("hccache_size", ["0", "256M"], ids=["off", "hybrid"])
+def test_reopens_right_after_the_kernel_forgets_find_their_copy(hycache_mount, redis_cluster, dht_namespace,
+                                                                secret_file, hccache_size):
+    """The kernel forgetting a remote inode removes its fast-tier copy in a worker thread,
+    after the node is gone; a reopen of the same path at the same version in that moment
+    fetches a new copy.  Each fetch has its own file name, so the late removal of the old
+    copy never takes the new one: every reopen reads the file (before: ENOENT now and then,
+    seen in remote_bench's mixed row)."""
+    a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a", "c"),
+                        hccache_size=hccache_size)
+    files = {f"s{i}": os.urandom(4096 + 997 * i) for i in range(24)}
+    for name, data in files.items():
+        (a.mountpoint / name).write_bytes(data)
+    wait_published(a)
+    for name, data in files.items():
+        wait_for(lambda n=name: os.stat(c.mountpoint / n).st_mtime_ns == os.stat(a.mountpoint / n).st_mtime_ns,
+                 what=f"a's final entry of {name} on c")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def reader(k: int) -> None:
+        names = list(files)[k::3]
+        try:
+            while not stop.is_set():
+                for name in names:
+                    assert (c.mountpoint / name).read_bytes() == files[name]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(60):  # the kernel forgets the readers' inodes under their feet
+            with open("/proc/sys/vm/drop_caches", "w") as f:  # dentries and inodes: FORGET
+                f.write("2\n")
+            if errors:
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]

@@ -47,6 +47,13 @@ def dir_key(ns: str, dirpath: bytes) -> bytes:
     return f"{ns}:{{{dir_tag(dirpath)}}}:d".encode()
 
 
+def inval_channel(ns: str, dirpath: bytes) -> bytes:
+    """The sharded pub/sub channel (SPUBLISH) that announces changes of names in
+    directory ``dirpath``: in the slot of the directory's hash, so a change and its
+    announcement go to the same master."""
+    return f"{ns}:{{{dir_tag(dirpath)}}}:inv".encode()
+
+
 def dir_key_pattern(ns: str) -> bytes:
     """SCAN MATCH pattern for every directory hash of the namespace."""
     return f"{ns}:{{*}}:d".encode()

@@ -329,6 +329,12 @@ class MetaStore(abc.ABC):
     def ping(self) -> bool:
         """True if the backing service answers."""
 
+    def invalidation_feed(self):
+        """A :class:`~hycache_dht.invalidations.InvalidationFeed` of the paths whose
+        entries change (announced by every write), or None when the engine has none
+        (callers then re-read entries on their own schedule)."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""

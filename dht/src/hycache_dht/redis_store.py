@@ -21,7 +21,7 @@ from .lua import (
     ST_NOTEMPTY, ST_NOTFOUND, ST_NOTPRIMARY, ST_OK,
 )
 from .meta import (
-    DHTBusy, EntryMeta, NotPrimary, Op, check_meta, not_empty, owners_arg, pack_body, root_meta,
+    DHTBusy, DHTError, EntryMeta, NotPrimary, Op, check_meta, not_empty, owners_arg, pack_body, root_meta,
 )
 from .redis_protocols import CrossSlotProtocols, decode_entry, header, new_id
 
@@ -177,6 +177,7 @@ class RedisClusterStore(CrossSlotProtocols):
         if r[0] == ST_OK:
             if meta.kind == "dir":
                 self._mkhdr(path)
+            self._announce_now([path])
             return True
         if r[0] == ST_EXISTS:
             return False
@@ -193,6 +194,7 @@ class RedisClusterStore(CrossSlotProtocols):
         if r[0] == ST_OK:
             if r[2]:
                 self._mkhdr(path)
+            self._announce_now([path])
             return int(r[1])
         if r[0] == ST_CASFAIL:
             return None
@@ -204,6 +206,7 @@ class RedisClusterStore(CrossSlotProtocols):
             raise OSError(errno.EBUSY, "cannot remove the root", path)
         r, ambiguous = self._sc("delete", key, name, _exp(expect_version))
         if r[0] == ST_OK:
+            self._announce_now([path])
             return True
         if r[0] == ST_NOTFOUND:
             return ambiguous  # our own delete whose reply was lost, or never there
@@ -313,10 +316,34 @@ class RedisClusterStore(CrossSlotProtocols):
         self._apply_wave(ops, wave, results)
         return results
 
+    def _announce(self, path_list) -> list[Item]:
+        """SPUBLISH of each changed path on its directory's channel (keys.inval_channel),
+        behind the writes in the same pipelines: a subscriber that hears it and reads the
+        entry again reads the new one (the same master, after the write)."""
+        out = []
+        for path in path_list:
+            if path == paths.ROOT:
+                continue
+            parent, _name = paths.split(path)
+            ch = keys.inval_channel(self.ns, parent)
+            out.append(Item(ch, ("SPUBLISH", ch, path), write=False))
+        return out
+
+    def _announce_now(self, path_list) -> None:
+        """The announcement of changes made by single operations (its own round trip;
+        a failure only leaves subscribers to their own refresh)."""
+        items = self._announce(path_list)
+        if items:
+            try:
+                self.c.run(items)
+            except DHTError:
+                pass
+
     def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list) -> None:
         items = [it for _, it in wave if it.args]
         if items:
-            self.c.run(items)
+            self.c.run(items + self._announce(
+                [ops[i].path for i, it in wave if it.args and ops[i].op in ("put", "create", "delete")]))
         later: list[int] = []
         made: list[bytes] = []
         for i, it in wave:
@@ -373,6 +400,15 @@ class RedisClusterStore(CrossSlotProtocols):
             return e
 
     # -- service --------------------------------------------------------------------------
+
+    def rename(self, src: bytes, dst: bytes, *, replace: bool = True) -> None:
+        super().rename(src, dst, replace=replace)
+        self._announce_now([src, dst])
+
+    def invalidation_feed(self):
+        from .invalidations import InvalidationFeed
+
+        return InvalidationFeed(self)
 
     def ping(self) -> bool:
         return self.c.ping()

@@ -241,6 +241,26 @@ async def read_small_body(conn: Conn, timeout: float, limit: int = 65536) -> byt
     return body
 
 
+async def read_body(conn: Conn, timeout: float, limit: int) -> bytes:
+    """The whole body of a response of at most ``limit`` bytes (a range GET's block or
+    small file), read on the loop: a body that small comes in one or two socket reads, so
+    a worker-thread hop would cost more than it saves.  Broken if the connection ends
+    first; h11 stops at the Content-Length."""
+    pieces: list[bytes] = []
+    n = 0
+    while True:
+        event = await read_event(conn, timeout)
+        if isinstance(event, h11.Data):
+            pieces.append(bytes(event.data))
+            n += len(event.data)
+            if n > limit:
+                raise h11.RemoteProtocolError(f"a body of more than the {limit} bytes asked for")
+        elif isinstance(event, h11.EndOfMessage):
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        elif isinstance(event, h11.ConnectionClosed):
+            raise Broken(f"connection closed after {n} bytes of the body")
+
+
 def buffered_body(conn) -> tuple[list[bytes], bool]:
     """The body bytes h11 already holds (read with the head), and whether the body ended.
     ``conn`` is anything with an ``h`` (h11.Connection): a client Conn or the server's."""

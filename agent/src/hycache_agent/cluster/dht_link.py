@@ -43,6 +43,7 @@ from hycache_dht.registry import HIDDEN_ROOT_NAMES, NODE_TTL_SECONDS, NODES_DIR,
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
+from hycache_agent.cluster.invalidation import Invalidations
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
 from hycache_agent.remote.copy import StreamCopy
@@ -121,6 +122,7 @@ class RemoteNode:
     cache_size: int = 0  # bytes of cache_blob, counted in the engine's fast-tier use
     open_count: int = 0
     local: Inode | None = None  # taken over by this node: the local inode now holding it
+    read_at: float = float("-inf")  # when the read of ``meta`` started (cluster/invalidation.py)
 
     @property
     def is_dir(self) -> bool:
@@ -170,6 +172,7 @@ class ClusterLink:
         self._list_lookups: dict[bytes, int] = {}  # directory -> lookups since its last listing
         self._dir_sizes: dict[bytes, int] = {}  # directory -> entries (at least) at its last listing
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
+        self._copy_seq = itertools.count()  # copy_dest: a new name per fetch
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
         # the node registry as of the last heartbeat: id -> {addr, load, age, alive}
@@ -182,6 +185,9 @@ class ClusterLink:
         # remote reads through HCCache (None: whole-file fetch to the fast tier)
         self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
             if hccache is not None else None
+        self.inval = Invalidations(self)  # remote entries kept valid by announced changes
+        self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
+        self.meta_ttl = META_TTL_SECONDS
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:
@@ -236,6 +242,7 @@ class ClusterLink:
         nursery.start_soon(self.replicator.run)
         nursery.start_soon(self.rebalancer.run)
         nursery.start_soon(self._republish_all)
+        nursery.start_soon(self.inval.run)
         if self.reader is not None:
             nursery.start_soon(self.reader.run)
 
@@ -284,6 +291,23 @@ class ClusterLink:
                 inode = ns.inodes.get(ino)
                 if old is not None and new is not None:
                     fallback = _pack_row_meta(self.entry_meta(inode)) if inode is not None else None
+                    if inode is not None and not inode.is_dir and rows and rows[-1] == ("delete", new, None, None):
+                        # the name it replaces (dropped just before, fs/namespace.py rename): the
+                        # store's rename replaces it in one step; deleted first, the name was
+                        # missing for a moment (a reader sent by the delete's announcement: ENOENT)
+                        rows.pop()
+                    if inode is not None and not inode.is_dir:
+                        sig = self._signature(inode)
+                        if self._published_sig.get(ino) != sig:
+                            # changed since its last put (a write closed in this same batch,
+                            # then the rename: write a temp name, rename it over the file):
+                            # the entry goes out under the old name first, so the rename moves
+                            # the current size.  Put after it, the new name showed the old
+                            # entry (a temp file's size 0) until the put, and the rename's
+                            # announcement sent every reader of the name to read it just then
+                            rows.append(("put", old, None, fallback))
+                            if len(inode.links) == 1:  # (a hard link's other names: put below)
+                                self._published_sig[ino] = sig
                     rows.append(("rename", old, new, fallback))
         ns.events.clear()
         for ino in dirty:
@@ -597,7 +621,31 @@ class ClusterLink:
         meta = await self.query("get", path, missing=None)
         return None if meta is UNREACHABLE else meta
 
-    def remote_node(self, path: bytes, meta: EntryMeta) -> RemoteNode:
+    @property
+    def connected(self) -> trio.Event:
+        return self._connected
+
+    def remote_by_path(self, path: bytes) -> RemoteNode | None:
+        return self._remote_by_path.get(path)
+
+    def remote_files_in(self, dirpath: bytes | None) -> list[RemoteNode]:
+        """The remote file nodes of directory ``dirpath`` (None: all of them)."""
+        return [n for n in self._remote_by_path.values() if n.meta.kind == "file"
+                and (dirpath is None or (n.path.rpartition(b"/")[0] or b"/") == dirpath)]
+
+    def forget_kernel_entry(self, path: bytes) -> None:
+        """The kernel forgets the name ``path`` (kept for a covered entry's lease)."""
+        parent, _, name = path.rpartition(b"/")
+        parent = parent or b"/"
+        try:
+            ino = self.engine.ns.resolve(parent).ino
+        except FsError:
+            node = self._remote_by_path.get(parent)
+            ino = node.ino if node is not None and node.is_dir else None
+        if ino is not None and self.ownership.on_invalidate is not None:
+            self.ownership.on_invalidate(ino, name)
+
+    def remote_node(self, path: bytes, meta: EntryMeta, read_at: float | None = None) -> RemoteNode:
         """The overlay node for a remote name.  A file gets a new inode number for every
         version: with the writeback cache the kernel keeps its own idea of a regular
         file's size and ignores sizes the agent reports later, so a changed file must
@@ -614,6 +662,10 @@ class ClusterLink:
             self._remote_by_path[path] = node
         else:
             node.meta, node.fetched = meta, time.monotonic()
+        # when the read began (None: unknown, so not covered by announcements)
+        node.read_at = float("-inf") if read_at is None else read_at
+        if meta.kind == "file":
+            self.inval.watch(path.rpartition(b"/")[0] or b"/")
         return node
 
     def lookup_now(self, parent_ino: int, name: bytes) -> RemoteNode | None | object:
@@ -627,7 +679,7 @@ class ClusterLink:
         if cached is None or cached[1] is None or time.monotonic() - cached[0] >= META_TTL_SECONDS:
             return LATER
         self._list_lookups[parent] = self._list_lookups.get(parent, 0) + 1
-        return self._found(join(parent, name), cached[1].get(name))
+        return self._found(join(parent, name), cached[1].get(name), cached[0])
 
     async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
         """A name not held locally: ask the global namespace."""
@@ -636,17 +688,21 @@ class ClusterLink:
             return found
         parent = self.path_of(parent_ino)
         path = join(parent, name)
+        read_at = time.monotonic()
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
+            read_at = self._listings.get(parent, (float("-inf"),))[0]
         else:
             meta = await self.store_get(path)
-        return self._found(path, meta)
+        return self._found(path, meta, read_at)
 
-    def _found(self, path: bytes, meta: EntryMeta | None) -> RemoteNode | None:
+    def _found(self, path: bytes, meta: EntryMeta | None, read_at: float) -> RemoteNode | None:
+        """The node for what the store said of ``path`` (``read_at``: when that read
+        began, for cluster/invalidation.py), None where no other node holds it."""
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
             return None  # ours but deleted locally (publication pending) — not there
-        return self.remote_node(path, meta)
+        return self.remote_node(path, meta, read_at)
 
     async def _small_listing(self, dirpath: bytes) -> dict[bytes, EntryMeta] | None:
         """The store's entries of a directory, cached for META_TTL_SECONDS, so that a
@@ -718,20 +774,27 @@ class ClusterLink:
     def fetch_lock(self, path: bytes) -> trio.Lock:
         return self._fetch_locks.setdefault(path, trio.Lock())
 
-    @staticmethod
-    def stale(node: RemoteNode) -> bool:
-        """Whether :meth:`refresh` asks the store (else it returns the node as it is)."""
-        return time.monotonic() - node.fetched > META_TTL_SECONDS
+    def stale(self, node: RemoteNode) -> bool:
+        """Whether :meth:`refresh` asks the store (else it returns the node as it is):
+        its attributes are older than META_TTL_SECONDS and no announcement of changes to
+        it would be heard (an entry covered by a confirmed subscription is kept)."""
+        if time.monotonic() - node.fetched <= META_TTL_SECONDS:
+            return False
+        if self.inval.covers(node):
+            self.inval.stats["kept_refreshes"] += 1  # no round trip: announcements keep it
+            return False
+        return True
 
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
         if self.stale(node):
+            read_at = time.monotonic()
             meta = await self.store_get(node.path)
             if meta is not None and meta.version != node.meta.version and same_bytes(node.meta, meta):
                 meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
-                node.meta, node.fetched = meta, time.monotonic()
+                node.meta, node.fetched, node.read_at = meta, time.monotonic(), read_at
             elif meta is not None and meta.kind == "file":
                 log.debug("%r superseded: %s -> %s", node.path, node.meta, meta)
                 node.superseded = True
@@ -741,6 +804,7 @@ class ClusterLink:
         return node
 
     async def list_remote(self, path: bytes) -> list[tuple[bytes, RemoteNode]]:
+        read_at = time.monotonic()
         entries = await self.query(lambda: list(self.store.list_dir(path)), missing=[])
         if entries is UNREACHABLE:
             return []
@@ -748,7 +812,7 @@ class ClusterLink:
         for name, meta in entries:
             if path == b"/" and name in HIDDEN_ROOT_NAMES:
                 continue
-            out.append((name, self.remote_node(join(path, name), meta)))
+            out.append((name, self.remote_node(join(path, name), meta, read_at)))
         return out
 
     async def forget(self, ino: int, n: int) -> bool:
@@ -783,7 +847,14 @@ class ClusterLink:
             return await self.fetch_locked(node)
 
     def _copy_dest(self, node: RemoteNode) -> str:
-        return str(self.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{node.meta.version}"))
+        return self.copy_dest(node.path, node.meta.version)
+
+    def copy_dest(self, path: bytes, version: int) -> str:
+        """A new file name in the remote cache for a copy of ``path`` at ``version``:
+        unique per fetch, so that removing an old copy — a forgotten inode's, which runs
+        in a worker thread after the node is gone — can never remove a newer copy of the
+        same version fetched meanwhile for a new lookup of the same path."""
+        return str(self.cache_dir / f"{hashlib.sha1(path).hexdigest()}.{version}.{next(self._copy_seq)}")
 
     async def stream_remote(self, node: RemoteNode) -> str:
         """The whole local copy of a remote file's current version, streamed in with one
@@ -880,6 +951,7 @@ class ClusterLink:
         d["replicas_kept"] = len(self.replica_store.index)
         d["rebalance"] = self.rebalancer.status()
         d["remote_read"] = "hccache" if self.reader is not None else "whole-file"
+        d["invalidations"] = self.inval.status()
         return d
 
 

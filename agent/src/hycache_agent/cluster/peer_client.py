@@ -302,6 +302,33 @@ class PeerClient:
             return int(resp.headers["content-length"]), _unquote_etag(resp.headers.get("etag", ""))
         return await self._simple("HEAD", peer_addr, files_target(path), path, handle)
 
+    async def _get_head(self, host: str, port: int, target: bytes,
+                        headers: list[tuple[str, str]]) -> tuple[bulk.Conn, h11.Response] | None:
+        """A GET on a pooled raw connection, up to the response's head.  None when a
+        reused keep-alive connection turned out closed by the server (not a failure: ask
+        again); other transport errors are raised (the connection closed)."""
+        conn = await self._raw.get(host, port)
+        self.stats.requests += 1
+        try:
+            await bulk.send_head(conn, "GET", target, headers)
+            return conn, await bulk.read_response(conn, self.read_timeout)
+        except (*RAW_RETRYABLE, bulk.Broken):
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, False)
+            if conn.reused:
+                return None
+            raise
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, False)
+            raise
+
+    async def _raise_for(self, conn: bulk.Conn, resp: h11.Response, addr: Addr, path: bytes) -> None:
+        """Raise the PeerError of a non-success answer (its body read, at most 64 KiB)."""
+        body = await bulk.read_small_body(conn, self.read_timeout)
+        raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
+                         resp.reason.decode("latin-1"), addr, path)
+
     async def read_range(self, peer_addr: Addr, path: bytes, offset: int, length: int, *,
                          etag: str | None = None) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer at the end of the file, b"" past it,
@@ -310,44 +337,73 @@ class PeerClient:
             if offset < 0:
                 raise ValueError("negative offset")
             return b""
-
-        async def handle(resp: httpx.Response) -> bytes:
-            got = _unquote_etag(resp.headers.get("etag", ""))
-            if etag is not None and got != etag:
-                raise PeerChanged(f"{peer_addr} {path!r}: version {got!r}, expected {etag!r}",
-                                  addr=str(peer_addr), path=path)
-            if resp.status_code == 416:
-                return b""
-            if resp.status_code != 206:
-                raise PeerError(f"{peer_addr} {path!r}: HTTP {resp.status_code} to a range request",
-                                addr=str(peer_addr), path=path, status=resp.status_code)
-            data = await resp.aread()
-            self.stats.bytes_received += len(data)
-            return data
-
-        return await self._simple("GET", peer_addr, files_target(path), path, handle,
-                                  headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
+        data, _etag, _total = await self._range_get(peer_addr, path, offset, length, etag)
+        return data
 
     async def read_block(self, peer_addr: Addr, path: bytes, offset: int, length: int) -> tuple[bytes, str, int]:
         """``(data, etag, total size)`` of ``length`` bytes at ``offset`` (fewer at the end of
         the file, b"" past it): one range request, the caller checks the version token."""
         if length <= 0 or offset < 0:
             raise ValueError("read_block wants offset >= 0 and length > 0")
+        return await self._range_get(peer_addr, path, offset, length, None)
 
-        async def handle(resp: httpx.Response) -> tuple[bytes, str, int]:
-            got = _unquote_etag(resp.headers.get("etag", ""))
-            total = resp.headers.get("content-range", "").rpartition("/")[2]
-            if resp.status_code == 416:
-                return b"", got, int(total) if total.isdigit() else offset
-            if resp.status_code != 206 or not total.isdigit():
-                raise PeerError(f"{peer_addr} {path!r}: HTTP {resp.status_code} to a range request",
-                                addr=str(peer_addr), path=path, status=resp.status_code)
-            data = await resp.aread()
-            self.stats.bytes_received += len(data)
-            return data, got, int(total)
-
-        return await self._simple("GET", peer_addr, files_target(path), path, handle,
-                                  headers={"Range": f"bytes={offset}-{offset + length - 1}"}, ok=(206, 416))
+    async def _range_get(self, addr: Addr, path: bytes, offset: int, length: int,
+                         expect: str | None) -> tuple[bytes, str, int]:
+        """One range GET on a raw keep-alive connection (``cluster/bulk.py``, the same
+        connections as the whole-file fetches): the signed request, the head through h11,
+        the body (at most ``length`` bytes: a block or a small file) read on the loop.
+        ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
+        protocol's: status, Content-Range (its total), the ETag (``expect``: else
+        PeerChanged) and the body's length against Content-Length (h11); TCP's checksum
+        covers the wire.  Retried on transport errors and 503, as :meth:`_simple`."""
+        host, port = parse_addr(addr, default_host="127.0.0.1")
+        target = files_target(path).encode("ascii")
+        rng = f"bytes={offset}-{offset + length - 1}"
+        last: BaseException | None = None
+        attempt = 0
+        while attempt <= self.retries:
+            conn: bulk.Conn | None = None
+            reusable = False
+            try:
+                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                           ("range", rng)]
+                head = await self._get_head(host, port, target, headers)
+                if head is None:
+                    continue
+                conn, resp = head
+                status = resp.status_code
+                if status == 503:
+                    raise _Retry(f"HTTP 503 from {addr}")
+                if status not in (206, 416):
+                    await self._raise_for(conn, resp, addr, path)
+                got = _unquote_etag(bulk.header(resp, b"etag") or "")
+                if expect is not None and got != expect:
+                    raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
+                                      addr=str(addr), path=path)
+                total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
+                if status == 416:
+                    await bulk.read_small_body(conn, self.read_timeout)
+                    data, size = b"", int(total) if total.isdigit() else offset
+                else:
+                    if not total.isdigit():
+                        raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
+                                        addr=str(addr), path=path, status=status)
+                    data, size = await bulk.read_body(conn, self.read_timeout, length), int(total)
+                    self.stats.bytes_received += len(data)
+                reusable = (conn.h.their_state is h11.DONE
+                            and (bulk.header(resp, b"connection") or "").lower() != "close")
+                return data, got, size
+            except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
+                last = e
+                attempt += 1
+                if attempt <= self.retries:
+                    await self._sleep_backoff(attempt - 1)
+            finally:
+                if conn is not None:
+                    with trio.CancelScope(shield=True):
+                        await self._raw.put(conn, reusable)
+        raise PeerUnavailable(f"{addr}: GET {target.decode()} ({rng}): {last!r} after {self.retries + 1} attempts",
+                              addr=str(addr), path=path) from last
 
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
                             progress: Progress | None = None, *, etag: str | None = None,
@@ -373,53 +429,68 @@ class PeerClient:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(os.close, fd)
 
+    async def fetch_part_to_file(self, peer_addr: Addr, path: bytes, fd: int, first: int, end: int, *,
+                                 etag: str | None = None, progress: Progress | None = None,
+                                 started: Callable[[int, str], None] | None = None) -> tuple[str, int]:
+        """Bytes ``[first, end)`` of the peer's file into ``fd`` at the same offsets (a
+        part of a copy fetched in several parallel streams).  Returns ``(etag, file
+        size)``; PeerChanged if the file no longer reaches ``end`` or is not ``etag``.
+        ``started(file size, etag)`` as for :meth:`fetch_to_file`."""
+        total: list[int] = []
+
+        def first_head(size: int, got_etag: str) -> None:
+            total.append(size)
+            if started is not None:
+                started(size, got_etag)
+
+        got = await self._fetch(peer_addr, path, fd, progress, etag, first_head, first=first, end=end)
+        return got, total[0]
+
     async def _fetch(self, addr: Addr, path: bytes, fd: int, progress: Progress | None,
-                     expect: str | None, started: Callable[[int, str], None] | None = None) -> str:
-        """The whole file into ``fd`` over a raw connection (``cluster/bulk.py``): the
-        head through h11, the body spliced from the socket into the file in worker
-        threads.  A broken connection resumes with Range/If-Range from the bytes written."""
+                     expect: str | None, started: Callable[[int, str], None] | None = None, *,
+                     first: int = 0, end: int | None = None) -> str:
+        """The whole file (or with ``end``, bytes ``[first, end)``) into ``fd`` over a raw
+        connection (``cluster/bulk.py``): the head through h11, the body spliced from the
+        socket into the file in worker threads.  A broken connection resumes with
+        Range/If-Range from the bytes written."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
         pipe: tuple[int, int] | None = None  # made when a body does not come whole with its head
-        size: int | None = None
+        size: int | None = None  # where the bytes wanted end (the file's size when whole)
+        total_seen: int | None = None  # the file's size per the first response (a part)
         etag = expect
-        got = 0  # bytes written, always a prefix of the file
+        got = first  # bytes written, always a prefix of the span
         fails = 0
         last: BaseException | None = None
         local_error: OSError | None = None
         try:
             while size is None or got < size:
                 headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock()))]
-                if size is not None:  # resuming
+                if end is not None:  # a part: always a range, of this version once known
+                    headers.append(("range", f"bytes={got}-{end - 1}"))
+                    if size is not None:
+                        headers.append(("if-range", f'"{etag}"'))
+                elif size is not None:  # resuming
                     headers += [("range", f"bytes={got}-"), ("if-range", f'"{etag}"')]
                 before = got
                 conn: bulk.Conn | None = None
                 reusable = False
                 try:
-                    conn = await self._raw.get(host, port)
-                    self.stats.requests += 1
-                    try:
-                        await bulk.send_head(conn, "GET", target, headers)
-                        resp = await bulk.read_response(conn, self.read_timeout)
-                    except (*RAW_RETRYABLE, bulk.Broken):
-                        if conn.reused:  # a keep-alive connection the server had closed: not a failure
-                            await self._raw.put(conn, False)
-                            conn = None
-                            continue
-                        raise
+                    head = await self._get_head(host, port, target, headers)
+                    if head is None:
+                        continue
+                    conn, resp = head
                     status = resp.status_code
                     if status == 503:
                         raise _Retry(f"HTTP 503 from {addr}")
-                    if status == 416 and size is not None:
+                    if status == 416 and (size is not None or end is not None):
                         raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
                                           addr=str(addr), path=path)
                     if status not in (200, 206):
-                        body = await bulk.read_small_body(conn, self.read_timeout)
-                        raise _error_for(status, body, bulk.header(resp, b"x-hycache-error"),
-                                         resp.reason.decode("latin-1"), addr, path)
+                        await self._raise_for(conn, resp, addr, path)
                     new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
-                    if size is not None and status != 206:
+                    if (size is not None or end is not None) and status != 206:
                         # If-Range did not match: the peer sent the whole, newer file
                         raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
                                           f"({etag!r} → {new_etag!r})", addr=str(addr), path=path)
@@ -427,10 +498,21 @@ class PeerClient:
                         raise PeerChanged(f"{addr} {path!r}: version {new_etag!r}, expected {etag!r}",
                                           addr=str(addr), path=path)
                     length = int(bulk.header(resp, b"content-length") or "-1")
-                    if status == 206:
+                    if status == 206 and end is not None:
                         crange = bulk.header(resp, b"content-range") or ""
-                        first, total = _content_range(crange)
-                        if first != got or (size is not None and total != size) or length != total - first:
+                        cr_first, total = _content_range(crange)
+                        if cr_first != got or total < end or (total_seen is not None and total != total_seen) \
+                                or length != end - got:
+                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r} for "
+                                              f"[{got}, {end})", addr=str(addr), path=path)
+                        if size is None:
+                            size, total_seen = end, total
+                        else:
+                            self.stats.resumes += 1
+                    elif status == 206:
+                        crange = bulk.header(resp, b"content-range") or ""
+                        cr_first, total = _content_range(crange)
+                        if cr_first != got or (size is not None and total != size) or length != total - cr_first:
                             raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r}",
                                               addr=str(addr), path=path)
                         if size is None:
@@ -444,7 +526,7 @@ class PeerClient:
                     etag = new_etag
                     if started is not None:
                         cb, started = started, None
-                        cb(size, etag)
+                        cb(size if total_seen is None else total_seen, etag)
                     try:
                         pieces, ended = bulk.buffered_body(conn)
                         try:  # errors of the local file are not the peer's: raised as they are
@@ -491,7 +573,7 @@ class PeerClient:
             if pipe is not None:
                 for p in pipe:
                     os.close(p)
-        if regular:
+        if regular and end is None:
             await trio.to_thread.run_sync(_truncate_regular, fd, size)
         return etag
 

@@ -144,6 +144,12 @@ class HyCacheOperations(pyfuse3.Operations):
         self.own = engine.cluster.ownership if engine.cluster is not None else None
         if self.own is not None:
             self.own.on_invalidate = self._invalidate_entry
+        if self.cluster is not None:
+            self.cluster.on_copy = self._park_copy
+
+    async def _park_copy(self, ino: int, copy: str) -> None:
+        if ino in self.cluster.remote:  # (not forgotten by the kernel meanwhile)
+            await self.remote_backings.park_copy(ino, copy)
 
     def init(self) -> None:
         """pyfuse3 calls this while answering INIT: a backing file can be registered only
@@ -193,10 +199,13 @@ class HyCacheOperations(pyfuse3.Operations):
         return self._attrs(inode)
 
     def _remote_attrs(self, node) -> pyfuse3.EntryAttributes:
-        # another node may still be writing a remote file: never let the kernel keep its
-        # size (a stale size would make reads stop early)
-        return self._stat(node.ino, node.meta, 2 if node.is_dir else 1,
-                          self.attr_timeout if node.is_dir else 0)
+        # another node may still be writing a remote file: the kernel keeps its entry and
+        # size only while announcements of its changes are heard (a covered entry's lease,
+        # cluster/invalidation.py), else never (a stale size would make reads stop early)
+        if node.is_dir:
+            return self._stat(node.ino, node.meta, 2, self.attr_timeout)
+        lease = self.cluster.inval.lease_left(node)
+        return self._stat(node.ino, node.meta, 1, lease, lease or None)
 
     def _remote(self, ino: int):
         return self.cluster.remote.get(ino) if self.cluster is not None else None
@@ -293,6 +302,8 @@ class HyCacheOperations(pyfuse3.Operations):
     async def forget(self, inode_list):
         for ino, n in inode_list:
             if self.cluster is not None and await self.cluster.forget(ino, n):
+                if ino not in self.cluster.remote:
+                    await self.remote_backings.forget(ino)
                 continue
             await self.engine.forget(ino, n)
 

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pyfuse3
 import trio
 
+from hycache_agent.fs.passthrough import parked_limit
+
 log = logging.getLogger(__name__)
+
+# Registrations kept after the last release of a remote inode (``RemoteBackings.parked``).
+MAX_PARKED = 4096
 
 
 @dataclass(eq=False)
@@ -58,6 +64,14 @@ class RemoteBackings:
         self.engine = engine
         self.by_ino: dict[int, _Backed] = {}
         self.served: dict[int, int] = {}  # ino -> opens answered without a backing id
+        # Parked registrations: the last release of a remote inode keeps its registration
+        # (least recently released first) instead of dropping it, so the next open of the
+        # inode is answered without a thread hop (an open(2) + ioctl to register, another
+        # hop to drop), as for local files (fs/passthrough.py).  A remote inode is one
+        # version and its copy never changes; the kernel forgetting the inode drops it
+        # (``forget``).  Parked, it holds no open: the inode's io mode is free.
+        self.parked: OrderedDict[int, _Backed] = OrderedDict()
+        self.max_parked = min(MAX_PARKED, parked_limit() // 2)  # beside the local files' own
         self._gates: dict[int, trio.Lock] = {}
         self.stats = {"backed_opens": 0, "served_opens": 0, "refused": 0}
 
@@ -73,6 +87,10 @@ class RemoteBackings:
         gate = self._gates.setdefault(ino, trio.Lock())
         async with gate:
             b = self.by_ino.get(ino)
+            if b is None and not self.served.get(ino):
+                b = self.parked.pop(ino, None)
+                if b is not None:
+                    self.by_ino[ino] = b
             if b is not None:
                 b.refs += 1
                 self.stats["backed_opens"] += 1
@@ -106,10 +124,41 @@ class RemoteBackings:
         b.refs -= 1
         if b.refs > 0:
             return
-        del self.by_ino[ino]  # before the hop: a new open registers afresh
+        del self.by_ino[ino]
         self._drop_gate(ino)
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(_unregister, b.fd, b.backing_id)
+        self.parked[ino] = b
+        while len(self.parked) > self.max_parked:
+            _ino, old = self.parked.popitem(last=False)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_unregister, old.fd, old.backing_id)
+
+    async def park_copy(self, ino: int, copy: str) -> None:
+        """A whole copy of remote inode ``ino`` was just written (HCCache's second level,
+        behind a read the agent served): register it now, off any open's path, parked for
+        the next open, which then costs no thread hop."""
+        if not self.enabled:
+            return
+        gate = self._gates.setdefault(ino, trio.Lock())
+        async with gate:
+            if ino in self.by_ino or ino in self.parked:
+                return
+            try:
+                fd, bid = await trio.to_thread.run_sync(_register, copy)
+            except OSError:
+                return  # the next open tries (and logs) again
+            self.parked[ino] = _Backed(fd, bid, 0)
+        self._drop_gate(ino)
+        while len(self.parked) > self.max_parked:
+            _ino, old = self.parked.popitem(last=False)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_unregister, old.fd, old.backing_id)
+
+    async def forget(self, ino: int) -> None:
+        """The kernel forgot remote inode ``ino``: its parked registration goes."""
+        b = self.parked.pop(ino, None)
+        if b is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_unregister, b.fd, b.backing_id)
 
     def _drop_gate(self, ino: int) -> None:
         gate = self._gates.get(ino)

@@ -28,9 +28,17 @@ import time
 
 import trio
 
+from hycache_agent.cluster.peer_client import PeerChanged
 from hycache_agent.fs.namespace import FsError
 
 log = logging.getLogger(__name__)
+
+# A copy of at least this size is fetched as PARTS ranges in parallel (each its own
+# connection and worker thread: the holder's sendfile and our splice of one stream keep
+# one core busy; two streams use both).
+PARTS = 2
+PARTS_MIN = 16 << 20
+PART_ALIGN = 1 << 20
 
 
 def _norm(etag: str) -> str:
@@ -74,8 +82,15 @@ class StreamCopy:
 
                 try:
                     addr = await self.link.address_of(holder)
-                    etag = await self.link.peers.fetch_to_file(addr, node.path, self.fd, self._progress,
-                                                              etag=expect, started=started)
+                    etag = None
+                    if self.size >= PARTS_MIN:
+                        try:
+                            etag = await self._parts(addr, expect)
+                        except* PeerChanged as group:  # parts of two versions: one stream decides
+                            log.info("parallel fetch of %r from %s: %r; one stream", node.path, holder, group)
+                    if etag is None:
+                        etag = await self.link.peers.fetch_to_file(addr, node.path, self.fd, self._progress,
+                                                                  etag=expect, started=started)
                 except Exception as exc:  # noqa: BLE001 - try the next holder
                     last = exc
                     log.warning("streaming %r from %s failed: %s", node.path, holder, exc)
@@ -97,6 +112,31 @@ class StreamCopy:
             self.finished.set()
             with trio.CancelScope(shield=True):
                 await self.put()
+
+    async def _parts(self, addr, expect: str | None) -> str:
+        """The copy as PARTS ranges fetched in parallel; the same version (ETag) and the
+        size the DHT gave in every part, else PeerChanged (then one stream).  Any other
+        failure (the holder is gone) goes to the next holder."""
+        size = self.size
+        step = -(-size // PARTS // PART_ALIGN) * PART_ALIGN
+        bounds = [(i, min(i + step, size)) for i in range(0, size, step)]
+        got: list[tuple[str, int]] = []
+
+        def started(_size: int, etag: str) -> None:
+            if self.etag is None:  # a holder tried next must send the same bytes
+                self.etag = etag
+
+        async def one(first: int, end: int) -> None:
+            got.append(await self.link.peers.fetch_part_to_file(addr, self.node.path, self.fd, first, end,
+                                                                 etag=expect, started=started))
+
+        async with trio.open_nursery() as nursery:
+            for first, end in bounds:
+                nursery.start_soon(one, first, end)
+        etags = {e for e, _ in got}
+        if len(etags) != 1 or any(total != size for _, total in got):
+            raise PeerChanged(f"{self.node.path!r}: parts of different versions or sizes: {got}")
+        return got[0][0]
 
     async def wait(self) -> None:
         """Until the stream ended; raises its error if it failed."""

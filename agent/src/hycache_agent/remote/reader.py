@@ -21,13 +21,16 @@ A read of a file another node holds is served from the agent's HCCache
   A replica's ETag is the primary's
   with an ``r-`` prefix: the same bytes.  A new DHT version learnt at lookup/refresh
   drops the path's entries.
-* Hashing (cache inserts) and the copies that assemble a reply run in worker threads.
+* Fetches of blocks and small files are range GETs on the peer client's raw keep-alive
+  connections (``cluster/bulk.py``, the same as the whole-file streams).  Cache inserts
+  (their content hash, for dedup) run in worker threads after the reply, off the read's
+  path; the copies that assemble a multi-block reply run in worker threads; a small
+  file's slice (at most one FUSE read) is taken on the loop.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -150,65 +153,84 @@ class RemoteReader:
         log.error("no holder of %r could serve [%d+%d] (%s)", node.path, offset, length, last)
         raise FsError(errno.EIO)
 
+    async def _single_flight(self, key: tuple, fetch, keep) -> tuple[bytes, str]:
+        """``fetch()`` once per ``key`` in flight, its result shared by every reader that
+        asks meanwhile.  ``keep(result)`` (the cache insert: a hash of the bytes in a
+        worker thread) runs in the background, off the read's path; until it is done the
+        key still answers from the fetched bytes, so nobody fetches them again."""
+        pending = self._inflight.get(key)
+        if pending is not None:
+            await pending.event.wait()
+            if pending.result is not None:
+                return pending.result
+        pending = self._inflight[key] = _Pending()
+        kept = False
+        try:
+            pending.result = await fetch()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._keep, key, pending, keep)
+                kept = True
+            else:
+                await keep(pending.result)
+            return pending.result
+        finally:
+            pending.event.set()
+            if not kept and self._inflight.get(key) is pending:
+                del self._inflight[key]
+
+    async def _keep(self, key: tuple, pending: _Pending, keep) -> None:
+        try:
+            await keep(pending.result)
+        except Exception as exc:  # noqa: BLE001 - a cache insert that failed: fetched again next time
+            log.warning("caching %r failed: %s", key[0], exc)
+        finally:
+            if self._inflight.get(key) is pending:
+                del self._inflight[key]
+
     async def fetch_block(self, node, j: int) -> tuple[bytes, str]:
         """Block ``j`` of ``node``'s current DHT version (one fetch per block in flight,
         shared by every reader), inserted into the cache under its ETag."""
         bs = self.cache.block_size
-        key = (node.path, node.meta.version, j)
-        pending = self._inflight.get(key)
-        if pending is not None:
-            await pending.event.wait()
-            if pending.result is not None:
-                return pending.result
-        pending = self._inflight[key] = _Pending()
-        try:
+        path, version, size = node.path, node.meta.version, node.meta.size
+
+        async def fetch() -> tuple[bytes, str]:
             data, etag, _total = await self.fetch_range(node, j * bs, bs)
             self.stats.block_fetches += 1
-            await trio.to_thread.run_sync(self.cache.insert, node.path, (node.meta.version, etag),
-                                          node.meta.size, j, data)
-            pending.result = (data, etag)
             return data, etag
-        finally:
-            del self._inflight[key]
-            pending.event.set()
+
+        async def keep(got: tuple[bytes, str]) -> None:
+            await trio.to_thread.run_sync(self.cache.insert, path, (version, got[1]), size, j, got[0])
+
+        return await self._single_flight((path, version, j), fetch, keep)
 
     async def fetch_object(self, node) -> tuple[bytes, str]:
         """A small file whole: the fast-tier copy of this version, else one range request;
         inserted into the cache as one object."""
-        key = (node.path, node.meta.version, None)
-        pending = self._inflight.get(key)
-        if pending is not None:
-            await pending.event.wait()
-            if pending.result is not None:
-                return pending.result
-        pending = self._inflight[key] = _Pending()
-        try:
-            got = None
-            if self.second_level and node.cache_blob and node.cache_version == node.meta.version \
-                    and node.cache_etag:
+        path, version = node.path, node.meta.version
+
+        async def fetch() -> tuple[bytes, str]:
+            if self.second_level and node.cache_blob and node.cache_version == version and node.cache_etag:
                 try:
                     data = await trio.to_thread.run_sync(_read_file, node.cache_blob)
-                    got = (data, _norm(node.cache_etag))
                     self.stats.second_level_hits += 1
+                    return data, _norm(node.cache_etag)
                 except OSError:
-                    got = None
-            if got is None:
-                data, etag, total = await self.fetch_range(node, 0, max(1, node.meta.size))
-                if total > len(data) and total < self.cache.small_file:  # grew since the DHT entry
-                    data, etag, total = await self.fetch_range(node, 0, total)
-                got = (data, etag)
-                self.stats.object_fetches += 1
-                if self._nursery is not None and self.second_level:
-                    self._nursery.start_soon(self._write_second_level, node, node.meta.version, data, etag)
-            await trio.to_thread.run_sync(self.cache.insert_object, node.path, (node.meta.version, got[1]), got[0])
-            pending.result = got
-            return got
-        finally:
-            del self._inflight[key]
-            pending.event.set()
+                    pass
+            data, etag, total = await self.fetch_range(node, 0, max(1, node.meta.size))
+            if total > len(data) and total < self.cache.small_file:  # grew since the DHT entry
+                data, etag, total = await self.fetch_range(node, 0, total)
+            self.stats.object_fetches += 1
+            if self._nursery is not None and self.second_level:
+                self._nursery.start_soon(self._write_second_level, node, version, data, etag)
+            return data, etag
+
+        async def keep(got: tuple[bytes, str]) -> None:
+            await trio.to_thread.run_sync(self.cache.insert_object, path, (version, got[1]), got[0])
+
+        return await self._single_flight((path, version, None), fetch, keep)
 
     async def _write_second_level(self, node, version: int, data: bytes, etag: str) -> None:
-        dest = str(self.link.cache_dir / (hashlib.sha1(node.path).hexdigest() + f".{version}"))
+        dest = self.link.copy_dest(node.path, version)
         try:
             await trio.to_thread.run_sync(_write_file, dest, data)
         except OSError as exc:
@@ -222,6 +244,8 @@ class RemoteReader:
             self.link.engine.remote_copy_added(len(data))
             node.cache_blob, node.cache_version, node.cache_etag = dest, version, etag
             node.cache_size = len(data)
+            if self.link.on_copy is not None:  # the next open reads it through passthrough
+                await self.link.on_copy(node.ino, dest)
         elif node.cache_blob != dest:
             await trio.to_thread.run_sync(_unlink_quiet, dest)
 
@@ -302,7 +326,9 @@ class RemoteHandle:
         if whole is None:
             whole, etag = await self.reader.fetch_object(self.node)
             self._accept(etag)
-        data = await trio.to_thread.run_sync(_slice, whole, off, size)
+        # a small file's slice is a copy of at most one FUSE read (128 KiB) on the loop,
+        # cheaper than a thread hop; a read of the whole file (the common case) is no copy
+        data = whole if off == 0 and size >= len(whole) else whole[off:off + size]
         return data, len(data) if hit else 0
 
     async def _read_blocks(self, off: int, size: int) -> tuple[bytes, int]:
@@ -348,10 +374,6 @@ class RemoteHandle:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _slice(whole: bytes, off: int, size: int) -> bytes:
-    return bytes(whole[off:off + size])
 
 
 def _assemble(blocks: dict[int, bytes], j0: int, j1: int, bs: int, off: int, end: int) -> bytes:

@@ -1,0 +1,77 @@
+"""The invalidation feed (hycache_dht/invalidations.py): every write of an entry is
+announced on its directory's sharded pub/sub channel, heard by a subscriber of that
+directory only after its subscription is confirmed; a dropped connection is reported."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hycache_dht.invalidations import FeedLost, wait_active
+from hycache_dht.meta import EntryMeta, Op, dir_meta
+from hycache_dht.redis_store import RedisClusterStore
+
+pytest_plugins = ["hycache_dht.testing"]
+
+
+def fmeta(size: int) -> EntryMeta:
+    return EntryMeta("file", 0o100644, 0, 0, size, 1, 1, 1, primary="n1")
+
+
+def heard(feed, want: int, timeout: float = 5.0) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += [p for kind, p in feed.poll(0.05) if kind == "changed"]
+    return got
+
+
+def test_writes_are_announced_to_subscribers(redis_cluster, dht_namespace):
+    writer = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
+    reader = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
+    feed = reader.invalidation_feed()
+    try:
+        for d in (b"/a", b"/b"):
+            writer.create(d, dir_meta())
+        wait_active(feed, [b"/a"])
+        writer.put(b"/a/x", fmeta(1))  # a single put
+        writer.apply([Op.put(b"/a/y", fmeta(2)), Op.put(b"/b/z", fmeta(3))])  # a batch, two slots
+        writer.delete(b"/a/x")
+        writer.rename(b"/a/y", b"/a/w")
+        got = heard(feed, 5)
+        # /b is not subscribed: its change is not heard
+        assert got == [b"/a/x", b"/a/y", b"/a/x", b"/a/y", b"/a/w"]
+        assert heard(feed, 1, timeout=0.3) == []
+        # a new subscription hears only what comes after its confirmation
+        wait_active(feed, [b"/b"])
+        writer.put(b"/b/z", fmeta(4))
+        assert heard(feed, 1) == [b"/b/z"]
+    finally:
+        feed.close()
+        writer.close()
+        reader.close()
+
+
+def test_a_dropped_connection_is_reported(redis_cluster, dht_namespace):
+    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
+    feed = store.invalidation_feed()
+    try:
+        store.create(b"/d", dir_meta())
+        wait_active(feed, [b"/d"])
+        ch = feed.channel(b"/d")
+        # the server drops the subscriber's connection (CLIENT KILL of the pubsub clients)
+        for conn in store.c.primaries():
+            conn.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        events = []
+        deadline = time.monotonic() + 5
+        with pytest.raises(FeedLost):
+            while time.monotonic() < deadline:
+                events += feed.poll(0.05)
+        assert ch not in feed.channels
+        wait_active(feed, [b"/d"])
+        store.put(b"/d/f", fmeta(1))
+        assert heard(feed, 1) == [b"/d/f"]
+    finally:
+        feed.close()
+        store.close()
