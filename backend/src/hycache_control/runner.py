@@ -117,8 +117,11 @@ def _read(path: Path) -> int:
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
                  slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, compute_scale: float = 0.0,
-                 log=None) -> None:
+                 log=None, before_submit=None) -> None:
         self.plans = plans
+        # called once the inputs are created and published, before the counters are read
+        # and the manifest is submitted (a benchmark drops a slow tier's cache there)
+        self.before_submit = before_submit
         self.compute_scale = compute_scale
         self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                                  timeout=60.0)
@@ -185,6 +188,8 @@ class Runner:
                 created[f] = node
         for node in nodes:
             self.wait_published({f: wf.sizes[f] for f, n in created.items() if n == node}, node)
+        if self.before_submit is not None:
+            self.before_submit()
         before = self._wait_heartbeats_after(time.time())
         # 2. submit
         m = self._call("POST", "/manifests", json=doc,
