@@ -148,7 +148,25 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
             assert link.pending[6]["state"] == "done", link.pending[6]
             assert local.tier == T.SLOW and engine.fast_used == 700 * K <= engine.capacity
             assert cluster.status.remote_fetches == 6  # the prefetch fetched it whole
-            await ops.forget([(entry.st_ino, 1), (d.st_ino, 1)])
+
+            # a plan's evict of a copy (demote of a path node a holds) drops it from the fast
+            # tier, unless it is open; a later open fetches it again
+            e2 = await ops.lookup(d.st_ino, b"other.bin", ctx)  # (forgotten above)
+            fi = await ops.open(e2.st_ino, os.O_RDONLY, ctx)
+            await answer(link, [{"id": 7, "action": "demote", "path": "/in/other.bin"}])
+            assert link.pending[7]["state"] == "failed" and "in use" in link.pending[7]["detail"], link.pending[7]
+            await ops.release(fi.fh)
+            await answer(link, [{"id": 8, "action": "demote", "path": "/in/other.bin"}])
+            await answer(link, [{"id": 9, "action": "demote", "path": "/in/other.bin"}])
+            assert link.pending[8] == {"id": 8, "state": "done", "detail": f"remote copy dropped ({400 * K} bytes)",
+                                       "tier": "remote"}
+            assert link.pending[9]["detail"] == "no remote copy here"
+            assert engine.remote_cache_used == 300 * K and engine.fast_used == 300 * K
+            assert len(os.listdir(cluster.cache_dir)) == 1
+            fi = await ops.open(e2.st_ino, os.O_RDONLY, ctx)
+            assert await ops.read(fi.fh, 0, 500 * K) == other
+            await ops.release(fi.fh)
+            await ops.forget([(entry.st_ino, 1), (e2.st_ino, 1), (d.st_ino, 1)])
             nursery.cancel_scope.cancel()
 
     try:

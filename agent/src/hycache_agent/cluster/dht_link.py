@@ -700,6 +700,24 @@ class ClusterLink:
     def fetch_lock(self, path: bytes) -> trio.Lock:
         return self._fetch_locks.setdefault(path, trio.Lock())
 
+    async def drop_copy(self, path: bytes) -> int | None:
+        """Drop this node's copy of a remote file from its fast tier (a plan's ``evict`` of
+        a prefetched copy: the control plane's ``demote`` of a path another node holds).
+        Returns the bytes freed (0: no copy here), or None when the copy is in use (open,
+        or being fetched or streamed): it stays."""
+        node = self._remote_by_path.get(path)
+        if node is None or not node.cache_blob:
+            return 0
+        lock = self._fetch_locks.get(path)
+        if (node.open_count or (lock is not None and lock.locked())
+                or any(key[0] == path for key in self._streams)):
+            return None
+        blob, size = node.cache_blob, node.cache_size
+        node.cache_blob, node.cache_size, node.cache_version, node.cache_etag = None, 0, -1, None
+        self.engine.remote_copy_removed(size)
+        await trio.to_thread.run_sync(T.remove_blob, blob)
+        return size
+
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version
         (a newer version is a new inode, found by the next lookup)."""
