@@ -53,7 +53,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     previous job runs (a job's prefetches are released when the job before it starts):
     its files are open then, so they are never victims of the next job's steps, and its
     outputs that the plan does not keep still take their room on the fast tier (the
-    agent writes new data there) until that job ends.
+    agent writes new data there) until that job ends.  The evictions that make room for a
+    job's outputs are before-steps too (released when the job before it starts), so they
+    never take that job's files either.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
@@ -84,8 +86,12 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
         while i < len(refs) and refs[i][2] == k:
             f, kind, _ = refs[i]
             i += 1
-            if kind == "write" and cache.busy:  # the job runs: the one before it has ended
-                cache.busy = set()
+            if kind == "write":
+                # the job runs: the one before it has ended, and its outputs the plan does
+                # not keep are closed (the agent's evictor may take them).  Its files stay
+                # out of the victims all the same: an evict is a before-step, released when
+                # the job before starts (not ends), so an evict made for this job's outputs
+                # runs while that job still reads its files
                 cache.capacity = room
             size = job.inputs[f] if kind != "write" else job.outputs[f]
             d = policy.access(f, size, cache)
