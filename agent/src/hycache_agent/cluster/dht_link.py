@@ -624,6 +624,10 @@ class ClusterLink:
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
+            known = self._remote_by_path.get(path) if meta is None else None
+            listed = self._listings.get(parent)
+            if known is not None and listed is not None and known.fetched > listed[0]:
+                meta = known.meta  # learnt after the listing was taken: e.g. a 2LS prefetch fetched it
         else:
             meta = await self.store_get(path)
         if meta is None or meta.primary == self.node_id and meta.kind != "dir":
