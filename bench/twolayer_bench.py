@@ -270,6 +270,11 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+    print_table(out)
+    return 0
+
+
+def print_table(out: dict[str, list[dict]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -287,7 +292,6 @@ def main() -> int:
                            for r in rs),
                   f"{med(ms):.2f} ({min(ms):.2f}–{max(ms):.2f})", " ".join(f"{m:.2f}" for m in ms))
     Console().print(t)
-    return 0
 
 
 if __name__ == "__main__":
