@@ -8,8 +8,14 @@ min–max of the makespan, and the medians of bytes moved between nodes (the age
 fetch bytes), fast-tier hit ratio (hits / (hits + misses) of the jobs' opens), opens served
 by a node's own slow tier, and the seconds jobs waited for a prefetch under way.
 
+With ``--slow-tier-mbps N`` (root) the agents' slow tiers are directories on one file
+system on a loop device throttled to N MB/s for reads and writes (``bench/slowtier.py``: a
+disk, or a parallel file system's share, that the two nodes share), and its page cache is
+dropped once each run's inputs are written, so the jobs' slow-tier reads reach the device;
+the table then also gives the bytes the device served (read) per run.
+
     .venv/bin/python bench/twolayer_bench.py [--manifest pipeline|F] [--scale 1] [--fast-capacity 64M]
-        [--compute-scale 0.05] [--runs 3] [--json]
+        [--compute-scale 0.05] [--runs 3] [--slow-tier-mbps N] [--json]
 """
 
 from __future__ import annotations
@@ -94,7 +100,20 @@ def mounted(path: Path) -> bool:
     return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
 
 
-def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -> dict:
+def settle(slow, quiet: float = 1.0, timeout: float = 120.0) -> None:
+    """Until the throttled device has written nothing for ``quiet`` s (the agents' demotions
+    of the inputs are done), then its file system's cache is dropped."""
+    deadline = time.monotonic() + timeout
+    w = slow.write_bytes()
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        w, w0 = slow.write_bytes(), w
+        if w == w0:
+            break
+    slow.drop_cache()
+
+
+def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, slow=None) -> dict:
     base.mkdir(parents=True)
     ns = "bench-" + uuid.uuid4().hex[:8]
     db = f"sqlite:///{base / 'control.db'}"
@@ -118,13 +137,18 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
             d = base / name
             (d / "root").mkdir(parents=True)
             (d / "mnt").mkdir()
+            slow_args: list[str] = []
+            if slow is not None:
+                sd = slow.mnt / base.name / name
+                sd.mkdir(parents=True)
+                slow_args = ["--slow", str(sd)]
             tf = private(base / f"{name}.token", tok("--scope", "node", "--node-id", name))
             alog = open(d / "agent.log", "ab")
             p = subprocess.Popen([str(BIN / "hycache-agent"), "mount", str(d / "root"), str(d / "mnt"),
                                   "--fast-capacity", args.fast_capacity, "--redis", seeds, "--dht-namespace", ns,
                                   "--node-id", name, "--listen", f"127.0.0.1:{free_port()}",
                                   "--cluster-secret-file", str(secret), "--control-plane", url,
-                                  "--control-token-file", str(tf)],
+                                  "--control-token-file", str(tf), *slow_args],
                                  stdout=alog, stderr=alog, stdin=subprocess.DEVNULL, start_new_session=True)
             procs.append((p, d / "mnt"))
             wait(lambda: mounted(d / "mnt"), 60, f"agent {name} mounted")
@@ -132,8 +156,16 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
         h = {"Authorization": f"Bearer {admin}"}
         wait(lambda: {n["id"] for n in httpx.get(url + "/api/v1/nodes", headers=h).json()["items"]
                       if n["state"] == "up" and n["tiers"]} >= {"a", "b"}, 60, "both agents up")
+        dev: dict[str, int] = {}
+
+        def before_submit() -> None:
+            if slow is not None:
+                settle(slow)
+                dev["read"], dev["write"] = slow.read_bytes(), slow.write_bytes()
         res = Runner(url, admin, mounts, scale=args.scale, solver=solver, plans=plans, plan_wait=60,
-                     compute_scale=args.compute_scale, log=lambda m: None).run(doc)
+                     compute_scale=args.compute_scale, log=lambda m: None, before_submit=before_submit).run(doc)
+        if slow is not None:
+            dev["read"], dev["write"] = slow.read_bytes() - dev["read"], slow.write_bytes() - dev["write"]
     finally:
         for p, mnt in reversed(procs):
             if p.poll() is None:
@@ -145,6 +177,8 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
                     p.wait()
             if mnt is not None and mounted(mnt):
                 subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+        if slow is not None:
+            shutil.rmtree(slow.mnt / base.name, ignore_errors=True)
     c = res["counters"]
 
     def delta(n, *keys):
@@ -166,7 +200,12 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool) -
             "failed_details": [f"{f['node']} {f['job']} {f['plan_action']} {f['path']}: {f['detail']}"
                                for f in res["failed_steps"][:5]],
             "prefetch_wait": sum(j["prefetch_wait"] for j in res["jobs"].values()),
-            "skipped_steps": sum(c.get("skipped", 0) for c in res["steps"].values())}
+            "skipped_steps": sum(c.get("skipped", 0) for c in res["steps"].values()),
+            # what the throttled device served while the jobs ran (None without --slow-tier-mbps)
+            "slow_device_read_bytes": dev.get("read"), "slow_device_write_bytes": dev.get("write"),
+            "jobs": {j: {k: r[k] for k in ("node", "started", "seconds", "prefetch_wait", "plan_steps", "read_seconds",
+                                           "open_seconds", "write_seconds")}
+                     for j, r in res["jobs"].items()}}
 
 
 def _ok(u: str) -> bool:
@@ -188,46 +227,71 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per way (default 3)")
     ap.add_argument("--ways", default="0,1,2", help="which ways (indices into: round-robin + LRU, "
                                                    "layer 1 only, full 2LS; default all)")
+    ap.add_argument("--slow-tier-mbps", type=float, default=0,
+                    help="put the agents' slow tiers on a loop device throttled to this many MB/s "
+                         "(bench/slowtier.py; root; default 0: off, the slow tier is a plain directory)")
+    ap.add_argument("--slow-tier-size", default="4G", help="that device's size (default 4G, a sparse file)")
+    ap.add_argument("--logs", type=Path, help="keep each run's agent and control-plane logs under this directory")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the finally blocks below
     doc = pipeline() if args.manifest == "pipeline" else json.loads(Path(args.manifest).read_text())
     tmp = Path(tempfile.mkdtemp(prefix="twolayer-bench-"))
     os.chmod(tmp, 0o755)
-    cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
-    cluster.start()
     ways = [WAYS[int(i)] for i in args.ways.split(",")]
     out: dict[str, list[dict]] = {label: [] for label, _, _ in ways}
+    slow = cluster = None
     try:
+        if args.slow_tier_mbps > 0:
+            from slowtier import SlowTier
+            slow = SlowTier(args.slow_tier_mbps, size=args.slow_tier_size)
+        cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
+        cluster.start()
         seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
         for r in range(args.runs):
             for k in range(len(ways)):
                 label, solver, plans = ways[(r + k) % len(ways)]
-                res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans)
+                res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans, slow)
                 res["run"], res["position"] = r, k
                 out[label].append(res)
                 print(f"run {r} #{k} {label}: {res} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+                if args.logs is not None:
+                    keep = args.logs / f"run{r}-{k}-{label.split()[0]}"
+                    keep.mkdir(parents=True, exist_ok=True)
+                    for log in (tmp / f"run{r}-{k}").glob("**/*.log"):
+                        shutil.copy(log, keep / str(log.relative_to(tmp / f"run{r}-{k}")).replace("/", "-"))
                 shutil.rmtree(tmp / f"run{r}-{k}", ignore_errors=True)
     finally:
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
+        if slow is not None:
+            slow.close()
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
+    print_table(out)
+    return 0
+
+
+def print_table(out: dict[str, list[dict]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     med = statistics.median
     t = Table("way", "bytes moved between nodes", "fast-tier hit ratio", "slow-tier opens",
-              "waited for prefetches s", "failed steps (no room)", "makespan s median (min–max)", "runs")
+              "waited for prefetches s", "failed steps (no room)", "slow device read MiB", "makespan s median (min–max)",
+              "runs")
     for label, rs in out.items():
         hr = [r["hit_ratio"] for r in rs if r["hit_ratio"] is not None]
         ms = [r["makespan"] for r in rs]
         t.add_row(label, f"{med(r['moved_bytes'] for r in rs):,.0f}", f"{med(hr):.2f}" if hr else "-",
                   f"{med(r['slow_opens'] for r in rs):.0f}", f"{med(r['prefetch_wait'] for r in rs):.2f}",
                   " ".join(f"{r['failed_steps']}({r['no_room_steps']})" for r in rs),
+                  " ".join("-" if r["slow_device_read_bytes"] is None else f"{r['slow_device_read_bytes'] / 2**20:.0f}"
+                           for r in rs),
                   f"{med(ms):.2f} ({min(ms):.2f}–{max(ms):.2f})", " ".join(f"{m:.2f}" for m in ms))
     Console().print(t)
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import trio
+from hycache_agent.cluster import dht_link
 from hycache_agent.fs import tiers as T
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.link import ControlLink
@@ -46,7 +47,7 @@ async def answer(link: ControlLink, actions) -> None:
 
 
 def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
-        hycache_mount, redis_cluster, dht_namespace, secret_file, tmp_path):
+        hycache_mount, redis_cluster, dht_namespace, secret_file, tmp_path, monkeypatch):
     redis = redis_addr(redis_cluster)
     (a,) = start_agents(hycache_mount, redis, secret_file, dht_namespace, names=("a",))
     shared, other = os.urandom(300 * K), os.urandom(400 * K)
@@ -148,7 +149,42 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
             assert link.pending[6]["state"] == "done", link.pending[6]
             assert local.tier == T.SLOW and engine.fast_used == 700 * K <= engine.capacity
             assert cluster.status.remote_fetches == 6  # the prefetch fetched it whole
-            await ops.forget([(entry.st_ino, 1), (d.st_ino, 1)])
+
+            # a plan's evict of a copy (demote of a path node a holds) drops it from the fast
+            # tier, unless it is open; a later open fetches it again
+            e2 = await ops.lookup(d.st_ino, b"other.bin", ctx)  # (forgotten above)
+            fi = await ops.open(e2.st_ino, os.O_RDONLY, ctx)
+            await answer(link, [{"id": 7, "action": "demote", "path": "/in/other.bin"}])
+            assert link.pending[7]["state"] == "failed" and "in use" in link.pending[7]["detail"], link.pending[7]
+            await ops.release(fi.fh)
+            await answer(link, [{"id": 8, "action": "demote", "path": "/in/other.bin"}])
+            await answer(link, [{"id": 9, "action": "demote", "path": "/in/other.bin"}])
+            assert link.pending[8] == {"id": 8, "state": "done", "detail": f"remote copy dropped ({400 * K} bytes)",
+                                       "tier": "remote"}
+            assert link.pending[9]["detail"] == "no remote copy here"
+            assert engine.remote_cache_used == 300 * K and engine.fast_used == 300 * K
+            assert len(os.listdir(cluster.cache_dir)) == 1
+            fi = await ops.open(e2.st_ino, os.O_RDONLY, ctx)
+            assert await ops.read(fi.fh, 0, 500 * K) == other
+            await ops.release(fi.fh)
+
+            # a name published after this node listed its directory (lookups are answered
+            # from the listing for a while; held long here): once a prefetch fetched it, the
+            # job's lookup finds it at once instead of an ENOENT the kernel would keep for 1 s
+            monkeypatch.setattr(dht_link, "META_TTL_SECONDS", 600.0)
+            # (no such name: a negative entry, inode 0, that the kernel keeps a while)
+            assert (await ops.lookup(d.st_ino, b"late.bin", ctx)).st_ino == 0  # lists /in: no late.bin yet
+            late = os.urandom(100 * K)
+            await trio.to_thread.run_sync((a.mountpoint / "in" / "late.bin").write_bytes, late)
+            await trio.to_thread.run_sync(wait_published, a)
+            assert (await ops.lookup(d.st_ino, b"late.bin", ctx)).st_ino == 0  # the listing still says no
+            await answer(link, [{"id": 10, "action": "prefetch", "path": "/in/late.bin"}])
+            assert link.pending[10]["state"] == "done", link.pending[10]
+            e3 = await ops.lookup(d.st_ino, b"late.bin", ctx)
+            fi = await ops.open(e3.st_ino, os.O_RDONLY, ctx)
+            assert await ops.read(fi.fh, 0, 200 * K) == late
+            await ops.release(fi.fh)
+            await ops.forget([(entry.st_ino, 1), (e2.st_ino, 1), (e3.st_ino, 1), (d.st_ino, 1)])
             nursery.cancel_scope.cancel()
 
     try:

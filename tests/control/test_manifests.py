@@ -205,10 +205,10 @@ def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # n
     before = [i for i in items if i["plan_action"] in ("prefetch", "evict")]
     assert len(before) == len(skipped_want) > 0
     assert all(i["state"] == "skipped" and "started before delivery" in i["detail"] for i in before)
-    # unpin/evict of a remote copy (a file whose primary is on another node) is skipped
-    # from the start: the agent's remote cache manages those copies
+    # unpin of a remote copy (a file whose primary is on another node) is skipped from the
+    # start: a copy is never pinned; its evict is sent (the agent drops the copy)
     remote = [i for i in v["step_items"] if "remote copy" in (i["detail"] or "")]
-    assert remote and all(i["state"] == "skipped" and i["plan_action"] in ("unpin", "evict") for i in remote)
+    assert remote and all(i["state"] == "skipped" and i["plan_action"] == "unpin" for i in remote)
     assert all(v["placement"][i["job"]] == i["node"] for i in remote)
     assert v["steps"]["b"]["skipped"] == len(skipped_want) + sum(i["node"] == "b" for i in remote)
     # finishing twice is fine, starting a finished job is 409

@@ -93,22 +93,28 @@ def _write(path: Path, size: int) -> int:
     return size
 
 
-def _open_retrying(path: Path, timeout: float = 5.0):
+def _open_retrying(path: Path, timeout: float = 5.0, waited: list[float] | None = None):
     """A file another node just published may still be a cached negative entry in this
-    mount's kernel (the entry timeout is 1 s): retry ENOENT for a few seconds."""
-    deadline = time.monotonic() + timeout
+    mount's kernel (the entry timeout is 1 s): retry ENOENT for a few seconds (the time
+    spent so is added to ``waited[0]``)."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     while True:
         try:
-            return open(path, "rb")
+            f = open(path, "rb")
         except FileNotFoundError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+            continue
+        if waited is not None:
+            waited[0] += time.monotonic() - t0
+        return f
 
 
-def _read(path: Path) -> int:
+def _read(path: Path, waited: list[float] | None = None) -> int:
     n = 0
-    with _open_retrying(path) as f:
+    with _open_retrying(path, waited=waited) as f:
         while chunk := f.read(CHUNK):
             n += len(chunk)
     return n
@@ -117,8 +123,11 @@ def _read(path: Path) -> int:
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
                  slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, compute_scale: float = 0.0,
-                 log=None) -> None:
+                 log=None, before_submit=None) -> None:
         self.plans = plans
+        # called once the inputs are created and published, before the counters are read
+        # and the manifest is submitted (a benchmark drops a slow tier's cache there)
+        self.before_submit = before_submit
         self.compute_scale = compute_scale
         self.http = httpx.Client(base_url=api.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
                                  timeout=60.0)
@@ -185,6 +194,8 @@ class Runner:
                 created[f] = node
         for node in nodes:
             self.wait_published({f: wf.sizes[f] for f, n in created.items() if n == node}, node)
+        if self.before_submit is not None:
+            self.before_submit()
         before = self._wait_heartbeats_after(time.time())
         # 2. submit
         m = self._call("POST", "/manifests", json=doc,
@@ -232,21 +243,27 @@ class Runner:
                     for st in steps.values():
                         plan[st] = plan.get(st, 0) + 1
                     under_way = {f for f in job.inputs if steps.get("/" + f.lstrip("/")) in ("pending", "delivered")}
-                    rd, waited = 0, 0.0
+                    rd, waited, t_read, opening = 0, 0.0, time.monotonic(), [0.0]
                     for f in sorted(job.inputs, key=lambda f: f in under_way):  # stable: no prefetch under way first
                         if f in under_way:
                             w0 = time.monotonic()
                             wait_prefetch(jid, "/" + f.lstrip("/"))
                             waited += time.monotonic() - w0
-                        rd += _read(self.mounts[node] / f.lstrip("/"))
+                        rd += _read(self.mounts[node] / f.lstrip("/"), opening)
+                    t_read = time.monotonic() - t_read - waited
                     if self.compute_scale > 0 and job.runtime:
                         time.sleep(job.runtime * self.compute_scale)
+                    t_write = time.monotonic()
                     wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
+                    t_write = time.monotonic() - t_write
                     secs = time.monotonic() - start
                     self.wait_published(dict(job.outputs), node)
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
-                                    "started": start - t0, "plan_steps": plan, "prefetch_wait": waited}
+                                    "started": start - t0, "plan_steps": plan, "prefetch_wait": waited,
+                                    # where the job's time went: reading (its opens included, and
+                                    # of that the retries of a name not yet visible), writing
+                                    "read_seconds": t_read, "open_seconds": opening[0], "write_seconds": t_write}
                     done[jid].set()
             except Exception as e:  # reported, and the other workers stop
                 errors.append(f"node {node}: {e}")

@@ -187,6 +187,7 @@ class ClusterLink:
             if hccache is not None else None
         self.inval = Invalidations(self)  # remote entries kept valid by announced changes
         self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
+        self.on_copy_dropped = None  # set by the FUSE layer: async (ino) when a copy is dropped
         self.meta_ttl = META_TTL_SECONDS
 
     # ------------------------------------------------------------------ wiring
@@ -679,7 +680,8 @@ class ClusterLink:
         if cached is None or cached[1] is None or time.monotonic() - cached[0] >= META_TTL_SECONDS:
             return LATER
         self._list_lookups[parent] = self._list_lookups.get(parent, 0) + 1
-        return self._found(join(parent, name), cached[1].get(name), cached[0])
+        path = join(parent, name)
+        return self._found(path, *self._listed(path, cached[1].get(name), cached[0]))
 
     async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
         """A name not held locally: ask the global namespace."""
@@ -692,10 +694,19 @@ class ClusterLink:
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
-            read_at = self._listings.get(parent, (float("-inf"),))[0]
+            meta, read_at = self._listed(path, meta, self._listings.get(parent, (float("-inf"),))[0])
         else:
             meta = await self.store_get(path)
         return self._found(path, meta, read_at)
+
+    def _listed(self, path: bytes, meta: EntryMeta | None, listed_at: float) -> tuple[EntryMeta | None, float]:
+        """What a directory listing taken at ``listed_at`` says of ``path`` (its entry and
+        when it was read), unless this node learnt of the file after the listing was
+        taken (e.g. a 2LS prefetch fetched it): then what it learnt."""
+        known = self._remote_by_path.get(path) if meta is None else None
+        if known is not None and known.fetched > listed_at:
+            return known.meta, known.read_at
+        return meta, listed_at
 
     def _found(self, path: bytes, meta: EntryMeta | None, read_at: float) -> RemoteNode | None:
         """The node for what the store said of ``path`` (``read_at``: when that read
@@ -784,6 +795,26 @@ class ClusterLink:
             self.inval.stats["kept_refreshes"] += 1  # no round trip: announcements keep it
             return False
         return True
+
+    async def drop_copy(self, path: bytes) -> int | None:
+        """Drop this node's copy of a remote file from its fast tier (a plan's ``evict`` of
+        a prefetched copy: the control plane's ``demote`` of a path another node holds).
+        Returns the bytes freed (0: no copy here), or None when the copy is in use (open,
+        or being fetched or streamed): it stays."""
+        node = self._remote_by_path.get(path)
+        if node is None or not node.cache_blob:
+            return 0
+        lock = self._fetch_locks.get(path)
+        if (node.open_count or (lock is not None and lock.locked())
+                or any(key[0] == path for key in self._streams)):
+            return None
+        blob, size = node.cache_blob, node.cache_size
+        node.cache_blob, node.cache_size, node.cache_version, node.cache_etag = None, 0, -1, None
+        self.engine.remote_copy_removed(size)
+        if self.on_copy_dropped is not None:  # a parked registration would keep the bytes
+            await self.on_copy_dropped(node.ino)
+        await trio.to_thread.run_sync(T.remove_blob, blob)
+        return size
 
     async def refresh(self, node: RemoteNode) -> RemoteNode:
         """Fresh attributes for a directory, or for a file still at the same version

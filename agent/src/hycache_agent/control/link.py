@@ -235,6 +235,8 @@ class ControlLink:
         try:
             inode = engine.local_inode(path)
         except FsError as exc:
+            if kind == "demote" and exc.errno == errno.ENOENT and engine.cluster is not None:
+                return await self._drop_copy(aid, path)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return {"id": aid, "state": "failed", "detail": f"no such file on this node: {path}"}
             return {"id": aid, "state": "failed", "detail": f"{path}: {os.strerror(exc.errno)}"}
@@ -255,6 +257,16 @@ class ControlLink:
         if why is not None:
             return {"id": aid, "state": "failed", "detail": f"{path}: {why}", "tier": inode.tier}
         return {"id": aid, "state": "done", "detail": inode.tier, "tier": inode.tier}
+
+    async def _drop_copy(self, aid: int, path: str) -> dict[str, Any]:
+        """``demote`` of a file another node holds: this node's copy of it (a prefetch's, or
+        a read's) leaves the fast tier, unless it is in use."""
+        log.info("control plane action %s: demote %s (a remote copy)", aid, path)
+        freed = await self.engine.cluster.drop_copy(os.fsencode(path))
+        if freed is None:
+            return {"id": aid, "state": "failed", "detail": f"{path}: the remote copy is in use", "tier": "fast"}
+        return {"id": aid, "state": "done", "detail": f"remote copy dropped ({freed} bytes)" if freed
+                else "no remote copy here", "tier": "remote"}
 
     async def _prefetch(self, aid: int, path: str) -> dict[str, Any]:
         """A plan step: the file's bytes onto this node's fast tier (promoted if local,

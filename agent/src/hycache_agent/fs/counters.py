@@ -22,6 +22,7 @@ from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import Inode
 
 STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
+MOVING_MAX = 256  # moves listed by path in a status (the byte sums count them all)
 
 
 @dataclass
@@ -142,6 +143,31 @@ class Census:
         return result
 
 
+def moving(engine: Any) -> dict[str, Any]:
+    """The fast tier's moves under way, as of now (never from a reused census): bytes
+    entering it (promotions, and remote copies a prefetch is fetching: their room is
+    already reserved) and bytes leaving it (demotions: the file keeps its room until the
+    switch), and the first ``MOVING_MAX`` of those moves by path (``{"path", "to",
+    "bytes"}``).  Layer 2 plans from these too: room that a move still occupies is not
+    free yet."""
+    into = out = 0
+    items: list[dict[str, Any]] = []
+    for m in list(engine.active.values()):
+        if m.dst == T.FAST:
+            into += m.total
+        elif m.src == T.FAST:
+            out += m.total
+        else:
+            continue
+        if len(items) < MOVING_MAX and (path := engine.ns.path_of(m.ino)) is not None:
+            items.append({"path": os.fsdecode(path), "to": m.dst, "bytes": m.total})
+    for raw, n in engine.placement.fetching.items():
+        into += n
+        if len(items) < MOVING_MAX:
+            items.append({"path": os.fsdecode(raw), "to": T.FAST, "bytes": n})
+    return {"moving_in_bytes": into, "moving_out_bytes": out, "moving": items}
+
+
 async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
     """The agent's state (``hycache-agent status --json``) of a running ``engine``.
     ``max_age`` > 0: the file and directory counts may be that many seconds old (see
@@ -161,7 +187,7 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
                      "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
                      "used": engine.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
                      "remote_cache_bytes": engine.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
-                     "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
+                     **moving(engine), "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
             T.SLOW: {"path": str(engine.tiers[T.SLOW].path),
                      "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
                      "device_capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,

@@ -146,6 +146,7 @@ class HyCacheOperations(pyfuse3.Operations):
             self.own.on_invalidate = self._invalidate_entry
         if self.cluster is not None:
             self.cluster.on_copy = self._park_copy
+            self.cluster.on_copy_dropped = self.remote_backings.forget
 
     async def _park_copy(self, ino: int, copy: str) -> None:
         if ino in self.cluster.remote:  # (not forgotten by the kernel meanwhile)

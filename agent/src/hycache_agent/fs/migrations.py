@@ -240,7 +240,7 @@ class Migrations:
             return "the file was deleted"
         if inode.tier == dst:
             return None
-        if dst == T.FAST and not await self.engine.placement.room_for(inode.size, inode):
+        if dst == T.FAST and not await self.engine.placement.room_for(inode.size, inode, wait_leaving=True):
             log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
                      format_size(inode.size))
             return f"no room on the fast tier for {format_size(inode.size)}"

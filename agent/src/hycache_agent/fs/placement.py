@@ -72,6 +72,9 @@ class Placement:
     def __init__(self) -> None:
         self.engine: TieringEngine | None = None
         self._evict_wakeup = trio.Event()
+        # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
+        # (the census of moves under way, counters.moving, reports them)
+        self.fetching: dict[bytes, int] = {}
 
     def attach(self, engine: TieringEngine) -> None:
         self.engine = engine
@@ -93,13 +96,25 @@ class Placement:
             if inode is not exclude and self.evictable(inode):
                 yield inode
 
-    async def room_for(self, nbytes: int, exclude: Inode | None) -> bool:
-        """Make ``nbytes`` fit on the fast tier, evicting closed files if needed."""
+    async def room_for(self, nbytes: int, exclude: Inode | None, *, wait_leaving: bool = False) -> bool:
+        """Make ``nbytes`` fit on the fast tier, evicting closed files if needed.
+
+        ``wait_leaving`` (promotions and prefetches, never writes): files already being
+        moved off the fast tier still take their room until their switch; when that room
+        is what is missing, wait for those moves instead of evicting more or failing."""
         e = self.engine
         if e.fast_used + nbytes <= e.capacity:
             return True
         if nbytes > e.capacity:
             return False
+        if wait_leaving:
+            leaving = [m for m in e.active.values() if m.src == T.FAST and m.dst != T.FAST]
+            for m in leaving:
+                if e.fast_used + nbytes <= e.capacity:
+                    break
+                await m.done.wait()
+            if e.fast_used + nbytes <= e.capacity:
+                return True
         for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
             if e.fast_used + nbytes <= e.capacity:
                 break
@@ -252,13 +267,16 @@ class Placement:
             size = node.meta.size
             if size > e.capacity:
                 raise FsError(errno.ENOSPC, f"{format_size(size)} is larger than the fast tier")
-            if not await self.room_for(size, None):
+            if not await self.room_for(size, None, wait_leaving=True):
                 raise FsError(errno.ENOSPC, f"no room for {format_size(size)} on the fast tier "
                                             f"({format_size(e.fast_used)} of {format_size(e.capacity)} "
                                             "used by pinned, open or moving files)")
             e.fast_used += size  # reserved while fetching (the copy is counted once there)
+            self.fetching[raw] = self.fetching.get(raw, 0) + size
             try:
                 await cluster.fetch_locked(node)
             finally:
                 e.fast_used -= size
+                if (left := self.fetching.pop(raw, 0) - size) > 0:
+                    self.fetching[raw] = left
         return f"fast (fetched {format_size(node.cache_size)} from {meta.primary})"

@@ -212,12 +212,12 @@ class ManifestService:
             for node, steps in result["plans"].items():
                 for st in steps:
                     state, detail = "pending", None
-                    if st["action"] in ("unpin", "evict") and owner.get(st["path"]) not in (None, node):
-                        # a prefetched copy of another node's file sits in this node's remote
-                        # cache, which the agent evicts by its own policy; its pin/unpin/demote
-                        # act on files whose primary copy is on the node only
+                    if st["action"] == "unpin" and owner.get(st["path"]) not in (None, node):
+                        # a copy of another node's file in this node's remote cache is never
+                        # pinned (pin/unpin act on files whose primary copy is on the node);
+                        # its evict is sent (a demote of it drops the copy, as the plan assumes)
                         state = "skipped"
-                        detail = f"a remote copy (primary on {owner[st['path']]}): the node's remote cache evicts it"
+                        detail = f"a remote copy (primary on {owner[st['path']]}): never pinned here"
                     items.append(ActionItem(path=ns_path(st["path"]), node=node, state=state, detail=detail,
                                             updated_at=now,
                                             kind=AGENT_ACTION[st["action"]], plan_action=st["action"], job=st["job"],

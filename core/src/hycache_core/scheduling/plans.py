@@ -53,7 +53,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     previous job runs (a job's prefetches are released when the job before it starts):
     its files are open then, so they are never victims of the next job's steps, and its
     outputs that the plan does not keep still take their room on the fast tier (the
-    agent writes new data there) until that job ends.
+    agent writes new data there) until that job ends.  The evictions that make room for a
+    job's outputs are before-steps too (released when the job before it starts), so they
+    never take that job's files either.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
@@ -84,8 +86,12 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
         while i < len(refs) and refs[i][2] == k:
             f, kind, _ = refs[i]
             i += 1
-            if kind == "write" and cache.busy:  # the job runs: the one before it has ended
-                cache.busy = set()
+            if kind == "write":
+                # the job runs: the one before it has ended, and its outputs the plan does
+                # not keep are closed (the agent's evictor may take them).  Its files stay
+                # out of the victims all the same: an evict is a before-step, released when
+                # the job before starts (not ends), so an evict made for this job's outputs
+                # runs while that job still reads its files
                 cache.capacity = room
             size = job.inputs[f] if kind != "write" else job.outputs[f]
             d = policy.access(f, size, cache)
@@ -125,10 +131,22 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
 
     ``files``: the workflow's files that exist, each ``{"node": primary, "tier":
     "fast"|"slow", "size": bytes, "pinned": bool}`` (the DHT's entries); ``status``: each
-    node's fast-tier census (the heartbeat's ``tiers.fast``: ``used``, ``pinned_bytes``).
+    node's fast-tier census (the heartbeat's ``tiers.fast``: ``used``, ``pinned_bytes``,
+    and the moves under way: ``moving_in_bytes``, ``moving_out_bytes`` and ``moving``,
+    ``[{"path", "to", "bytes"}]``).
     Returns ``(resident, held, pinned)``: per node, the workflow's files on its fast tier
     (file → bytes), the bytes the plan cannot move (pinned files that are not the
-    workflow's), and the workflow's files pinned there."""
+    workflow's, and the room that moves under way take), and the workflow's files pinned
+    there.
+
+    Moves under way (the DHT shows a file's tier only once its move has switched): a
+    workflow file moving onto the node's fast tier (a promotion, or a remote copy a
+    prefetch is fetching) counts as resident — its room is taken and a job finds it
+    there; any other move onto it, and every move off it, is held: a file being demoted
+    keeps its room until its switch, and a workflow file leaving is not resident (a job
+    reading it needs a prefetch).  Held for the whole plan, which is made once: a few
+    seconds' moves cost the plan that much room for the rest of the run, rather than a
+    prefetch failing for room at the start."""
     resident: dict[str, dict[str, int]] = {n: {} for n in nodes}
     pinned: dict[str, set[str]] = {n: set() for n in nodes}
     pinned_here: dict[str, int] = {n: 0 for n in nodes}
@@ -140,11 +158,27 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
             if e.get("pinned"):
                 pinned[n].add(f)
                 pinned_here[n] += size
+    by_path = {f if f.startswith("/") else "/" + f: f for f in files}
     held: dict[str, int] = {}
     for n in nodes:
         fast = (status or {}).get(n) or {}
         pb = fast.get("pinned_bytes")
         held[n] = max(0, int(pb) - pinned_here[n]) if isinstance(pb, (int, float)) else 0
+        listed = {"fast": 0, "out": 0}
+        for mv in fast.get("moving") or ():
+            f, size = by_path.get(mv.get("path")), int(mv.get("bytes") or 0)
+            entering = mv.get("to") == "fast"
+            listed["fast" if entering else "out"] += size
+            if entering and f is not None:
+                resident[n].setdefault(f, int(files[f].get("size") or size))
+                continue
+            if f is not None and resident[n].pop(f, None) is not None:
+                pinned[n].discard(f)
+            held[n] += size
+        for key, kind in (("moving_in_bytes", "fast"), ("moving_out_bytes", "out")):  # beyond the list
+            total = fast.get(key)
+            if isinstance(total, (int, float)):
+                held[n] += max(0, int(total) - listed[kind])
     return resident, held, pinned
 
 

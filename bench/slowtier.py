@@ -1,0 +1,164 @@
+"""A slow tier that is slow: a file system on a loop device whose reads and writes are
+throttled to N MB/s by the cgroup v1 blkio controller.  For benchmarks of tiering (root
+needed); it models a hard disk, or a share of a parallel file system, at N MB/s.
+
+* The device: a sparse image file (``size``) attached to a loop device with
+  ``--direct-io=on`` (so its blocks are not cached a second time in the host's page cache
+  of the image), an ext4 file system made and mounted before the throttle is set (its
+  inode tables and journal are initialised up front, so no lazy-init thread writes to the
+  device during a run).
+* The throttle: ``blkio.throttle.read_bps_device`` and ``write_bps_device`` for the loop
+  device's ``MAJ:MIN`` in the blkio hierarchy's root cgroup.  A rule names one device, so
+  nothing else on the machine is throttled; every process that reads or writes that device
+  is, including the kernel's writeback of dirty pages (in cgroup v1 writeback is charged to
+  the root cgroup, so a rule on a child cgroup would let buffered writes through).  The
+  device is shared by everyone who uses it: two agents with their slow tiers on it share
+  its N MB/s, like two nodes reading one parallel file system.
+* ``drop_cache()`` writes the file system's dirty pages back (``syncfs``, at the
+  throttled rate) and drops its files' clean pages from the page cache
+  (``POSIX_FADV_DONTNEED`` file by file): the next read of a file really reaches the
+  device.  Scoped to this file system; other processes' caches are left alone.
+* ``read_bytes()`` / ``write_bytes()``: the bytes the device served (``/sys/block/loopN/stat``),
+  what a run really read from the slow tier whatever path the read took (with FUSE
+  passthrough a local file's reads bypass the agent's counters).
+
+Everything is undone on ``close()`` (the context manager's exit, also on Ctrl-C): the
+rules cleared, the file system unmounted (lazily if still busy), the loop device detached,
+the image removed.
+
+    python bench/slowtier.py --mbps 150          # verifies the throttle with dd: O_DIRECT and buffered, cache dropped
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BLKIO = Path("/sys/fs/cgroup/blkio")
+SECTOR = 512
+
+
+def _run(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+class SlowTier:
+    def __init__(self, mbps: float, size: str = "4G", base: Path | None = None) -> None:
+        if os.geteuid() != 0:
+            raise SystemExit("slowtier: a throttled slow tier needs root (losetup, mount, blkio)")
+        if not (BLKIO / "blkio.throttle.read_bps_device").exists():
+            raise SystemExit(f"slowtier: no cgroup v1 blkio throttle at {BLKIO}")
+        self.bps = int(mbps * 1_000_000)
+        self.dir = Path(tempfile.mkdtemp(prefix="slowtier-", dir=base))
+        self.image = self.dir / "image"
+        self.mnt = self.dir / "mnt"
+        self.loop: str | None = None
+        self.majmin: str | None = None
+        self._mounted = False
+        try:
+            self.mnt.mkdir()
+            _run("truncate", "-s", size, str(self.image))
+            self.loop = _run("losetup", "--find", "--show", "--direct-io=on", str(self.image))
+            _run("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop)
+            _run("mount", "-o", "noatime", self.loop, str(self.mnt))
+            self._mounted = True
+            self.majmin = _run("lsblk", "-dno", "MAJ:MIN", self.loop).replace(" ", "")
+            self._throttle(self.bps)
+        except BaseException:
+            self.close()
+            raise
+
+    def _throttle(self, bps: int) -> None:
+        for kind in ("read", "write"):
+            (BLKIO / f"blkio.throttle.{kind}_bps_device").write_text(f"{self.majmin} {bps}\n")
+
+    def __enter__(self) -> SlowTier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _stat(self) -> list[int]:
+        return [int(x) for x in Path(f"/sys/block/{Path(self.loop).name}/stat").read_text().split()]
+
+    def read_bytes(self) -> int:
+        return self._stat()[2] * SECTOR
+
+    def write_bytes(self) -> int:
+        return self._stat()[6] * SECTOR
+
+    def drop_cache(self) -> None:
+        fd = os.open(self.mnt, os.O_RDONLY)
+        try:
+            os.syncfs(fd) if hasattr(os, "syncfs") else os.sync()
+        finally:
+            os.close(fd)
+        for root, _dirs, files in os.walk(self.mnt):
+            for name in files:
+                try:
+                    f = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(f)
+
+    def close(self) -> None:
+        if self.majmin:
+            try:
+                self._throttle(0)  # 0 removes the rule
+            except OSError as e:
+                print(f"slowtier: could not clear the blkio rule for {self.majmin}: {e}", file=sys.stderr)
+            self.majmin = None
+        if self._mounted:
+            if subprocess.run(["umount", str(self.mnt)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            self._mounted = False
+        if self.loop:
+            subprocess.run(["losetup", "-d", self.loop], capture_output=True)
+            self.loop = None
+        self.image.unlink(missing_ok=True)
+        try:
+            self.mnt.rmdir()
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+
+def _dd(args: list[str]) -> float:
+    """dd's own rate line, in MB/s."""
+    out = subprocess.run(["dd", *args], capture_output=True, text=True, check=True).stderr.strip().splitlines()[-1]
+    t = float(out.split(" copied, ")[1].split(" s")[0])
+    return int(out.split(" bytes")[0]) / t / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mbps", type=float, default=150.0, help="the throttle, MB/s (default 150)")
+    ap.add_argument("--mib", type=int, default=200, help="the test file, MiB (default 200)")
+    args = ap.parse_args()
+    with SlowTier(args.mbps, size="1G") as st:
+        f = st.mnt / "dd-test"
+        print(f"device {st.loop} ({st.majmin}) at {st.mnt}, throttled to {args.mbps:g} MB/s")
+        t0 = time.monotonic()
+        w = _dd(["if=/dev/zero", f"of={f}", "bs=1M", f"count={args.mib}", "oflag=direct"])
+        print(f"write O_DIRECT      {w:8.1f} MB/s")
+        r0 = st.read_bytes()
+        st.drop_cache()
+        print(f"read buffered       {_dd([f'if={f}', 'of=/dev/null', 'bs=1M']):8.1f} MB/s  "
+              f"(device served {(st.read_bytes() - r0) / 1e6:.0f} MB)")
+        print(f"read O_DIRECT       {_dd([f'if={f}', 'of=/dev/null', 'bs=1M', 'iflag=direct']):8.1f} MB/s")
+        print(f"read cached         {_dd([f'if={f}', 'of=/dev/null', 'bs=1M']):8.1f} MB/s  (page cache, not dropped)")
+        f.unlink()
+        print(f"({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
