@@ -52,6 +52,7 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
     (a,) = start_agents(hycache_mount, redis, secret_file, dht_namespace, names=("a",))
     shared, other = os.urandom(300 * K), os.urandom(400 * K)
     (a.mountpoint / "in").mkdir()
+    (a.mountpoint / "later").mkdir()  # (a directory this node will list but hold nothing in)
     (a.mountpoint / "in" / "shared.bin").write_bytes(shared)
     (a.mountpoint / "in" / "other.bin").write_bytes(other)
     (a.mountpoint / "in" / "big.bin").write_bytes(bytes(2 * M))
@@ -170,21 +171,25 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
 
             # a name published after this node listed its directory (lookups are answered
             # from the listing for a while; held long here): once a prefetch fetched it, the
-            # job's lookup finds it at once instead of an ENOENT the kernel would keep for 1 s
+            # job's lookup finds it at once instead of an ENOENT the kernel would keep for 1 s.
+            # In a directory where this node holds no remote file yet: it hears no
+            # announcements of its changes (in /in one would make it list again at once).
+            dl = await ops.lookup(ROOT_INO, b"later", ctx)
+            assert dl.st_ino != 0
             monkeypatch.setattr(dht_link, "META_TTL_SECONDS", 600.0)
             # (no such name: a negative entry, inode 0, that the kernel keeps a while)
-            assert (await ops.lookup(d.st_ino, b"late.bin", ctx)).st_ino == 0  # lists /in: no late.bin yet
+            assert (await ops.lookup(dl.st_ino, b"late.bin", ctx)).st_ino == 0  # lists /later: no late.bin yet
             late = os.urandom(100 * K)
-            await trio.to_thread.run_sync((a.mountpoint / "in" / "late.bin").write_bytes, late)
+            await trio.to_thread.run_sync((a.mountpoint / "later" / "late.bin").write_bytes, late)
             await trio.to_thread.run_sync(wait_published, a)
-            assert (await ops.lookup(d.st_ino, b"late.bin", ctx)).st_ino == 0  # the listing still says no
-            await answer(link, [{"id": 10, "action": "prefetch", "path": "/in/late.bin"}])
+            assert (await ops.lookup(dl.st_ino, b"late.bin", ctx)).st_ino == 0  # the listing still says no
+            await answer(link, [{"id": 10, "action": "prefetch", "path": "/later/late.bin"}])
             assert link.pending[10]["state"] == "done", link.pending[10]
-            e3 = await ops.lookup(d.st_ino, b"late.bin", ctx)
+            e3 = await ops.lookup(dl.st_ino, b"late.bin", ctx)
             fi = await ops.open(e3.st_ino, os.O_RDONLY, ctx)
             assert await ops.read(fi.fh, 0, 200 * K) == late
             await ops.release(fi.fh)
-            await ops.forget([(entry.st_ino, 1), (e2.st_ino, 1), (e3.st_ino, 1), (d.st_ino, 1)])
+            await ops.forget([(entry.st_ino, 1), (e2.st_ino, 1), (e3.st_ino, 1), (d.st_ino, 1), (dl.st_ino, 1)])
             nursery.cancel_scope.cancel()
 
     try:
