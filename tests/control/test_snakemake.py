@@ -46,18 +46,30 @@ def info(srv, path: str) -> dict:
     return r.json()
 
 
+def published(srv, path: str) -> bool:
+    """Whether the global namespace has ``path`` yet: a close does not wait for the
+    publication (docs/agent.md, "The metadata path"), which trails it by a commit and the
+    publisher's batch."""
+    r = httpx.get(f"{srv.url}/api/v1/files/info", params={"path": path},
+                  headers={"Authorization": f"Bearer {srv.admin}"}, timeout=10)
+    assert r.status_code in (200, 404), r.text
+    return r.status_code == 200
+
+
 def remote_fetch_bytes(srv) -> int:
     r = httpx.get(f"{srv.url}/api/v1/nodes", headers={"Authorization": f"Bearer {srv.admin}"}, timeout=10).json()
     return sum(((n.get("counters") or {}).get("remote") or {}).get("fetch_bytes", 0) for n in r["items"])
 
 
-def setup_workdir(ma: Path, mb: Path, name: str, data: dict[str, bytes]) -> Path:
+def setup_workdir(srv, ma: Path, mb: Path, name: str, data: dict[str, bytes]) -> Path:
     wd = ma / name
     (wd / "in").mkdir(parents=True)
     (wd / "Snakefile").write_text(SNAKEFILE)
     (ma / name / "in" / "a.dat").write_bytes(data["a"])  # written through a: its primary is a
     wait_for(lambda: (mb / name / "in").is_dir(), 30, "the directory made through a to show through b")
     (mb / name / "in" / "b.dat").write_bytes(data["b"])  # through b: on b
+    for x in "ab":  # what Snakemake submits next is placed from the published entries
+        wait_for(lambda: published(srv, f"/{name}/in/{x}.dat"), 30, f"/{name}/in/{x}.dat to be published")
     return wd
 
 
@@ -77,7 +89,7 @@ def test_snakemake_runs_each_job_where_its_inputs_are(linked_cluster, tmp_path):
     srv, mounts = linked_cluster
     ma, mb = Path(mounts["a"].mountpoint), Path(mounts["b"].mountpoint)
     data = {"a": os.urandom(4 * MB), "b": os.urandom(4 * MB)}
-    wd = setup_workdir(ma, mb, "wf", data)
+    wd = setup_workdir(srv, ma, mb, "wf", data)
     assert info(srv, "/wf/in/a.dat")["primary"] == "a" and info(srv, "/wf/in/b.dat")["primary"] == "b"
     token = _private(tmp_path / "admin.token", srv.admin)
     submit = (f"{CONTROL_BIN} submit --api {srv.url} --token-file {token} --mount a={ma} --mount b={mb} "
@@ -105,7 +117,7 @@ def test_snakemake_runs_each_job_where_its_inputs_are(linked_cluster, tmp_path):
     assert [line.strip() for line in report if line.strip()] == expect
 
     # Snakemake's own local run of the same workflow, on a: b.dat crosses to a
-    wd2 = setup_workdir(ma, mb, "wf-local", data)
+    wd2 = setup_workdir(srv, ma, mb, "wf-local", data)
     before = settled_fetch_bytes(srv)
     p = subprocess.run([str(SNAKEMAKE), "--cores", "1", "--nocolor"], cwd=wd2, capture_output=True, text=True,
                        timeout=900, env=env)
