@@ -290,6 +290,8 @@ def main() -> int:
     p.add_argument("--write-size", default="64M")
     p.add_argument("--modes", default="off,block,hybrid")
     p.add_argument("--no-writes", action="store_true")
+    p.add_argument("--only-writes", action="store_true",
+                   help="only the write rows (no holder files, local/GET or reader rows; the table's read rows stay empty)")
     p.add_argument("--two-disk", action=argparse.BooleanOptionalAction, default=True,
                    help="also the write rows with the replica's node on its own device (default on)")
     p.add_argument("--two-disk-size", default="6G", type=parse_size,
@@ -329,9 +331,10 @@ def main() -> int:
     holder = Agent(work / "a", "a", "--rebalance-interval", "0", **common).start()
     ready(holder)
     try:
-        write_holder_files(holder, size, a.passes, a.small)
+        if not a.only_writes:
+            write_holder_files(holder, size, a.passes, a.small)
         addr = holder.argv[holder.argv.index("--listen") + 1]
-        for i in range(a.passes):
+        for i in range(0 if a.only_writes else a.passes):
             d = holder.mnt / f"p{i}"
             drop_caches()
             add("local seq", seq_read(d / "big"))
@@ -371,7 +374,7 @@ def main() -> int:
                     finally:
                         r.stop()
             print(f"writes done ({time.monotonic() - t_start:.0f} s)", flush=True)
-        for mode in a.modes.split(","):
+        for mode in [] if a.only_writes else a.modes.split(","):
             b = Agent(work / f"b-{mode}", f"b{mode}", "--rebalance-interval", "0", *MODES[mode], **common).start()
             ready(b)
             try:

@@ -3,6 +3,7 @@ Real agents, real mounts, the session's real Redis Cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -84,4 +85,64 @@ def test_a_push_to_a_node_that_just_stopped_goes_to_the_next_node(hycache_mount,
     a.proc.kill()  # the replica serves the file
     a.proc.wait()
     assert (c.mountpoint / name).read_bytes() == data
+    hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)
+
+
+def _replica_bytes(m, name: str) -> bytes:
+    """The replica ``m`` keeps of ``/name`` (replicas.ReplicaStore: SLOW/replicas/<sha1>.data)."""
+    import hashlib
+
+    return (m.slow / "replicas" / (hashlib.sha1(b"/" + name.encode()).hexdigest() + ".data")).read_bytes()
+
+
+def test_sync_replica_pushed_at_fsync_matches_a_close_after_overwrites(hycache_mount, redis_cluster, dht_namespace,
+                                                                       secret_file):
+    """Sync mode pushes at fsync (beside the local fsync); writes after it, even ones that
+    only overwrite earlier bytes (same size, within the same clock tick), are pushed by the
+    close: the replica is byte-identical to the file whenever close (or fsync) returns, and
+    a close with nothing written since the fsync pushes nothing."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        replicas=1, replica_mode="sync")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b"], what="a sees b")
+    data = bytearray(os.urandom(6 << 20))
+    fd = os.open(a.mountpoint / "ow", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        for off in range(0, len(data), 1 << 20):  # 1 MiB writes, as dd bs=1M
+            os.pwrite(fd, data[off:off + (1 << 20)], off)
+        os.fsync(fd)  # the push runs beside the local fsync
+        assert _replica_bytes(b, "ow") == data
+        assert info(a.mountpoint / "ow")["replicas"] == ["b"]
+        for off in (0, 3 << 20, len(data) - 4096):  # rewrite earlier bytes, size unchanged
+            patch = os.urandom(4096)
+            os.pwrite(fd, patch, off)
+            data[off:off + 4096] = patch
+    finally:
+        os.close(fd)  # close returns once the new bytes are durable on b
+    assert _replica_bytes(b, "ow") == data
+    assert info(a.mountpoint / "ow")["replicas"] == ["b"]
+    rep = cluster_status(a)["replication"]
+    assert rep["pushed_at_fsync"] == 1 and rep["pushed_files"] == 2, rep
+
+    # write + fsync + close, as dd conv=fsync: one push, at the fsync; the close adds none
+    more = os.urandom(3 << 20)
+    with open(a.mountpoint / "dd", "wb") as f:
+        f.write(more)
+        f.flush()
+        os.fsync(f.fileno())
+    assert _replica_bytes(b, "dd") == more
+    rep = cluster_status(a)["replication"]
+    assert rep["pushed_at_fsync"] == 2 and rep["pushed_files"] == 3, rep
+
+    # an acknowledged fsync survives the primary's kill -9 with the file still open
+    last = os.urandom(2 << 20)
+    fd = os.open(a.mountpoint / "open", os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, last)
+    os.fsync(fd)
+    wait_published(a)
+    a.proc.kill()
+    a.proc.wait()
+    with contextlib.suppress(OSError):  # the mount's agent is gone
+        os.close(fd)
+    for name, want in (("ow", bytes(data)), ("dd", more), ("open", last)):
+        assert (b.mountpoint / name).read_bytes() == want, name
     hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)

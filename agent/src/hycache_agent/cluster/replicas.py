@@ -9,6 +9,15 @@ node does not lose its files.
   is published, so the DHT never names a replica holding older bytes than the primary.
   ``--replica-mode sync`` pushes in ``flush`` (close(2) returns once the copies are
   durable on the peers); ``async`` (default) pushes from a background task shortly after.
+  In sync mode an ``fsync`` of the only open handle pushes too, *while* the local fsync
+  runs (:meth:`Replicator.synced`), so a ``write; fsync; close`` waits for the longer of
+  the two instead of their sum, and the close finds the replicas current and pushes
+  nothing.  That rests on the blob's mtime telling "written since": the close's fstat
+  must see a new mtime after any write that followed the fstat the push started from,
+  which file systems with multigrain timestamps (Linux 6.13+: ext4, xfs, btrfs, tmpfs)
+  guarantee (a queried timestamp makes the next change fine-grained) and coarse ones do
+  not within a tick; the tier's file system is probed once (:func:`fine_mtime`) and
+  without it the push stays at the close.
 * **Keeping** (:class:`ReplicaStore`). A node keeps the replicas it received in
   ``SLOW/replicas/``: ``<sha1 of path>.data`` plus a JSON sidecar naming the path, the
   sender (the primary) and the ETag; the peer service serves them like local files, so a
@@ -125,10 +134,36 @@ class ReplicaStore:
             self.index[new] = moved
 
 
+def fine_mtime(directory: str, tries: int = 3) -> bool:
+    """(blocking) Does a write right after an fstat always give the file a new mtime in
+    ``directory``'s file system?  Multigrain timestamps do (the fstat marks the time
+    queried, the next change takes a fine-grained one); a coarse clock gives the same
+    tick to back-to-back writes.  Probed with a scratch file, ``tries`` times."""
+    fd, tmp = -1, os.path.join(directory, f".mtime-probe-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        for _ in range(tries):
+            before = os.fstat(fd).st_mtime_ns
+            os.pwrite(fd, b"x", 0)
+            if os.fstat(fd).st_mtime_ns == before:
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd >= 0:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 @dataclass
 class ReplicatorStats:
     pushed_files: int = 0
     pushed_bytes: int = 0
+    pushed_at_fsync: int = 0  # sync mode: pushes overlapped with the writer's fsync
     failures: int = 0
     pending: int = 0
     no_peers: int = 0
@@ -148,6 +183,7 @@ class Replicator:
         self._wakeup = trio.Event()
         self._put_back = False  # the last batch put files back (no peer, no store yet)
         self._warned = False
+        self._fine: dict[str, bool] = {}  # blob directory -> fine_mtime()
 
     def wanted(self, inode: Inode) -> bool:
         return self.count > 0 and inode.is_reg and inode.nlink > 0 and inode.replicated_gen != inode.data_gen
@@ -162,6 +198,40 @@ class Replicator:
             self._pending[inode.ino] = inode
             self.stats.pending = len(self._pending)
             self._wakeup.set()
+
+    async def synced(self, inode: Inode, local_sync, current) -> None:
+        """(sync mode) ``fsync`` of ``inode``'s only open handle, a writer: push the bytes
+        while ``local_sync()`` (the local fsync) runs, and have them count as the
+        replicas of the current bytes if ``current()`` (an fstat of the blob taking size
+        and mtime, bumping ``data_gen`` if they moved) finds nothing written during the
+        push.  The caller ran ``current()`` just before.  The close then pushes nothing
+        unless the file was written after."""
+        if not (self.mode == "sync" and self.wanted(inode) and await self._fine_mtime(inode)):
+            await local_sync()
+            return
+        failed: list[Exception] = []
+
+        async def local() -> None:
+            try:
+                await local_sync()
+            except Exception as e:  # noqa: BLE001 - raised below, unwrapped (not a group)
+                failed.append(e)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(local)
+            if await self.replicate(inode, current=current):
+                self.stats.pushed_at_fsync += 1
+        if failed:
+            raise failed[0]
+
+    async def _fine_mtime(self, inode: Inode) -> bool:
+        d = os.path.dirname(self.engine.blob(inode))
+        fine = self._fine.get(d)
+        if fine is None:
+            fine = self._fine[d] = await trio.to_thread.run_sync(fine_mtime, d)
+            log.info("replicas: %s %s fine-grained mtimes: %s", d, "has" if fine else "lacks",
+                     "pushes start at fsync" if fine else "pushes wait for the close")
+        return fine
 
     async def run(self) -> None:
         while True:
@@ -192,8 +262,10 @@ class Replicator:
         alive.sort(key=lambda n: hashlib.sha1(n.encode() + b"\0" + path).digest(), reverse=True)
         return alive if spares else alive[: self.count]
 
-    async def replicate(self, inode: Inode) -> list[str]:
-        """Push ``inode``'s current bytes to its replica nodes and publish the list."""
+    async def replicate(self, inode: Inode, current=None) -> list[str]:
+        """Push ``inode``'s current bytes to its replica nodes and publish the list;
+        ``current`` (a coroutine function) brings the inode up to what was written
+        through passthrough meanwhile before the check that nothing was."""
         path = self.engine.ns.path_of(inode.ino)
         if path is None:
             return []
@@ -235,6 +307,8 @@ class Replicator:
                 done.append(node)
         finally:
             await opened.close()
+        if current is not None:
+            await current()
         if inode.data_gen != gen or inode.nlink == 0:
             return []  # written again meanwhile: the next close pushes the new bytes
         self.stats.pushed_files += 1

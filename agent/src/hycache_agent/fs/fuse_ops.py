@@ -740,7 +740,20 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def fsync(self, fh, datasync):
-        await self.engine.fsync(fh, datasync)
+        h = self.engine.handles.get(fh)
+        rep = self.cluster.replicator if self.cluster is not None else None
+        if (rep is None or rep.mode != "sync" or rep.count == 0 or h is None or not h.writable
+                or fh in self._remote_handles or h.inode.open_count != 1):
+            await self.engine.fsync(fh, datasync)
+            return
+
+        async def current() -> None:  # what the kernel wrote through passthrough
+            if fh in self._backed:
+                await self.backings.refresh(h.inode)
+
+        # sync replicas: the push runs beside the local fsync (replicas.Replicator.synced)
+        await current()
+        await rep.synced(h.inode, lambda: self.engine.fsync(fh, datasync), current)
 
     # -- file system -----------------------------------------------------------------
     @metadata_op
