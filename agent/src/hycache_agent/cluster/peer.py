@@ -841,12 +841,16 @@ class PeerServer:
             if c.h.they_are_waiting_for_100_continue:
                 await self._send(c, h11.InformationalResponse(status_code=100, headers=[]))
             length = headers.get("content-length", "")
+            t0 = time.monotonic()
             if length.isascii() and length.isdigit() and "transfer-encoding" not in headers:
                 received = await self._receive_raw(c, fd, int(length))
             else:
                 received = await self._receive_to(c, fd)
+            t1 = time.monotonic()
             fd_, fd = fd, -1
             await self._thread(_fsync_close, fd_)
+            log.debug("replica of %r from %s: %d bytes received in %.3f s, fsync %.3f s", path, sender, received,
+                      t1 - t0, time.monotonic() - t1)
             meta = {k: v for k, v in headers.items() if k.startswith("x-hycache-")}
             meta["content-length"] = str(received)
             meta["x-hycache-from"] = sender

@@ -183,7 +183,7 @@ class Replicator:
         self._wakeup = trio.Event()
         self._put_back = False  # the last batch put files back (no peer, no store yet)
         self._warned = False
-        self._fine: dict[str, bool] = {}  # blob directory -> fine_mtime()
+        self._fine: dict[int, bool] = {}  # tier -> fine_mtime() of its directory
 
     def wanted(self, inode: Inode) -> bool:
         return self.count > 0 and inode.is_reg and inode.nlink > 0 and inode.replicated_gen != inode.data_gen
@@ -210,25 +210,31 @@ class Replicator:
             await local_sync()
             return
         failed: list[Exception] = []
+        t0 = time.monotonic()
+        took: list[float] = []
 
         async def local() -> None:
             try:
                 await local_sync()
             except Exception as e:  # noqa: BLE001 - raised below, unwrapped (not a group)
                 failed.append(e)
+            took.append(time.monotonic() - t0)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(local)
             if await self.replicate(inode, current=current):
                 self.stats.pushed_at_fsync += 1
+            pushed = time.monotonic() - t0
+        log.debug("fsync of inode %d: local %.3f s, push %.3f s beside it", inode.ino, took[0] if took else -1, pushed)
         if failed:
             raise failed[0]
 
     async def _fine_mtime(self, inode: Inode) -> bool:
-        d = os.path.dirname(self.engine.blob(inode))
-        fine = self._fine.get(d)
+        tier = inode.tier
+        fine = self._fine.get(tier)
         if fine is None:
-            fine = self._fine[d] = await trio.to_thread.run_sync(fine_mtime, d)
+            d = str(self.engine.tiers[tier].path)
+            fine = self._fine[tier] = await trio.to_thread.run_sync(fine_mtime, d)
             log.info("replicas: %s %s fine-grained mtimes: %s", d, "has" if fine else "lacks",
                      "pushes start at fsync" if fine else "pushes wait for the close")
         return fine
