@@ -291,7 +291,7 @@ def main() -> int:
     p.add_argument("--modes", default="off,block,hybrid")
     p.add_argument("--no-writes", action="store_true")
     p.add_argument("--only-writes", action="store_true",
-                   help="only the write rows (no holder files, local/GET or reader rows; the table's read rows stay empty)")
+                   help="only the write rows (no holder files, local/GET or reader rows: their table stays empty)")
     p.add_argument("--two-disk", action=argparse.BooleanOptionalAction, default=True,
                    help="also the write rows with the replica's node on its own device (default on)")
     p.add_argument("--two-disk-size", default="6G", type=parse_size,
