@@ -301,6 +301,19 @@ async def test_push_replica_rejected_cleans_up(server, client, files, tmp_path):
         await trio.sleep(0.2)
     await wait_for(lambda: os.listdir(files.staging_dir) == [])
     assert not os.path.exists(files.local(b"/cut"))
+    # cut after several write-back kicks (one every 8 MiB, beside the receive): the same
+    with trio.socket.socket() as s:
+        await s.connect(server.address)
+        target = files_target(b"/cut2").encode()
+        auth = authorization(SECRET, "client-1", "PUT", target).encode()
+        await s.send(b"PUT " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(40 * MiB).encode()
+                     + b"\r\nAuthorization: " + auth + b"\r\n\r\n")
+        body = memoryview(os.urandom(20 * MiB))
+        while body:
+            body = body[await s.send(body):]
+        await trio.sleep(0.2)
+    await wait_for(lambda: os.listdir(files.staging_dir) == [])
+    assert not os.path.exists(files.local(b"/cut2"))
 
 
 async def wait_for(cond, timeout=5.0):

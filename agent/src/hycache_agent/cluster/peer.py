@@ -315,14 +315,6 @@ class _FileBody:
         return self.n
 
 
-def _splice_behind(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
-                   pipe: tuple[int, int], kicked: int) -> tuple[bulk.Received, int]:
-    """``count`` bytes of the socket spliced into ``fd`` at ``offset``, then the
-    write-back of what is written since ``kicked`` started (as ``_write_behind``)."""
-    r = bulk.splice_in(sock_fd, fd, offset, count, timeout, pipe)
-    return r, _kick_writeback(fd, kicked, offset + r.n)
-
-
 def _close_pipe(pipe: tuple[int, int]) -> None:
     for p in pipe:
         os.close(p)
@@ -810,16 +802,39 @@ class PeerServer:
             return received
         c.close_after = True
         pipe = await self._thread(bulk.make_pipe)
+        kicking = False
+
+        async def kick(start: int, end: int) -> None:  # the write-back's submission, off the receive path
+            nonlocal kicking
+            try:
+                await self._thread(_kick_writeback, fd, start, end)
+            finally:
+                kicking = False
+
+        error: BaseException | None = None
         try:
-            while received < length:
-                r, kicked = await self._thread(_splice_behind, c.stream.socket.fileno(), fd, received,
-                                               min(bulk.HOP, length - received), self.idle_timeout, pipe, kicked)
-                received += r.n
-                self.stats.bytes_received += r.n
-                if isinstance(r.error, TimeoutError):
-                    raise _Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
-                if r.error is not None:
-                    raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
+            async with trio.open_nursery() as nursery:  # (raises nothing itself: no exception groups)
+                while received < length:
+                    try:
+                        r = await self._thread(bulk.splice_in, c.stream.socket.fileno(), fd, received,
+                                               min(bulk.HOP, length - received), self.idle_timeout, pipe)
+                    except Exception as e:  # noqa: BLE001 - raised below, unwrapped
+                        error = e
+                        break
+                    received += r.n
+                    self.stats.bytes_received += r.n
+                    if isinstance(r.error, TimeoutError):
+                        error = _Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
+                    elif r.error is not None:
+                        error = trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
+                    if error is not None:
+                        break
+                    if not kicking and received - kicked >= WRITEBACK_KICK:
+                        kicking = True
+                        nursery.start_soon(kick, kicked, received)
+                        kicked = received
+            if error is not None:
+                raise error
         finally:
             with trio.CancelScope(shield=True):
                 await self._thread(_close_pipe, pipe)
