@@ -234,8 +234,9 @@ def main() -> int:
         seq = rows[f"{m} seq"]
         mb, op, rd = ([x[i] for x in seq] for i in range(3))
         first = [x[0] for k, x in enumerate(seq) if k % a.files == 0]
+        ratio = statistics.median(mb) / statistics.median(ls)
         print(f"{m:7s} seq {statistics.median(mb):7,.0f} MB/s [{min(mb):,.0f}-{max(mb):,.0f}] "
-              f"({statistics.median(mb) / statistics.median(ls):.2f}x local)  open {statistics.median(op) * 1e3:.0f} ms "
+              f"({ratio:.2f}x local)  open {statistics.median(op) * 1e3:.0f} ms "
               f"[{min(op) * 1e3:.0f}-{max(op) * 1e3:.0f}]  reads {statistics.median(rd) * 1e3:.1f} ms; "
               f"first read of each reader {statistics.median(first):,.0f} MB/s")
         for row in ("rand", "4 streams"):
