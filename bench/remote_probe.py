@@ -9,7 +9,8 @@ difference between modes there is also a difference in time (what else the machi
 doing).  Here every round starts a new reader per mode and the modes alternate, so both
 see the same machine; with ``--rounds`` × ``--files`` first reads per mode the
 distributions can be compared.  Per reader: ``--files`` sequential first reads of a
-``--size`` file (``seq``: open ms, reads ms, MB/s), one random-4-KiB read of another
+``--size`` file (``seq``: open ms, reads ms, MB/s; then ``seq again`` after ``echo 1 > drop_caches``), one
+random-4-KiB read of another
 (``rand``, as remote_bench's), and 4 readers on 4 files of ``--size``/4 (``4 streams``).
 ``sync; echo 3 > drop_caches`` before each, as remote_bench does.
 
@@ -195,8 +196,11 @@ def main() -> int:
                         perf.send_signal(signal.SIGINT)
                         perf.wait()
                     rows.setdefault(f"{m} seq", []).append(got)
+                    drop_caches(1)  # as remote_bench's "seq again": page cache dropped, inodes kept
+                    again = timed_seq(d / f"big{j}")[0]
+                    rows.setdefault(f"{m} seq again", []).append(again)
                     print(f"{m} r{r} seq {j}: {got[0]:7,.0f} MB/s  open {got[1] * 1e3:6.1f} ms  "
-                          f"reads {got[2] * 1e3:5.1f} ms", flush=True)
+                          f"reads {got[2] * 1e3:5.1f} ms; again {again:7,.0f} MB/s", flush=True)
                 drop_caches()
                 got = rb.rand_read(d / "rand", a.rand_reads, r)
                 rows.setdefault(f"{m} rand", []).append(got)
@@ -239,7 +243,7 @@ def main() -> int:
               f"({ratio:.2f}x local)  open {statistics.median(op) * 1e3:.0f} ms "
               f"[{min(op) * 1e3:.0f}-{max(op) * 1e3:.0f}]  reads {statistics.median(rd) * 1e3:.1f} ms; "
               f"first read of each reader {statistics.median(first):,.0f} MB/s")
-        for row in ("rand", "4 streams"):
+        for row in ("seq again", "rand", "4 streams"):
             v = rows[f"{m} {row}"]
             print(f"{m:7s} {row} {statistics.median(v):,.1f} MB/s [{min(v):,.1f}-{max(v):,.1f}]")
         if a.small:
