@@ -46,13 +46,15 @@ def check_version(data: bytes, size: int) -> int:
 
 # large-blocks: 3 MiB is more than a quarter of an 8 MiB fast tier, so it is read by blocks
 # through memory; large-copy: with 64 MiB it is copied whole at open and read through
-# passthrough (remote/reader.py wants_copy)
-@pytest.mark.parametrize("size,fast", [(100 << 10, "64M"), (3 * MiB, "8M"), (3 * MiB, "64M")],
-                         ids=["small", "large-blocks", "large-copy"])
+# passthrough (remote/reader.py wants_copy); small-off: HCCache off, a small file's copy is
+# one range request written whole (remote/copy.py SMALL_WHOLE)
+@pytest.mark.parametrize("size,fast,hcc", [(100 << 10, "64M", "64M"), (3 * MiB, "8M", "64M"),
+                                           (3 * MiB, "64M", "64M"), (100 << 10, "64M", "0")],
+                         ids=["small", "large-blocks", "large-copy", "small-off"])
 def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
-        hycache_mount, redis_cluster, dht_namespace, secret_file, size, fast):
+        hycache_mount, redis_cluster, dht_namespace, secret_file, size, fast, hcc):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
-                           names=("a", "b", "c"), write_lease_seconds=3, hccache_size="64M",
+                           names=("a", "b", "c"), write_lease_seconds=3, hccache_size=hcc,
                            hccache_block_size="64K", fast_capacity=fast)
     (a.mountpoint / "f").write_bytes(version_bytes(0, size))
     wait_for(lambda: (c.mountpoint / "f").exists(), what="a's file on c")
@@ -102,6 +104,9 @@ def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
     # no stale byte: once the last version is published, a new open on c reads it
     wait_for(lambda: check_version((c.mountpoint / "f").read_bytes(), size) == last, timeout=30,
              what="c reads the last version")
+    if hcc == "0":  # every open fetched a whole copy of its version
+        assert cluster_status(c)["remote_fetches"] > 0
+        return
     st = hccache(c)
     assert st["mode"] == "hybrid" and st["memory_bytes"] <= st["limit_bytes"]
     if fast == "64M" and size > 1 * MiB:  # whole copies: the stream never went through memory

@@ -260,6 +260,27 @@ def _open_for_read(blob: str, sequential: bool) -> int:
     return fd
 
 
+def _read_small(blob: str, offset: int, n: int) -> tuple[bytes, str | None]:
+    """``n`` bytes of ``blob`` at ``offset`` (open, pread, close: one worker-thread hop),
+    and what went wrong with the blob, if anything (None: all of it)."""
+    try:
+        fd = os.open(blob, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        return b"", f"cannot open blob {blob}: {e}"
+    try:
+        data = os.pread(fd, n, offset)
+        while 0 < len(data) < n:  # (a short read: the rest, if the file still has it)
+            more = os.pread(fd, n - len(data), offset + len(data))
+            if not more:
+                break
+            data += more
+    finally:
+        os.close(fd)
+    if len(data) < n:
+        return b"", f"{blob} shrank to {offset + len(data)} bytes while serving it"
+    return data, None
+
+
 def _pread_into(fd: int, buf: bytearray, n: int, offset: int) -> int:
     view = memoryview(buf)[:n]
     got = 0
@@ -680,6 +701,18 @@ class PeerServer:
 
     async def _stream_file(self, c: _Conn, blob: str, offset: int, length: int) -> None:
         n_chunk = min(self.chunk_size, length)
+        if length < SENDFILE_MIN and length <= n_chunk:
+            # a small file or one block: open, read and close in one worker-thread hop
+            # (three hops before: each a wake-up of the loop on a small, cold fetch)
+            try:
+                data, err = await self._thread(_read_small, blob, offset, length)
+            except OSError as e:
+                raise _Abort(f"reading {blob} at {offset}: {e}") from e
+            if err is not None:
+                raise _Abort(err)
+            await self._send(c, h11.Data(data=data))
+            self.stats.bytes_sent += length
+            return
         try:
             fd = await self._thread(_open_for_read, blob, length > n_chunk)
         except OSError as e:

@@ -11,6 +11,8 @@ the kernel reads a whole copy through passthrough at page-cache speed.
 
 * One stream per (path, DHT version), shared by every open of the version and by a
   takeover that wants the bytes (``ClusterLink.fetch_locked`` waits for it).
+* A small file (at most SMALL_WHOLE) is one range request read into memory and the copy
+  written in one worker-thread hop: its cold open is a round trip, not a stream's hops.
 * The stream is written in order, so ``written`` is always a prefix of the file.
 * A holder that fails mid-stream: the next one (primary, then replicas) starts over from
   byte 0 and must send the same bytes: its ETag must be of the same family as the first
@@ -39,6 +41,18 @@ log = logging.getLogger(__name__)
 PARTS = 2
 PARTS_MIN = 16 << 20
 PART_ALIGN = 1 << 20
+# A copy of at most this size is one range request read into memory, written in one hop.
+SMALL_WHOLE = 256 << 10
+
+
+def _write_whole(dest: str, data: bytes) -> None:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _norm(etag: str) -> str:
@@ -66,8 +80,6 @@ class StreamCopy:
     async def run(self) -> None:
         node = self.node
         try:
-            self.fd = await trio.to_thread.run_sync(
-                os.open, self.dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             last: BaseException | None = None
             t0 = time.monotonic()
             for holder in [h for h in [node.meta.primary, *node.meta.replicas] if h]:
@@ -83,7 +95,12 @@ class StreamCopy:
                 try:
                     addr = await self.link.address_of(holder)
                     etag = None
-                    if self.size >= PARTS_MIN:
+                    if 0 < self.size <= SMALL_WHOLE and self.fd < 0:
+                        etag = await self._small(addr, expect)
+                    if etag is None and self.fd < 0:
+                        self.fd = await trio.to_thread.run_sync(
+                            os.open, self.dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    if etag is None and self.size >= PARTS_MIN:
                         try:
                             etag = await self._parts(addr, expect)
                         except* PeerChanged as group:  # parts of two versions: one stream decides
@@ -112,6 +129,22 @@ class StreamCopy:
             self.finished.set()
             with trio.CancelScope(shield=True):
                 await self.put()
+
+    async def _small(self, addr, expect: str | None) -> str | None:
+        """A small file whole: one range request read into memory on the loop (the body
+        comes with the head), then the copy written in one worker-thread hop (open, write,
+        close) instead of the stream's five (open, fstat, write, truncate, close).  None
+        when the file is no longer the size the DHT gave (then the stream takes it)."""
+        data, etag, total = await self.link.peers.read_block(addr, self.node.path, 0, self.size)
+        if expect is not None and etag != expect:
+            raise PeerChanged(f"{self.node.path!r}: version {etag!r}, expected {expect!r}")
+        if total != len(data):
+            return None
+        if self.etag is None:  # a holder tried next must send the same bytes
+            self.etag = etag
+        await trio.to_thread.run_sync(_write_whole, self.dest, data)
+        self.size = self.written = len(data)
+        return etag
 
     async def _parts(self, addr, expect: str | None) -> str:
         """The copy as PARTS ranges fetched in parallel; the same version (ETag) and the
