@@ -180,6 +180,50 @@ def test_the_primary_keeps_its_write_lease_until_another_node_asks(hycache_mount
         store.close()
 
 
+def test_idle_leases_are_forgotten_and_leases_in_use_renewed(hycache_mount, redis_cluster, dht_namespace,
+                                                              secret_file):
+    """The renewal looks only at the idle leases due and at those in use: files created
+    here keep their idle lease until it could run out (two lease periods from the create,
+    less half a period), a removed file's idle lease goes at once, and a file held open
+    for writing keeps its flag across many lease periods (renewed, never forgotten)."""
+    from hycache_dht.redis_store import RedisClusterStore
+
+    lease = 6.0  # a create's idle lease: 12 s, forgotten from 9 s on
+    (a,) = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a",),
+                        write_lease_seconds=lease)
+    store = RedisClusterStore(redis_cluster.nodes[:3], namespace=dht_namespace)
+    try:
+        with open(a.mountpoint / "open", "wb") as f:
+            t_open = time.monotonic()
+            f.write(b"held")
+            f.flush()
+            for i in range(20):
+                (a.mountpoint / f"f{i}").write_bytes(b"x")
+            wait_published(a)
+            own = ownership(a)
+            assert own["write_leases_held"] == 1
+            if time.monotonic() - t_open < 1.5 * lease:  # (a very slow machine: the idle ones may be gone)
+                assert own["write_leases_idle"] == 20
+                for i in range(5):
+                    (a.mountpoint / f"f{i}").unlink()
+                assert ownership(a)["write_leases_idle"] <= 15  # the removed files' went at once
+            # the idle ones are forgotten once they could run out ...
+            wait_for(lambda: ownership(a)["write_leases_idle"] == 0, timeout=30, what="idle leases forgotten")
+            # ... while the open one is renewed past the create's own lease (2 periods)
+            time.sleep(max(0.0, t_open + 2.5 * lease - time.monotonic()))
+            assert ownership(a)["write_leases_held"] == 1 and ownership(a)["leases_lost"] == 0
+            assert store.get(b"/open").writer == "a"
+            f.write(b" still")
+        assert (a.mountpoint / "open").read_bytes() == b"held still"
+        # written again after its idle lease was forgotten: taken afresh from the store
+        with open(a.mountpoint / "f9", "ab") as g:
+            g.write(b"y")
+        assert ownership(a)["lease_waits"] == 0
+        assert (a.mountpoint / "f9").read_bytes() == b"xy"
+    finally:
+        store.close()
+
+
 def test_a_node_that_was_down_learns_of_the_takeover_at_restart(hycache_mount, two):
     a, b = two
     (a.mountpoint / "report").write_bytes(b"old " * 1000)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -229,6 +230,18 @@ def _fuse_mounted(path: os.PathLike[str] | str) -> bool:
     return fstype is None or fstype.startswith("fuse")
 
 
+def _settle_gc() -> None:
+    """Move what start-up made (modules, the namespace loaded from SQLite, the engine)
+    out of the collector's reach: a full collection then walks only what was made since,
+    instead of every object the agent holds, under the GIL (a collection of the whole heap
+    stalled the request loop for 50-300 ms during creates; docs/benchmarks.md, "What else
+    the loop waits for"). Objects freed by their reference counts are freed as before;
+    only cycles among the start-up objects would wait (there are none to speak of: the
+    namespace's inodes are a tree of dicts by number)."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
@@ -262,6 +275,7 @@ def run_mount(config: AgentConfig) -> int:
     ops = HyCacheOperations(engine)
     _choose_passthrough(config, engine, ops)
     pyfuse3.init(ops, str(mountpoint), mount_options(config))
+    _settle_gc()
     unmounted_by_kernel = False
     try:
         trio.run(_serve, engine, ops)

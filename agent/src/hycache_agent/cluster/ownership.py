@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import heapq
 import itertools
 import logging
 import stat
@@ -104,6 +105,12 @@ class Ownership:
         self.lease_wait = lease_wait
         self.idle_seconds = 2 * lease_seconds  # the lease a create takes with its publication
         self.leases: dict[int, Lease] = {}  # by inode number
+        # what renew_once looks at, so that it does not walk every lease (one per file
+        # created here): the leases with writers (stale ones skipped and dropped there),
+        # and the idle ones in the order they stop being reusable (forget at, seq, ino, lease)
+        self._in_use: dict[int, Lease] = {}
+        self._idle: list[tuple[float, int, int, Lease]] = []
+        self._idle_seq = itertools.count()
         self.unleased: set[int] = set()  # written without the lease (degraded / lease lost)
         self.stats = OwnershipStats()
         self.on_invalidate = None  # set by the FUSE layer: forget the kernel's entry (parent ino, name)
@@ -178,6 +185,10 @@ class Ownership:
         valid in the store for longer than the renewer needs to come round again."""
         return entry.held and entry.until - now > self.lease_seconds / 2
 
+    def _went_idle(self, ino: int, entry: Lease) -> None:
+        """Queue an idle lease for renew_once, at the time it stops being reusable."""
+        heapq.heappush(self._idle, (entry.until - self.lease_seconds / 2, next(self._idle_seq), ino, entry))
+
     def created(self, inode: Inode) -> None:
         """(engine hook, trio thread, inside the create) A regular file made here: its
         write flag is taken right after its put is published (same pipeline); meanwhile
@@ -186,7 +197,8 @@ class Ownership:
         if path is None or self.ns.events is None:
             return
         now = time.monotonic()
-        self.leases[inode.ino] = Lease(path, held=True, since=now, until=now + self.idle_seconds)
+        entry = self.leases[inode.ino] = Lease(path, held=True, since=now, until=now + self.idle_seconds)
+        self._went_idle(inode.ino, entry)
         self._event("acquire", path, None, None)
 
     async def lease_for_write(self, inode: Inode, nonblocking: bool = False) -> None:
@@ -215,6 +227,7 @@ class Ownership:
                 entry = self.leases[inode.ino] = Lease(path, held=bool(got),
                                                        until=t0 + self.lease_seconds if got else 0.0)
         entry.writers += 1
+        self._in_use[inode.ino] = entry
 
     async def write_done(self, ino: int, *, keep: bool = True) -> None:
         """A write handle closed (or a truncate finished). The lease stays, idle, for the
@@ -231,6 +244,8 @@ class Ownership:
             self.stats.leases_yielded += 1
         if not keep or entry.yield_asked or not entry.held:
             await self._release(ino, entry)
+        else:
+            self._went_idle(ino, entry)
 
     async def _release(self, ino: int, entry: Lease) -> None:
         del self.leases[ino]
@@ -293,18 +308,29 @@ class Ownership:
         out in the store by itself) and those of removed files; renew the leases in use
         in one pipelined batch."""
         now = time.monotonic()
-        inodes = self.ns.inodes
-        for ino, entry in list(self.leases.items()):
-            if entry.writers > 0:
+        inodes, leases, idle = self.ns.inodes, self.leases, self._idle
+        # only the idle leases due (the heap's head), not every lease kept for reuse; one
+        # that was renewed since it was queued goes back in, one taken again is skipped
+        # (queued anew when its last writer closes)
+        while idle and idle[0][0] <= now:
+            _, _, ino, entry = heapq.heappop(idle)
+            if leases.get(ino) is not entry or entry.writers > 0:
                 continue
             inode = inodes.get(ino)
             if (inode is None or inode.nlink <= 0  # removed: the store's entry went with its name
                     or not entry.held  # written without the flag: nothing to release
                     or not self._reusable(entry, now)):
-                del self.leases[ino]
+                del leases[ino]
+            else:
+                self._went_idle(ino, entry)
         # the path each lease was taken under (a rename carries the flag along in the
         # store): a renamed file's entry is missing there, and is renewed under its new path
-        held = [(ino, e.path) for ino, e in self.leases.items() if e.held and e.writers > 0]
+        held = []
+        for ino, e in list(self._in_use.items()):
+            if leases.get(ino) is not e or e.writers <= 0:
+                del self._in_use[ino]
+            elif e.held:
+                held.append((ino, e.path))
         if not held or not self.link.reachable:
             return
         store, node, lease = self.link.store, self.node_id, self.lease_seconds
@@ -390,8 +416,9 @@ class Ownership:
                 raise
             # held for the open that follows (the kernel retries it on the local inode);
             # if none comes, renew_leases lets it go as any idle lease
-            self.leases[inode.ino] = Lease(path, held=True, since=time.monotonic(),
-                                           until=t_acquired + self.lease_seconds)
+            entry = self.leases[inode.ino] = Lease(path, held=True, since=time.monotonic(),
+                                                   until=t_acquired + self.lease_seconds)
+            self._went_idle(inode.ino, entry)
             node.local = inode
             self.stats.takeovers += 1
             log.info("took over %r from %s (%d bytes fetched in %.3f s)", path, meta.primary,
@@ -500,6 +527,10 @@ class Ownership:
     async def removed_here(self, inode: Inode, path: bytes) -> None:
         """A local name was removed (its delete is queued): a directory may exist on every
         node, a file's replicas are on its replica nodes — tell them."""
+        if inode.nlink == 0 and not inode.is_dir:
+            entry = self.leases.get(inode.ino)
+            if entry is not None and entry.writers <= 0:
+                del self.leases[inode.ino]  # idle: its flag runs out in the store by itself
         if inode.is_dir:
             self.notify(None, "drop", path)
         elif inode.nlink == 0 and inode.replicas:

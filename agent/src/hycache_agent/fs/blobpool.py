@@ -71,11 +71,15 @@ class BlobPool:
         def make(inos: list[int], pool) -> list[tuple[int, Any]]:
             made = []
             for ino in inos:
+                path = fast.blob(ino)
                 try:
-                    T.create_blob(fast.blob(ino))
+                    if pool is None:
+                        T.create_blob(path)
+                        made.append((ino, None))
+                    else:  # made and registered with one open
+                        made.append((ino, pool.prepare(path, create=True)))
                 except OSError:
                     break
-                made.append((ino, pool.prepare(fast.blob(ino)) if pool is not None else None))
             return made
 
         while True:

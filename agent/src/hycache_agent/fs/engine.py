@@ -380,7 +380,15 @@ class TieringEngine:
         at once, and the commit overlaps with the application's next steps.  Names made
         this way are durable within a commit's time; a writer's close waits for its file's
         name (:meth:`flush`), fsync and fsyncdir for everything."""
-        if self.nursery is not None:  # (not serving yet: the next sync takes it)
+        if self.nursery is None:  # (not serving yet: the next sync takes it)
+            return
+        if self.ns.journal.logged_so_far():
+            # the names are safe in the redo log already: commit within
+            # COMMIT_SHORTLY_SECONDS, with the next operations' changes (one transaction,
+            # one hand-off to the journal's thread and one outbox batch for a burst of
+            # creates or removes, instead of one each)
+            self.commit_shortly()
+        else:
             self.ns.journal.commit_soon()
 
     # ------------------------------------------------------------------ files

@@ -250,6 +250,12 @@ class MetaJournal:
             return False
         return True
 
+    def logged_so_far(self) -> bool:
+        """Whether every name change recorded so far survives a crash without its commit
+        (the redo log took each one): then nobody needs the commit at once, and it may
+        wait for the next changes' company."""
+        return self.redo is not None and self._redo_blocked <= self._durable_upto
+
     def redo_skip(self) -> None:
         """A name change that is not logged: later ones are not either until it is committed."""
         if self.redo is not None:

@@ -142,7 +142,17 @@ class Backings:
 
     # -- the engine's blob pool registers blobs ahead of their create (worker thread) ----
     @staticmethod
-    def prepare(path: str) -> tuple[int, int, os.stat_result] | None:
+    def prepare(path: str, create: bool = False) -> tuple[int, int, os.stat_result] | None:
+        """``create``: make the blob with the same open (O_EXCL; an error there is raised:
+        no blob), one system call and one GIL hand-off fewer than create_blob first."""
+        if create:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                return fd, pyfuse3.passthrough_open(fd), os.fstat(fd)
+            except OSError as exc:
+                os.close(fd)
+                log.warning("registering pool blob %s as a backing file: %s", path, exc)
+                return None
         try:
             return open_backing(path)
         except OSError as exc:
