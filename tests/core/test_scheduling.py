@@ -615,3 +615,22 @@ def test_choose_node_counts_the_bytes_not_on_each_node():
     # ties: the node running fewer jobs, then the order given
     assert choose_node({"/x": 1}, ["n0", "n1"], running={"n0": 2, "n1": 1})["node"] == "n1"
     assert choose_node({}, ["n0", "n1"])["node"] == "n0"
+
+
+def test_the_first_job_reads_in_place_and_the_next_jobs_prefetches_overlap_it():
+    """``first_reads_in_place`` (the live cluster): the node's first job gets no prefetch
+    and no eviction for its inputs (its steps would be released the moment it starts: a
+    prefetch would only move its read, and an eviction add a demotion); an input already
+    on the fast tier stays a hit; the next job prefetches what it reads, the first job's
+    inputs included, and never evicts the first job's files."""
+    jobs = [WorkflowJob("a", None, (), {"x": 40, "y": 30}, {"o": 10}),
+            WorkflowJob("b", None, (), {"x": 40, "z": 30}, {}),
+            WorkflowJob("c", None, ("a", "b"), {"o": 10, "z": 30}, {})]
+    before = plan_node("n", jobs, 100, {}, resident={"w": 50})
+    assert {(s["job"], s["action"], s["path"]) for s in before} >= {("a", "prefetch", "x"), ("a", "evict", "w")}
+    steps = plan_node("n", jobs, 100, {}, resident={"w": 50, "y": 30}, first_reads_in_place=True)
+    acts = [(s["job"], s["action"], s["path"]) for s in steps]
+    assert not [a for a in acts if a[0] == "a" and a[1] in ("prefetch", "evict")], acts
+    assert ("b", "prefetch", "x") in acts and ("c", "prefetch", "z") in acts
+    assert ("b", "evict", "y") not in acts  # the first job's resident input: open while b's steps run
+    assert all(s["resident"] <= 100 for s in steps)

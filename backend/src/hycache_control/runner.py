@@ -236,9 +236,11 @@ class Runner:
                         while not done[p].wait(0.5):
                             if errors:
                                 return
-                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
+                    started = self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
-                    steps = prefetches(jid) if self.plans else {}
+                    # its prefetches' states as of its start (the answer carries them)
+                    steps = {i["path"]: i["state"] for i in started.get("steps") or ()
+                             if i["plan_action"] == "prefetch"} if self.plans else {}
                     plan: dict[str, int] = {}
                     for st in steps.values():
                         plan[st] = plan.get(st, 0) + 1

@@ -357,6 +357,7 @@ class ManifestService:
         """``what``: start | finish."""
         now = time.time()
         skipped: list[dict] = []
+        mine: list[dict] | None = None
         with self.db.session() as s:
             m = s.get(Manifest, manifest_id)
             if m is None:
@@ -380,6 +381,13 @@ class ManifestService:
                     for it in items:
                         it.state, it.detail, it.updated_at = "skipped", f"job {job} started before delivery", now
                     skipped = [item_view(i) for i in items]
+                # the job's before-steps as of its start, so that a runner knows which
+                # prefetches are under way without reading the whole manifest
+                mine = [{"step": i.step, "plan_action": i.plan_action, "path": i.path, "state": i.state}
+                        for i in s.scalars(select(ActionItem).join(Action)
+                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                                  ActionItem.plan_action.in_(BEFORE))
+                                           .order_by(ActionItem.step))]
             else:
                 if j.state == "pending":
                     raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
@@ -400,6 +408,8 @@ class ManifestService:
             woken = set((m.options or {}).get("nodes") or ()) | {j.node}
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                    "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+            if mine is not None:
+                out["steps"] = mine
         self.actions._publish(skipped)
         self.actions.wake(woken)
         return out

@@ -182,7 +182,10 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "makespan_unit": "seconds" if wf.runtimes_known() else "jobs",
         "makespan_slack": makespan_slack,
         "plans": plan_nodes(wf, placement, p.nodes, capacity, locations,
-                            state=None if census is None else node_state(census, p.nodes, fast_status))
+                            state=None if census is None else node_state(census, p.nodes, fast_status),
+                            # on the live cluster (a census), a node's first job starts the
+                            # moment its steps would be released: it reads in place
+                            first_reads_in_place=census is not None)
         if plans else {},
         "solver": solver,
         "optimal": optimal,
