@@ -125,7 +125,7 @@ def test_a_released_step_reaches_the_agent_between_heartbeats(slow_heartbeat_clu
     doc = {"version": 1, "name": "push", "jobs": [
         {"name": "j1", "accesses": [{"path": "in.dat", "size": size}, {"path": "out.dat", "size": 1000, "op": "W"}]}]}
     h = {"Authorization": f"Bearer {srv.admin}"}
-    r = httpx.post(f"{srv.url}/api/v1/manifests", params={"nodes": "a"}, json=doc, headers=h, timeout=60)
+    r = httpx.post(f"{srv.url}/api/v1/manifests", params={"nodes": "a", "prefetch_first": "true"}, json=doc, headers=h, timeout=60)
     assert r.status_code == 201, r.text
     m = r.json()
     assert [s["action"] for s in m["plans"]["a"]][:1] == ["prefetch"]

@@ -158,7 +158,7 @@ class ManifestService:
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
-               actor: str | None, plans: bool = True) -> dict[str, Any]:
+               actor: str | None, plans: bool = True, prefetch_first: bool = False) -> dict[str, Any]:
         try:
             wf = parse_workflow(document, source="body")
         except WorkflowError as e:
@@ -176,7 +176,7 @@ class ManifestService:
         # layer 2 starts from each node's real fast tier: the workflow's files already there
         # (the DHT's tier and pin) and the pinned bytes the heartbeat reports
         kw = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
-                  census=census, fast_status=self._fast_status(nodes))
+                  census=census, fast_status=self._fast_status(nodes), first_reads_in_place=not prefetch_first)
         try:
             if solver == "exact":
                 with _stdout_to_stderr():
@@ -193,7 +193,8 @@ class ManifestService:
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
-                         options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans}, result=result,
+                         options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans,
+                                  **({"prefetch_first": True} if prefetch_first else {})}, result=result,
                          created_at=now, updated_at=now)
             position: dict[str, int] = {}
             for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
