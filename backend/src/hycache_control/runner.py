@@ -17,7 +17,7 @@ What it does, exactly:
 - Each node runs its jobs one at a time in plan order (the order its plan assumes); a job
   waits for its parents (on any node) and then reports start at once (the control plane
   skips its prefetch/evict steps that have not reached the node: the job never waits for
-  those).  It reads each input whole — first those with no prefetch under way, then,
+  those; the start's answer gives the states of the others).  It reads each input whole — first those with no prefetch under way, then,
   each after its prefetch ended (at most ``--plan-wait`` seconds), those whose prefetch
   the node is carrying out: a prefetch under way started before the read would and
   moves the same bytes, so it ends before a read of the file started now would, and
