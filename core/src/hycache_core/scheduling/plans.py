@@ -30,7 +30,8 @@ class _NodeCache:
 def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               source: Mapping[str, str], pinned: Iterable[str] = (), *,
               resident: Mapping[str, int] | None = None, held: int = 0,
-              first_reads_in_place: bool = False) -> list[dict[str, Any]]:
+              first_reads_in_place: bool = False,
+              read_elsewhere: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """One node's ordered steps for its ``jobs`` (in execution order).
 
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
@@ -65,6 +66,12 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     the job would wait for it; the evictions that made room would add demotions (a write
     to the slow tier each).  Its inputs already on the fast tier (``resident``) stay
     there, and the next job's prefetches (released when it starts) overlap it.
+
+    ``read_elsewhere`` (file → reads): of the files already on this fast tier
+    (``resident``) that no job of this node references, how often other nodes' jobs
+    read them.  They count as that many planned references (their eviction costs size ×
+    reads, not 0): evicting one is a demotion (a write to the slow tier), and each of
+    those reads would then fetch it from the slow tier instead of this fast tier.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
@@ -72,7 +79,10 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
         refs.extend((f, "pre", k) for f in ins)
         refs.extend((f, "read", k) for f in ins)
         refs.extend((f, "write", k) for f in job.outputs)
-    policy = HeuristicPolicy(f for f, _, _ in refs)
+    local = {f for f, _, _ in refs}
+    elsewhere = [f for f, n in (read_elsewhere or {}).items() if f in (resident or {}) and f not in local
+                 for _ in range(max(0, n))]
+    policy = HeuristicPolicy([*(f for f, _, _ in refs), *elsewhere])
     room = max(0, (capacity if capacity is not None else 1 << 62) - max(0, held))
     cache = _NodeCache(room, pinned)
     for f, size in (resident or {}).items():  # the census: already there at the start
@@ -232,10 +242,17 @@ def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
         by_node.setdefault(placement[job.id], []).append(job)
     sources = prefetch_sources(wf, placement, locations)
     resident, held, pins = state if state is not None else ({}, {}, {})
+    reads: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # node → file → its jobs' reads
+    for job in wf.jobs:
+        for f in job.inputs:
+            reads[placement[job.id]][f] += 1
     plans = {}
     for n, jobs in by_node.items():
         cap = capacity.get(n) if isinstance(capacity, Mapping) else capacity
+        here = resident.get(n) or {}
+        elsewhere = {f: sum(r.get(f, 0) for m, r in reads.items() if m != n) for f in here}
         plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), {*wf.pinned, *pins.get(n, ())},
-                             resident=resident.get(n), held=held.get(n, 0),
-                             first_reads_in_place=first_reads_in_place)
+                             resident=here, held=held.get(n, 0),
+                             first_reads_in_place=first_reads_in_place,
+                             read_elsewhere={f: k for f, k in elsewhere.items() if k})
     return plans
