@@ -69,8 +69,8 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
 
     ``read_elsewhere`` (file → reads): of the files already on this fast tier
     (``resident``) that no job of this node references, how often other nodes' jobs
-    read them.  They count as that many planned references (their eviction costs size ×
-    reads, not 0): evicting one is a demotion (a write to the slow tier), and each of
+    read them.  Each read counts as two planned references, like a read by a job here
+    (its staging and its read), so their eviction costs size × 2 × reads, not 0: evicting one is a demotion (a write to the slow tier), and each of
     those reads would then fetch it from the slow tier instead of this fast tier.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
@@ -81,7 +81,7 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
         refs.extend((f, "write", k) for f in job.outputs)
     local = {f for f, _, _ in refs}
     elsewhere = [f for f, n in (read_elsewhere or {}).items() if f in (resident or {}) and f not in local
-                 for _ in range(max(0, n))]
+                 for _ in range(2 * max(0, n))]  # each read weighs as a job's here: staging + read
     policy = HeuristicPolicy([*(f for f, _, _ in refs), *elsewhere])
     room = max(0, (capacity if capacity is not None else 1 << 62) - max(0, held))
     cache = _NodeCache(room, pinned)
