@@ -95,7 +95,7 @@ def test_workflow_runs_with_its_inputs_on_the_fast_tier(linked_cluster, tmp_path
     assert all(c["pending"] == 0 for c in res["steps"].values()), res["steps"]
     c = res["counters"]
     # an input missed its node's fast tier only if its prefetch was skipped, or if its job
-    # is its node's first (which reads its inputs where they are: no prefetch planned)
+    # is its node's first (which reads its local inputs where they are: no prefetch planned)
     first = {n: min((j for j in res["jobs"] if res["jobs"][j]["node"] == n), key=lambda j: res["jobs"][j]["started"])
              for n in ("a", "b")}
     in_place = sum(len(parse_workflow(json.loads(TINY.read_text())).job(j).inputs) for j in first.values())

@@ -634,6 +634,11 @@ def test_the_first_job_reads_in_place_and_the_next_jobs_prefetches_overlap_it():
     assert ("b", "prefetch", "x") in acts and ("c", "prefetch", "z") in acts
     assert ("b", "evict", "y") not in acts  # the first job's resident input: open while b's steps run
     assert all(s["resident"] <= 100 for s in steps)
+    # an input another node holds is still prefetched for the first job (its fetch is the
+    # open's; read in place it would be fetched again for the next job)
+    remote = plan_node("n", jobs, 100, {"x": "m"}, resident={"w": 50, "y": 30}, first_reads_in_place=True)
+    assert ("a", "prefetch", "x") in [(s["job"], s["action"], s["path"]) for s in remote]
+    assert all(s["resident"] <= 100 for s in remote)
 
 
 def test_a_file_other_nodes_read_is_not_evicted_for_a_wash():

@@ -17,7 +17,7 @@ What it does, exactly:
 - Each node runs its jobs one at a time in plan order (the order its plan assumes); a job
   waits for its parents (on any node) and then reports start at once (the control plane
   skips its prefetch/evict steps that have not reached the node: the job never waits for
-  those; the start's answer gives the states of the others).  It reads each input whole — first those with no prefetch under way, then,
+  those).  It reads each input whole — first those with no prefetch under way, then,
   each after its prefetch ended (at most ``--plan-wait`` seconds), those whose prefetch
   the node is carrying out: a prefetch under way started before the read would and
   moves the same bytes, so it ends before a read of the file started now would, and
@@ -236,11 +236,12 @@ class Runner:
                         while not done[p].wait(0.5):
                             if errors:
                                 return
-                    started = self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
+                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
-                    # its prefetches' states as of its start (the answer carries them)
-                    steps = {i["path"]: i["state"] for i in started.get("steps") or ()
-                             if i["plan_action"] == "prefetch"} if self.plans else {}
+                    # read after the start, not from its answer: a step being delivered as the
+                    # job starts may show `skipped` there and still reach the node (the job would
+                    # then read the file while the prefetch fetches it: its bytes moved twice)
+                    steps = prefetches(jid) if self.plans else {}
                     plan: dict[str, int] = {}
                     for st in steps.values():
                         plan[st] = plan.get(st, 0) + 1

@@ -59,8 +59,12 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     job's outputs are before-steps too (released when the job before it starts), so they
     never take that job's files either.
 
-    ``first_reads_in_place``: the node's first job reads its inputs where they are — no
-    prefetch for it, and no eviction to make their room.  Its before-steps would be
+    ``first_reads_in_place``: the node's first job reads its inputs from this node's
+    own slow tier (source: this node, or ``"slow"``) where they are — no prefetch for
+    them, and no eviction to make their room.  (An input another node holds is still
+    prefetched: that fetch is the one its open would make, its copy is dropped, not
+    written back, when evicted, and a later job here then finds it; read in place, it
+    would be fetched once more for that job.)  Its before-steps would be
     released at the moment it can start (no job before it on the node; its parents, if
     any, have just finished), so a prefetch could only move its read, not hide it, and
     the job would wait for it; the evictions that made room would add demotions (a write
@@ -75,7 +79,8 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
-        ins = [f for f in job.inputs if not (first_reads_in_place and k == 0 and f not in (resident or {}))]
+        ins = [f for f in job.inputs if not (first_reads_in_place and k == 0 and f not in (resident or {})
+                                             and source.get(f, "slow") in (node, "slow"))]
         refs.extend((f, "pre", k) for f in ins)
         refs.extend((f, "read", k) for f in ins)
         refs.extend((f, "write", k) for f in job.outputs)
