@@ -62,9 +62,8 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     ``first_reads_in_place``: the node's first job reads its inputs from this node's
     own slow tier (source: this node, or ``"slow"``) where they are — no prefetch for
     them, and no eviction to make their room.  (An input another node holds is still
-    prefetched: that fetch is the one its open would make, its copy is dropped, not
-    written back, when evicted, and a later job here then finds it; read in place, it
-    would be fetched once more for that job.)  Its before-steps would be
+    prefetched: that fetch is the one its open would make anyway, and its copy is
+    dropped, not written back, when evicted.)  Its before-steps would be
     released at the moment it can start (no job before it on the node; its parents, if
     any, have just finished), so a prefetch could only move its read, not hide it, and
     the job would wait for it; the evictions that made room would add demotions (a write
