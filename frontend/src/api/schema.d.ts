@@ -1940,7 +1940,7 @@ export interface operations {
                 nodes?: string | null;
                 /** @description make and carry out layer-2 plans (false: placement only) */
                 plans?: boolean;
-                /** @description plan prefetches for each node's first job too (default false: it reads its inputs where they are, since its steps would be released the moment it starts) */
+                /** @description plan prefetches for each node's first job too (default false: it reads the files of its own node's slow tier where they are, since its steps would be released the moment it starts) */
                 prefetch_first?: boolean;
                 slack?: number;
                 solver?: "greedy" | "local" | "hypergraph" | "exact" | "round-robin";

@@ -315,8 +315,9 @@ def create_manifest(control: ControlDep, c: Admin,
                     slack: Annotated[float, Query(ge=0, le=100)] = 0.1,
                     plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True,
                     prefetch_first: Annotated[bool, Query(description="plan prefetches for each node's first job too "
-                                                          "(default false: it reads its inputs where they are, since "
-                                                          "its steps would be released the moment it starts)")] = False) -> dict:
+                                                          "(default false: it reads the files of its own node's slow "
+                                                          "tier where they are, since its steps would be released "
+                                                          "the moment it starts)")] = False) -> dict:
     names = None
     if nodes is not None:
         names = [n.strip() for n in nodes.split(",") if n.strip()]
