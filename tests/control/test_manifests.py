@@ -90,12 +90,14 @@ def test_invalid_manifests_are_422_naming_the_field(api: Api):
 
 
 def submit(api: Api, store, tier: str = "slow") -> dict:  # noqa: F811
-    """The tiny instance on a and b; its two inputs exist, on a and b's ``tier``."""
+    """The tiny instance on a and b; its two inputs exist, on a and b's ``tier``.  With
+    ``prefetch_first``: each node's first job gets its prefetches too (these tests are
+    about when steps are released, the first job's included)."""
     store.create(b"/raw.dat", file_meta("a", size=100 << 20, tier=tier))
     store.create(b"/ref.db", file_meta("b", size=64 << 20, tier=tier))
     for n in ("a", "b"):
         assert api.beat(n, status=STATUS).status_code == 200
-    r = api.post("/api/v1/manifests", TINY)
+    r = api.post("/api/v1/manifests?prefetch_first=true", TINY)
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -113,7 +115,8 @@ def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa
               "ref.db": {"node": "b", "tier": "fast", "size": 64 << 20, "pinned": False}}
     expected = place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
                      locations={"raw.dat": "a", "ref.db": "b"}, census=census,
-                     fast_status={n: STATUS["tiers"]["fast"] for n in "ab"})
+                     fast_status={n: STATUS["tiers"]["fast"] for n in "ab"},
+                     first_reads_in_place=False)  # submit() asks for ?prefetch_first=true
     blind = place(parse_workflow(TINY), ["a", "b"], capacity={"a": CAP, "b": CAP},
                   locations={"raw.dat": "a", "ref.db": "b"})
     assert m["plans"] != blind["plans"]
@@ -141,6 +144,37 @@ def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa
     # the plan's action is not a file action
     assert api.get("/api/v1/actions").json()["total"] == 0
     assert api.get("/api/v1/manifests/999").status_code == 404
+
+
+def test_each_nodes_first_job_reads_in_place_by_default(api: Api, store):  # noqa: F811
+    """By default a node's first job gets no prefetch or eviction (its steps would be
+    released the moment it starts: a prefetch would only move its read); the next job's
+    prefetches do come, released when the first starts, and a job's start answers with
+    its before-steps' states (the runner reads them there)."""
+    doc = {"version": 1, "name": "two", "jobs": [
+        {"name": f"j{k}", "accesses": [{"path": f"x{k}", "size": "10M"}, {"path": "shared", "size": "10M"}]}
+        for k in (1, 2)]}
+    for name in ("x1", "x2", "shared"):
+        store.create(f"/{name}".encode(), file_meta("a", size=10 << 20, tier="slow"))
+    api.beat("a", status=STATUS)
+    r = api.post("/api/v1/manifests?nodes=a", doc)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    acts = [(s["job"], s["action"], s["path"]) for s in m["plans"]["a"]]
+    assert not [a for a in acts if a[0] == "j1" and a[1] in ("prefetch", "evict")], acts
+    assert {("j2", "prefetch", "x2"), ("j2", "prefetch", "shared")} <= set(acts), acts
+    assert beat(api, "a") == []  # nothing released at submission
+    started = api.post(f"/api/v1/manifests/{m['id']}/jobs/j1/start")
+    assert started.status_code == 200 and started.json()["steps"] == []
+    got = beat(api, "a")
+    assert sorted(d["path"] for d in got if d["job"] == "j2") == ["/shared", "/x2"]
+    assert api.post(f"/api/v1/manifests/{m['id']}/jobs/j1/finish").status_code == 200
+    started = api.post(f"/api/v1/manifests/{m['id']}/jobs/j2/start").json()
+    assert sorted((i["plan_action"], i["path"], i["state"]) for i in started["steps"]) == [
+        ("prefetch", "/shared", "delivered"), ("prefetch", "/x2", "delivered")]
+    # the same manifest with ?prefetch_first=true: the first job's prefetches are planned
+    r = api.post("/api/v1/manifests?nodes=a&prefetch_first=true", doc)
+    assert ("j1", "prefetch", "x1") in [(s["job"], s["action"], s["path"]) for s in r.json()["plans"]["a"]]
 
 
 def test_steps_delivered_in_turn_started_finished_skipped(api: Api, store):  # noqa: F811
@@ -254,7 +288,7 @@ def test_a_retried_prefetch_waits_for_the_job_before_it_to_end_or_is_skipped(api
     api.beat("a", status=STATUS)
     doc = {"version": 1, "name": "two", "jobs": [
         {"name": f"j{k}", "accesses": [{"path": f"x{k}", "size": "10M"}]} for k in (1, 2, 3)]}
-    r = api.post("/api/v1/manifests?nodes=a", doc)
+    r = api.post("/api/v1/manifests?nodes=a&prefetch_first=true", doc)
     assert r.status_code == 201, r.text
     mid = r.json()["id"]
     assert [d["job"] for d in beat(api, "a")] == ["j1"]

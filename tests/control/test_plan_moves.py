@@ -105,7 +105,7 @@ def test_a_prefetch_released_while_a_demotion_is_under_way_waits_for_its_room(no
     doc = {"version": 1, "name": "moves", "jobs": [
         {"name": "j1", "accesses": [{"path": "in.dat", "size": 24 * M}, {"path": "out.dat", "size": 1000, "op": "W"}]}]}
     t0 = time.monotonic()
-    r = httpx.post(f"{srv.url}/api/v1/manifests", params={"nodes": "a"}, json=doc, headers=h, timeout=60)
+    r = httpx.post(f"{srv.url}/api/v1/manifests", params={"nodes": "a", "prefetch_first": "true"}, json=doc, headers=h, timeout=60)
     assert r.status_code == 201, r.text
     mid = r.json()["id"]
     assert [s["action"] for s in r.json()["plans"]["a"]][:1] == ["prefetch"]

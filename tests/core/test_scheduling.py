@@ -615,3 +615,51 @@ def test_choose_node_counts_the_bytes_not_on_each_node():
     # ties: the node running fewer jobs, then the order given
     assert choose_node({"/x": 1}, ["n0", "n1"], running={"n0": 2, "n1": 1})["node"] == "n1"
     assert choose_node({}, ["n0", "n1"])["node"] == "n0"
+
+
+def test_the_first_job_reads_in_place_and_the_next_jobs_prefetches_overlap_it():
+    """``first_reads_in_place`` (the live cluster): the node's first job gets no prefetch
+    and no eviction for its inputs (its steps would be released the moment it starts: a
+    prefetch would only move its read, and an eviction add a demotion); an input already
+    on the fast tier stays a hit; the next job prefetches what it reads, the first job's
+    inputs included, and never evicts the first job's files."""
+    jobs = [WorkflowJob("a", None, (), {"x": 40, "y": 30}, {"o": 10}),
+            WorkflowJob("b", None, (), {"x": 40, "z": 30}, {}),
+            WorkflowJob("c", None, ("a", "b"), {"o": 10, "z": 30}, {})]
+    before = plan_node("n", jobs, 100, {}, resident={"w": 50})
+    assert {(s["job"], s["action"], s["path"]) for s in before} >= {("a", "prefetch", "x"), ("a", "evict", "w")}
+    steps = plan_node("n", jobs, 100, {}, resident={"w": 50, "y": 30}, first_reads_in_place=True)
+    acts = [(s["job"], s["action"], s["path"]) for s in steps]
+    assert not [a for a in acts if a[0] == "a" and a[1] in ("prefetch", "evict")], acts
+    assert ("b", "prefetch", "x") in acts and ("c", "prefetch", "z") in acts
+    assert ("b", "evict", "y") not in acts  # the first job's resident input: open while b's steps run
+    assert all(s["resident"] <= 100 for s in steps)
+    # an input another node holds is still prefetched for the first job (its fetch is the
+    # open's; read in place it would be fetched again for the next job)
+    remote = plan_node("n", jobs, 100, {"x": "m"}, resident={"w": 50, "y": 30}, first_reads_in_place=True)
+    assert ("a", "prefetch", "x") in [(s["job"], s["action"], s["path"]) for s in remote]
+    assert all(s["resident"] <= 100 for s in remote)
+
+
+def test_a_file_other_nodes_read_is_not_evicted_for_a_wash():
+    """A file on this fast tier that only other nodes' jobs read costs its size × their
+    reads to evict (a demotion: a write to the slow tier, and their reads then come from
+    the slow tier), not 0: it is not evicted to stage a file of the same size and use."""
+    jobs = [WorkflowJob("a", None, (), {"x": 40}, {}),
+            WorkflowJob("b", None, (), {"x": 40, "z": 30}, {})]
+    blind = plan_node("n", jobs, 100, {}, resident={"w": 30, "v": 30})
+    assert ("b", "evict", "w") in [(s["job"], s["action"], s["path"]) for s in blind]
+    steps = plan_node("n", jobs, 100, {}, resident={"w": 30, "v": 30}, read_elsewhere={"w": 1, "v": 1})
+    assert not [s for s in steps if s["action"] == "evict"], steps
+    # read elsewhere less than the staged file is used here: it still goes
+    jobs.append(WorkflowJob("c", None, (), {"z": 30}, {}))
+    steps = plan_node("n", jobs, 100, {}, resident={"w": 30, "v": 30}, read_elsewhere={"w": 1, "v": 1})
+    assert [s["action"] for s in steps if s["path"] == "z"][:1] == ["prefetch"]
+    assert all(s["resident"] <= 100 for s in steps)
+    # plan_nodes counts the reads by the other nodes' jobs of each node's resident files
+    from hycache_core.scheduling import plan_nodes
+    wf = Workflow("t", [WorkflowJob("r", None, (), {"w": 30}, {}), *jobs[:2]])
+    state = ({"n": {"w": 30, "v": 30}, "m": {}}, {"n": 0, "m": 0}, {"n": set(), "m": set()})
+    plans = plan_nodes(wf, {"r": "m", "a": "n", "b": "n"}, ["n", "m"], 100, state=state)
+    evicted = [s["path"] for s in plans["n"] if s["action"] == "evict"]
+    assert "w" not in evicted and evicted == ["v"], plans["n"]  # v: read by no job

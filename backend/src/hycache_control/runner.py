@@ -238,6 +238,9 @@ class Runner:
                                 return
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
+                    # read after the start, not from its answer: a step being delivered as the
+                    # job starts may show `skipped` there and still reach the node (the job would
+                    # then read the file while the prefetch fetches it: its bytes moved twice)
                     steps = prefetches(jid) if self.plans else {}
                     plan: dict[str, int] = {}
                     for st in steps.values():

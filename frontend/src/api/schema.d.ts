@@ -1940,6 +1940,8 @@ export interface operations {
                 nodes?: string | null;
                 /** @description make and carry out layer-2 plans (false: placement only) */
                 plans?: boolean;
+                /** @description plan prefetches for each node's first job too (default false: it reads the files of its own node's slow tier where they are, since its steps would be released the moment it starts) */
+                prefetch_first?: boolean;
                 slack?: number;
                 solver?: "greedy" | "local" | "hypergraph" | "exact" | "round-robin";
             };

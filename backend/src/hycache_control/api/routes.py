@@ -313,14 +313,19 @@ def create_manifest(control: ControlDep, c: Admin,
                     nodes: Annotated[str | None, Query(max_length=10_000, description="comma-separated node ids (default: the live nodes)")] = None,
                     solver: Annotated[Literal["greedy", "local", "hypergraph", "exact", "round-robin"], Query()] = "local",
                     slack: Annotated[float, Query(ge=0, le=100)] = 0.1,
-                    plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True) -> dict:
+                    plans: Annotated[bool, Query(description="make and carry out layer-2 plans (false: placement only)")] = True,
+                    prefetch_first: Annotated[bool, Query(description="plan prefetches for each node's first job too "
+                                                          "(default false: it reads the files of its own node's slow "
+                                                          "tier where they are, since its steps would be released "
+                                                          "the moment it starts)")] = False) -> dict:
     names = None
     if nodes is not None:
         names = [n.strip() for n in nodes.split(",") if n.strip()]
         if not names or len(set(names)) != len(names):
             raise RequestValidationError([{"loc": ("query", "nodes"), "msg": "a comma-separated list of distinct node ids",
                                            "type": "value_error", "input": nodes[:200]}])
-    return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name)
+    return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name,
+                                    prefetch_first=prefetch_first)
 
 
 @router.post("/placements", responses=ERRORS, operation_id="placeJob", tags=["manifests"],

@@ -158,7 +158,7 @@ class ManifestService:
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
-               actor: str | None, plans: bool = True) -> dict[str, Any]:
+               actor: str | None, plans: bool = True, prefetch_first: bool = False) -> dict[str, Any]:
         try:
             wf = parse_workflow(document, source="body")
         except WorkflowError as e:
@@ -176,7 +176,7 @@ class ManifestService:
         # layer 2 starts from each node's real fast tier: the workflow's files already there
         # (the DHT's tier and pin) and the pinned bytes the heartbeat reports
         kw = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
-                  census=census, fast_status=self._fast_status(nodes))
+                  census=census, fast_status=self._fast_status(nodes), first_reads_in_place=not prefetch_first)
         try:
             if solver == "exact":
                 with _stdout_to_stderr():
@@ -193,7 +193,8 @@ class ManifestService:
         now = time.time()
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
-                         options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans}, result=result,
+                         options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans,
+                                  **({"prefetch_first": True} if prefetch_first else {})}, result=result,
                          created_at=now, updated_at=now)
             position: dict[str, int] = {}
             for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
@@ -357,6 +358,7 @@ class ManifestService:
         """``what``: start | finish."""
         now = time.time()
         skipped: list[dict] = []
+        mine: list[dict] | None = None
         with self.db.session() as s:
             m = s.get(Manifest, manifest_id)
             if m is None:
@@ -380,6 +382,13 @@ class ManifestService:
                     for it in items:
                         it.state, it.detail, it.updated_at = "skipped", f"job {job} started before delivery", now
                     skipped = [item_view(i) for i in items]
+                # the job's before-steps as of its start, so that a runner knows which
+                # prefetches are under way without reading the whole manifest
+                mine = [{"step": i.step, "plan_action": i.plan_action, "path": i.path, "state": i.state}
+                        for i in s.scalars(select(ActionItem).join(Action)
+                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                                  ActionItem.plan_action.in_(BEFORE))
+                                           .order_by(ActionItem.step))]
             else:
                 if j.state == "pending":
                     raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
@@ -400,6 +409,8 @@ class ManifestService:
             woken = set((m.options or {}).get("nodes") or ()) | {j.node}
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                    "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+            if mine is not None:
+                out["steps"] = mine
         self.actions._publish(skipped)
         self.actions.wake(woken)
         return out

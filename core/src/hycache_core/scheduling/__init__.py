@@ -115,13 +115,16 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
           plans: bool = True, time_limit: float | None = None,
           makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK,
           census: Mapping[str, Mapping[str, Any]] | None = None,
-          fast_status: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
+          fast_status: Mapping[str, Mapping[str, Any] | None] | None = None,
+          first_reads_in_place: bool | None = None) -> dict[str, Any]:
     """Both layers of 2LS for a workflow: the dict ``hycache place --json`` prints.
 
     ``census`` (the workflow's existing files: ``{file: {"node", "tier", "size",
     "pinned"}}``, e.g. from the DHT) and ``fast_status`` (each node's heartbeat
     ``tiers.fast``) make layer 2 start from the nodes' real fast-tier contents
-    (:func:`node_state`).
+    (:func:`node_state`).  ``first_reads_in_place`` (default: with a census, i.e. on
+    the live cluster) plans no prefetch or eviction for each node's first job
+    (:func:`plan_node`).
 
     ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
     "slow_tier_bytes": {same keys}, "load": {node: share of the total weight},
@@ -182,7 +185,11 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "makespan_unit": "seconds" if wf.runtimes_known() else "jobs",
         "makespan_slack": makespan_slack,
         "plans": plan_nodes(wf, placement, p.nodes, capacity, locations,
-                            state=None if census is None else node_state(census, p.nodes, fast_status))
+                            state=None if census is None else node_state(census, p.nodes, fast_status),
+                            # on the live cluster (a census), a node's first job starts the
+                            # moment its steps would be released: it reads in place
+                            first_reads_in_place=census is not None if first_reads_in_place is None
+                            else first_reads_in_place)
         if plans else {},
         "solver": solver,
         "optimal": optimal,

@@ -29,7 +29,9 @@ class _NodeCache:
 
 def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               source: Mapping[str, str], pinned: Iterable[str] = (), *,
-              resident: Mapping[str, int] | None = None, held: int = 0) -> list[dict[str, Any]]:
+              resident: Mapping[str, int] | None = None, held: int = 0,
+              first_reads_in_place: bool = False,
+              read_elsewhere: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """One node's ordered steps for its ``jobs`` (in execution order).
 
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
@@ -56,13 +58,35 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     agent writes new data there) until that job ends.  The evictions that make room for a
     job's outputs are before-steps too (released when the job before it starts), so they
     never take that job's files either.
+
+    ``first_reads_in_place``: the node's first job reads its inputs from this node's
+    own slow tier (source: this node, or ``"slow"``) where they are — no prefetch for
+    them, and no eviction to make their room.  (An input another node holds is still
+    prefetched: that fetch is the one its open would make anyway, and its copy is
+    dropped, not written back, when evicted.)  Its before-steps would be
+    released at the moment it can start (no job before it on the node; its parents, if
+    any, have just finished), so a prefetch could only move its read, not hide it, and
+    the job would wait for it; the evictions that made room would add demotions (a write
+    to the slow tier each).  Its inputs already on the fast tier (``resident``) stay
+    there, and the next job's prefetches (released when it starts) overlap it.
+
+    ``read_elsewhere`` (file → reads): of the files already on this fast tier
+    (``resident``) that no job of this node references, how often other nodes' jobs
+    read them.  Each read counts as two planned references, like a read by a job here
+    (its staging and its read), so their eviction costs size × 2 × reads, not 0: evicting one is a demotion (a write to the slow tier), and each of
+    those reads would then fetch it from the slow tier instead of this fast tier.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     for k, job in enumerate(jobs):
-        refs.extend((f, "pre", k) for f in job.inputs)
-        refs.extend((f, "read", k) for f in job.inputs)
+        ins = [f for f in job.inputs if not (first_reads_in_place and k == 0 and f not in (resident or {})
+                                             and source.get(f, "slow") in (node, "slow"))]
+        refs.extend((f, "pre", k) for f in ins)
+        refs.extend((f, "read", k) for f in ins)
         refs.extend((f, "write", k) for f in job.outputs)
-    policy = HeuristicPolicy(f for f, _, _ in refs)
+    local = {f for f, _, _ in refs}
+    elsewhere = [f for f, n in (read_elsewhere or {}).items() if f in (resident or {}) and f not in local
+                 for _ in range(2 * max(0, n))]  # each read weighs as a job's here: staging + read
+    policy = HeuristicPolicy([*(f for f, _, _ in refs), *elsewhere])
     room = max(0, (capacity if capacity is not None else 1 << 62) - max(0, held))
     cache = _NodeCache(room, pinned)
     for f, size in (resident or {}).items():  # the census: already there at the start
@@ -212,17 +236,27 @@ def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
                capacity: int | Mapping[str, int | None] | None = None,
                locations: Mapping[str, str] | None = None, *,
                state: tuple[Mapping[str, Mapping[str, int]], Mapping[str, int], Mapping[str, Iterable[str]]]
-               | None = None) -> dict[str, list[dict[str, Any]]]:
+               | None = None, first_reads_in_place: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order,
-    from each node's real contents when ``state`` (:func:`node_state`) is given."""
+    from each node's real contents when ``state`` (:func:`node_state`) is given; each
+    node's first job reads its inputs in place with ``first_reads_in_place`` (see
+    :func:`plan_node`; ``place`` asks for it on the live cluster, with a census)."""
     by_node: dict[str, list[WorkflowJob]] = {n: [] for n in nodes}
     for job in wf.jobs:
         by_node.setdefault(placement[job.id], []).append(job)
     sources = prefetch_sources(wf, placement, locations)
     resident, held, pins = state if state is not None else ({}, {}, {})
+    reads: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # node → file → its jobs' reads
+    for job in wf.jobs:
+        for f in job.inputs:
+            reads[placement[job.id]][f] += 1
     plans = {}
     for n, jobs in by_node.items():
         cap = capacity.get(n) if isinstance(capacity, Mapping) else capacity
+        here = resident.get(n) or {}
+        elsewhere = {f: sum(r.get(f, 0) for m, r in reads.items() if m != n) for f in here}
         plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), {*wf.pinned, *pins.get(n, ())},
-                             resident=resident.get(n), held=held.get(n, 0))
+                             resident=here, held=held.get(n, 0),
+                             first_reads_in_place=first_reads_in_place,
+                             read_elsewhere={f: k for f, k in elsewhere.items() if k})
     return plans
