@@ -431,3 +431,34 @@ def test_jobs_carry_the_instances_task_type(api: Api):
     assert {j["id"]: j["task"] for j in listed["jobs"]} == want
     r = api.post("/api/v1/manifests?plans=false", TINY)  # 1.5 without category or command
     assert r.status_code == 201 and all(j["task"] is None for j in r.json()["jobs"])
+
+
+def test_a_step_skipped_by_its_jobs_start_during_a_delivery_is_not_sent(api: Api, store):  # noqa: F811
+    """A heartbeat's delivery reads the open steps, then marks them delivered; a job's
+    start (another request) that skips the job's undelivered steps in between wins: the
+    step stays skipped and never reaches the node, so the job that reads its inputs in
+    place and the prefetch do not fetch the same bytes twice."""
+    m = submit(api, store)
+    mid = m["id"]
+    a_first = next(j["id"] for j in sorted(m["jobs"], key=lambda j: j["position"]) if j["node"] == "a")
+    actions, gate = api.control.actions, api.control.actions.gate
+    started = []
+
+    def gate_then_start(s, items):
+        verdict = gate(s, items)
+        if not started:  # the job starts after the delivery read its steps, before it wrote
+            started.append(api.control.manifests.job_event(mid, a_first, "start", "test"))
+        return verdict
+
+    actions.gate = gate_then_start
+    try:
+        got = beat(api, "a")
+    finally:
+        actions.gate = gate
+    assert started and started[0]["state"] == "running"
+    assert [d for d in got if d.get("job") == a_first] == [], got
+    v = api.get(f"/api/v1/manifests/{mid}").json()
+    mine = [i for i in v["step_items"] if i["node"] == "a" and i["job"] == a_first
+            and i["plan_action"] in ("prefetch", "evict")]
+    assert mine and all(i["state"] == "skipped" and "started before delivery" in i["detail"] for i in mine), mine
+    assert all(d.get("job") != a_first for d in beat(api, "a"))  # nor later

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import selectinload
 
 from ..db import Database
@@ -250,6 +250,15 @@ class ActionService:
                 with self._lock:
                     self._pending_nodes.discard(node)
                 return []
+            # The pages were read before this transaction wrote anything: a job's start
+            # (another request) may have marked a step ``skipped`` since. A step goes from
+            # pending to delivered only where it is still pending, in the statement that
+            # takes the write lock (SQLite) or the row lock (PostgreSQL); one another
+            # request changed meanwhile is left for the next delivery to judge.
+            sendable = [item.id for item, _ in rows if verdict.get(item.id, "release") == "release"][:MAX_DELIVERY]
+            still = set(s.scalars(update(ActionItem).where(ActionItem.id.in_(sendable), ActionItem.state == "pending")
+                                  .values(state="delivered", updated_at=now).returning(ActionItem.id)
+                                  .execution_options(synchronize_session=False))) if sendable else set()
             changed, out = [], []
             for item, action in rows:
                 if len(out) >= MAX_DELIVERY:
@@ -263,6 +272,8 @@ class ActionService:
                 if v == "hold":
                     continue
                 if item.state == "pending":
+                    if item.id not in still:
+                        continue
                     item.state, item.updated_at = "delivered", now
                     item.parent.updated_at = now
                     changed.append(item_view(item))
