@@ -128,16 +128,25 @@ class LoopFs:
                 return line.strip()
         return None
 
-    def slow_in_thread(self, name: str, results: dict) -> threading.Thread:
-        """A GETXATTR ``user.slow`` of ``name`` (answered when the test sends SIGUSR1)."""
-        def go():
+    def slow_in_threads(self, names: list[str], results: dict, *, seen: bool) -> list[threading.Thread]:
+        """A GETXATTR ``user.slow`` of each name, one thread each (answered when the test
+        sends SIGUSR1); ``seen``: return once the file system has printed that each waits."""
+        def go(name):
             try:
                 results[name] = os.getxattr(self.mnt / name, "user.slow")
             except OSError as exc:
                 results[name] = exc.errno
-        t = threading.Thread(target=go, daemon=True)
-        t.start()
-        return t
+        threads = [threading.Thread(target=go, args=(name,), daemon=True) for name in names]
+        for t in threads:
+            t.start()
+        for _ in names if seen else ():
+            assert self.expect("waiting") is not None
+        return threads
+
+    def release(self, threads: list[threading.Thread]) -> None:
+        self.proc.send_signal(signal.SIGUSR1)
+        for t in threads:
+            t.join(timeout=30)
 
     def stop(self) -> str:
         if self.proc.poll() is None:
@@ -174,9 +183,7 @@ def loopfs(tmp_path):
 def test_requests_are_answered_while_coroutines_wait(loopfs):
     fs = loopfs(max_tasks=99)
     results: dict[str, int] = {}
-    slow = [fs.slow_in_thread(f"fast-slow{i}", results) for i in range(4)]
-    for i in range(4):
-        assert fs.expect("waiting") is not None
+    slow = fs.slow_in_threads([f"fast-slow{i}" for i in range(4)], results, seen=True)
     # four coroutines wait: other tasks read and answer, from the callback and by coroutines
     for i in range(200):
         assert os.stat(fs.mnt / f"fast{i}").st_ino == 2
@@ -187,9 +194,7 @@ def test_requests_are_answered_while_coroutines_wait(loopfs):
         os.stat(fs.mnt / "nothing")
     assert os.stat(fs.mnt).st_ino == 1
     assert not results  # still waiting
-    fs.proc.send_signal(signal.SIGUSR1)
-    for t in slow:
-        t.join(timeout=30)
+    fs.release(slow)
     assert results == {f"fast-slow{i}": b"done" for i in range(4)}
     # after the release the loop goes on as one reader
     for i in range(100):
@@ -201,14 +206,10 @@ def test_requests_are_answered_while_coroutines_wait(loopfs):
 def test_max_tasks_bounds_the_coroutines_and_every_request_is_answered(loopfs):
     fs = loopfs(max_tasks=3)
     results: dict[str, int] = {}
-    slow = [fs.slow_in_thread(f"fast-slow{i}", results) for i in range(3)]
-    for i in range(3):
-        assert fs.expect("waiting") is not None
+    slow = fs.slow_in_threads([f"fast-slow{i}" for i in range(3)], results, seen=True)
     # three tasks wait (the bound): these are read only when one of them is done
-    later = [fs.slow_in_thread(f"fast-slow{i}", results) for i in range(3, 6)]
-    fs.proc.send_signal(signal.SIGUSR1)
-    for t in slow + later:
-        t.join(timeout=30)
+    slow += fs.slow_in_threads([f"fast-slow{i}" for i in range(3, 6)], results, seen=False)
+    fs.release(slow)
     assert results == {f"fast-slow{i}": b"done" for i in range(6)}
     assert fs.stop().split()[-2:] == ["most", "3"]
 
