@@ -238,9 +238,9 @@ class Runner:
                                 return
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
-                    # read after the start, not from its answer: a step being delivered as the
-                    # job starts may show `skipped` there and still reach the node (the job would
-                    # then read the file while the prefetch fetches it: its bytes moved twice)
+                    # the job's steps read after its start; the start's answer carries the same
+                    # (a delivery marks a step delivered only while it is still pending), but the
+                    # end-to-end runs were measured with this read, so it stays until re-measured
                     steps = prefetches(jid) if self.plans else {}
                     plan: dict[str, int] = {}
                     for st in steps.values():

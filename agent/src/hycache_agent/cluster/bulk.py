@@ -79,6 +79,18 @@ def is_regular(fd: int) -> bool:
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
+def write_all(fd: int, pieces: list[bytes]) -> int:
+    """(blocking) Every byte of ``pieces`` written at ``fd``'s offset: one ``writev``,
+    finished with plain writes after a short one (rare on regular files)."""
+    total = sum(len(p) for p in pieces)
+    done = os.writev(fd, pieces) if pieces else 0
+    if done < total:
+        rest = memoryview(b"".join(pieces))[done:]
+        while rest:
+            rest = rest[os.write(fd, rest):]
+    return total
+
+
 def make_pipe() -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     try:

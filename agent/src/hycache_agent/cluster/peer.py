@@ -292,23 +292,12 @@ def _pread_into(fd: int, buf: bytearray, n: int, offset: int) -> int:
     return got
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> int:
-    total = sum(len(p) for p in pieces)
-    done = os.writev(fd, pieces) if pieces else 0
-    if done < total:  # short write (rare on regular files): finish with plain writes
-        rest = memoryview(b"".join(pieces))[done:]
-        while rest:
-            k = os.write(fd, rest)
-            rest = rest[k:]
-    return total
-
-
 def _write_behind(fd: int, pieces: list[bytes], kicked: int, written: int) -> tuple[int, int]:
     """Append ``pieces``; once WRITEBACK_KICK bytes are written since the last kick, start
     their write-back (POSIX_FADV_DONTNEED writes dirty pages back without waiting, then
     drops them: a replica is not read here), so the final fsync finds little left to do
     and the disk works while the network does.  Returns (bytes written, new kick mark)."""
-    n = _write_all(fd, pieces)
+    n = bulk.write_all(fd, pieces)
     return n, _kick_writeback(fd, kicked, written + n)
 
 

@@ -156,17 +156,6 @@ def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
     return total
 
 
-def _write_all(fd: int, pieces: list[bytes]) -> int:
-    total = 0
-    for p in pieces:
-        view = memoryview(p)
-        while view:
-            k = os.write(fd, view)
-            view = view[k:]
-        total += len(p)
-    return total
-
-
 def _truncate_regular(fd: int, size: int) -> None:
     if stat.S_ISREG(os.fstat(fd).st_mode):  # not e.g. /dev/null
         os.ftruncate(fd, size)
@@ -532,7 +521,7 @@ class PeerClient:
                         try:  # errors of the local file are not the peer's: raised as they are
                             if pieces:
                                 got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
-                                    else await self._thread_bulk(_write_all, fd, pieces)
+                                    else await self._thread_bulk(bulk.write_all, fd, pieces)
                             r = bulk.Received()
                             while got < size and not ended and r.error is None:
                                 if regular and pipe is None:

@@ -30,6 +30,7 @@ import time
 
 import trio
 
+from hycache_agent.cluster import bulk
 from hycache_agent.cluster.peer_client import PeerChanged
 from hycache_agent.fs.namespace import FsError
 
@@ -48,9 +49,7 @@ SMALL_WHOLE = 256 << 10
 def _write_whole(dest: str, data: bytes) -> None:
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        bulk.write_all(fd, [data])
     finally:
         os.close(fd)
 
