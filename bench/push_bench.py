@@ -7,10 +7,11 @@ the agent's own ``ControlLink`` (heartbeats, the ``GET /nodes/{id}/plan`` long-p
 early heartbeat after a result); only its engine is a stand-in that records when each
 action arrives and reports it done at once (the file system is not what is measured).
 A manifest of ``--releases + 1`` jobs on that node, each reading a file of its own, gives
-every job one prefetch step, released when the job before it starts.  For each job the
-bench posts the previous job's start (the release) and waits until the job's step reached
-the link; latency = receipt − the moment the start request was sent (so it includes that
-request).  Three ways in one run, rotating per release: the link with the push channel;
+every job one prefetch step, released when the job before it has read its inputs.  For
+each job the bench posts the previous job's start, then its reads done (the release), and
+waits until the job's step reached the link; latency = receipt − the moment the reads-done
+request was sent (so it includes that request; the column says "start request" as before
+issue 21's reads-done event, when the start was the release).  Three ways in one run, rotating per release: the link with the push channel;
 the same with the poll loop before the change that re-polls at once after a quick answer
 (``push, before``: a 20 ms pause after every answer that came back within 20 ms); and the
 link without the channel (heartbeats every ``--interval`` s, as before issue 21).
@@ -169,8 +170,9 @@ def main() -> int:
             names = list(ways)
             for way in names[k % len(names):] + names[:k % len(names)]:  # rotate which way goes first
                 eng, mid = engines[way], mids[way]
-                t_sent = time.monotonic()
                 http.post(f"/manifests/{mid}/jobs/{jobs[k - 1]}/start").raise_for_status()
+                t_sent = time.monotonic()
+                http.post(f"/manifests/{mid}/jobs/{jobs[k - 1]}/reads-done").raise_for_status()
                 req[way].append(time.monotonic() - t_sent)
                 with eng.cond:
                     if not eng.cond.wait_for(lambda: jobs[k] in eng.at, args.timeout):

@@ -42,7 +42,10 @@ from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
 TINY = REPO / "tests" / "core" / "data" / "wfformat-1.5-tiny.json"
-WAYS = [("round-robin + LRU", "round-robin", False), ("layer 1 only", "local", False), ("full 2LS", "local", True)]
+#: (label, solver, plans, when the next job's prefetches are released); the fourth is the
+#: release rule before the reads-done event, for an A/B (``--ways 2,3``)
+WAYS = [("round-robin + LRU", "round-robin", False, "reads"), ("layer 1 only", "local", False, "reads"),
+        ("full 2LS", "local", True, "reads"), ("full 2LS, release at start", "local", True, "start")]
 
 
 def pipeline(mib: int = 8) -> dict:
@@ -113,7 +116,8 @@ def settle(slow, quiet: float = 1.0, timeout: float = 120.0) -> None:
     slow.drop_cache()
 
 
-def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, slow=None) -> dict:
+def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, slow=None,
+            release: str = "reads") -> dict:
     base.mkdir(parents=True)
     ns = "bench-" + uuid.uuid4().hex[:8]
     db = f"sqlite:///{base / 'control.db'}"
@@ -163,7 +167,8 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
                 settle(slow)
                 dev["read"], dev["write"] = slow.read_bytes(), slow.write_bytes()
         res = Runner(url, admin, mounts, scale=args.scale, solver=solver, plans=plans, plan_wait=60,
-                     compute_scale=args.compute_scale, log=lambda m: None, before_submit=before_submit).run(doc)
+                     compute_scale=args.compute_scale, log=lambda m: None, before_submit=before_submit,
+                     release=release).run(doc)
         if slow is not None:
             dev["read"], dev["write"] = slow.read_bytes() - dev["read"], slow.write_bytes() - dev["write"]
     finally:
@@ -204,7 +209,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
             # what the throttled device served while the jobs ran (None without --slow-tier-mbps)
             "slow_device_read_bytes": dev.get("read"), "slow_device_write_bytes": dev.get("write"),
             "jobs": {j: {k: r[k] for k in ("node", "started", "seconds", "prefetch_wait", "plan_steps", "read_seconds",
-                                           "open_seconds", "write_seconds")}
+                                           "open_seconds", "write_seconds", "publish_seconds", "finished")}
                      for j, r in res["jobs"].items()}}
 
 
@@ -226,7 +231,8 @@ def main() -> int:
                     help="each job computes (sleeps) this × its runtime (default 0.05)")
     ap.add_argument("--runs", type=int, default=3, help="runs per way (default 3)")
     ap.add_argument("--ways", default="0,1,2", help="which ways (indices into: round-robin + LRU, "
-                                                   "layer 1 only, full 2LS; default all)")
+                                                   "layer 1 only, full 2LS, full 2LS with prefetches released "
+                                                   "at the job before's start; default 0,1,2)")
     ap.add_argument("--slow-tier-mbps", type=float, default=0,
                     help="put the agents' slow tiers on a loop device throttled to this many MB/s "
                          "(bench/slowtier.py; root; default 0: off, the slow tier is a plain directory)")
@@ -239,7 +245,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="twolayer-bench-"))
     os.chmod(tmp, 0o755)
     ways = [WAYS[int(i)] for i in args.ways.split(",")]
-    out: dict[str, list[dict]] = {label: [] for label, _, _ in ways}
+    out: dict[str, list[dict]] = {label: [] for label, _, _, _ in ways}
     slow = cluster = None
     try:
         if args.slow_tier_mbps > 0:
@@ -250,13 +256,13 @@ def main() -> int:
         seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
         for r in range(args.runs):
             for k in range(len(ways)):
-                label, solver, plans = ways[(r + k) % len(ways)]
-                res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans, slow)
+                label, solver, plans, release = ways[(r + k) % len(ways)]
+                res = run_way(tmp / f"run{r}-{k}", seeds, doc, args, solver, plans, slow, release)
                 res["run"], res["position"] = r, k
                 out[label].append(res)
                 print(f"run {r} #{k} {label}: {res} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
                 if args.logs is not None:
-                    keep = args.logs / f"run{r}-{k}-{label.split()[0]}"
+                    keep = args.logs / f"run{r}-{k}-{label.split(',')[0].split()[0]}{'-start' if release == 'start' else ''}"
                     keep.mkdir(parents=True, exist_ok=True)
                     for log in (tmp / f"run{r}-{k}").glob("**/*.log"):
                         shutil.copy(log, keep / str(log.relative_to(tmp / f"run{r}-{k}")).replace("/", "-"))

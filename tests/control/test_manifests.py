@@ -149,8 +149,8 @@ def test_placement_and_plans_stored_with_dht_locations(api: Api, store):  # noqa
 def test_each_nodes_first_job_reads_in_place_by_default(api: Api, store):  # noqa: F811
     """By default a node's first job gets no prefetch or eviction (its steps would be
     released the moment it starts: a prefetch would only move its read); the next job's
-    prefetches do come, released when the first starts, and a job's start answers with
-    its before-steps' states (the runner reads them there)."""
+    prefetches do come, released when the first has read its inputs, and a job's start
+    answers with its before-steps' states (the runner reads them there)."""
     doc = {"version": 1, "name": "two", "jobs": [
         {"name": f"j{k}", "accesses": [{"path": f"x{k}", "size": "10M"}, {"path": "shared", "size": "10M"}]}
         for k in (1, 2)]}
@@ -166,6 +166,7 @@ def test_each_nodes_first_job_reads_in_place_by_default(api: Api, store):  # noq
     assert beat(api, "a") == []  # nothing released at submission
     started = api.post(f"/api/v1/manifests/{m['id']}/jobs/j1/start")
     assert started.status_code == 200 and started.json()["steps"] == []
+    assert api.post(f"/api/v1/manifests/{m['id']}/jobs/j1/reads-done").status_code == 200
     got = beat(api, "a")
     assert sorted(d["path"] for d in got if d["job"] == "j2") == ["/shared", "/x2"]
     assert api.post(f"/api/v1/manifests/{m['id']}/jobs/j1/finish").status_code == 200
@@ -281,8 +282,9 @@ def test_a_prefetch_that_found_no_room_is_released_again_once(api: Api, store): 
 
 def test_a_retried_prefetch_waits_for_the_job_before_it_to_end_or_is_skipped(api: Api, store):  # noqa: F811
     """Two independent jobs on node a: the second one's prefetch is released when the first
-    starts; it fails for room (the first's open files), is held while the first runs and
-    delivered again when it has ended; a retried step whose job starts first is skipped."""
+    has read its inputs; it fails for room (the first's open files), is held while the
+    first runs and delivered again when it has ended; a retried step whose job starts
+    first is skipped."""
     for name in ("x1", "x2", "x3"):
         store.create(f"/{name}".encode(), file_meta("a", size=10 << 20, tier="slow"))
     api.beat("a", status=STATUS)
@@ -293,6 +295,7 @@ def test_a_retried_prefetch_waits_for_the_job_before_it_to_end_or_is_skipped(api
     mid = r.json()["id"]
     assert [d["job"] for d in beat(api, "a")] == ["j1"]
     assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/start").status_code == 200
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/reads-done").status_code == 200
     got = [d for d in beat(api, "a") if d["job"] == "j2"]
     assert [d["action"] for d in got] == ["prefetch"]
     d = got[0]
@@ -304,6 +307,7 @@ def test_a_retried_prefetch_waits_for_the_job_before_it_to_end_or_is_skipped(api
     beat(api, "a", [{"id": d["id"], "state": "done", "detail": "fast", "tier": "fast"}])
     # j3's prefetch fails for room too, and j3 starts before j2 has ended: skipped, not failed
     assert api.post(f"/api/v1/manifests/{mid}/jobs/j2/start").status_code == 200
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j2/reads-done").status_code == 200
     d3 = next(x for x in beat(api, "a") if x["job"] == "j3")
     beat(api, "a", [{"id": d3["id"], "state": "failed", "detail": "no room: held by open files"}])
     for ev in ("finish",):
@@ -462,3 +466,57 @@ def test_a_step_skipped_by_its_jobs_start_during_a_delivery_is_not_sent(api: Api
             and i["plan_action"] in ("prefetch", "evict")]
     assert mine and all(i["state"] == "skipped" and "started before delivery" in i["detail"] for i in mine), mine
     assert all(d.get("job") != a_first for d in beat(api, "a"))  # nor later
+
+
+def test_a_jobs_prefetches_are_released_when_the_job_before_it_has_read_its_inputs(api: Api, store):  # noqa: F811
+    """The next job's prefetches on a node are released by the job before it reporting
+    ``…/reads-done`` (so they overlap its compute, not its reads), not by its start; a
+    finish counts as reads done; ``?release=start`` keeps the rule before the event.  The
+    event: 409 before the start, idempotent, 404 for an unknown job, only the job's node
+    token or admin; ``GET …/jobs/{job}`` answers the job and its steps' states."""
+    for name in ("x1", "x2", "x3"):
+        store.create(f"/{name}".encode(), file_meta("a", size=10 << 20, tier="slow"))
+    api.beat("a", status=STATUS)
+    doc = {"version": 1, "name": "three", "jobs": [
+        {"name": f"j{k}", "accesses": [{"path": f"x{k}", "size": "10M"}]} for k in (1, 2, 3)]}
+    r = api.post("/api/v1/manifests?nodes=a", doc)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    mid = m["id"]
+    assert m["options"].get("release") is None  # the default: reads done
+    assert {(s["job"], s["action"]) for s in m["plans"]["a"]} >= {("j2", "prefetch"), ("j3", "prefetch")}
+    url = f"/api/v1/manifests/{mid}/jobs"
+    assert api.post(f"{url}/j1/reads-done").status_code == 409  # not started
+    assert beat(api, "a") == []
+    assert api.post(f"{url}/j1/start").status_code == 200
+    assert beat(api, "a") == []  # j1 is reading: j2's prefetch waits for that
+    assert api.post(f"{url}/NOPE/reads-done").status_code == 404
+    assert api.post(f"{url}/j1/reads-done", token=api.read).status_code == 403
+    r = api.post(f"{url}/j1/reads-done", token=api.node_token("a"))
+    assert r.status_code == 200, r.text
+    done_at = r.json()["reads_done_at"]
+    assert r.json()["state"] == "running" and done_at >= r.json()["started_at"]
+    got = beat(api, "a")
+    assert [(d["job"], d["action"], d["path"]) for d in got] == [("j2", "prefetch", "/x2")]
+    # idempotent: the first report's time stays; j3's turn has not come (j2 has not read)
+    assert api.post(f"{url}/j1/reads-done").json()["reads_done_at"] == done_at
+    assert [d["job"] for d in beat(api, "a")] == ["j2"]  # re-sent until reported; no j3
+    one = api.get(f"{url}/j2", token=api.read).json()
+    assert one["state"] == "pending" and [(i["plan_action"], i["path"], i["state"]) for i in one["steps"]] == [
+        ("prefetch", "/x2", "delivered")]
+    assert api.get(f"{url}/NOPE").status_code == 404 and api.get(f"/api/v1/manifests/999/jobs/j1").status_code == 404
+    # a finish without a reads-done report counts as reads done
+    api.post(f"{url}/j1/finish")
+    assert api.post(f"{url}/j2/start").json()["steps"][0]["state"] == "delivered"
+    api.post(f"{url}/j2/finish")
+    assert ("j3", "prefetch") in {(d["job"], d["action"]) for d in beat(
+        api, "a", [{"id": got[0]["id"], "state": "done", "detail": "fast", "tier": "fast"}])}
+    v = api.get(f"/api/v1/manifests/{mid}").json()
+    assert [j["reads_done_at"] is not None for j in v["jobs"]] == [True, False, False]
+    # ?release=start: the rule before the event, the start releases the next job's steps
+    r = api.post("/api/v1/manifests?nodes=a&release=start", doc)
+    assert r.status_code == 201 and r.json()["options"]["release"] == "start"
+    mid = r.json()["id"]
+    assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/start").status_code == 200
+    assert [(d["job"], d["path"]) for d in beat(api, "a") if d["manifest_id"] == mid] == [("j2", "/x2")]
+    assert api.post("/api/v1/manifests?nodes=a&release=never", doc).status_code == 422

@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--compute-scale", type=float, default=0.0, metavar="X",
                    help="each job also computes (sleeps) X times its runtime from the manifest (default 0)")
     r.add_argument("--no-plans", action="store_true", help="placement only: no layer-2 plans are made or carried out")
+    r.add_argument("--release", choices=["reads", "start"], default="reads",
+                   help="release a job's prefetches when the job before it on the node has read its inputs "
+                        "(default: the runner reports each job's reads done) or when it starts")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
 
     pj = sub.add_parser("place", help="ask the control plane where a job that reads PATH... should run now",

@@ -125,6 +125,9 @@ class ManifestJob(Base):
     state: Mapped[str] = mapped_column(String(16))  # pending | running | done
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # when the job reported it had read its inputs (``…/reads-done``): the next job's
+    # prefetches on the node are released then (docs/scheduling.md, "When a job starts")
+    reads_done_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     manifest: Mapped[Manifest] = relationship(back_populates="jobs")
 
     __table_args__ = (Index("ix_manifest_jobs_manifest_job", "manifest_id", "job", unique=True),)

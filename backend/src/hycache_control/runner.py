@@ -22,9 +22,14 @@ What it does, exactly:
   the node is carrying out: a prefetch under way started before the read would and
   moves the same bytes, so it ends before a read of the file started now would, and
   reading alongside it would move the bytes twice (docs/scheduling.md, "When a job
-  starts") — then computes for ``--compute-scale`` × the job's runtime (a sleep; 0 by
-  default: jobs are their I/O only), writes each output, and reports finish.  Nodes run
-  in parallel.
+  starts"); which prefetches are under way it takes from the start's answer (``steps``),
+  and while it waits it polls the job alone (``GET /manifests/{id}/jobs/{job}``) — then
+  reports that it has read its inputs (``…/reads-done``: the next job's prefetches on the
+  node are released now, to overlap this job's compute) while it computes for
+  ``--compute-scale`` × the job's runtime (a sleep; 0 by default: jobs are their I/O
+  only), writes each output, and reports finish.  Nodes run in parallel.  With
+  ``--release start`` the manifest releases prefetches at the job before's start instead,
+  and no reads done are reported.
 - A job's outputs are published (the namespace shows them on its node) before it reports
   finish, so the plans of the jobs that read them find them.
 - Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` after
@@ -123,8 +128,9 @@ def _read(path: Path, waited: list[float] | None = None) -> int:
 class Runner:
     def __init__(self, api: str, token: str, mounts: dict[str, Path], *, scale: float = 1.0, solver: str = "local",
                  slack: float = 0.1, plan_wait: float = 60.0, plans: bool = True, compute_scale: float = 0.0,
-                 log=None, before_submit=None) -> None:
+                 log=None, before_submit=None, release: str = "reads") -> None:
         self.plans = plans
+        self.release = release  # when the next job's prefetches are released: "reads" (done) | "start"
         # called once the inputs are created and published, before the counters are read
         # and the manifest is submitted (a benchmark drops a slow tier's cache there)
         self.before_submit = before_submit
@@ -164,6 +170,7 @@ class Runner:
         size: the agents publish their metadata asynchronously."""
         deadline = time.monotonic() + timeout
         left = dict(files)
+        pause = 0.005  # the agent publishes within ~50-70 ms (its publisher lingers 50 ms): look often
         while left:
             for f, size in list(left.items()):
                 r = self.http.get("/files/info", params={"path": "/" + f.lstrip("/")})
@@ -172,7 +179,8 @@ class Runner:
             if left:
                 if time.monotonic() > deadline:
                     raise RunError(f"not published by node {node} within {timeout:.0f} s: {', '.join(sorted(left))}")
-                time.sleep(0.1)
+                time.sleep(pause)
+                pause = min(0.02, pause * 2)
 
     def run(self, document: Any) -> dict[str, Any]:
         doc = scale_document(document, self.scale)
@@ -200,7 +208,8 @@ class Runner:
         # 2. submit
         m = self._call("POST", "/manifests", json=doc,
                        params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack,
-                               "plans": "true" if self.plans else "false"})
+                               "plans": "true" if self.plans else "false",
+                               **({"release": "start"} if self.release == "start" else {})})
         mid = m["id"]
         self.log(f"manifest {mid}: {len(wf.jobs)} jobs placed ({self.solver}); "
                  f"{m['transfer_bytes']['placed']} bytes to move between nodes")
@@ -214,16 +223,15 @@ class Runner:
         errors: list[str] = []
         t0 = time.monotonic()
 
-        def prefetches(job: str) -> dict[str, str]:
-            """The job's prefetch steps: path → state."""
-            v = self._call("GET", f"/manifests/{mid}")
-            return {i["path"]: i["state"] for i in v["step_items"]
-                    if i["job"] == job and i["plan_action"] == "prefetch"}
+        def prefetches(steps: list[dict]) -> dict[str, str]:
+            """The job's prefetch steps (from a start's or a job's answer): path → state."""
+            return {i["path"]: i["state"] for i in steps if i["plan_action"] == "prefetch"}
 
         def wait_prefetch(job: str, path: str) -> str:
             deadline = time.monotonic() + self.plan_wait
             while True:
-                state = prefetches(job).get(path, "done")
+                # the job and its steps only, not the whole manifest
+                state = prefetches(self._call("GET", f"/manifests/{mid}/jobs/{job}")["steps"]).get(path, "done")
                 if state in FINAL or time.monotonic() > deadline:
                     return state
                 time.sleep(0.02)
@@ -236,12 +244,12 @@ class Runner:
                         while not done[p].wait(0.5):
                             if errors:
                                 return
-                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
+                    started = self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
-                    # the job's steps read after its start; the start's answer carries the same
-                    # (a delivery marks a step delivered only while it is still pending), but the
-                    # end-to-end runs were measured with this read, so it stays until re-measured
-                    steps = prefetches(jid) if self.plans else {}
+                    # the job's steps as of its start, from the start's answer: a delivery marks a
+                    # step delivered only while it is still pending (one conditional UPDATE), so a
+                    # step the start skipped is never sent, and one it saw delivered is under way
+                    steps = prefetches(started.get("steps") or []) if self.plans else {}
                     plan: dict[str, int] = {}
                     for st in steps.values():
                         plan[st] = plan.get(st, 0) + 1
@@ -254,16 +262,27 @@ class Runner:
                             waited += time.monotonic() - w0
                         rd += _read(self.mounts[node] / f.lstrip("/"), opening)
                     t_read = time.monotonic() - t_read - waited
-                    if self.compute_scale > 0 and job.runtime:
-                        time.sleep(job.runtime * self.compute_scale)
+                    # the compute starts now; meanwhile the job reports that it has read its
+                    # inputs, which releases the next job's prefetches on this node (they
+                    # overlap this compute, not these reads)
+                    compute_end = time.monotonic() + (job.runtime * self.compute_scale
+                                                      if self.compute_scale > 0 and job.runtime else 0.0)
+                    if self.plans and self.release == "reads":
+                        self._call("POST", f"/manifests/{mid}/jobs/{jid}/reads-done")
+                    if (left := compute_end - time.monotonic()) > 0:
+                        time.sleep(left)
                     t_write = time.monotonic()
                     wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
                     t_write = time.monotonic() - t_write
                     secs = time.monotonic() - start
+                    t_pub = time.monotonic()
                     self.wait_published(dict(job.outputs), node)
+                    t_pub = time.monotonic() - t_pub
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
                                     "started": start - t0, "plan_steps": plan, "prefetch_wait": waited,
+                                    # after ``seconds``: until its outputs were published, and its finish
+                                    "publish_seconds": t_pub, "finished": time.monotonic() - t0,
                                     # where the job's time went: reading (its opens included, and
                                     # of that the retries of a name not yet visible), writing
                                     "read_seconds": t_read, "open_seconds": opening[0], "write_seconds": t_write}
@@ -361,7 +380,8 @@ def main(args) -> int:
         print(f"hycache-control run: error: MANIFEST: {e}", file=sys.stderr)
         return 2
     runner = Runner(args.api, token, mounts, scale=args.scale, solver=args.solver, slack=args.slack,
-                    plan_wait=args.plan_wait, plans=not args.no_plans, compute_scale=args.compute_scale)
+                    plan_wait=args.plan_wait, plans=not args.no_plans, compute_scale=args.compute_scale,
+                    release=args.release)
     try:
         res = runner.run(document)
     except RunError as e:

@@ -144,6 +144,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/manifests/{manifest_id}/jobs/{job}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Manifest Job
+         * @description One job of a manifest and its prefetch/evict steps' states (`steps`, as in the
+         *     start's answer): what a runner polls while a prefetch is under way.
+         */
+        get: operations["getManifestJob"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/manifests/{manifest_id}/jobs/{job}/finish": {
         parameters: {
             query?: never;
@@ -155,6 +176,28 @@ export interface paths {
         put?: never;
         /** Finish Job */
         post: operations["finishJob"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/manifests/{manifest_id}/jobs/{job}/reads-done": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Job Reads Done
+         * @description The job has read its inputs (it computes and writes from now on): the next job's
+         *     prefetch/evict steps on its node are released now, so they overlap this job's compute
+         *     instead of its reads.  Idempotent; 409 before the job's start.
+         */
+        post: operations["jobReadsDone"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1942,6 +1985,8 @@ export interface operations {
                 plans?: boolean;
                 /** @description plan prefetches for each node's first job too (default false: it reads the files of its own node's slow tier where they are, since its steps would be released the moment it starts) */
                 prefetch_first?: boolean;
+                /** @description when a job's prefetch/evict steps are released to its node: once the job before it on the node has read its inputs (`reads`: its `…/reads-done` event, or its finish), or once that job has started (`start`: for a runner that never reports reads done) */
+                release?: "reads" | "start";
                 slack?: number;
                 solver?: "greedy" | "local" | "hypergraph" | "exact" | "round-robin";
             };
@@ -2169,7 +2214,174 @@ export interface operations {
             };
         };
     };
+    getManifestJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+                manifest_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
     finishJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job: string;
+                manifest_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not in a state that allows this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    jobReadsDone: {
         parameters: {
             query?: never;
             header?: never;

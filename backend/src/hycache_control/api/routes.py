@@ -317,7 +317,12 @@ def create_manifest(control: ControlDep, c: Admin,
                     prefetch_first: Annotated[bool, Query(description="plan prefetches for each node's first job too "
                                                           "(default false: it reads the files of its own node's slow "
                                                           "tier where they are, since its steps would be released "
-                                                          "the moment it starts)")] = False) -> dict:
+                                                          "the moment it starts)")] = False,
+                    release: Annotated[Literal["reads", "start"], Query(description=(
+                        "when a job's prefetch/evict steps are released to its node: once the job before it "
+                        "on the node has read its inputs (`reads`: its `…/reads-done` event, or its finish), "
+                        "or once that job has started (`start`: for a runner that never reports reads done)"))]
+                    = "reads") -> dict:
     names = None
     if nodes is not None:
         names = [n.strip() for n in nodes.split(",") if n.strip()]
@@ -325,7 +330,7 @@ def create_manifest(control: ControlDep, c: Admin,
             raise RequestValidationError([{"loc": ("query", "nodes"), "msg": "a comma-separated list of distinct node ids",
                                            "type": "value_error", "input": nodes[:200]}])
     return control.manifests.create(body, nodes=names, solver=solver, slack=slack, plans=plans, actor=c.name,
-                                    prefetch_first=prefetch_first)
+                                    prefetch_first=prefetch_first, release=release)
 
 
 @router.post("/placements", responses=ERRORS, operation_id="placeJob", tags=["manifests"],
@@ -363,10 +368,27 @@ def _job_event(control, c, manifest_id: int, job: str, what: str) -> dict:
     return control.manifests.job_event(manifest_id, job, what, c.name)
 
 
+@router.get("/manifests/{manifest_id}/jobs/{job}", responses=ERRORS_404, operation_id="getManifestJob",
+            tags=["manifests"])
+def get_manifest_job(control: ControlDep, _: Reader, manifest_id: ManifestId, job: JobId) -> dict:
+    """One job of a manifest and its prefetch/evict steps' states (`steps`, as in the
+    start's answer): what a runner polls while a prefetch is under way."""
+    return control.manifests.job(manifest_id, job)
+
+
 @router.post("/manifests/{manifest_id}/jobs/{job}/start", responses=ERRORS_409, operation_id="startJob",
              tags=["manifests"])
 def start_job(control: ControlDep, c: CallerDep, manifest_id: ManifestId, job: JobId) -> dict:
     return _job_event(control, c, manifest_id, job, "start")
+
+
+@router.post("/manifests/{manifest_id}/jobs/{job}/reads-done", responses=ERRORS_409, operation_id="jobReadsDone",
+             tags=["manifests"])
+def job_reads_done(control: ControlDep, c: CallerDep, manifest_id: ManifestId, job: JobId) -> dict:
+    """The job has read its inputs (it computes and writes from now on): the next job's
+    prefetch/evict steps on its node are released now, so they overlap this job's compute
+    instead of its reads.  Idempotent; 409 before the job's start."""
+    return _job_event(control, c, manifest_id, job, "reads-done")
 
 
 @router.post("/manifests/{manifest_id}/jobs/{job}/finish", responses=ERRORS_409, operation_id="finishJob",

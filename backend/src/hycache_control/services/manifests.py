@@ -12,14 +12,18 @@ When a step is released to its node.  A job's steps are of two kinds (see
 made) — and *after* it — ``pin`` of an output the job wrote, ``unpin`` of files with no
 later reference on the node.
 - before-steps of job J are released once every earlier job of J's node (in plan order)
-  has started and every parent of J has finished: J's turn has come (it is the next job
-  to start there), and the files it reads exist (a parent on another node wrote them).
+  has *finished reading* its inputs (reported ``…/reads-done``, or finished) and every
+  parent of J has finished: J's turn has come (it is the next job to start there), and
+  the files it reads exist (a parent on another node wrote them).
   A before-step still undelivered when its job starts is ``skipped``: the job never
   waits for it and reads that file where it is.
-  Releasing only when the job before it has started lets J's prefetches overlap that job
-  (the point of planning ahead) while the evictions of a job two or more places ahead
-  cannot throw out files that the jobs before it still need on the fast tier.  A
-  before-step whose job finished before the step was delivered is ``skipped``.
+  Releasing when the job before it has read its inputs lets J's prefetches overlap that
+  job's compute and writes (the point of planning ahead) without sharing a slow device
+  with its reads, while the evictions of a job two or more places ahead cannot throw
+  out files that the jobs before it still need on the fast tier.  A manifest submitted
+  with ``release=start`` releases them when the job before it *starts* instead (the
+  rule before the reads-done event; a runner that never reports reads done should use
+  it).  A before-step whose job finished before the step was delivered is ``skipped``.
 - after-steps of J are released when J has finished (the output exists; the job no longer
   needs the file).
 - a prefetch that fails for room on its node (the job before it still had files open
@@ -158,7 +162,8 @@ class ManifestService:
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,
-               actor: str | None, plans: bool = True, prefetch_first: bool = False) -> dict[str, Any]:
+               actor: str | None, plans: bool = True, prefetch_first: bool = False,
+               release: str = "reads") -> dict[str, Any]:
         try:
             wf = parse_workflow(document, source="body")
         except WorkflowError as e:
@@ -194,7 +199,8 @@ class ManifestService:
         with self.db.session() as s:
             m = Manifest(name=wf.name, format=wf.format, state="planned", actor=actor, document=document,
                          options={"nodes": nodes, "solver": solver, "slack": slack, "plans": plans,
-                                  **({"prefetch_first": True} if prefetch_first else {})}, result=result,
+                                  **({"prefetch_first": True} if prefetch_first else {}),
+                                  **({"release": "start"} if release == "start" else {})}, result=result,
                          created_at=now, updated_at=now)
             position: dict[str, int] = {}
             for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
@@ -295,8 +301,8 @@ class ManifestService:
              "makespan": r.get("makespan"), "makespan_unit": r.get("makespan_unit"),
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
              "jobs": [{"id": j.job, "task": tasks.get(j.job), "node": j.node, "position": j.position,
-                       "state": j.state, "started_at": j.started_at, "finished_at": j.finished_at,
-                       "parents": list(j.parents or [])}
+                       "state": j.state, "started_at": j.started_at, "reads_done_at": j.reads_done_at,
+                       "finished_at": j.finished_at, "parents": list(j.parents or [])}
                       for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
@@ -354,8 +360,29 @@ class ManifestService:
                 raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
             return j.node
 
+    @staticmethod
+    def _before_steps(s: Session, manifest_id: int, job: str) -> list[dict[str, Any]]:
+        return [{"step": i.step, "plan_action": i.plan_action, "path": i.path, "state": i.state}
+                for i in s.scalars(select(ActionItem).join(Action)
+                                   .where(Action.manifest_id == manifest_id, ActionItem.job == job,
+                                          ActionItem.plan_action.in_(BEFORE))
+                                   .order_by(ActionItem.step))]
+
+    def job(self, manifest_id: int, job: str) -> dict[str, Any]:
+        """One job and its before-steps' states (what a runner polls while a prefetch is
+        under way, instead of the whole manifest)."""
+        with self.db.session() as s:
+            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
+            if j is None:
+                if s.get(Manifest, manifest_id) is None:
+                    raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            return {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
+                    "started_at": j.started_at, "reads_done_at": j.reads_done_at, "finished_at": j.finished_at,
+                    "parents": list(j.parents or []), "steps": self._before_steps(s, manifest_id, job)}
+
     def job_event(self, manifest_id: int, job: str, what: str, actor: str | None) -> dict[str, Any]:
-        """``what``: start | finish."""
+        """``what``: start | reads-done | finish."""
         now = time.time()
         skipped: list[dict] = []
         mine: list[dict] | None = None
@@ -384,11 +411,14 @@ class ManifestService:
                     skipped = [item_view(i) for i in items]
                 # the job's before-steps as of its start, so that a runner knows which
                 # prefetches are under way without reading the whole manifest
-                mine = [{"step": i.step, "plan_action": i.plan_action, "path": i.path, "state": i.state}
-                        for i in s.scalars(select(ActionItem).join(Action)
-                                           .where(Action.manifest_id == manifest_id, ActionItem.job == job,
-                                                  ActionItem.plan_action.in_(BEFORE))
-                                           .order_by(ActionItem.step))]
+                mine = self._before_steps(s, manifest_id, job)
+            elif what == "reads-done":
+                # the job has read its inputs (it computes and writes now): the next job's
+                # before-steps on this node are released (see the module docstring)
+                if j.state == "pending":
+                    raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
+                if j.reads_done_at is None:
+                    j.reads_done_at = now
             else:
                 if j.state == "pending":
                     raise Conflict(("path", "job"), f"job {job!r} has not started (POST …/start first)")
@@ -404,11 +434,12 @@ class ManifestService:
             states = set(s.scalars(select(ManifestJob.state).where(ManifestJob.manifest_id == manifest_id)))
             m.state = "done" if states == {"done"} else ("running" if states - {"pending"} else "planned")
             m.updated_at = now
-            # a start releases the next job's steps on this node, a finish those of the
-            # job's children wherever they run: wake every node of the manifest
+            # a start or reads-done releases the next job's steps on this node, a finish
+            # those of the job's children wherever they run: wake every node of the manifest
             woken = set((m.options or {}).get("nodes") or ()) | {j.node}
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
-                   "started_at": j.started_at, "finished_at": j.finished_at, "parents": list(j.parents or [])}
+                   "started_at": j.started_at, "reads_done_at": j.reads_done_at, "finished_at": j.finished_at,
+                   "parents": list(j.parents or [])}
             if mine is not None:
                 out["steps"] = mine
         self.actions._publish(skipped)
@@ -436,14 +467,22 @@ class ManifestService:
         """release | hold | skip for each plan step (the module docstring says when)."""
         mids = {i.parent.manifest_id for i in items}
         jobs: dict[tuple[int, str], ManifestJob] = {}
-        first_unstarted: dict[tuple[int, str], int] = {}
+        first_unread: dict[tuple[int, str], int] = {}  # the first job that has not read its inputs yet
         first_unfinished: dict[tuple[int, str], int] = {}
-        cancelled = set(s.scalars(select(Manifest.id).where(Manifest.id.in_(mids), Manifest.state == "cancelled")))
+        cancelled: set[int] = set()
+        at_start: set[int] = set()  # manifests submitted with release=start
+        for mid, state, options in s.execute(select(Manifest.id, Manifest.state, Manifest.options)
+                                             .where(Manifest.id.in_(mids))):
+            if state == "cancelled":
+                cancelled.add(mid)
+            if (options or {}).get("release") == "start":
+                at_start.add(mid)
         for j in s.scalars(select(ManifestJob).where(ManifestJob.manifest_id.in_(mids))):
             jobs[(j.manifest_id, j.job)] = j
             key = (j.manifest_id, j.node)
-            if j.state == "pending":
-                first_unstarted[key] = min(first_unstarted.get(key, 1 << 30), j.position)
+            if j.state == "pending" or (j.state == "running" and j.reads_done_at is None
+                                        and j.manifest_id not in at_start):
+                first_unread[key] = min(first_unread.get(key, 1 << 30), j.position)
             if j.state != "done":
                 first_unfinished[key] = min(first_unfinished.get(key, 1 << 30), j.position)
         out = {}
@@ -459,7 +498,7 @@ class ManifestService:
             elif j.state == "done":
                 out[it.id] = "skip"
             elif (j.position <= (first_unfinished if (it.detail or "").startswith(RETRY)
-                                 else first_unstarted).get((mid, j.node), 1 << 30)
+                                 else first_unread).get((mid, j.node), 1 << 30)
                   and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
                 out[it.id] = "release"
             else:
