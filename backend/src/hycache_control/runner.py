@@ -30,8 +30,10 @@ What it does, exactly:
   only), writes each output, and reports finish.  Nodes run in parallel.  With
   ``--release start`` the manifest releases prefetches at the job before's start instead,
   and no reads done are reported.
-- A job's outputs are published (the namespace shows them on its node) before it reports
-  finish, so the plans of the jobs that read them find them.
+- A job's outputs that a job on another node reads are published (the namespace shows
+  them on its node) before it reports finish, so that job's prefetch and open find them
+  there.  An output read only on its own node is not waited for (the node's own jobs
+  open it through the same mount, and its publication lingers tens of ms in the agent).
 - Counters (hits, misses, remote fetch bytes …) are read from ``GET /nodes/{id}`` after
   the inputs were created (before submitting) and after the last job, each time once every
   node has sent a heartbeat newer than that moment.
@@ -215,6 +217,11 @@ class Runner:
                  f"{m['transfer_bytes']['placed']} bytes to move between nodes")
         # 3. run
         placement = m["placement"]
+        # the files a job on another node than their writer's reads: published before the finish
+        read_on: dict[str, set[str]] = {}
+        for j in wf.jobs:
+            for f in j.inputs:
+                read_on.setdefault(f, set()).add(placement[j.id])
         order: dict[str, list[str]] = {n: [] for n in nodes}
         for j in sorted(m["jobs"], key=lambda j: (j["node"], j["position"])):
             order[j["node"]].append(j["id"])
@@ -276,7 +283,8 @@ class Runner:
                     t_write = time.monotonic() - t_write
                     secs = time.monotonic() - start
                     t_pub = time.monotonic()
-                    self.wait_published(dict(job.outputs), node)
+                    self.wait_published({f: s for f, s in job.outputs.items() if read_on.get(f, set()) - {node}},
+                                        node)
                     t_pub = time.monotonic() - t_pub
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,

@@ -116,7 +116,7 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
           makespan_slack: float | None = DEFAULT_MAKESPAN_SLACK,
           census: Mapping[str, Mapping[str, Any]] | None = None,
           fast_status: Mapping[str, Mapping[str, Any] | None] | None = None,
-          first_reads_in_place: bool | None = None) -> dict[str, Any]:
+          first_reads_in_place: bool | None = None, release: str = "reads") -> dict[str, Any]:
     """Both layers of 2LS for a workflow: the dict ``hycache place --json`` prints.
 
     ``census`` (the workflow's existing files: ``{file: {"node", "tier", "size",
@@ -124,7 +124,10 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
     ``tiers.fast``) make layer 2 start from the nodes' real fast-tier contents
     (:func:`node_state`).  ``first_reads_in_place`` (default: with a census, i.e. on
     the live cluster) plans no prefetch or eviction for each node's first job
-    (:func:`plan_node`).
+    (:func:`plan_node`).  ``release``: when the control plane releases a job's steps —
+    once the job before it has read its inputs (``"reads"``) or has started
+    (``"start"``); with ``"start"`` that job's inputs are open while they run, so they
+    are not victims (:func:`plan_node`).
 
     ``{"placement": {job: node}, "transfer_bytes": {"placed", "round_robin", "recorded"},
     "slow_tier_bytes": {same keys}, "load": {node: share of the total weight},
@@ -189,7 +192,7 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
                             # on the live cluster (a census), a node's first job starts the
                             # moment its steps would be released: it reads in place
                             first_reads_in_place=census is not None if first_reads_in_place is None
-                            else first_reads_in_place)
+                            else first_reads_in_place, release=release)
         if plans else {},
         "solver": solver,
         "optimal": optimal,

@@ -31,7 +31,8 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               source: Mapping[str, str], pinned: Iterable[str] = (), *,
               resident: Mapping[str, int] | None = None, held: int = 0,
               first_reads_in_place: bool = False,
-              read_elsewhere: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+              read_elsewhere: Mapping[str, int] | None = None,
+              release: str = "reads") -> list[dict[str, Any]]:
     """One node's ordered steps for its ``jobs`` (in execution order).
 
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
@@ -52,12 +53,15 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     tier — a job reading one needs no prefetch, and the plan may evict them unless they
     are in ``pinned`` — and ``held`` bytes of it are taken by files the plan cannot
     move (pinned or open, not the workflow's).  And the steps run while the node's
-    previous job runs (a job's prefetches are released when the job before it starts):
-    its files are open then, so they are never victims of the next job's steps, and its
-    outputs that the plan does not keep still take their room on the fast tier (the
-    agent writes new data there) until that job ends.  The evictions that make room for a
-    job's outputs are before-steps too (released when the job before it starts), so they
-    never take that job's files either.
+    previous job runs: a job's prefetches are released when the job before it has read
+    its inputs (``release="reads"``, the control plane's default) or when it starts
+    (``release="start"``).  The files that job has open then are never victims of the
+    next job's steps — its outputs, and with ``release="start"`` its inputs too (once it
+    has read them they are closed, and an input with no later reference here is the
+    cheapest room there is) — and its outputs that the plan does not keep still take
+    their room on the fast tier (the agent writes new data there) until that job ends.
+    The evictions that make room for a job's outputs are before-steps too (released
+    with its prefetches), so they never take those files either.
 
     ``first_reads_in_place``: the node's first job reads its inputs from this node's
     own slow tier (source: this node, or ``"slow"``) where they are — no prefetch for
@@ -68,7 +72,10 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     any, have just finished), so a prefetch could only move its read, not hide it, and
     the job would wait for it; the evictions that made room would add demotions (a write
     to the slow tier each).  Its inputs already on the fast tier (``resident``) stay
-    there, and the next job's prefetches (released when it starts) overlap it.
+    there, and the next job's prefetches (released when it has read its inputs) overlap
+    it.  The later jobs of the node read those in-place inputs in place too: the first
+    job's read left them in the node's page cache, so staging them would only copy them
+    from there into the fast tier, at the price of evictions (demotions).
 
     ``read_elsewhere`` (file → reads): of the files already on this fast tier
     (``resident``) that no job of this node references, how often other nodes' jobs
@@ -77,9 +84,14 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     those reads would then fetch it from the slow tier instead of this fast tier.
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
+    # the first job's inputs read in place from this node's slow tier: that read leaves
+    # them in this node's page cache, so the later jobs here read them in place too
+    # (staging one would copy it from that cache into the fast tier and evict files for
+    # it — each eviction a write to the slow tier — for a read the cache already serves)
+    in_place = ({f for f in jobs[0].inputs if f not in (resident or {}) and source.get(f, "slow") in (node, "slow")}
+                if first_reads_in_place and jobs else set())
     for k, job in enumerate(jobs):
-        ins = [f for f in job.inputs if not (first_reads_in_place and k == 0 and f not in (resident or {})
-                                             and source.get(f, "slow") in (node, "slow"))]
+        ins = [f for f in job.inputs if f not in in_place]
         refs.extend((f, "pre", k) for f in ins)
         refs.extend((f, "read", k) for f in ins)
         refs.extend((f, "write", k) for f in job.outputs)
@@ -139,7 +151,9 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
                     emit(job.id, "prefetch", f, size, source.get(f, "slow"))
             elif kind == "write":
                 written += size
-        cache.busy = {f for f in cache.job if f in cache.sizes}
+        # open while the next job's steps run: its outputs (being written); its inputs too
+        # when those steps are released at its start (with "reads", it has closed them)
+        cache.busy = {f for f in cache.job if f in cache.sizes and (release == "start" or f in job.outputs)}
         cache.job.clear()
         transient = written
         for f in dict.fromkeys([*job.inputs, *job.outputs]):
@@ -236,7 +250,8 @@ def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
                capacity: int | Mapping[str, int | None] | None = None,
                locations: Mapping[str, str] | None = None, *,
                state: tuple[Mapping[str, Mapping[str, int]], Mapping[str, int], Mapping[str, Iterable[str]]]
-               | None = None, first_reads_in_place: bool = False) -> dict[str, list[dict[str, Any]]]:
+               | None = None, first_reads_in_place: bool = False,
+               release: str = "reads") -> dict[str, list[dict[str, Any]]]:
     """Layer 2 for every node of ``nodes``: :func:`plan_node` over its jobs in order,
     from each node's real contents when ``state`` (:func:`node_state`) is given; each
     node's first job reads its inputs in place with ``first_reads_in_place`` (see
@@ -258,5 +273,5 @@ def plan_nodes(wf: Workflow, placement: Mapping[str, str], nodes: Sequence[str],
         plans[n] = plan_node(n, jobs, cap, sources.get(n, {}), {*wf.pinned, *pins.get(n, ())},
                              resident=here, held=held.get(n, 0),
                              first_reads_in_place=first_reads_in_place,
-                             read_elsewhere={f: k for f, k in elsewhere.items() if k})
+                             read_elsewhere={f: k for f, k in elsewhere.items() if k}, release=release)
     return plans
