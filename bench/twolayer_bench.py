@@ -209,7 +209,8 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
             # what the throttled device served while the jobs ran (None without --slow-tier-mbps)
             "slow_device_read_bytes": dev.get("read"), "slow_device_write_bytes": dev.get("write"),
             "jobs": {j: {k: r[k] for k in ("node", "started", "seconds", "prefetch_wait", "plan_steps", "read_seconds",
-                                           "open_seconds", "write_seconds", "publish_seconds", "finished")}
+                                           "open_seconds", "write_seconds", "publish_seconds", "finished",
+                                           "start_call_seconds", "finish_call_seconds")}
                      for j, r in res["jobs"].items()}}
 
 

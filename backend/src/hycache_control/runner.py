@@ -251,8 +251,10 @@ class Runner:
                         while not done[p].wait(0.5):
                             if errors:
                                 return
+                    t_start = time.monotonic()
                     started = self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
                     start = time.monotonic()
+                    t_start = start - t_start
                     # the job's steps as of its start, from the start's answer: a delivery marks a
                     # step delivered only while it is still pending (one conditional UPDATE), so a
                     # step the start skipped is never sent, and one it saw delivered is under way
@@ -286,11 +288,15 @@ class Runner:
                     self.wait_published({f: s for f, s in job.outputs.items() if read_on.get(f, set()) - {node}},
                                         node)
                     t_pub = time.monotonic() - t_pub
+                    t_finish = time.monotonic()
                     self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
+                    t_finish = time.monotonic() - t_finish
                     results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
                                     "started": start - t0, "plan_steps": plan, "prefetch_wait": waited,
                                     # after ``seconds``: until its outputs were published, and its finish
                                     "publish_seconds": t_pub, "finished": time.monotonic() - t0,
+                                    # the start's and the finish's requests (round trips)
+                                    "start_call_seconds": t_start, "finish_call_seconds": t_finish,
                                     # where the job's time went: reading (its opens included, and
                                     # of that the retries of a name not yet visible), writing
                                     "read_seconds": t_read, "open_seconds": opening[0], "write_seconds": t_write}

@@ -435,9 +435,17 @@ class ManifestService:
             states = set(s.scalars(select(ManifestJob.state).where(ManifestJob.manifest_id == manifest_id)))
             m.state = "done" if states == {"done"} else ("running" if states - {"pending"} else "planned")
             m.updated_at = now
-            # a start or reads-done releases the next job's steps on this node, a finish
-            # those of the job's children wherever they run: wake every node of the manifest
-            woken = set((m.options or {}).get("nodes") or ()) | {j.node}
+            # a reads-done (or, with release=start, a start) releases the next job's steps on
+            # this node; a finish those of the job's children wherever they run: wake every
+            # node of the manifest.  A start with the reads-done release releases nothing (its
+            # skipped steps go to the stream): no node is woken, no delivery competes with it
+            at_start = (m.options or {}).get("release") == "start"
+            if what == "finish":
+                woken = set((m.options or {}).get("nodes") or ()) | {j.node}
+            elif what == "reads-done" or at_start:
+                woken = {j.node}
+            else:
+                woken = set()
             out = {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                    "started_at": j.started_at, "reads_done_at": j.reads_done_at, "finished_at": j.finished_at,
                    "parents": list(j.parents or [])}
