@@ -399,19 +399,6 @@ def test_node_state_counts_the_moves_under_way():
     assert all(s["resident"] <= 200 - held["a"] for s in steps)
 
 
-def test_the_plan_keeps_below_the_agents_high_watermark():
-    """Above its high watermark the agent's evictor demotes closed, unpinned files (LRU)
-    down to the low watermark — files the plan counts on among them — so the room above
-    it is held: a plan from that state never fills the tier past the watermark."""
-    status = {"a": {"capacity": 100, "pinned_bytes": 0, "high_watermark": 0.9},
-              "b": {"capacity": 100, "pinned_bytes": 0}}
-    _, held, _ = node_state({}, ["a", "b"], status)
-    assert held == {"a": 10, "b": 0}
-    jobs = [WorkflowJob("j", None, (), {"x": 50}, {}), WorkflowJob("k", None, (), {"y": 45}, {})]
-    steps = plan_node("a", jobs, 100, {}, held=held["a"])
-    assert all(s["resident"] <= 90 for s in steps) and [s["path"] for s in steps if s["action"] == "prefetch"]
-
-
 @settings(max_examples=150, deadline=None)
 @given(workflows(max_jobs=8), st.integers(0, 300), st.sampled_from(["reads", "start"]))
 def test_a_jobs_steps_never_evict_the_files_of_the_job_still_running_before_it(wf, cap, release):

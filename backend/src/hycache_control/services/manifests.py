@@ -154,15 +154,11 @@ class ManifestService:
         return out, census
 
     def _fast_status(self, nodes: list[str]) -> dict[str, dict[str, Any] | None]:
-        """Each node's fast-tier census from its last heartbeat (``tiers.fast``), with the
-        agent's high watermark (``watermarks.high``): the plan keeps below it."""
+        """Each node's fast-tier census from its last heartbeat (``tiers.fast``)."""
         out: dict[str, dict[str, Any] | None] = {}
         for n in nodes:
             live = self.nodes.get(n)
-            status = (live.status or {}) if live is not None else {}
-            fast = (status.get("tiers") or {}).get("fast")
-            high = (status.get("watermarks") or {}).get("high") if isinstance(status.get("watermarks"), dict) else None
-            out[n] = {**fast, "high_watermark": high} if isinstance(fast, dict) and high is not None else fast
+            out[n] = ((live.status or {}).get("tiers") or {}).get("fast") if live is not None else None
         return out
 
     def create(self, document: Any, *, nodes: list[str] | None, solver: str, slack: float,

@@ -171,8 +171,7 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
     "fast"|"slow", "size": bytes, "pinned": bool}`` (the DHT's entries); ``status``: each
     node's fast-tier census (the heartbeat's ``tiers.fast``: ``used``, ``pinned_bytes``,
     and the moves under way: ``moving_in_bytes``, ``moving_out_bytes`` and ``moving``,
-    ``[{"path", "to", "bytes"}]``; and, when the control plane adds them, ``capacity``
-    and the agent's ``high_watermark``).
+    ``[{"path", "to", "bytes"}]``).
     Returns ``(resident, held, pinned)``: per node, the workflow's files on its fast tier
     (file → bytes), the bytes the plan cannot move (pinned files that are not the
     workflow's, and the room that moves under way take), and the workflow's files pinned
@@ -218,12 +217,6 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
             total = fast.get(key)
             if isinstance(total, (int, float)):
                 held[n] += max(0, int(total) - listed[kind])
-        # the room above the agent's high watermark is not the plan's: filling it starts the
-        # agent's evictor, which demotes closed, unpinned files (LRU) down to the low
-        # watermark — files the plan counts on among them, then read from the slow tier
-        cap, high = fast.get("capacity"), fast.get("high_watermark")
-        if isinstance(cap, (int, float)) and isinstance(high, (int, float)) and 0 < high < 1:
-            held[n] += int(cap) - int(high * cap)
     return resident, held, pinned
 
 
