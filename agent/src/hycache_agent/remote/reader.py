@@ -56,6 +56,8 @@ HOLDER_BACKOFF = 10.0  # seconds a holder that failed is tried after the others
 # A large file up to this share of the fast tier is copied whole to it at open (one
 # streamed GET) and read by the kernel through passthrough; larger ones go by blocks.
 COPY_SHARE = 0.25
+# A small file copied whole up to this size is inserted into memory on the loop (no thread hop).
+INLINE_INSERT = 64 << 10
 
 
 def _norm(etag: str) -> str:
@@ -141,12 +143,21 @@ class RemoteReader:
 
     def keep_copied(self, node, version: int, etag: str, data: bytes) -> None:
         """The bytes of a small file just copied whole (``remote/copy.py``) go into the
-        memory cache too (the insert hashes them in a worker thread, off the open's path):
-        one fetch fills both levels."""
+        memory cache too: one fetch fills both levels.  Up to INLINE_INSERT bytes the insert
+        (a SHA-256 of at most 64 KiB, ~40 µs, and the LRU bookkeeping) runs right here on the
+        loop: as a worker-thread hop beside the open's own hops it made every cold open
+        0.2-1 ms slower (quiet window, FUSE trace: OPEN 1.85-2.76 ms against off's
+        1.65-1.84; inline 1.49-1.53 against 1.47-1.82).  Larger ones hash in a thread."""
         if self._nursery is None or not self.cache.is_small(len(data)) or self.cache.limit_bytes <= 0:
             return
         self.stats.object_fetches += 1
         self.stats.fetched_bytes += len(data)
+        if len(data) <= INLINE_INSERT:
+            try:
+                self.cache.insert_object(node.path, (version, _norm(etag)), data)
+            except Exception as exc:  # noqa: BLE001 - not cached: fetched again if the copy goes
+                log.warning("caching %r failed: %s", node.path, exc)
+            return
         self._nursery.start_soon(self._keep_copied, node.path, version, _norm(etag), data)
 
     async def _keep_copied(self, path: bytes, version: int, etag: str, data: bytes) -> None:
