@@ -65,15 +65,22 @@ def test_remote_reads_count_as_misses_remote_bytes_and_fetches(hycache_mount, re
     assert got["hycache_remote_fetches_total"] >= 1 and got["hycache_remote_read_bytes_total"] >= 100 * K
     assert got["hycache_misses_total"] >= 1
     # HCCache is on by default: a cold small file is copied whole as without it, and the same
-    # bytes go into memory (remote/reader.py copies_small; the insert runs behind the open)
-    got = wait_for(lambda: (g := metrics())["hycache_hccache_memory_bytes"] > 0 and g, what="the bytes in memory")
-    fetches = got["hycache_remote_fetches_total"]
-    # the kernel forgets the inode and the copy goes with it: a reopen is served from memory
+    # bytes go into memory (remote/reader.py copies_small: 100 KiB hashed in a worker thread
+    # behind the open, up to 64 KiB inserted on the loop)
+    tiny = os.urandom(16 * K)
+    (a.mountpoint / "tiny.bin").write_bytes(tiny)
+    wait_published(a)
+    assert (b.mountpoint / "tiny.bin").read_bytes() == tiny
+    got = wait_for(lambda: (g := metrics())["hycache_hccache_memory_bytes"] >= 116 * K and g,
+                   what="both files' bytes in memory")
+    fetches, hits = got["hycache_remote_fetches_total"], got["hycache_hccache_hits_total"]
+    # the kernel forgets the inodes and the copies go with them: reopens are served from memory
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("2\n")
-    wait_for(lambda: cluster_status(b)["remote_nodes_cached"] == 0, what="b forgot the file's inode")
+    wait_for(lambda: cluster_status(b)["remote_nodes_cached"] == 0, what="b forgot the files' inodes")
     assert (b.mountpoint / "shared.bin").read_bytes() == payload
+    assert (b.mountpoint / "tiny.bin").read_bytes() == tiny
     got = metrics()
-    assert got["hycache_hccache_hits_total"] >= 1 and got["hycache_remote_fetches_total"] == fetches
+    assert got["hycache_hccache_hits_total"] >= hits + 2 and got["hycache_remote_fetches_total"] == fetches
     assert got["hycache_hccache_limit_bytes"] == 256 << 20
