@@ -57,8 +57,8 @@ class Invalidations:
         self._todo: collections.deque[bytes] = collections.deque()  # for the subscriber thread
         self._feed = None
         self._stopping = False
-        self.stats = {"kept_refreshes": 0, "announcements": 0, "kernel_invalidations": 0, "losses": 0, "confirmations": 0,
-                      "relists": 0}
+        self.stats = {"kept_refreshes": 0, "announcements": 0, "kernel_invalidations": 0, "losses": 0,
+                      "confirmations": 0, "relists": 0}
 
     # ------------------------------------------------------------------ questions
     def covers(self, node) -> bool:
