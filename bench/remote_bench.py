@@ -33,8 +33,16 @@ Rows (median and min–max of ``--passes``):
 * ``takeover`` the reader appends one byte to a large file the holder wrote (the reader
   becomes the primary): seconds and MB/s of the file's size
 
+Reader order (``--order``): ``rotate`` (the default) starts a fresh reader per mode for
+every pass and rotates the modes' order from pass to pass (pass 0 off, block, hybrid;
+pass 1 block, hybrid, off; ...), so a slow stretch of the machine (this VM has streams
+2× slower for a while: docs/benchmarks.md) does not land on one mode; ``fixed`` is the
+earlier order (one reader per mode for all its passes, off first).  After the table,
+every mode against off row by row: the ratio of the medians and of each pass.
+
 Usage: bench/remote_bench.py [--size 256M] [--passes 3] [--small 200] [--modes off,block,hybrid]
-                             [--agent-bin PATH] [--json FILE] [--plot FILE.png] [--no-two-disk]
+                             [--order rotate|fixed] [--agent-bin PATH] [--json FILE] [--plot FILE.png]
+                             [--no-two-disk]
 Needs root (FUSE mounts, drop_caches, the loop device).  Prints a table; writes nothing else unless --json/--plot.
 """
 
@@ -273,6 +281,38 @@ def own_device(mnt: Path, size: int):
         shutil.rmtree(image.parent, ignore_errors=True)
 
 
+def reader_pass(a, b: Agent, mode: str, i: int, modes: list[str], add) -> None:
+    """Pass ``i`` of reader ``b`` (HCCache ``mode``): the files of ``p{i}``, which no reader
+    of this mode opened before."""
+    d = b.mnt / f"p{i}"
+    drop_caches()
+    add(f"{mode} seq", seq_read(d / "big"))
+    drop_caches(1)
+    add(f"{mode} seq again", seq_read(d / "big"))
+    drop_caches()
+    add(f"{mode} rand", rand_read(d / "rand", a.rand_reads, i))
+    drop_caches()
+    smalls = sorted((d / "small").iterdir())
+    r = small_read(smalls)
+    add(f"{mode} small mean_ms", r["mean_ms"])
+    add(f"{mode} small p99_ms", r["p99_ms"])
+    drop_caches(1)
+    r = small_read(smalls)
+    add(f"{mode} small again mean_ms", r["mean_ms"])
+    add(f"{mode} small again p99_ms", r["p99_ms"])
+    drop_caches()
+    add(f"{mode} mixed", concurrent([lambda: read_all(d / "mix0"), lambda: read_all(d / "mix1"),
+                                     lambda: read_many(smalls[::2]), lambda: read_many(smalls[1::2])]))
+    drop_caches()
+    add(f"{mode} 4 streams", concurrent([lambda n=n: read_all(d / n) for n in ("s0", "s1", "s2", "s3")]))
+    if mode == modes[-1]:
+        drop_caches()
+        t0 = time.perf_counter()
+        with open(d / "take", "ab") as f:
+            f.write(b"x")
+        add("takeover s", time.perf_counter() - t0)
+
+
 def med(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "passes": xs}
 
@@ -289,6 +329,10 @@ def main() -> int:
     p.add_argument("--writes", type=int, default=8)
     p.add_argument("--write-size", default="64M")
     p.add_argument("--modes", default="off,block,hybrid")
+    p.add_argument("--order", choices=("rotate", "fixed"), default="rotate",
+                   help="rotate (default): each pass a fresh reader per mode, the modes' order rotated per pass "
+                        "(a slow stretch of the machine does not land on one mode); fixed: one reader per mode "
+                        "for all passes, the modes one after the other (the earlier sessions' order)")
     p.add_argument("--no-writes", action="store_true")
     p.add_argument("--only-writes", action="store_true",
                    help="only the write rows (no holder files, local/GET or reader rows: their table stays empty)")
@@ -321,7 +365,8 @@ def main() -> int:
     redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
     ns = f"rmbench-{os.getpid()}"
     common = dict(redis=redis, secret=secret_file, namespace=ns, agent_bin=a.agent_bin)
-    res: dict = {"size": size, "passes": a.passes, "small": a.small, "agent_bin": str(a.agent_bin), "rows": {}}
+    res: dict = {"size": size, "passes": a.passes, "small": a.small, "agent_bin": str(a.agent_bin),
+                 "order": a.order, "rows": {}}
     rows = res["rows"]
 
     def add(key: str, value: float) -> None:
@@ -374,48 +419,36 @@ def main() -> int:
                     finally:
                         r.stop()
             print(f"writes done ({time.monotonic() - t_start:.0f} s)", flush=True)
-        for mode in [] if a.only_writes else a.modes.split(","):
-            b = Agent(work / f"b-{mode}", f"b{mode}", "--rebalance-interval", "0", *MODES[mode], **common).start()
-            ready(b)
-            try:
-                for i in range(a.passes):
-                    d = b.mnt / f"p{i}"
-                    drop_caches()
-                    add(f"{mode} seq", seq_read(d / "big"))
-                    drop_caches(1)
-                    add(f"{mode} seq again", seq_read(d / "big"))
-                    drop_caches()
-                    add(f"{mode} rand", rand_read(d / "rand", a.rand_reads, i))
-                    drop_caches()
-                    smalls = sorted((d / "small").iterdir())
-                    r = small_read(smalls)
-                    add(f"{mode} small mean_ms", r["mean_ms"])
-                    add(f"{mode} small p99_ms", r["p99_ms"])
-                    drop_caches(1)
-                    r = small_read(smalls)
-                    add(f"{mode} small again mean_ms", r["mean_ms"])
-                    add(f"{mode} small again p99_ms", r["p99_ms"])
-                    drop_caches()
-                    add(f"{mode} mixed", concurrent([lambda: read_all(d / "mix0"), lambda: read_all(d / "mix1"),
-                                                     lambda: read_many(smalls[::2]),
-                                                     lambda: read_many(smalls[1::2])]))
-                    drop_caches()
-                    add(f"{mode} 4 streams",
-                        concurrent([lambda n=n: read_all(d / n) for n in ("s0", "s1", "s2", "s3")]))
-                    if mode == a.modes.split(",")[-1]:
-                        drop_caches()
-                        t0 = time.perf_counter()
-                        with open(d / "take", "ab") as f:
-                            f.write(b"x")
-                        add("takeover s", time.perf_counter() - t0)
-                print(f"reader {mode} done ({time.monotonic() - t_start:.0f} s)", flush=True)
-            finally:
-                b.stop()
+        modes = [] if a.only_writes else a.modes.split(",")
+        if a.order == "fixed":  # one reader per mode for every pass, the modes one after the other
+            for mode in modes:
+                b = Agent(work / f"b-{mode}", f"b{mode}", "--rebalance-interval", "0", *MODES[mode], **common).start()
+                ready(b)
+                try:
+                    for i in range(a.passes):
+                        reader_pass(a, b, mode, i, modes, add)
+                    print(f"reader {mode} done ({time.monotonic() - t_start:.0f} s)", flush=True)
+                finally:
+                    b.stop()
+        else:  # rotate: each pass a fresh reader per mode, the modes' order rotated per pass
+            for i in range(a.passes if modes else 0):
+                order = modes[i % len(modes):] + modes[:i % len(modes)]
+                for mode in order:
+                    b = Agent(work / f"b-{mode}-{i}", f"b{mode}{i}", "--rebalance-interval", "0", *MODES[mode],
+                              **common).start()
+                    ready(b)
+                    try:
+                        reader_pass(a, b, mode, i, modes, add)
+                    finally:
+                        b.stop()
+                res.setdefault("pass_orders", []).append(order)
+                print(f"pass {i} ({', '.join(order)}) done ({time.monotonic() - t_start:.0f} s)", flush=True)
     finally:
         holder.stop()
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     res["summary"] = {k: med(v) for k, v in rows.items()}
+    res["ratios"] = ratios(res, a.modes.split(","))
     print_table(res, a.modes.split(","))
     if a.json:
         a.json.write_text(json.dumps(res, indent=2))
@@ -435,6 +468,55 @@ def cell(s: dict, key: str, ref: str | None = None, fmt: str = "{:,.0f}") -> str
     return out + "<br>" + fmt.format(v["min"]) + "–" + fmt.format(v["max"])
 
 
+READ_ROWS = [("seq", "MB/s", "{:,.0f}"), ("seq again", "MB/s", "{:,.0f}"), ("rand", "MB/s", "{:,.1f}"),
+             ("small mean_ms", "ms/file", "{:.2f}"), ("small p99_ms", "ms/file", "{:.2f}"),
+             ("small again mean_ms", "ms/file", "{:.2f}"), ("small again p99_ms", "ms/file", "{:.2f}"),
+             ("mixed", "MB/s", "{:,.0f}"), ("4 streams", "MB/s", "{:,.0f}")]
+
+
+def ratios(res: dict, modes: list[str]) -> dict:
+    """Each HCCache mode against off, row by row: the ratio of the medians, the ratio in
+    each pass (the same files, read by the two modes' readers of that pass), and whether
+    the mode is not slower than off (MB/s rows: ratio ≥ 1; ms rows: ≤ 1)."""
+    s, rows = res.get("summary", {}), res.get("rows", {})
+    out: dict = {}
+    if "off" not in modes:
+        return out
+    for mode in modes:
+        if mode == "off":
+            continue
+        for row, unit, _fmt in READ_ROWS:
+            mine, off = s.get(f"{mode} {row}"), s.get(f"off {row}")
+            if not mine or not off or not off["median"]:
+                continue
+            ratio = mine["median"] / off["median"]
+            per_pass = [x / y if y else None for x, y in zip(rows[f"{mode} {row}"], rows[f"off {row}"])]
+            out[f"{mode}/off {row}"] = {"median_ratio": ratio, "per_pass": per_pass, "unit": unit,
+                                        "not_slower": ratio <= 1.0 if unit == "ms/file" else ratio >= 1.0}
+    return out
+
+
+def print_ratios(res: dict, modes: list[str]) -> None:
+    r = res.get("ratios") or ratios(res, modes)
+    others = [m for m in modes if m != "off" and any(k.startswith(f"{m}/off ") for k in r)]
+    if not others:
+        return
+    print(f"\nagainst off (order {res.get('order', 'fixed')}: ratio of the medians; per pass; "
+          "ms rows: < 1 is faster, MB/s rows: > 1 is faster)")
+    print("| row | unit | " + " | ".join(f"{m} / off" for m in others) + " |")
+    print("|---|---|" + "---|" * len(others))
+    for row, unit, _fmt in READ_ROWS:
+        cells = []
+        for m in others:
+            v = r.get(f"{m}/off {row}")
+            if v is None:
+                cells.append("—")
+                continue
+            passes = ", ".join("—" if x is None else f"{x:.2f}" for x in v["per_pass"])
+            cells.append(f"{v['median_ratio']:.2f}{'' if v['not_slower'] else ' (slower)'}<br>{passes}")
+        print(f"| {row.replace('_ms', '')} | {unit} | " + " | ".join(cells) + " |")
+
+
 def print_table(res: dict, modes: list[str]) -> None:
     s = res["summary"]
     print(f"\nremote_bench: {res['size'] >> 20} MiB files, {res['passes']} passes, {res['small']} small files; "
@@ -442,13 +524,11 @@ def print_table(res: dict, modes: list[str]) -> None:
     head = "| row | unit | local | " + " | ".join(f"remote, HCCache {m}" for m in modes) + " | peer GET |"
     print(head)
     print("|---|---|" + "---:|" * (len(modes) + 2))
-    for row, unit, fmt in [("seq", "MB/s", "{:,.0f}"), ("seq again", "MB/s", "{:,.0f}"), ("rand", "MB/s", "{:,.1f}"),
-                           ("small mean_ms", "ms/file", "{:.2f}"), ("small p99_ms", "ms/file", "{:.2f}"),
-                           ("small again mean_ms", "ms/file", "{:.2f}"), ("small again p99_ms", "ms/file", "{:.2f}"),
-                           ("mixed", "MB/s", "{:,.0f}"), ("4 streams", "MB/s", "{:,.0f}")]:
+    for row, unit, fmt in READ_ROWS:
         cells = [cell(s, f"local {row}", fmt=fmt)] + [cell(s, f"{m} {row}", f"local {row}", fmt) for m in modes]
         cells.append(cell(s, "GET", "local seq") if row == "seq" else "—")
         print(f"| {row.replace('_ms', '')} | {unit} | " + " | ".join(cells) + " |")
+    print_ratios(res, modes)
     if "write none" in s:
         two = "2disk write none" in s
         print("\n| writes | same disk: MB/s (× none) |" + (" replica's node on its own device (× none) |" if two else "")

@@ -44,18 +44,22 @@ def check_version(data: bytes, size: int) -> int:
     return k
 
 
-# large-blocks: 3 MiB is more than a quarter of an 8 MiB fast tier, so it is read by blocks
-# through memory; large-copy: with 64 MiB it is copied whole at open and read through
-# passthrough (remote/reader.py wants_copy); small-off: HCCache off, a small file's copy is
-# one range request written whole (remote/copy.py SMALL_WHOLE)
-@pytest.mark.parametrize("size,fast,hcc", [(100 << 10, "64M", "64M"), (3 * MiB, "8M", "64M"),
-                                           (3 * MiB, "64M", "64M"), (100 << 10, "64M", "0")],
-                         ids=["small", "large-blocks", "large-copy", "small-off"])
+# small: a cold small file is copied whole at open as with HCCache off and the same bytes
+# go into memory (remote/reader.py copies_small); small-memory: without the fast-tier second
+# level it is fetched by its first read and served from memory; large-blocks: 3 MiB is more
+# than a quarter of an 8 MiB fast tier, so it is read by blocks through memory; large-copy:
+# with 64 MiB it is copied whole at open and read through passthrough (remote/reader.py
+# wants_copy); small-off: HCCache off, a small file's copy is one range request written
+# whole (remote/copy.py SMALL_WHOLE)
+@pytest.mark.parametrize("size,fast,hcc,second", [(100 << 10, "64M", "64M", True), (100 << 10, "64M", "64M", False),
+                                                  (3 * MiB, "8M", "64M", True), (3 * MiB, "64M", "64M", True),
+                                                  (100 << 10, "64M", "0", True)],
+                         ids=["small", "small-memory", "large-blocks", "large-copy", "small-off"])
 def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
-        hycache_mount, redis_cluster, dht_namespace, secret_file, size, fast, hcc):
+        hycache_mount, redis_cluster, dht_namespace, secret_file, size, fast, hcc, second):
     a, b, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                            names=("a", "b", "c"), write_lease_seconds=3, hccache_size=hcc,
-                           hccache_block_size="64K", fast_capacity=fast)
+                           hccache_block_size="64K", fast_capacity=fast, no_hccache_second_level=not second)
     (a.mountpoint / "f").write_bytes(version_bytes(0, size))
     wait_for(lambda: (c.mountpoint / "f").exists(), what="a's file on c")
     wait_published(a)
@@ -111,6 +115,9 @@ def test_readers_never_see_stale_or_torn_bytes_while_another_node_rewrites(
     assert st["mode"] == "hybrid" and st["memory_bytes"] <= st["limit_bytes"]
     if fast == "64M" and size > 1 * MiB:  # whole copies: the stream never went through memory
         assert st["lookups"] == 0 and cluster_status(c)["remote_fetches"] > 0
+        return
+    if second and size < 1 * MiB:  # copied whole at each cold open; the same bytes went into memory
+        assert st["inserts"] > 0 and st["object_fetches"] > 0 and cluster_status(c)["remote_fetches"] > 0
         return
     assert st["lookups"] > 0 and st["hit_ratio"] is not None
 

@@ -4,6 +4,7 @@ holder changes it, and falls back to the short refresh when its subscription is 
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -113,3 +114,40 @@ def test_a_file_renamed_over_is_never_announced_with_an_older_entry(
         feed.close()
         store.close()
     assert seen and set(seen) == {size}, seen
+
+
+def test_entries_read_before_the_subscription_get_the_lease_and_still_show_changes(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """A cold directory's first lookups read its listing before this node's subscription
+    to its announcements is confirmed (not covered: an announcement may come before it).
+    The confirmation reads the listing once more (``ClusterLink.relist_soon``) and covers
+    those entries from then on: the kernel keeps them with the lease instead of asking at
+    every stat.  A leased entry still shows another node's change of its size, its mtime
+    and its removal within the announcement path's bound (here 5 s, half the lease)."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "d").mkdir()
+    for name in ("f", "g", "h"):
+        rewrite(a.mountpoint / "d" / name, b"one")
+    wait_published(a)
+    theirs = b.mountpoint / "d"
+    before = inval(b)
+    # the first lookups in d: one listing, taken before d's subscription exists
+    assert (theirs / "f").read_bytes() == b"one"
+    assert os.stat(theirs / "g").st_size == 3 and os.stat(theirs / "h").st_size == 3
+    wait_for(lambda: inval(b)["relists"] > before["relists"], what="d listed again once its subscription was confirmed")
+    st = inval(b)
+    assert st["state"] == "ok" and st["losses"] == 0
+    for _ in range(5):  # within the lease: the same attributes, no store read needed
+        assert (theirs / "f").read_bytes() == b"one" and os.stat(theirs / "g").st_size == 3
+    # size: the holder rewrites f longer
+    rewrite(a.mountpoint / "d" / "f", b"two, longer")
+    wait_for(lambda: os.stat(theirs / "f").st_size == 11 and (theirs / "f").read_bytes() == b"two, longer",
+             timeout=5.0, what="f's new size and bytes on b")
+    # mtime: the holder sets g's times
+    os.utime(a.mountpoint / "d" / "g", ns=(1_000_000_000, 2_000_000_000))
+    wait_for(lambda: os.stat(theirs / "g").st_mtime_ns == 2_000_000_000, timeout=5.0, what="g's new mtime on b")
+    # unlink: the holder removes h
+    os.unlink(a.mountpoint / "d" / "h")
+    wait_for(lambda: not (theirs / "h").exists(), timeout=5.0, what="h gone on b")
+    st = inval(b)
+    assert st["announcements"] >= 3 and st["kernel_invalidations"] >= 2 and st["losses"] == 0

@@ -765,6 +765,48 @@ class ClusterLink:
             has = await self.query(first, missing=False)
         return has is True  # unreachable: local rules only (the store refuses it later)
 
+    def relist_soon(self, dirpath: bytes) -> None:
+        """The announcements of ``dirpath`` are heard from now on (its subscription was just
+        confirmed): what was read of it before is not covered (an announcement may have
+        been missed), so its listing is read once more, in the background, and the remote
+        files it still describes (the same version, or the same bytes) are covered from
+        that read on (cluster/invalidation.py): their entries get the lease at the next
+        lookup or stat instead of an attribute timeout of 0 until a refresh."""
+        if self._nursery is not None and (dirpath in self._listings or self.remote_files_in(dirpath)):
+            self._nursery.start_soon(self._relist, dirpath)
+
+    async def _relist(self, dirpath: bytes) -> None:
+        if self._dir_sizes.get(dirpath, 0) > SMALL_DIR:  # a large directory: not listed whole
+            return
+        read_at = time.monotonic()
+
+        def listing() -> dict[bytes, EntryMeta] | None:
+            out = {}
+            for name, meta in self.store.list_dir(dirpath):
+                if len(out) >= SMALL_DIR:
+                    return None
+                out[name] = meta
+            return out
+
+        entries = await self.query(listing, missing={})
+        if entries is UNREACHABLE or entries is None or not self.inval.heard_since(dirpath, read_at):
+            return  # unreachable, too large, or changed meanwhile (read again at the next lookup)
+        self.inval.stats["relists"] += 1
+        cached = self._listings.get(dirpath)
+        if cached is None or cached[0] < read_at:
+            self._listings[dirpath] = (read_at, entries)
+            self._dir_sizes[dirpath] = len(entries)
+        now = time.monotonic()
+        for node in self.remote_files_in(dirpath):
+            meta = entries.get(node.path.rpartition(b"/")[2])
+            if meta is None or node.superseded or node.read_at >= read_at:
+                continue
+            if meta.version != node.meta.version:
+                if not same_bytes(node.meta, meta):
+                    continue  # a new version: a new inode at the next lookup
+                meta = meta.copy(version=node.meta.version)
+            node.meta, node.fetched, node.read_at = meta, now, read_at
+
     def forget_listing(self, dirpath: bytes | None) -> None:
         """Our view of a directory changed: the next lookup asks the store again."""
         if dirpath is not None:

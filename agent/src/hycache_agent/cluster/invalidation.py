@@ -11,6 +11,10 @@ of (one subscriber per agent: a worker thread owns the feed), and then:
 * an announcement of a path ends the coverage of what was read before it: the store is
   asked again at the next refresh, the directory's cached listing goes, and the kernel
   forgets the name, so the next open looks it up (a new version is a new inode);
+* when a directory's subscription is confirmed, its listing is read once more
+  (``ClusterLink.relist_soon``): the remote files read before the confirmation (not
+  covered: an announcement may have come before it) are covered from that read on, so a
+  cold directory's entries get the lease within a round trip of the first lookup;
 * a lost subscription (a connection error, a reconnection, a slot that moved) may have
   missed announcements: the coverage of everything read before it ends at once, the
   kernel forgets those names, and until the channel is confirmed again entries fall back
@@ -48,11 +52,13 @@ class Invalidations:
         self.active_since: dict[bytes, float] = {}  # directory -> when its subscription was confirmed
         self.wanted: set[bytes] = set()  # directories to be subscribed
         self.changed_at: dict[bytes, float] = {}  # path -> when its last announcement was heard
+        self.dir_changed_at: dict[bytes, float] = {}  # directory -> when an announcement of a name in it was heard
         self.floor = float("-inf")  # nothing read before this is covered (a loss, a trimmed changed_at)
         self._todo: collections.deque[bytes] = collections.deque()  # for the subscriber thread
         self._feed = None
         self._stopping = False
-        self.stats = {"kept_refreshes": 0, "announcements": 0, "kernel_invalidations": 0, "losses": 0, "confirmations": 0}
+        self.stats = {"kept_refreshes": 0, "announcements": 0, "kernel_invalidations": 0, "losses": 0,
+                      "confirmations": 0, "relists": 0}
 
     # ------------------------------------------------------------------ questions
     def covers(self, node) -> bool:
@@ -68,6 +74,14 @@ class Invalidations:
         if not self.covers(node):
             return 0.0
         return max(0.0, node.read_at + LEASE_SECONDS - time.monotonic())
+
+    def heard_since(self, dirpath: bytes, read_at: float) -> bool:
+        """Whether a read of ``dirpath``'s names that began at ``read_at`` is covered as a
+        whole: its subscription was confirmed before it, and no announcement of a name in
+        it (nor a loss) came since."""
+        since = self.active_since.get(dirpath)
+        return (since is not None and since <= read_at and read_at > self.floor
+                and self.dir_changed_at.get(dirpath, -1.0) < read_at)
 
     def watch(self, dirpath: bytes) -> None:
         """Remote files of ``dirpath`` are kept here: subscribe to its announcements."""
@@ -144,6 +158,7 @@ class Invalidations:
                 if value in self.active_since:  # confirmed again: a reconnection, maybe a gap
                     self._drop_dir(value, now)
                 self.active_since[value] = now
+                self.link.relist_soon(value)  # what was read before is covered once read again
                 if self.state != "ok" and len(self.active_since) >= len(self.wanted):
                     if self.state == "degraded":
                         log.info("change announcements heard again: cached remote entries are kept")
@@ -158,8 +173,10 @@ class Invalidations:
     def _changed(self, path: bytes, now: float) -> None:
         if len(self.changed_at) >= MAX_CHANGED:
             self.changed_at.clear()
+            self.dir_changed_at.clear()
             self.floor = now
         self.changed_at[path] = now
+        self.dir_changed_at[_parent(path)] = now
         self.link.forget_listing(_parent(path))
         node = self.link.remote_by_path(path)
         if node is not None:

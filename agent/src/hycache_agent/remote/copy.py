@@ -13,6 +13,8 @@ the kernel reads a whole copy through passthrough at page-cache speed.
   takeover that wants the bytes (``ClusterLink.fetch_locked`` waits for it).
 * A small file (at most SMALL_WHOLE) is one range request read into memory and the copy
   written in one worker-thread hop: its cold open is a round trip, not a stream's hops.
+  With HCCache (hybrid) a cold small file is copied this way too (``reader.copies_small``)
+  and the same bytes go into the memory cache.
 * The stream is written in order, so ``written`` is always a prefix of the file.
 * A holder that fails mid-stream: the next one (primary, then replicas) starts over from
   byte 0 and must send the same bytes: its ETag must be of the same family as the first
@@ -143,6 +145,8 @@ class StreamCopy:
             self.etag = etag
         await trio.to_thread.run_sync(_write_whole, self.dest, data)
         self.size = self.written = len(data)
+        if self.link.reader is not None:  # HCCache: the same bytes fill the memory cache
+            self.link.reader.keep_copied(self.node, self.version, etag, data)
         return etag
 
     async def _parts(self, addr, expect: str | None) -> str:
