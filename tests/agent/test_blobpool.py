@@ -126,14 +126,14 @@ def test_a_crash_leaves_only_orphans_that_recovery_removes(tmp_path):
 
 def test_the_low_watermark_follows_the_creates_a_refill_served():
     """Twice the creates that took (or missed) a blob while one refill job ran, within
-    [BLOB_POOL_LOW, BLOB_POOL_MAX], lowered by at most a quarter per job."""
+    [BLOB_POOL_LOW, BLOB_POOL_MAX], lowered by at most 1/16 per job."""
     assert next_low(BLOB_POOL_LOW, 0) == BLOB_POOL_LOW
     assert next_low(BLOB_POOL_LOW, 100) == 200  # a burst: the next refill starts earlier
-    assert next_low(200, 10) == 150  # quiet again: down by a quarter a job
-    assert next_low(150, 300) == 600
+    assert next_low(200, 10) == 188  # quiet again: down by 1/16 a job
+    assert next_low(188, 300) == 600
     assert next_low(600, 10**6) == BLOB_POOL_MAX
     low = BLOB_POOL_MAX
-    for _ in range(40):
+    for _ in range(100):
         low = next_low(low, 0)
     assert low == BLOB_POOL_LOW
 

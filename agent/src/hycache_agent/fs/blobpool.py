@@ -7,8 +7,9 @@
   ``backing_pool.prepare`` returned, taken by the open of the create.  Blobs made before
   passthrough was accepted are registered by the next refill.  The refill starts below
   the pool's low watermark and fills it to twice that; the watermark follows the create
-  rate (twice the creates one refill had to serve, between BLOB_POOL_LOW and
-  BLOB_POOL_MAX), so that the pool does not run empty while a refill is under way.
+  rate (twice the creates one refill had to serve, slowly lowered again, between
+  BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run empty while a refill is
+  under way.
 * The reaper: the blobs of freed inodes are removed in batches by one background task.
 
 Unused pool blobs are removed at shutdown; after a crash they and the blobs not reaped yet
@@ -33,9 +34,9 @@ BLOB_POOL_BATCH_MAX = 512  # blobs made per worker-thread job (one hop each)
 def next_low(low: int, served: int) -> int:
     """The low watermark after a refill job during which ``served`` creates took (or found
     no) blob: twice that, so the next job starts while as many are still ready as the last
-    one had to serve; lowered by at most a quarter a job, within [BLOB_POOL_LOW,
-    BLOB_POOL_MAX]."""
-    return min(BLOB_POOL_MAX, max(BLOB_POOL_LOW, 2 * served, low * 3 // 4))
+    one had to serve; lowered by at most 1/16 a job (a quick job after a slow one does not
+    undo what the slow one taught), within [BLOB_POOL_LOW, BLOB_POOL_MAX]."""
+    return min(BLOB_POOL_MAX, max(BLOB_POOL_LOW, 2 * served, low - low // 16))
 
 
 class BlobPool:
@@ -92,8 +93,7 @@ class BlobPool:
         inode).  Below ``low`` ready blobs the pool is refilled to ``2 * low`` in jobs of at
         most BLOB_POOL_BATCH_MAX blobs on a worker thread (the loop thread only allocates
         the inode numbers); ``low`` becomes twice the creates the last job had to serve
-        meanwhile (never below BLOB_POOL_LOW nor above BLOB_POOL_MAX, and lowered by at
-        most a quarter a job), so a refill ends before the pool is empty."""
+        meanwhile (:func:`next_low`), so a refill ends before the pool is empty."""
         fast = self.tiers[T.FAST]
 
         def make(inos: list[int], pool, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:

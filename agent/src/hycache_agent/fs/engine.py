@@ -62,9 +62,12 @@ log = logging.getLogger(__name__)
 
 O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
-# a change that only other nodes wait for (a size at close, in a cluster) is committed
-# this soon, unless the next operation's commit takes it first (then it costs no commit)
-COMMIT_SHORTLY_SECONDS = 0.005
+# a change that only other nodes wait for (a size at close, in a cluster), or a name the
+# redo log keeps safe meanwhile, is committed this soon, with whatever else is recorded
+# until then: one flusher round (a trio timer), one transaction, one outbox batch and one
+# lane callback per 20 ms of a stream of creates or removes (5 ms made the flusher's
+# timers 7 % of the loop thread's GIL samples during creates; docs/benchmarks.md, create17)
+COMMIT_SHORTLY_SECONDS = 0.02
 
 
 @dataclass(eq=False)
