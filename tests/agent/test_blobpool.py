@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 
 import trio
 import trio.testing
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, next_low
+from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low, next_low
 from hycache_agent.fs.engine import TieringEngine
 
 from .harness import engine_config, run_engine
@@ -136,6 +137,20 @@ def test_the_low_watermark_follows_the_creates_a_refill_served():
     for _ in range(100):
         low = next_low(low, 0)
     assert low == BLOB_POOL_LOW
+    assert next_low(BLOB_POOL_LOW, 10**6, 128) == 128  # a low descriptor limit caps it
+
+
+def test_the_watermark_stays_within_a_quarter_of_the_descriptor_limit():
+    """With passthrough each ready blob holds a descriptor (up to 2 x the watermark)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert max_low() == 128
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))
+        assert max_low() == BLOB_POOL_LOW
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert max_low() == min(BLOB_POOL_MAX, max(BLOB_POOL_LOW, soft // 8))
 
 
 def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_path):

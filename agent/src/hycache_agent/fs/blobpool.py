@@ -19,6 +19,7 @@ are orphans (blobs without an inode), which the engine's recovery pass removes.
 from __future__ import annotations
 
 import errno
+import resource
 from typing import Any, Callable
 
 import trio
@@ -31,12 +32,22 @@ BLOB_POOL_MAX = 1024  # the largest low watermark (each ready blob holds a descr
 BLOB_POOL_BATCH_MAX = 512  # blobs made per worker-thread job (one hop each)
 
 
-def next_low(low: int, served: int) -> int:
+def max_low() -> int:
+    """The highest low watermark: BLOB_POOL_MAX, or less with a low descriptor limit (with
+    passthrough every ready blob holds a descriptor, up to twice the watermark: at most a
+    quarter of the limit, as many as the parked registrations may take)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return BLOB_POOL_MAX
+    return max(BLOB_POOL_LOW, min(BLOB_POOL_MAX, soft // 8))
+
+
+def next_low(low: int, served: int, most: int = BLOB_POOL_MAX) -> int:
     """The low watermark after a refill job during which ``served`` creates took (or found
     no) blob: twice that, so the next job starts while as many are still ready as the last
     one had to serve; lowered by at most 1/16 a job (a quick job after a slow one does not
-    undo what the slow one taught), within [BLOB_POOL_LOW, BLOB_POOL_MAX]."""
-    return min(BLOB_POOL_MAX, max(BLOB_POOL_LOW, 2 * served, low - low // 16))
+    undo what the slow one taught), within [BLOB_POOL_LOW, ``most``]."""
+    return min(most, max(BLOB_POOL_LOW, 2 * served, low - low // 16))
 
 
 class BlobPool:
@@ -56,6 +67,7 @@ class BlobPool:
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
         # the refill starts when fewer are ready (read by the create path; adapted by filler)
         self.low = BLOB_POOL_LOW
+        self.max_low = max_low()
         self.misses = 0  # creates that found the pool empty (a thread hop for their blob)
         self.refills = 0  # worker-thread jobs of the refill
 
@@ -135,7 +147,7 @@ class BlobPool:
                 self.refills += 1
                 # the creates while the job ran: those that took a blob and those that found none
                 served = before - len(ready) + self.misses - missed
-                self.low = next_low(self.low, served)
+                self.low = next_low(self.low, served, self.max_low)
                 for ino, entry in (*registered, *made):
                     ready.append(ino)
                     if entry is not None:
