@@ -12,7 +12,8 @@ import resource
 import trio
 import trio.testing
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low, next_low
+from hycache_agent.fs.blobpool import (BLOB_POOL_BATCH_MAX, BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low,
+                                       next_low)
 from hycache_agent.fs.engine import TieringEngine
 
 from .harness import engine_config, run_engine
@@ -154,8 +155,8 @@ def test_the_watermark_stays_within_a_quarter_of_the_descriptor_limit():
 
 
 def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_path):
-    """Creates that take blobs while a refill job runs raise the low watermark; the pool
-    is then filled above it (several jobs if needed), every blob an empty fast file."""
+    """Creates that find the pool empty while a refill job runs raise the low watermark;
+    the pool is then filled to twice it in several jobs, every blob an empty fast file."""
     tiers = _tiers(tmp_path)
     pool = BlobPool(tiers, {"enabled": False})
     next_ino = itertools.count(100).__next__
@@ -165,20 +166,21 @@ def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.filler, next_ino)
             await until(lambda: len(pool.ready) == FULL)
-            # a burst: the pool is emptied (the filler is woken), and creates keep coming
-            # (and missing) until the refill job is back
+            # a burst: the pool is emptied (the filler is woken), and 100 more creates come
+            # (and find none) while the refill job runs
             refills = pool.refills
             taken.extend(pool.ready.pop() for _ in range(FULL))
             pool.refill_soon()
-            while pool.refills == refills:
-                if pool.ready:
-                    taken.append(pool.ready.pop())
-                else:
-                    pool.misses += 1  # what create_file counts when it finds none
-                await trio.sleep(0)
-            await until(lambda: not pool.pool_filling and len(pool.ready) >= pool.low)
-            assert pool.low > BLOB_POOL_LOW  # the burst was seen
-            assert pool.low <= len(pool.ready) <= 2 * BLOB_POOL_MAX
+            with trio.fail_after(60):
+                while not pool.pool_filling:  # the job has started
+                    await trio.sleep(0)
+            pool.misses += 100  # what create_file counts when it finds none
+            await until(lambda: pool.refills > refills)
+            assert pool.low == 200  # twice what the job had to serve
+            await until(lambda: not pool.pool_filling and len(pool.ready) >= 2 * pool.low)
+            # filled to twice it, in jobs (each lowering it by 1/16: they served nothing)
+            assert 150 <= pool.low < 200 and len(pool.ready) >= 2 * pool.low
+            assert pool.refills >= refills + 2 * pool.low // BLOB_POOL_BATCH_MAX
             assert not set(taken) & set(pool.ready)
             assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in pool.ready)
             nursery.cancel_scope.cancel()
