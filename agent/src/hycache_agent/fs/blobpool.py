@@ -31,7 +31,6 @@ BLOB_POOL_LOW = 64  # the smallest low watermark (an idle agent keeps 2 x this r
 BLOB_POOL_MAX = 1024  # the largest low watermark (each ready blob holds a descriptor with passthrough)
 BLOB_POOL_BATCH_MAX = 128  # blobs made per worker-thread job (one hop each): small enough that
 # a job delivers its blobs before the pool is empty even on a loaded node (~0.25 ms a blob)
-REAP_GATHER_SECONDS = 0.02  # freed inodes' blobs gathered this long into one removal job
 
 
 def max_low() -> int:
@@ -170,12 +169,9 @@ class BlobPool:
 
     async def reaper(self) -> None:
         """Remove the blobs of freed inodes in batches, off the requests' path (a crash
-        before that leaves orphans, which the recovery pass removes).  A batch gathers for
-        REAP_GATHER_SECONDS after the first freed inode: a stream of removes costs one
-        thread hop (and one wake-up of the loop by its result) per batch, not per remove."""
+        before that leaves orphans, which the recovery pass removes)."""
         while True:
             await self._reaper_wakeup.wait()
-            await trio.sleep(REAP_GATHER_SECONDS)
             self._reaper_wakeup = trio.Event()
             await self.reap_now()
 
