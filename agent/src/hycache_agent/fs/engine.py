@@ -413,7 +413,7 @@ class TieringEngine:
             if stat.S_ISREG(mode):
                 self.blobs.misses += 1
                 self.blobs.refill_soon()
-                tier = await self.blobs.new_blob(ino)
+                tier = await self.blobs.new_blob(ino, register=True)
             else:
                 tier = None
         try:
