@@ -114,9 +114,10 @@ class BlobPool:
         """Keep empty fast-tier blobs ready so that a create costs no thread hop.  Unused
         ones are removed at shutdown, or by the recovery pass after a crash (they have no
         inode).  Below ``low`` ready blobs the pool is refilled to ``2 * low`` in jobs of at
-        most BLOB_POOL_BATCH_MAX blobs on a worker thread, each job's blobs ready as it ends (the loop thread only allocates
-        the inode numbers); ``low`` becomes twice the creates the last job had to serve
-        meanwhile (:func:`next_low`), so a refill ends before the pool is empty."""
+        most BLOB_POOL_BATCH_MAX blobs on a worker thread, each job's blobs ready when it
+        ends (the loop thread only allocates the inode numbers); ``low`` becomes twice the
+        creates the last job had to serve meanwhile (:func:`next_low`), so a refill ends
+        before the pool is empty."""
         fast = self.tiers[T.FAST]
 
         def make(inos: list[int], pool, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:

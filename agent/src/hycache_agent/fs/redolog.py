@@ -233,11 +233,15 @@ class RedoLog:
         ranges = [(start, min(self.size, start + PREFAULT_BYTES))]
         if start + PREFAULT_BYTES > self.size:  # the ring starts over soon
             ranges.append((0, min(start, start + PREFAULT_BYTES - self.size)))
-        for lo, hi in ranges:
-            if hi > lo and _madvise(addr + lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
-                if ctypes.get_errno() in (22, 95):  # EINVAL / EOPNOTSUPP: an older kernel
-                    self._addr = 0
-                return False
+        try:
+            for lo, hi in ranges:
+                if hi > lo and _madvise(addr + lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
+                    if ctypes.get_errno() in (22, 95):  # EINVAL / EOPNOTSUPP: an older kernel
+                        self._addr = 0
+                    return False
+        except Exception:  # noqa: BLE001 - a hint must never fail the commit it follows
+            log.debug("redo log: prefault failed", exc_info=True)
+            return False
         return True
 
     def reset(self) -> None:
