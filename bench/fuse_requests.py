@@ -61,6 +61,29 @@ def parse_trace(text: str) -> dict[str, list[float]]:
     return lat
 
 
+def agent_counts(t) -> dict | None:
+    """(outside the timed part) The agent's commits and blob-pool counters, from
+    ``hycache-agent status`` (None: not an agent, or an agent without them)."""
+    daemon = getattr(t, "daemon", None)
+    if daemon is None or not hasattr(daemon, "status"):
+        return None
+    try:
+        st = daemon.status()
+    except (RuntimeError, OSError, ValueError):
+        return None
+    pool = st.get("blob_pool") or {}
+    return {"commits": st.get("metadata", {}).get("commits"), "pool_misses": pool.get("misses"),
+            "pool_refills": pool.get("refills"), "pool_low": pool.get("low")}
+
+
+def counts_delta(before: dict | None, after: dict | None) -> dict | None:
+    """What a phase added to the counters (the watermark: its value after)."""
+    if before is None or after is None:
+        return None
+    return {k: (after[k] if k == "pool_low" or before[k] is None or after[k] is None else after[k] - before[k])
+            for k in after}
+
+
 class Trace:
     """The two fuse trace points of one connection, in a tracefs instance of our own."""
 
@@ -112,6 +135,10 @@ def print_phase(r: dict) -> None:
     reqs = sum(v["per_op"] for v in r["opcodes"].values())
     print(f"{r['target']:>18} {r['phase']:<6} w{r['writers']}  {r['rate']:>9,.0f} ops/s  "
           f"{reqs:.2f} requests/op")
+    a = r.get("agent")
+    if a:
+        print(f"{'':>20}agent: {a['commits']} commits; blob pool: {a['pool_misses']} misses, "
+              f"{a['pool_refills']} refills, low watermark {a['pool_low']}")
     for name, v in r["opcodes"].items():
         print(f"{'':>20}{name:<12} {v['per_op']:5.2f}/op  p50 {v['p50_ms']:6.3f}  p90 {v['p90_ms']:6.3f}  "
               f"p99 {v['p99_ms']:7.3f}  mean {v['mean_ms']:6.3f} ms  {100 * v['share']:3.0f} % of request time")
@@ -164,6 +191,7 @@ def main(argv=None) -> int:
                     barrier = fb.FORK.Barrier(w)
                     with fb._workers(fb._meta_worker, [(str(d), args.files, barrier) for d in dirs]) as conns:
                         for phase in phases:
+                            before = agent_counts(t)
                             caches.drop()  # as fs_bench: a stat after a drop is a LOOKUP
                             trace.start(os.stat(t.path).st_dev)
                             for c in conns:
@@ -173,10 +201,11 @@ def main(argv=None) -> int:
                             ops = w * args.files
                             r = {"target": t.name, "phase": phase, "writers": w, "repeat": rep,
                                  "rate": ops / took, "opcodes": summary(lat, ops)}
-                            print_phase(r)
-                            results.append(r)
                             if t.name in fb.DHT_TARGETS and phase in ("create", "remove"):
                                 t.daemon.wait_published(timeout=300)
+                            r["agent"] = counts_delta(before, agent_counts(t))
+                            print_phase(r)
+                            results.append(r)
                         for c in conns:
                             c.send(None)
                     for d in dirs:

@@ -1,19 +1,24 @@
 """fs/blobpool.py alone, on real tier directories in a temporary root: the pool of ready
-fast-tier blobs fills and refills, freed inodes' blobs are reaped, shutdown leaves
-nothing, and a crash leaves only orphans that the engine's recovery pass removes."""
+fast-tier blobs fills and refills, its low watermark follows the create rate, freed
+inodes' blobs are reaped, shutdown leaves nothing, and a crash leaves only orphans that
+the engine's recovery pass removes."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import resource
 
 import trio
 import trio.testing
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.blobpool import BLOB_POOL_BATCH, BLOB_POOL_LOW, BlobPool
+from hycache_agent.fs.blobpool import (BLOB_POOL_BATCH_MAX, BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low,
+                                       next_low)
 from hycache_agent.fs.engine import TieringEngine
 
-from .harness import engine_config
+from .harness import engine_config, run_engine
+
+FULL = 2 * BLOB_POOL_LOW  # what an idle agent keeps ready
 
 
 def _tiers(root) -> dict[str, T.Tier]:
@@ -46,17 +51,17 @@ def test_the_pool_fills_with_empty_fast_blobs_and_refills_when_low(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.filler, next_ino)
-            await until(lambda: len(pool.ready) == BLOB_POOL_BATCH)
+            await until(lambda: len(pool.ready) == FULL)
             ready = list(pool.ready)
-            assert ready == list(range(100, 100 + BLOB_POOL_BATCH)) and not pool.pool_filling
+            assert ready == list(range(100, 100 + FULL)) and not pool.pool_filling
             assert _blobs_on(tiers[T.FAST]) == set(ready) and not _blobs_on(tiers[T.SLOW])
             assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in ready)
             assert not pool.pooled_backings  # no passthrough: nothing registered ahead
-            # creates take blobs; the filler is woken below the low mark and adds a batch
-            taken.extend(pool.ready.pop() for _ in range(BLOB_POOL_BATCH - BLOB_POOL_LOW + 1))
+            # creates take blobs; the filler is woken below the low mark and fills to 2 x low
+            taken.extend(pool.ready.pop() for _ in range(FULL - BLOB_POOL_LOW + 1))
             pool.refill_soon()
-            await until(lambda: len(pool.ready) >= BLOB_POOL_BATCH)
-            assert len(pool.ready) == BLOB_POOL_LOW - 1 + BLOB_POOL_BATCH
+            await until(lambda: len(pool.ready) >= FULL)
+            assert len(pool.ready) == FULL and pool.low == BLOB_POOL_LOW and pool.refills == 2
             assert not set(taken) & set(pool.ready)
             nursery.cancel_scope.cancel()
 
@@ -106,16 +111,100 @@ def test_a_crash_leaves_only_orphans_that_recovery_removes(tmp_path):
     async def main():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.filler, next_ino)
-            await until(lambda: len(pool.ready) == BLOB_POOL_BATCH)
+            await until(lambda: len(pool.ready) == FULL)
             pool.doom(5000)  # never reaped: the agent dies first
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert len(_blobs_on(tiers[T.FAST])) == BLOB_POOL_BATCH  # no close(): as after SIGKILL
+    assert len(_blobs_on(tiers[T.FAST])) == FULL  # no close(): as after SIGKILL
     engine = TieringEngine(engine_config(tmp_path))
     report = engine.start()
     try:
-        assert report["orphan_blobs_removed"] == BLOB_POOL_BATCH + 1
+        assert report["orphan_blobs_removed"] == FULL + 1
         assert not _blobs_on(engine.tiers[T.FAST]) and not _blobs_on(engine.tiers[T.SLOW])
     finally:
         engine.close()
+
+
+def test_the_low_watermark_follows_the_creates_a_refill_served():
+    """Twice the creates that took (or missed) a blob while one refill job ran, within
+    [BLOB_POOL_LOW, BLOB_POOL_MAX], lowered by at most 1/16 per job."""
+    assert next_low(BLOB_POOL_LOW, 0) == BLOB_POOL_LOW
+    assert next_low(BLOB_POOL_LOW, 100) == 200  # a burst: the next refill starts earlier
+    assert next_low(200, 10) == 188  # quiet again: down by 1/16 a job
+    assert next_low(188, 300) == 600
+    assert next_low(600, 10**6) == BLOB_POOL_MAX
+    low = BLOB_POOL_MAX
+    for _ in range(100):
+        low = next_low(low, 0)
+    assert low == BLOB_POOL_LOW
+    assert next_low(BLOB_POOL_LOW, 10**6, 128) == 128  # a low descriptor limit caps it
+
+
+def test_the_watermark_stays_within_a_quarter_of_the_descriptor_limit():
+    """With passthrough each ready blob holds a descriptor (up to 2 x the watermark)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert max_low() == 128
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard))
+        assert max_low() == BLOB_POOL_LOW
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert max_low() == min(BLOB_POOL_MAX, max(BLOB_POOL_LOW, soft // 8))
+
+
+def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_path):
+    """Creates that find the pool empty while a refill job runs raise the low watermark;
+    the pool is then filled to twice it in several jobs, every blob an empty fast file."""
+    tiers = _tiers(tmp_path)
+    pool = BlobPool(tiers, {"enabled": False})
+    next_ino = itertools.count(100).__next__
+    taken: list[int] = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.filler, next_ino)
+            await until(lambda: len(pool.ready) == FULL)
+            # a burst: the pool is emptied (the filler is woken), and 100 more creates come
+            # (and find none) while the refill job runs
+            refills = pool.refills
+            taken.extend(pool.ready.pop() for _ in range(FULL))
+            pool.refill_soon()
+            with trio.fail_after(60):
+                while not pool.pool_filling:  # the job has started
+                    await trio.sleep(0)
+            pool.misses += 100  # what create_file counts when it finds none
+            await until(lambda: not pool.pool_filling and len(pool.ready) >= 2 * pool.low)
+            # twice what the job had to serve (200), then filled to twice it in jobs, each
+            # lowering it by 1/16 (they served nothing); without the burst it stays at 64
+            assert 150 <= pool.low <= 200 and len(pool.ready) >= 2 * pool.low
+            assert pool.refills >= refills + 2 * pool.low // BLOB_POOL_BATCH_MAX
+            assert not set(taken) & set(pool.ready)
+            assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in pool.ready)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    pool.close()
+    assert _blobs_on(tiers[T.FAST]) == set(taken) and not pool.ready
+
+
+def test_a_create_that_finds_the_pool_empty_is_counted_and_still_made(tmp_path):
+    """The slow path (a thread hop for its blob) works and shows in ``status``."""
+
+    async def body(h):
+        pool = h.engine.blobs
+        await until(lambda: len(pool.ready) >= FULL)
+        misses = pool.misses
+        for spare in pool.ready:  # as if a burst had taken every ready blob
+            T.remove_blob(h.engine.tiers[T.FAST].blob(spare))
+        pool.ready.clear()
+        fh, ino = await h.create(b"missed")
+        await h.write(fh, 0, b"bytes")
+        await h.close(fh)
+        assert h.tier(ino) == T.FAST and pool.misses == misses + 1
+        assert (await h.engine.status())["blob_pool"]["misses"] == misses + 1
+        assert await h.read_file(ino) == b"bytes"
+        await until(lambda: len(pool.ready) >= FULL)  # and the pool is refilled
+
+    run_engine(tmp_path, body)

@@ -399,6 +399,34 @@ def test_reopen_after_release_moves_and_unlink(hycache_mount):
     assert m.proc.poll() is None
 
 
+@pytest.mark.mount
+def test_every_ready_pool_blob_is_registered_ahead_of_its_create(hycache_mount):
+    """With passthrough, the pool's blobs are registered as backing files before a create
+    takes one (no thread hop in the create), those made before the kernel accepted
+    passthrough too; creates served from the pool read back what was written."""
+    m = hycache_mount(fast_capacity="64M")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
+
+    def pool() -> dict:
+        return status(m)["blob_pool"]
+
+    wait_for(lambda: pool()["ready"] > 0 and pool()["registered"] == pool()["ready"], 30,
+             "every ready pool blob registered")
+    assert len(agent_blob_fds(m)) >= pool()["ready"]  # a registration holds its blob open
+    d = m.mountpoint / "many"
+    d.mkdir()
+    for i in range(300):  # more than the pool holds at first: refills meanwhile
+        (d / f"f{i}").write_bytes(pattern(4 * K, i))
+    for i in range(300):
+        assert (d / f"f{i}").read_bytes() == pattern(4 * K, i)
+    wait_for(lambda: pool()["registered"] == pool()["ready"] >= 64, 30, "the pool refilled and registered")
+    for i in range(300):
+        (d / f"f{i}").unlink()
+    check_tiers_from_outside(m)
+    assert m.proc.poll() is None
+
+
 # --------------------------------------------------------------------------- names
 @pytest.mark.mount
 def test_name_length_limits(shared_mount, fresh_dir):

@@ -46,3 +46,14 @@ def test_summary_counts_requests_per_operation_and_their_share() -> None:
     assert s["FLUSH"]["per_op"] == 1.0 and s["FLUSH"]["mean_ms"] == 2.0
     assert s["FLUSH"]["p50_ms"] == 3.0 and s["FLUSH"]["share"] == pytest.approx(0.8)
     assert s["LOOKUP"]["share"] == pytest.approx(0.2)
+
+
+def test_counts_delta_is_what_a_phase_added_and_the_watermark_after() -> None:
+    before = {"commits": 10, "pool_misses": 3, "pool_refills": 5, "pool_low": 64}
+    after = {"commits": 40, "pool_misses": 3, "pool_refills": 9, "pool_low": 256}
+    assert fr.counts_delta(before, after) == {"commits": 30, "pool_misses": 0, "pool_refills": 4, "pool_low": 256}
+    # an agent without the pool's counters (an older build as base-*): left as None
+    old = {"commits": 7, "pool_misses": None, "pool_refills": None, "pool_low": None}
+    assert fr.counts_delta(old, {**old, "commits": 9}) == {"commits": 2, "pool_misses": None,
+                                                            "pool_refills": None, "pool_low": None}
+    assert fr.counts_delta(None, after) is None  # not an agent (mergerfs, raw)

@@ -4,7 +4,12 @@
   hop, so a create takes a ready blob and costs no thread hop.  With kernel passthrough
   each pool blob is also registered as a backing file ahead of its create (the FUSE
   layer's ``Backings``, set once the kernel accepted passthrough): ino -> what
-  ``backing_pool.prepare`` returned, taken by the open of the create.
+  ``backing_pool.prepare`` returned, taken by the open of the create.  Blobs made before
+  passthrough was accepted are registered by the next refill.  The refill starts below
+  the pool's low watermark and fills it to twice that; the watermark follows the create
+  rate (twice the creates one refill had to serve, slowly lowered again, between
+  BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run empty while a refill is
+  under way.
 * The reaper: the blobs of freed inodes are removed in batches by one background task.
 
 Unused pool blobs are removed at shutdown; after a crash they and the blobs not reaped yet
@@ -14,6 +19,7 @@ are orphans (blobs without an inode), which the engine's recovery pass removes.
 from __future__ import annotations
 
 import errno
+import resource
 from typing import Any, Callable
 
 import trio
@@ -21,8 +27,28 @@ import trio
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
 
-BLOB_POOL_LOW = 32
-BLOB_POOL_BATCH = 64
+BLOB_POOL_LOW = 64  # the smallest low watermark (an idle agent keeps 2 x this ready)
+BLOB_POOL_MAX = 1024  # the largest low watermark (each ready blob holds a descriptor with passthrough)
+BLOB_POOL_BATCH_MAX = 128  # blobs made per worker-thread job (one hop each): small enough that
+# a job delivers its blobs before the pool is empty even on a loaded node (~0.25 ms a blob)
+
+
+def max_low() -> int:
+    """The highest low watermark: BLOB_POOL_MAX, or less with a low descriptor limit (with
+    passthrough every ready blob holds a descriptor, up to twice the watermark: at most a
+    quarter of the limit, as many as the parked registrations may take)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return BLOB_POOL_MAX
+    return max(BLOB_POOL_LOW, min(BLOB_POOL_MAX, soft // 8))
+
+
+def next_low(low: int, served: int, most: int = BLOB_POOL_MAX) -> int:
+    """The low watermark after a refill job during which ``served`` creates took (or found
+    no) blob: twice that, so the next job starts while as many are still ready as the last
+    one had to serve; lowered by at most 1/16 a job (a quick job after a slow one does not
+    undo what the slow one taught), within [BLOB_POOL_LOW, ``most``]."""
+    return min(most, max(BLOB_POOL_LOW, 2 * served, low - low // 16))
 
 
 class BlobPool:
@@ -40,22 +66,44 @@ class BlobPool:
         self._reaper_wakeup = trio.Event()
         self._pool_wakeup = trio.Event()
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
+        # the refill starts when fewer are ready (read by the create path; adapted by filler)
+        self.low = BLOB_POOL_LOW
+        self.max_low = max_low()
+        self.misses = 0  # creates that found the pool empty (a thread hop for their blob)
+        self.refills = 0  # worker-thread jobs of the refill
 
     @property
     def ready(self) -> list[int]:
         """The inode numbers with an empty blob ready (the list itself: a create pops from
-        it, and calls :meth:`refill_soon` when fewer than BLOB_POOL_LOW are left)."""
+        it, and calls :meth:`refill_soon` when fewer than :attr:`low` are left)."""
         return self._blob_pool
 
     def refill_soon(self) -> None:
         self._pool_wakeup.set()
 
-    async def new_blob(self, ino: int) -> str:
+    def status(self) -> dict[str, int]:
+        """``status``'s ``blob_pool``: ready blobs (``registered``: of them, as backing
+        files), the low watermark now, creates that found none, refill jobs."""
+        registered = sum(1 for ino in self._blob_pool if ino in self.pooled_backings)
+        return {"ready": len(self._blob_pool), "registered": registered, "low": self.low,
+                "misses": self.misses, "refills": self.refills}
+
+    async def new_blob(self, ino: int, *, register: bool = False) -> str:
         """Create an empty blob for a new file: on the fast tier, or the slow one if the
-        fast file system itself is full."""
+        fast file system itself is full.  ``register`` (a create that found the pool
+        empty): with passthrough a fast-tier blob is also registered as a backing file in
+        the same thread hop, as a pool blob is (``pooled_backings``, taken by the create's
+        open) — one hop for the miss instead of two."""
+        pool = self.backing_pool if register and self.passthrough["enabled"] else None
         for tier in (T.FAST, T.SLOW):
+            path = self.tiers[tier].blob(ino)
             try:
-                await trio.to_thread.run_sync(T.create_blob, self.tiers[tier].blob(ino))
+                if tier == T.FAST and pool is not None:
+                    entry = await trio.to_thread.run_sync(pool.prepare, path, True)
+                    if entry is not None:
+                        self.pooled_backings[ino] = entry
+                else:
+                    await trio.to_thread.run_sync(T.create_blob, path)
                 return tier
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or tier == T.SLOW:
@@ -63,12 +111,17 @@ class BlobPool:
         raise AssertionError("unreachable")
 
     async def filler(self, allocate_ino: Callable[[], int]) -> None:
-        """Keep empty fast-tier blobs ready so that a create costs one thread hop (the
-        metadata commit) instead of two.  Unused ones are removed at shutdown, or by
-        the recovery pass after a crash (they have no inode)."""
+        """Keep empty fast-tier blobs ready so that a create costs no thread hop.  Unused
+        ones are removed at shutdown, or by the recovery pass after a crash (they have no
+        inode).  Below ``low`` ready blobs the pool is refilled to ``2 * low`` in jobs of at
+        most BLOB_POOL_BATCH_MAX blobs on a worker thread, each job's blobs ready when it
+        ends (the loop thread only allocates the inode numbers); ``low`` becomes twice the
+        creates the last job had to serve meanwhile (:func:`next_low`), so a refill ends
+        before the pool is empty."""
         fast = self.tiers[T.FAST]
 
-        def make(inos: list[int], pool) -> list[tuple[int, Any]]:
+        def make(inos: list[int], pool, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+            registered = [(ino, pool.prepare(fast.blob(ino))) for ino in register]
             made = []
             for ino in inos:
                 path = fast.blob(ino)
@@ -80,24 +133,43 @@ class BlobPool:
                         made.append((ino, pool.prepare(path, create=True)))
                 except OSError:
                     break
-            return made
+            return made, registered
 
+        ready = self._blob_pool
+        registered_old = False  # the blobs made before passthrough was accepted
+        filling = False  # below low: jobs until 2 x low are ready
         while True:
-            if len(self._blob_pool) < BLOB_POOL_LOW:
-                inos = [allocate_ino() for _ in range(BLOB_POOL_BATCH)]
-                self.pool_filling = set(inos)
-                pool = self.backing_pool if self.passthrough["enabled"] else None
+            pool = self.backing_pool if self.passthrough["enabled"] else None
+            # blobs made before the kernel accepted passthrough: registered by this job,
+            # out of the pool meanwhile (a create must not take one being registered)
+            register: list[int] = []
+            if pool is not None and not registered_old:
+                registered_old = True
+                register = [ino for ino in ready if ino not in self.pooled_backings]
+                if register:
+                    ready[:] = [ino for ino in ready if ino in self.pooled_backings]
+            filling = filling or len(ready) < self.low
+            if (filling and len(ready) < 2 * self.low) or register:
+                want = max(0, min(2 * self.low - len(ready) - len(register), BLOB_POOL_BATCH_MAX))
+                inos = [allocate_ino() for _ in range(want)]
+                self.pool_filling = set(inos) | set(register)
+                before, missed = len(ready), self.misses
                 try:
-                    made = await trio.to_thread.run_sync(make, inos, pool)
+                    made, registered = await trio.to_thread.run_sync(make, inos, pool, register)
                 finally:
                     self.pool_filling = set()
-                for ino, entry in made:
-                    self._blob_pool.append(ino)
+                self.refills += 1
+                # the creates while the job ran: those that took a blob and those that found none
+                served = before - len(ready) + self.misses - missed
+                self.low = next_low(self.low, served, self.max_low)
+                for ino, entry in (*registered, *made):
+                    ready.append(ino)
                     if entry is not None:
                         self.pooled_backings[ino] = entry
                 if len(made) < len(inos):  # fast device full: try again later
                     await trio.sleep(1.0)
                 continue
+            filling = False
             await self._pool_wakeup.wait()
             self._pool_wakeup = trio.Event()
 

@@ -198,6 +198,7 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "directories": dirs,
         "other_inodes": others,
         "open_handles": len(engine.handles),
+        "blob_pool": engine.blobs.status(),
         "passthrough": dict(engine.passthrough),
         "migrations": {**engine.counters.__dict__, "active": [m.as_dict() for m in engine.active.values()]},
         "cluster": None if engine.cluster is None else engine.cluster.status_dict(),

@@ -49,7 +49,7 @@ from hycache_core.policies import OnlinePolicy, load_policy
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.config import AgentConfig
-from hycache_agent.fs.blobpool import BLOB_POOL_LOW, BlobPool
+from hycache_agent.fs.blobpool import BlobPool
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
@@ -62,9 +62,12 @@ log = logging.getLogger(__name__)
 
 O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
 _HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
-# a change that only other nodes wait for (a size at close, in a cluster) is committed
-# this soon, unless the next operation's commit takes it first (then it costs no commit)
-COMMIT_SHORTLY_SECONDS = 0.005
+# a change that only other nodes wait for (a size at close, in a cluster), or a name the
+# redo log keeps safe meanwhile, is committed this soon, with whatever else is recorded
+# until then: one flusher round (a trio timer), one transaction, one outbox batch and one
+# lane callback per 20 ms of a stream of creates or removes (5 ms made the flusher's
+# timers 7 % of the loop thread's GIL samples during creates; docs/benchmarks.md, create17)
+COMMIT_SHORTLY_SECONDS = 0.02
 
 
 @dataclass(eq=False)
@@ -317,6 +320,7 @@ class TieringEngine:
     @backing_pool.setter
     def backing_pool(self, backings: Any) -> None:
         self.blobs.backing_pool = backings
+        self.blobs.refill_soon()  # the blobs made before are registered by the next refill
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
@@ -402,11 +406,16 @@ class TieringEngine:
             raise FsError(errno.EEXIST)
         if stat.S_ISREG(mode) and self._blob_pool:
             ino, tier = self._blob_pool.pop(), T.FAST
-            if len(self._blob_pool) < BLOB_POOL_LOW:
+            if len(self._blob_pool) < self.blobs.low:
                 self.blobs.refill_soon()
         else:
             ino = ns.allocate_ino()
-            tier = await self.blobs.new_blob(ino) if stat.S_ISREG(mode) else None
+            if stat.S_ISREG(mode):
+                self.blobs.misses += 1
+                self.blobs.refill_soon()
+                tier = await self.blobs.new_blob(ino, register=True)
+            else:
+                tier = None
         try:
             inode = ns.new_inode(parent, name, mode, uid, gid, rdev=rdev, tier=tier, ino=ino)
         except FsError:

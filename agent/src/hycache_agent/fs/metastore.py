@@ -389,8 +389,11 @@ class MetaJournal:
             self.failed = None
             self.commits += 1
             self._durable_upto = batch.upto
-            if self.redo is not None and batch.redo_upto > self.redo.checkpoint:
-                self.redo.checkpoint = batch.redo_upto
+            redo = self.redo
+            if redo is not None:
+                if batch.redo_upto > redo.checkpoint:
+                    redo.checkpoint = batch.redo_upto
+                redo.prefault()  # the next records' pages writable, off the loop thread
             if batch.durable:
                 self._checkpointed_upto = batch.upto
             return last_seq
