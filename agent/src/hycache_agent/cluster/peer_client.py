@@ -544,7 +544,6 @@ class PeerClient:
                 except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
                     if e is local_error:
                         raise
-                    last = e
                     if got > before:  # progress: the retry budget starts again
                         fails = 0
                     if fails >= self.retries:
