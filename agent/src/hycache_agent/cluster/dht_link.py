@@ -734,15 +734,7 @@ class ClusterLink:
         if self._dir_sizes.get(dirpath, 0) > limit:  # too large the last time: no scan
             entries = None
         else:
-            def listing() -> dict[bytes, EntryMeta] | None:
-                out = {}
-                for name, meta in self.store.list_dir(dirpath):
-                    if len(out) >= limit:
-                        return None
-                    out[name] = meta
-                return out
-
-            entries = await self.query(listing, missing={})
+            entries = await self.query(self._list_up_to, dirpath, limit, missing={})
             if entries is UNREACHABLE:
                 return None
             self._dir_sizes[dirpath] = limit + 1 if entries is None else len(entries)
@@ -752,6 +744,16 @@ class ClusterLink:
             self._dir_sizes.clear()
         self._listings[dirpath] = (now, entries)
         return entries
+
+    def _list_up_to(self, dirpath: bytes, limit: int) -> dict[bytes, EntryMeta] | None:
+        """The store's listing of ``dirpath`` (run by ``query`` in a worker thread), or None
+        when it holds more than ``limit`` names."""
+        out = {}
+        for name, meta in self.store.list_dir(dirpath):
+            if len(out) >= limit:
+                return None
+            out[name] = meta
+        return out
 
     async def dir_has_entries(self, path: bytes) -> bool:
         """Whether the store lists any name in directory ``path`` once our own queued
@@ -779,16 +781,7 @@ class ClusterLink:
         if self._dir_sizes.get(dirpath, 0) > SMALL_DIR:  # a large directory: not listed whole
             return
         read_at = time.monotonic()
-
-        def listing() -> dict[bytes, EntryMeta] | None:
-            out = {}
-            for name, meta in self.store.list_dir(dirpath):
-                if len(out) >= SMALL_DIR:
-                    return None
-                out[name] = meta
-            return out
-
-        entries = await self.query(listing, missing={})
+        entries = await self.query(self._list_up_to, dirpath, SMALL_DIR, missing={})
         if entries is UNREACHABLE or entries is None or not self.inval.heard_since(dirpath, read_at):
             return  # unreachable, too large, or changed meanwhile (read again at the next lookup)
         self.inval.stats["relists"] += 1

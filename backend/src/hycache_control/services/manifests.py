@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from hycache_core.scheduling import PlacementError, choose_node, place
@@ -352,13 +352,19 @@ class ManifestService:
 
     # -- jobs ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def _job_row(s: Session, manifest_id: int, job: str) -> ManifestJob:
+        """The job's row, or NotFound naming the manifest or the job that is missing."""
+        j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
+        if j is None:
+            if s.get(Manifest, manifest_id) is None:
+                raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
+            raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+        return j
+
     def job_node(self, manifest_id: int, job: str) -> str:
         with self.db.session() as s:
-            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
-            if j is None:
-                if s.get(Manifest, manifest_id) is None:
-                    raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
-                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            j = self._job_row(s, manifest_id, job)
             return j.node
 
     @staticmethod
@@ -373,11 +379,7 @@ class ManifestService:
         """One job and its before-steps' states (what a runner polls while a prefetch is
         under way, instead of the whole manifest)."""
         with self.db.session() as s:
-            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
-            if j is None:
-                if s.get(Manifest, manifest_id) is None:
-                    raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
-                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            j = self._job_row(s, manifest_id, job)
             return {"id": j.job, "node": j.node, "position": j.position, "state": j.state,
                     "started_at": j.started_at, "reads_done_at": j.reads_done_at, "finished_at": j.finished_at,
                     "parents": list(j.parents or []), "steps": self._before_steps(s, manifest_id, job)}
@@ -388,12 +390,8 @@ class ManifestService:
         skipped: list[dict] = []
         mine: list[dict] | None = None
         with self.db.session() as s:
-            m = s.get(Manifest, manifest_id)
-            if m is None:
-                raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
-            j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
-            if j is None:
-                raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            j = self._job_row(s, manifest_id, job)
+            m = j.manifest
             if m.state == "cancelled":
                 raise Conflict(("path", "manifest_id"), f"manifest {manifest_id} was cancelled")
             if what == "start":
