@@ -528,9 +528,11 @@ class PeerClient:
                     try:
                         pieces, ended = bulk.buffered_body(conn)
                         try:  # errors of the local file are not the peer's: raised as they are
-                            if pieces:
+                            if pieces:  # (a small body comes whole with its head)
                                 got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
                                     else await self._thread_bulk(bulk.write_all, fd, pieces)
+                                if progress is not None:
+                                    progress(got, size)
                             r = bulk.Received()
                             while got < size and not ended and r.error is None:
                                 if regular and pipe is None:
