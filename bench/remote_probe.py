@@ -18,13 +18,19 @@ random-4-KiB read of another
 ``drop_caches``) with the kernel's FUSE trace points of the reader's connection on (as
 ``bench/fuse_requests.py``): mean and p99 per file, per opcode the count, mean and max
 time the kernel waited, and the requests of the slowest files; with ``--holder-log
-DEBUG`` also the holder's own time per small-file GET (from its log).
+DEBUG`` also the holder's own time per small-file GET (from its log).  ``--small-only``:
+that row alone (no large files written or read; --small 200 unless given).
+``--steps``: every small file's time split into its steps on both sides (the agents'
+DEBUG lines of the peer service, the peer client and the copy, switched on alone through
+$HYCACHE_DEBUG_LOGGERS): the median file and the slowest 1 % are printed (the cold
+small-file tail, docs/benchmarks.md "The cold small-file tail").
 
 ``--perf FILE``: ``perf record -a -g`` around the last seq read of the first reader of
 each mode (FILE.MODE), for the time split of a first open.
 
 Usage: bench/remote_probe.py [--modes off,hybrid] [--rounds 3] [--files 3] [--size 256M]
                              [--agent-bin PATH] [--json FILE] [--perf FILE]
+                             [--small N] [--small-only] [--steps] [--keep]
 Needs root (FUSE mounts, drop_caches).
 """
 
@@ -50,6 +56,10 @@ from fuse_requests import OPCODES, TRACEFS  # noqa: E402
 from remote_bench import MODES, Agent, MiB, drop_caches, ready  # noqa: E402
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
+# --steps: the modules whose DEBUG lines time a small file's steps (the agents read
+# $HYCACHE_DEBUG_LOGGERS)
+STEP_LOGGERS = ",".join(["hycache_agent.cluster.peer", "hycache_agent.cluster.peer_client",
+                         "hycache_agent.remote.copy"])
 
 
 def trace_start(mnt: Path) -> None:
@@ -103,13 +113,70 @@ def small_traced(mnt: Path, paths: list[Path]) -> dict:
     ops: dict[str, list[float]] = {}
     for t0, t1, op in reqs:
         ops.setdefault(op, []).append((t1 - t0) * 1e3)
+    files = []
+    for path, (t, dt) in zip(paths, lat):
+        during: dict[str, float] = {}
+        for t0, t1, op in reqs:
+            if t - 1e-4 <= t0 <= t + dt:
+                during[op] = during.get(op, 0.0) + (t1 - t0) * 1e3
+        files.append({"path": "/" + "/".join(path.parts[-3:]), "ms": dt * 1e3, "ops": during})
     slow = []
     for i in sorted(range(len(lat)), key=lambda i: -lat[i][1])[:3]:
         t, dt = lat[i]
         rs = [f"{op} {(t1 - t0) * 1e3:.1f}" for t0, t1, op in reqs if t - 1e-4 <= t0 <= t + dt and t1 - t0 > 0.3e-3]
         slow.append(f"#{i} {dt * 1e3:.1f} ms: {', '.join(rs)}")
     return {"mean_ms": statistics.fmean(ls) * 1e3, "p99_ms": ls[min(len(ls) - 1, int(len(ls) * 0.99))] * 1e3,
-            "ops": {op: (len(v), statistics.fmean(v), max(v)) for op, v in ops.items()}, "slow": slow}
+            "ops": {op: (len(v), statistics.fmean(v), max(v)) for op, v in ops.items()}, "slow": slow,
+            "files": files}
+
+
+def _steps(text: str, pattern: str) -> dict[str, dict[str, float]]:
+    """{path: {step: ms}} of the log lines matching ``pattern`` (groups: path, then the
+    "name ms name ms ..." list)."""
+    out: dict[str, dict[str, float]] = {}
+    for m in re.finditer(pattern, text):
+        f = m.group(2).split()
+        out[m.group(1)] = {f[k]: float(f[k + 1]) for k in range(0, len(f) - 1, 2)
+                           if re.fullmatch(r"[0-9.]+", f[k + 1])}
+    return out
+
+
+def steps_report(rows: dict, modes: list[str], holder_log: str, reader_logs: dict[str, str]) -> dict:
+    """Each cold small file's time split into its steps: the kernel's requests (trace);
+    the reader's copy (``copy``: the stream task's start, the fetch, the write hop, the
+    memory insert; in the write hop: waiting for the thread, the open(2), write, close,
+    back on the loop); the fetch's GET (``get``: a pooled connection or a new one, the
+    request sent, until the response head); the holder's GET (``holder``: auth until
+    open_for_peer, open_for_peer, the head prepared, waiting for a worker thread, the
+    blob's open and read, back on the loop, the response sent).  Printed: the median file
+    and the slowest 1 %; returned for --json."""
+    holder = _steps(holder_log, r"GET b'([^']+)' done in [0-9.]+ s \(ms: ([^)]*)\)")
+    report = {}
+    for m in modes:
+        per_file = []
+        for r, sm in enumerate(rows.get(f"{m} small", [])):
+            text = reader_logs.get(f"{m}{r}", "")
+            copies = _steps(text, r"small copy of b'([^']+)': ms (.*)")
+            gets = _steps(text, r"GET /v1/files\?path=(\S+): ms (.*)")
+            for f in sm["files"]:
+                p = f["path"]
+                per_file.append({"path": p, "ms": f["ms"], "ops": f["ops"], "copy": copies.get(p, {}),
+                                 "get": gets.get(p, {}), "holder": holder.get(p, {})})
+        per_file.sort(key=lambda x: x["ms"])
+        report[m] = per_file
+        if not per_file:
+            continue
+
+        def line(x: dict) -> str:
+            parts = [f"{x['ms']:.2f} ms {x['path']}", " ".join(f"{k} {v:.2f}" for k, v in x["ops"].items())]
+            for key in ("copy", "get", "holder"):
+                parts.append(key + ": " + " ".join(f"{k} {v:.2f}" for k, v in x[key].items()))
+            return " | ".join(parts)
+
+        print(f"{m}: median file: {line(per_file[len(per_file) // 2])}")
+        for x in per_file[-max(3, len(per_file) // 100):][::-1]:
+            print(f"{m}: slow: {line(x)}")
+    return report
 
 
 def timed_seq(path: Path) -> tuple[float, float, float]:
@@ -139,12 +206,23 @@ def main() -> int:
     p.add_argument("--perf", help="perf record -a -g of one seq read per mode into PERF.MODE")
     p.add_argument("--small", type=int, default=0, help="small files read cold per reader, traced")
     p.add_argument("--holder-log", default="WARNING", help="DEBUG: the holder's time per small-file GET")
+    p.add_argument("--small-only", action="store_true",
+                   help="only the --small row (no large files): the cold small-file tail, file by file")
+    p.add_argument("--steps", action="store_true",
+                   help="with --small: each file's time split into its steps on the reader and the holder "
+                        "(their DEBUG lines of the peer service, the peer client and the small copy)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (the agents' logs)")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("remote_probe: needs root", file=sys.stderr)
         return 2
     size = rb.parse_size(a.size)
     modes = a.modes.split(",")
+    if a.small_only and not a.small:
+        a.small = 200
+    if a.steps:  # the agents log these modules' DEBUG lines (the rest at --holder-log / WARNING)
+        os.environ["HYCACHE_DEBUG_LOGGERS"] = STEP_LOGGERS
+    reader_logs: dict[str, str] = {}
     work = Path(tempfile.mkdtemp(prefix="hycache-rmprobe-", dir=os.environ.get("BENCH_DIR")))
     secret = work / "secret"
     secret.write_bytes(os.urandom(24).hex().encode())
@@ -163,8 +241,9 @@ def main() -> int:
         for r, m in readers:
             d = holder.mnt / f"{m}{r}"
             d.mkdir()
-            for name, n in [*((f"big{j}", size) for j in range(a.files)), ("rand", size),
-                            *((f"s{k}", size // 4) for k in range(4))]:
+            large = [] if a.small_only else [*((f"big{j}", size) for j in range(a.files)), ("rand", size),
+                                             *((f"s{k}", size // 4) for k in range(4))]
+            for name, n in large:
                 with open(d / name, "wb") as f:
                     for _ in range(n // MiB):
                         f.write(block)
@@ -175,7 +254,7 @@ def main() -> int:
                 (d / "small" / f"f{i}").write_bytes(os.urandom(rnd.randint(4, 32) * 1024))
         holder.wait_published()
         time.sleep(1.2)  # the readers' listing caches (1 s)
-        for j in range(a.files):
+        for j in range(0 if a.small_only else a.files):
             drop_caches()
             rows.setdefault("local seq", []).append(timed_seq(holder.mnt / f"{modes[0]}0" / f"big{j}"))
         print(f"files written, local done ({time.monotonic() - t_start:.0f} s)", flush=True)
@@ -184,7 +263,7 @@ def main() -> int:
             ready(b)
             try:
                 d = b.mnt / f"{m}{r}"
-                for j in range(a.files):
+                for j in range(0 if a.small_only else a.files):
                     drop_caches()
                     perf = None
                     if a.perf and r == 0 and j == a.files - 1:
@@ -201,13 +280,14 @@ def main() -> int:
                     rows.setdefault(f"{m} seq again", []).append(again)
                     print(f"{m} r{r} seq {j}: {got[0]:7,.0f} MB/s  open {got[1] * 1e3:6.1f} ms  "
                           f"reads {got[2] * 1e3:5.1f} ms; again {again:7,.0f} MB/s", flush=True)
-                drop_caches()
-                got = rb.rand_read(d / "rand", a.rand_reads, r)
-                rows.setdefault(f"{m} rand", []).append(got)
-                drop_caches()
-                got4 = rb.concurrent([lambda n=n: rb.read_all(d / n) for n in ("s0", "s1", "s2", "s3")])
-                rows.setdefault(f"{m} 4 streams", []).append(got4)
-                print(f"{m} r{r} rand {got:5.1f} MB/s  4 streams {got4:7,.0f} MB/s", flush=True)
+                if not a.small_only:
+                    drop_caches()
+                    got = rb.rand_read(d / "rand", a.rand_reads, r)
+                    rows.setdefault(f"{m} rand", []).append(got)
+                    drop_caches()
+                    got4 = rb.concurrent([lambda n=n: rb.read_all(d / n) for n in ("s0", "s1", "s2", "s3")])
+                    rows.setdefault(f"{m} 4 streams", []).append(got4)
+                    print(f"{m} r{r} rand {got:5.1f} MB/s  4 streams {got4:7,.0f} MB/s", flush=True)
                 if a.small:
                     drop_caches()
                     sm = small_traced(b.mnt, [d / "small" / f"f{i}" for i in range(a.small)])
@@ -217,6 +297,8 @@ def main() -> int:
                           f"    requests (count, mean/max ms): {ops}\n    slowest: {'; '.join(sm['slow'])}", flush=True)
             finally:
                 b.stop()
+                if a.steps:
+                    reader_logs[f"{m}{r}"] = (b.root / "agent.log").read_text(errors="replace")
     finally:
         holder.stop()
         cluster.stop()
@@ -225,16 +307,28 @@ def main() -> int:
         except OSError:
             pass
         log = (work / "a" / "agent.log").read_text(errors="replace")
-        shutil.rmtree(work, ignore_errors=True)
+        if a.keep:
+            print(f"kept {work} (agents' logs, tiers, Redis)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     gets = sorted(float(x) * 1e3 for x in re.findall(r"GET b'/[a-z]+\d+/small/f\d+' done in ([0-9.]+) s", log))
     if gets:
         rows["holder small GET ms"] = gets
         print(f"holder's small-file GETs: {len(gets)}, mean {statistics.fmean(gets):.2f} ms, "
               f"p99 {gets[int(len(gets) * 0.99)]:.2f} ms, max {gets[-1]:.2f} ms, over 5 ms: {sum(g > 5 for g in gets)}")
+    if a.steps:
+        rows["steps"] = steps_report(rows, modes, log, reader_logs)
     print(f"\nremote_probe: {a.rounds} rounds x {modes}, {a.files} seq reads each; median [min-max]")
-    ls = [x[0] for x in rows["local seq"]]
-    print(f"local seq {statistics.median(ls):,.0f} MB/s [{min(ls):,.0f}-{max(ls):,.0f}]")
+    if not a.small_only:
+        ls = [x[0] for x in rows["local seq"]]
+        print(f"local seq {statistics.median(ls):,.0f} MB/s [{min(ls):,.0f}-{max(ls):,.0f}]")
     for m in modes:
+        if a.small_only:
+            sm = rows[f"{m} small"]
+            print(f"{m:7s} small cold mean {statistics.median(x['mean_ms'] for x in sm):.2f} ms "
+                  f"p99 {statistics.median(x['p99_ms'] for x in sm):.2f} ms "
+                  f"[{min(x['p99_ms'] for x in sm):.2f}-{max(x['p99_ms'] for x in sm):.2f}]")
+            continue
         seq = rows[f"{m} seq"]
         mb, op, rd = ([x[i] for x in seq] for i in range(3))
         first = [x[0] for k, x in enumerate(seq) if k % a.files == 0]

@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import re
+import resource
 import signal
 
 import pyfuse3
@@ -242,6 +243,36 @@ def _settle_gc() -> None:
     gc.freeze()
 
 
+# Descriptor slots reserved at start-up (at most the soft RLIMIT_NOFILE): see _reserve_fd_table.
+FD_TABLE_RESERVE = 16384
+
+
+def _reserve_fd_table() -> None:
+    """Grow the process's descriptor table once, now, to what the agent may hold (parked
+    passthrough registrations, ready blobs, copies: a descriptor each).  The kernel grows
+    a table by doubling it when a new descriptor does not fit, and in a process with
+    threads every growth waits for an RCU grace period (``expand_files`` →
+    ``synchronize_rcu``): 4-16 ms inside whichever open(2) crossed 64, 128, 256, ...
+    descriptors.  A reader of small remote files keeps one descriptor per copy it
+    registered, so its ~105th cold file of a pass waited that long in the open of its
+    copy (remote_probe --steps, f104 of every round; perf sched_switch stacks).  A
+    table never shrinks: one dup2 to the last slot wanted, then close it.  Costs
+    ~9 bytes a slot (144 KiB for 16,384)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = FD_TABLE_RESERVE if soft == resource.RLIM_INFINITY else min(soft, FD_TABLE_RESERVE)
+    if top <= 64:  # (the table a process starts with)
+        return
+    try:
+        fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.dup2(fd, top - 1, inheritable=False)  # only the slot matters
+            os.close(top - 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.debug("descriptor table not reserved: %s", exc)
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
@@ -259,6 +290,7 @@ def run_mount(config: AgentConfig) -> int:
             raise SystemExit(f"hycache-agent: {exc}") from None
     if config.redis is not None:
         _check_redis_credentials(config)
+    _reserve_fd_table()
     engine = TieringEngine(config)
     report = engine.start()
     if config.clustered:

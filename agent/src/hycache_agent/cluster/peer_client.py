@@ -22,6 +22,7 @@ not fetched twice and a file changed in between is detected, never spliced.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import stat
@@ -38,6 +39,7 @@ import trio
 from hycache_agent.cluster import bulk
 from hycache_agent.cluster.peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
 
+log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
 Progress = Callable[[int, int], None]  # (bytes written so far, total bytes)
 
@@ -296,11 +298,18 @@ class PeerClient:
         """A GET on a pooled raw connection, up to the response's head.  None when a
         reused keep-alive connection turned out closed by the server (not a failure: ask
         again); other transport errors are raised (the connection closed)."""
+        t0 = time.monotonic()
         conn = await self._raw.get(host, port)
         self.stats.requests += 1
         try:
+            t1 = time.monotonic()
             await bulk.send_head(conn, "GET", target, headers)
-            return conn, await bulk.read_response(conn, self.read_timeout)
+            t2 = time.monotonic()
+            resp = await bulk.read_response(conn, self.read_timeout)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("GET %s: ms conn %.3f send %.3f head %.3f reused %d", target.decode("latin-1"),
+                          (t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.monotonic() - t2) * 1e3, conn.reused)
+            return conn, resp
         except (*RAW_RETRYABLE, bulk.Broken):
             with trio.CancelScope(shield=True):
                 await self._raw.put(conn, False)
@@ -519,9 +528,11 @@ class PeerClient:
                     try:
                         pieces, ended = bulk.buffered_body(conn)
                         try:  # errors of the local file are not the peer's: raised as they are
-                            if pieces:
+                            if pieces:  # (a small body comes whole with its head)
                                 got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
                                     else await self._thread_bulk(bulk.write_all, fd, pieces)
+                                if progress is not None:
+                                    progress(got, size)
                             r = bulk.Received()
                             while got < size and not ended and r.error is None:
                                 if regular and pipe is None:

@@ -48,12 +48,17 @@ PART_ALIGN = 1 << 20
 SMALL_WHOLE = 256 << 10
 
 
-def _write_whole(dest: str, data: bytes) -> None:
+def _write_whole(dest: str, data: bytes) -> list[float]:
+    t = [time.monotonic()]
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    t.append(time.monotonic())
     try:
         bulk.write_all(fd, [data])
+        t.append(time.monotonic())
     finally:
         os.close(fd)
+        t.append(time.monotonic())
+    return t
 
 
 def _norm(etag: str) -> str:
@@ -74,6 +79,7 @@ class StreamCopy:
         self.fd = -1
         self.refs = 1  # the stream itself
         self.finished = trio.Event()
+        self.created = time.monotonic()
 
     def _progress(self, done: int, total: int) -> None:
         self.written, self.size = done, total
@@ -136,17 +142,26 @@ class StreamCopy:
         comes with the head), then the copy written in one worker-thread hop (open, write,
         close) instead of the stream's five (open, fstat, write, truncate, close).  None
         when the file is no longer the size the DHT gave (then the stream takes it)."""
+        t0 = time.monotonic()
         data, etag, total = await self.link.peers.read_block(addr, self.node.path, 0, self.size)
+        t1 = time.monotonic()
         if expect is not None and etag != expect:
             raise PeerChanged(f"{self.node.path!r}: version {etag!r}, expected {expect!r}")
         if total != len(data):
             return None
         if self.etag is None:  # a holder tried next must send the same bytes
             self.etag = etag
-        await trio.to_thread.run_sync(_write_whole, self.dest, data)
+        tw = await trio.to_thread.run_sync(_write_whole, self.dest, data)
+        t2 = time.monotonic()
         self.size = self.written = len(data)
         if self.link.reader is not None:  # HCCache: the same bytes fill the memory cache
             self.link.reader.keep_copied(self.node, self.version, etag, data)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("small copy of %r: ms start %.3f fetch %.3f write %.3f insert %.3f w_thread %.3f w_open %.3f "
+                      "w_write %.3f w_close %.3f w_back %.3f", self.node.path,
+                      (t0 - self.created) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (time.monotonic() - t2) * 1e3,
+                      (tw[0] - t1) * 1e3, (tw[1] - tw[0]) * 1e3, (tw[2] - tw[1]) * 1e3, (tw[3] - tw[2]) * 1e3,
+                      (t2 - tw[3]) * 1e3)
         return etag
 
     async def _parts(self, addr, expect: str | None) -> str:

@@ -143,26 +143,26 @@ class RemoteReader:
 
     def keep_copied(self, node, version: int, etag: str, data: bytes) -> None:
         """The bytes of a small file just copied whole (``remote/copy.py``) go into the
-        memory cache too: one fetch fills both levels.  Up to INLINE_INSERT bytes the insert
-        (a SHA-256 of at most 64 KiB, ~40 µs, and the LRU bookkeeping) runs right here on the
-        loop: as a worker-thread hop beside the open's own hops it made every cold open
-        0.2-1 ms slower (quiet window, FUSE trace: OPEN 1.85-2.76 ms against off's
-        1.65-1.84; inline 1.49-1.53 against 1.47-1.82).  Larger ones hash in a thread."""
+        memory cache too: one fetch fills both levels.  The insert is a task of its own,
+        started here and run by the loop once the open's task gives way (the reply to the
+        kernel is then on its way): HCCache's cold open waits for nothing off's does not.
+        Up to INLINE_INSERT bytes it runs on the loop (a SHA-256 of at most 64 KiB, ~40 µs,
+        and the LRU bookkeeping): as a worker-thread hop beside the open's own hops it made
+        every cold open 0.2-1 ms slower (quiet window, FUSE trace: OPEN 1.85-2.76 ms against
+        off's 1.65-1.84; on the loop 1.49-1.53 against 1.47-1.82).  Larger ones hash in a
+        thread."""
         if self._nursery is None or not self.cache.is_small(len(data)) or self.cache.limit_bytes <= 0:
             return
         self.stats.object_fetches += 1
         self.stats.fetched_bytes += len(data)
-        if len(data) <= INLINE_INSERT:
-            try:
-                self.cache.insert_object(node.path, (version, _norm(etag)), data)
-            except Exception as exc:  # noqa: BLE001 - not cached: fetched again if the copy goes
-                log.warning("caching %r failed: %s", node.path, exc)
-            return
         self._nursery.start_soon(self._keep_copied, node.path, version, _norm(etag), data)
 
     async def _keep_copied(self, path: bytes, version: int, etag: str, data: bytes) -> None:
         try:
-            await trio.to_thread.run_sync(self.cache.insert_object, path, (version, etag), data)
+            if len(data) <= INLINE_INSERT:
+                self.cache.insert_object(path, (version, etag), data)
+            else:
+                await trio.to_thread.run_sync(self.cache.insert_object, path, (version, etag), data)
         except Exception as exc:  # noqa: BLE001 - not cached: fetched again if the copy goes
             log.warning("caching %r failed: %s", path, exc)
 
