@@ -460,7 +460,6 @@ class PeerClient:
         etag = expect
         got = first  # bytes written, always a prefix of the span
         fails = 0
-        last: BaseException | None = None
         local_error: OSError | None = None
         try:
             while size is None or got < size:
