@@ -128,6 +128,9 @@ class ManifestJob(Base):
     # when the job reported it had read its inputs (``…/reads-done``): the next job's
     # prefetches on the node are released then (docs/scheduling.md, "When a job starts")
     reads_done_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # when its prefetch/evict steps were planned from the node's contents at their release
+    # (None: not yet; they are held until then — docs/scheduling.md, "Plans made at release")
+    planned_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     manifest: Mapped[Manifest] = relationship(back_populates="jobs")
 
     __table_args__ = (Index("ix_manifest_jobs_manifest_job", "manifest_id", "job", unique=True),)
