@@ -571,3 +571,37 @@ def test_a_jobs_steps_are_planned_from_the_nodes_contents_at_their_release(api: 
     assert api.post(f"{url}/j2/reads-done").status_code == 200
     assert [d for d in api.beat("a", seq=6, status=idle).json()["actions"] if d["job"] == "j3"] == []
     assert api.get(f"{url}/j3").json()["steps"] == []
+
+
+def test_a_prefetch_of_a_parents_output_is_released_when_that_parent_finishes(api: Api, store):  # noqa: F811
+    """A job reading several parents' outputs gets the prefetch of each one once the
+    parent that writes it has finished (and the job's turn on its node has come), not
+    when the last parent has: ``j`` on b reads ``o1`` and ``o3`` from a; ``o1``'s prefetch
+    goes while ``p3`` still runs."""
+    mib = 1 << 20
+    for n in ("a", "b"):
+        assert api.beat(n, status=STATUS).status_code == 200
+    doc = {"version": 1, "name": "fan-in", "jobs": [
+        {"name": "p1", "accesses": [{"path": "o1", "size": "8M", "op": "W"}]},
+        {"name": "p2", "accesses": [{"path": "o2", "size": "8M", "op": "W"}]},
+        {"name": "p3", "accesses": [{"path": "o3", "size": "8M", "op": "W"}]},
+        {"name": "j", "accesses": [{"path": f"o{k}", "size": "8M"} for k in (1, 2, 3)]}]}
+    r = api.post("/api/v1/manifests?nodes=a,b&solver=round-robin", doc)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    mid, url = m["id"], f"/api/v1/manifests/{m['id']}/jobs"
+    assert m["placement"] == {"p1": "a", "p2": "b", "p3": "a", "j": "b"}, m["placement"]
+    for p, n in (("p1", "a"), ("p2", "b"), ("p3", "a")):
+        store.create(f"/o{p[1]}".encode(), file_meta(n, size=8 * mib, tier="fast"))
+    for p in ("p1", "p2", "p3"):
+        assert api.post(f"{url}/{p}/start").status_code == 200
+    assert api.post(f"{url}/p2/reads-done").status_code == 200  # j's turn on b
+    assert beat(api, "b") == []  # its prefetches' files do not exist yet
+    assert api.post(f"{url}/p2/finish").status_code == 200
+    assert api.post(f"{url}/p1/finish").status_code == 200
+    got = [d for d in beat(api, "b") if d["job"] == "j"]
+    assert [(d["action"], d["path"]) for d in got] == [("prefetch", "/o1")]  # p3 still runs
+    assert api.post(f"{url}/p3/finish").status_code == 200
+    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1", "/o3"]
+    steps = api.post(f"{url}/j/start").json()["steps"]
+    assert [(st["path"], st["state"]) for st in steps] == [("/o1", "delivered"), ("/o3", "delivered")]

@@ -91,6 +91,8 @@ class ActionItem(Base):
     plan_action: Mapped[str | None] = mapped_column(String(16), nullable=True)  # as planned: prefetch | evict | pin | unpin
     size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     source: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    #: a prefetch of a file a job of the manifest writes: that job (held until it has finished)
+    after_job: Mapped[str | None] = mapped_column(String(200), nullable=True)
     parent: Mapped[Action] = relationship(back_populates="items")
 
     __table_args__ = (Index("ix_action_items_node_state", "node", "state"),)

@@ -12,9 +12,10 @@ When a step is released to its node.  A job's steps are of two kinds (see
 made) — and *after* it — ``pin`` of an output the job wrote, ``unpin`` of files with no
 later reference on the node.
 - before-steps of job J are released once every earlier job of J's node (in plan order)
-  has *finished reading* its inputs (reported ``…/reads-done``, or finished) and every
-  parent of J has finished: J's turn has come (it is the next job to start there), and
-  the files it reads exist (a parent on another node wrote them).
+  has *finished reading* its inputs (reported ``…/reads-done``, or finished): J's turn
+  has come (it is the next job to start there); a prefetch of a file that a job of the
+  manifest writes waits until that writer has finished (the file exists), each on its
+  own (``after_job``); the node's first job's steps wait for all its parents.
   A before-step still undelivered when its job starts is ``skipped``: the job never
   waits for it and reads that file where it is.
   Releasing when the job before it has read its inputs lets J's prefetches overlap that
@@ -238,6 +239,7 @@ class ManifestService:
                 for f in job.outputs:
                     owner[f] = result["placement"][job.id]
             items = []
+            writer = self._writers(wf)
             for node, steps in result["plans"].items():
                 for st in steps:
                     state, detail = "pending", None
@@ -251,7 +253,8 @@ class ManifestService:
                                             updated_at=now,
                                             kind=AGENT_ACTION[st["action"]], plan_action=st["action"], job=st["job"],
                                             step=st["step"], size=st.get("size"),
-                                            source=None if st.get("source") is None else str(st["source"])))
+                                            source=None if st.get("source") is None else str(st["source"]),
+                                            after_job=self._after(writer, st)))
             s.add(Action(action="plan", actor=actor, created_at=now, updated_at=now, manifest_id=m.id, items=items))
             s.flush()
             mid = m.id
@@ -480,6 +483,22 @@ class ManifestService:
     # -- layer 2 at each release ------------------------------------------------------------------
 
     @staticmethod
+    def _writers(wf: Workflow) -> dict[str, str]:
+        """Each file the workflow writes → its first writer."""
+        out: dict[str, str] = {}
+        for job in wf.jobs:
+            for f in job.outputs:
+                out.setdefault(f, job.id)
+        return out
+
+    @staticmethod
+    def _after(writer: dict[str, str], st: dict[str, Any]) -> str | None:
+        """The job a prefetch step waits for: its file's writer (the file exists once it has
+        finished), if another job of the manifest."""
+        w = writer.get(st["path"]) if st["action"] == "prefetch" else None
+        return w if w != st["job"] else None
+
+    @staticmethod
     def _due(s: Session, manifest_id: int, at_start: bool, nodes) -> list[str]:
         """The jobs on ``nodes`` whose before-steps' turn has come (the gate's release rule)
         and that have not been planned at their release yet."""
@@ -492,7 +511,7 @@ class ManifestService:
         return [j.job for j in jobs
                 if j.node in nodes and j.state == "pending" and j.planned_at is None
                 and j.position == first_unread.get(j.node)
-                and all(state.get(p, "done") == "done" for p in j.parents or ())]
+                and (j.position > 0 or all(state.get(p, "done") == "done" for p in j.parents or ()))]
 
     def _workflow(self, manifest_id: int, document: Any) -> Workflow:
         """The manifest's parsed workflow (the last few kept: a release plans from it)."""
@@ -535,6 +554,8 @@ class ManifestService:
                                   .order_by(ActionItem.step)))
             if any(i.state != "pending" for i in mine):
                 return None  # (a start skipped them meanwhile, or a delivery raced): as they are
+            m = s.get(Manifest, manifest_id)
+            writer = self._writers(self._workflow(manifest_id, m.document))
             node = s.scalar(select(ManifestJob.node).where(ManifestJob.manifest_id == manifest_id,
                                                            ManifestJob.job == job))
             if [(i.plan_action, i.path) for i in mine] == [(st["action"], ns_path(st["path"])) for st in steps]:
@@ -551,7 +572,8 @@ class ManifestService:
                 s.add(ActionItem(action_id=action.id, path=ns_path(st["path"]), node=node, state="pending",
                                  detail=None, updated_at=now, kind=AGENT_ACTION[st["action"]],
                                  plan_action=st["action"], job=job, step=numbers[k], size=st.get("size"),
-                                 source=None if st.get("source") is None else str(st["source"])))
+                                 source=None if st.get("source") is None else str(st["source"]),
+                                 after_job=self._after(writer, st)))
             action.updated_at = now
         self.actions.wake([node])
         return steps
@@ -658,6 +680,20 @@ class ManifestService:
         item.detail = RETRY + detail
         return True
 
+    @staticmethod
+    def _inputs_ready(mid: int, j: ManifestJob, it: ActionItem,
+                      jobs: dict[tuple[int, str], ManifestJob]) -> bool:
+        """May a before-step of ``j`` go now that its turn has come?  A node's first job's
+        steps wait for all its parents (nothing runs before it there: they are planned
+        when its parents have finished); a later job's go at its turn, each prefetch of a
+        file the manifest writes once that file's writer has finished (``after_job``), so
+        a job reading several parents' outputs gets each one as soon as it exists.
+        (Manifests submitted before ``after_job``, ``planned_at`` 0: all parents.)"""
+        if j.position == 0 or not j.planned_at:
+            return all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)
+        w = jobs.get((mid, it.after_job)) if it.after_job else None
+        return w is None or w.state == "done"
+
     def gate(self, s: Session, items: list[ActionItem]) -> dict[int, str]:
         """release | hold | skip for each plan step (the module docstring says when)."""
         mids = {i.parent.manifest_id for i in items}
@@ -696,7 +732,7 @@ class ManifestService:
                 out[it.id] = "hold"  # its turn has come only once they are planned from the node's contents
             elif (j.position <= (first_unfinished if (it.detail or "").startswith(RETRY)
                                  else first_unread).get((mid, j.node), 1 << 30)
-                  and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
+                  and self._inputs_ready(mid, j, it, jobs)):
                 out[it.id] = "release"
             else:
                 out[it.id] = "hold"
