@@ -11,6 +11,9 @@ migrations admit, deletions remove), the namespace and the files' locks.
   (:meth:`Placement.room_for`, Algorithm 1 lines 2–5); if that is not enough the file
   being written spills (the engine, through the migrations).
 * Above the high watermark the evictor moves files to the slow tier until the low one.
+* A file a plan's prefetch staged (or found there) is no victim of either until its job
+  has opened it, or for ``PLAN_HOLD_S`` at most (:meth:`Placement.stage`): the plan
+  counts on it being there.  The plan's own evict of it (a demote) still moves it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
+PLAN_HOLD_S = 60.0  # how long a staged file waits for its job's open before it is evictable again
 
 
 class PolicyError(ValueError):
@@ -75,6 +80,11 @@ class Placement:
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
         self.fetching: dict[bytes, int] = {}
+        # files a plan's prefetch staged for a job that has not opened them yet: ino →
+        # (its last_access then, until when); never a victim of the evictor or of another
+        # file's room until that open (or PLAN_HOLD_S), so the job finds what the plan
+        # counted on.  A plan's own evict (demote) still moves it.
+        self.staged: dict[int, tuple[int, float]] = {}
 
     def attach(self, engine: TieringEngine) -> None:
         self.engine = engine
@@ -87,7 +97,24 @@ class Placement:
         e = self.engine
         return (inode is not None and inode.tier == T.FAST and not inode.pinned and not e.held(inode)
                 and inode.migration is None and e.ns.inodes.get(inode.ino) is inode
-                and not e.is_locked(inode.ino))
+                and not e.is_locked(inode.ino) and not self.is_staged(inode))
+
+    def stage(self, inode: Inode) -> None:
+        """A prefetch put (or found) ``inode`` on the fast tier for a job: keep it there
+        until it is opened (the job's read) or for PLAN_HOLD_S at most."""
+        now = time.monotonic()
+        if len(self.staged) > 4096:  # files deleted or never opened: forget the expired
+            self.staged = {i: v for i, v in self.staged.items() if v[1] > now}
+        self.staged[inode.ino] = (inode.last_access, now + PLAN_HOLD_S)
+
+    def is_staged(self, inode: Inode) -> bool:
+        held = self.staged.get(inode.ino)
+        if held is None:
+            return False
+        if inode.last_access != held[0] or time.monotonic() > held[1]:  # opened since, or given up
+            del self.staged[inode.ino]
+            return False
+        return True
 
     def eviction_candidates(self, exclude: Inode | None = None):
         e = self.engine
@@ -223,6 +250,8 @@ class Placement:
     async def move(self, inode: Inode, tier: str) -> str | None:
         """Move a file to ``tier`` and wait: None when it is there, else the reason."""
         self._check_move(inode, tier)
+        if tier != T.FAST:
+            self.staged.pop(inode.ino, None)  # the plan (or a user) demotes it: no longer staged
         return await self.engine.migrations.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
 
     # ------------------------------------------------------------------ prefetch
@@ -244,10 +273,12 @@ class Placement:
         if not inode.is_reg:
             raise FsError(errno.EINVAL, "not a regular file")
         if inode.tier == T.FAST:
+            self.stage(inode)
             return "already fast"
         why = await self.move(inode, T.FAST)
         if why is not None:
             raise FsError(errno.ENOSPC, why)
+        self.stage(inode)
         return T.FAST
 
     async def _prefetch_remote(self, raw: bytes) -> str:
