@@ -534,6 +534,7 @@ class ManifestService:
         place of its pending steps if they differ.  Returns the steps, or None when the job
         was planned already (another request or process) or is no longer pending.  Any
         failure keeps the steps planned at submission (logged)."""
+        t0 = time.perf_counter()
         try:
             steps = self._plan_job_now(manifest_id, job)
         except Exception:  # the plan made at submission stays; the job is never held forever
@@ -547,6 +548,9 @@ class ManifestService:
                             .execution_options(synchronize_session=False)).first()
             if won is None or steps is None:
                 return None
+            log.info("manifest %s: job %s planned at its release in %.1f ms: %s", manifest_id, job,
+                     1e3 * (time.perf_counter() - t0),
+                     ", ".join(f"{st['action']} {st['path']}" for st in steps) or "no step")
             action = s.scalar(select(Action).where(Action.manifest_id == manifest_id))
             mine = list(s.scalars(select(ActionItem).where(ActionItem.action_id == action.id,
                                                            ActionItem.job == job,
