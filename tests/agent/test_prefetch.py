@@ -107,11 +107,12 @@ def test_prefetch_of_an_unknown_path_or_a_directory_fails(tmp_path):
     assert run_engine(tmp_path, body, fast_capacity=M)
 
 
-def test_a_staged_file_is_no_victim_of_the_evictor_until_its_job_opens_it(tmp_path):
+def test_a_staged_file_is_no_victim_of_the_evictor_until_the_plan_unpins_it(tmp_path):
     """The hole the throttled bench showed: above its high watermark the evictor demoted the
-    files a plan had just staged, before their job read them.  A prefetched file (promoted,
-    or found on the fast tier) is kept there until it is opened; then it is a file like any
-    other (here the oldest, the evictor's first victim).  The plan's own evict still moves it."""
+    files a plan had staged before their jobs read them.  A prefetched file (promoted, or
+    found on the fast tier) is kept there, read or not, until the plan's unpin of it; then
+    it is a file like any other (here the oldest, the evictor's first victim).  The plan's
+    own evict still moves it."""
     from .invariants import settle
 
     async def body(h):
@@ -131,9 +132,11 @@ def test_a_staged_file_is_no_victim_of_the_evictor_until_its_job_opens_it(tmp_pa
         await settle(e)
         assert h.tier(x) == T.FAST  # staged: the evictor took the other files
         assert e.fast_used <= 0.5 * e.capacity
-        # the job reads it: from then on it is evictable (and the oldest again)
+        # the job reads it: still held (a later job of the plan may read it too) until the unpin
         assert await h.read_file(x) == b"x" * (200 * K)
-        assert p.evictable(h.ns.get(x))
+        assert not p.evictable(h.ns.get(x)) and not await p.room_for(500 * K, None)
+        await answer(link, actions=[{"id": 4, "action": "unpin", "path": "/x.dat"}])
+        assert link.pending[4]["state"] == "done" and p.evictable(h.ns.get(x))
         assert await p.room_for(500 * K, None) and h.tier(x) == T.SLOW
         # a staged file the plan evicts (demote) goes
         await answer(link, actions=[{"id": 2, "action": "prefetch", "path": "/x.dat"}])

@@ -577,7 +577,8 @@ def test_a_prefetch_of_a_parents_output_is_released_when_that_parent_finishes(ap
     """A job reading several parents' outputs gets the prefetch of each one once the
     parent that writes it has finished (and the job's turn on its node has come), not
     when the last parent has: ``j`` on b reads ``o1`` and ``o3`` from a; ``o1``'s prefetch
-    goes while ``p3`` still runs."""
+    goes while ``p3`` still runs.  ``o3``'s would go when ``j`` can start (``p3`` was the
+    last thing it waited for): it is skipped, ``j`` reads ``o3`` where it is."""
     mib = 1 << 20
     for n in ("a", "b"):
         assert api.beat(n, status=STATUS).status_code == 200
@@ -591,17 +592,22 @@ def test_a_prefetch_of_a_parents_output_is_released_when_that_parent_finishes(ap
     m = r.json()
     mid, url = m["id"], f"/api/v1/manifests/{m['id']}/jobs"
     assert m["placement"] == {"p1": "a", "p2": "b", "p3": "a", "j": "b"}, m["placement"]
+    assert {(s["job"], s["path"]) for s in m["plans"]["b"] if s["action"] == "prefetch"} == {("j", "o1"), ("j", "o3")}
     for p, n in (("p1", "a"), ("p2", "b"), ("p3", "a")):
         store.create(f"/o{p[1]}".encode(), file_meta(n, size=8 * mib, tier="fast"))
     for p in ("p1", "p2", "p3"):
         assert api.post(f"{url}/{p}/start").status_code == 200
     assert api.post(f"{url}/p2/reads-done").status_code == 200  # j's turn on b
     assert beat(api, "b") == []  # its prefetches' files do not exist yet
-    assert api.post(f"{url}/p2/finish").status_code == 200
     assert api.post(f"{url}/p1/finish").status_code == 200
     got = [d for d in beat(api, "b") if d["job"] == "j"]
-    assert [(d["action"], d["path"]) for d in got] == [("prefetch", "/o1")]  # p3 still runs
+    assert [(d["action"], d["path"]) for d in got] == [("prefetch", "/o1")]  # p2 and p3 still run
+    assert api.post(f"{url}/p2/finish").status_code == 200
+    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1"]  # p3 still runs
     assert api.post(f"{url}/p3/finish").status_code == 200
-    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1", "/o3"]
+    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1"]  # j can start: o3 skipped
     steps = api.post(f"{url}/j/start").json()["steps"]
-    assert [(st["path"], st["state"]) for st in steps] == [("/o1", "delivered"), ("/o3", "delivered")]
+    assert [(st["path"], st["state"]) for st in steps] == [("/o1", "delivered"), ("/o3", "skipped")]
+    item = next(i for i in api.get(f"/api/v1/manifests/{mid}").json()["step_items"] if i["path"] == "/o3"
+                and i["job"] == "j")
+    assert "can start now" in item["detail"]

@@ -11,9 +11,10 @@ migrations admit, deletions remove), the namespace and the files' locks.
   (:meth:`Placement.room_for`, Algorithm 1 lines 2–5); if that is not enough the file
   being written spills (the engine, through the migrations).
 * Above the high watermark the evictor moves files to the slow tier until the low one.
-* A file a plan's prefetch staged (or found there) is no victim of either until its job
-  has opened it, or for ``PLAN_HOLD_S`` at most (:meth:`Placement.stage`): the plan
-  counts on it being there.  The plan's own evict of it (a demote) still moves it.
+* A file a plan's prefetch staged (or found there) is no victim of either while the plan
+  holds it — until the plan's ``unpin`` or evict (a demote, which still moves it) of it,
+  or ``PLAN_HOLD_S`` without an open (:meth:`Placement.stage`): the plan counts on it
+  being there for its jobs' reads, as it counts on the outputs it pins.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
-PLAN_HOLD_S = 60.0  # how long a staged file waits for its job's open before it is evictable again
+PLAN_HOLD_S = 60.0  # a staged file unopened this long is evictable again (a plan that never unpins it)
 
 
 class PolicyError(ValueError):
@@ -80,10 +81,9 @@ class Placement:
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
         self.fetching: dict[bytes, int] = {}
-        # files a plan's prefetch staged for a job that has not opened them yet: ino →
-        # (its last_access then, until when); never a victim of the evictor or of another
-        # file's room until that open (or PLAN_HOLD_S), so the job finds what the plan
-        # counted on.  A plan's own evict (demote) still moves it.
+        # files a plan's prefetch staged: ino → (its last_access, until when); no victim
+        # of the evictor or of another file's room until the plan's unpin or demote of it,
+        # or PLAN_HOLD_S after it was staged or last opened, so its jobs find it there
         self.staged: dict[int, tuple[int, float]] = {}
 
     def attach(self, engine: TieringEngine) -> None:
@@ -100,8 +100,8 @@ class Placement:
                 and not e.is_locked(inode.ino) and not self.is_staged(inode))
 
     def stage(self, inode: Inode) -> None:
-        """A prefetch put (or found) ``inode`` on the fast tier for a job: keep it there
-        until it is opened (the job's read) or for PLAN_HOLD_S at most."""
+        """A plan's prefetch put (or found) ``inode`` on the fast tier: keep it there until
+        the plan unpins or demotes it, or PLAN_HOLD_S passes without an open."""
         now = time.monotonic()
         if len(self.staged) > 4096:  # files deleted or never opened: forget the expired
             self.staged = {i: v for i, v in self.staged.items() if v[1] > now}
@@ -111,7 +111,10 @@ class Placement:
         held = self.staged.get(inode.ino)
         if held is None:
             return False
-        if inode.last_access != held[0] or time.monotonic() > held[1]:  # opened since, or given up
+        now = time.monotonic()
+        if inode.last_access != held[0]:  # opened since: held on from this open
+            self.staged[inode.ino] = (inode.last_access, now + PLAN_HOLD_S)
+        elif now > held[1]:  # unopened for PLAN_HOLD_S: given up
             del self.staged[inode.ino]
             return False
         return True
@@ -227,6 +230,8 @@ class Placement:
     # the CLI (through the xattrs) and the control-plane link.
     def pin(self, inode: Inode, pinned: bool) -> None:
         inode.pinned = pinned
+        if not pinned:  # a plan's unpin: it no longer counts on the file (staged or pinned)
+            self.staged.pop(inode.ino, None)
         self.engine.ns.journal.inode(inode.ino)
 
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:

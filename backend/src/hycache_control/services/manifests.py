@@ -27,6 +27,9 @@ later reference on the node.
   it).  A before-step whose job finished before the step was delivered is ``skipped``.
 - after-steps of J are released when J has finished (the output exists; the job no longer
   needs the file).
+- a prefetch of a parent's output whose release would come when its job can start (that
+  parent was the last thing the job waited for, and the job before it on the node has
+  finished) is ``skipped`` instead: a prefetch then could only race the job's read.
 - a prefetch that fails for room on its node (the job before it still had files open
   there) is not dropped: it goes back to pending once and is released again when the job
   before it has ended — or skipped if its own job starts first (``retry``).
@@ -734,6 +737,13 @@ class ManifestService:
                 out[it.id] = "skip"
             elif j.planned_at is None and j.state == "pending":
                 out[it.id] = "hold"  # its turn has come only once they are planned from the node's contents
+            elif (it.after_job and j.position > 0 and j.planned_at and it.state == "pending"
+                  and first_unfinished.get((mid, j.node)) == j.position
+                  and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
+                # its writer's finish was the last thing the job waited for: it starts now, and
+                # a prefetch released at this moment could only race its read (the job would
+                # wait for it); it reads the file where it is, the same bytes
+                out[it.id] = "skip-ready"
             elif (j.position <= (first_unfinished if (it.detail or "").startswith(RETRY)
                                  else first_unread).get((mid, j.node), 1 << 30)
                   and self._inputs_ready(mid, j, it, jobs)):
