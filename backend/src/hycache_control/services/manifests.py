@@ -605,7 +605,8 @@ class ManifestService:
                                                       ActionItem.plan_action.in_(BEFORE),
                                                       ActionItem.state.in_(("delivered", "done"))))]
         release = "start" if options.get("release") == "start" else "reads"
-        mine = sorted((p, wf.job(name)) for name, (n, p, _, _) in rows.items() if n == node)
+        index = {wj.id: wj for wj in wf.jobs}
+        mine = sorted((p, index[name]) for name, (n, p, _, _) in rows.items() if n == node)
         ahead = [wj for p, wj in mine if pos <= p < pos + RELEASE_HORIZON]
         behind = [(p, wj) for p, wj in mine if pos - RELEASE_HORIZON <= p < pos]
         files = dict.fromkeys(f for _, wj in behind for f in (*wj.inputs, *wj.outputs))
@@ -663,7 +664,7 @@ class ManifestService:
         elsewhere: dict[str, int] = {}
         for name, (n, _, st, _) in rows.items():
             if n != node and st != "done":
-                for f in wf.job(name).inputs:
+                for f in index[name].inputs:
                     if f in resident and f not in ahead_refs:
                         elsewhere[f] = elsewhere.get(f, 0) + 1
         return plan_release(node, ahead, capacity, source, {*wf.pinned, *pins[node]}, resident=resident,
