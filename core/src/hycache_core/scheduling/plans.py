@@ -224,9 +224,10 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
     prefetch is fetching) counts as resident — its room is taken and a job finds it
     there; any other move onto it, and every move off it, is held: a file being demoted
     keeps its room until its switch, and a workflow file leaving is not resident (a job
-    reading it needs a prefetch).  Held for the whole plan, which is made once: a few
-    seconds' moves cost the plan that much room for the rest of the run, rather than a
-    prefetch failing for room at the start."""
+    reading it needs a prefetch).  Held for the whole plan made from this census: a few
+    seconds' moves cost it that much room, rather than a prefetch failing for room (the
+    control plane plans each job again at its release, :func:`plan_release`, from the
+    census of that moment)."""
     resident: dict[str, dict[str, int]] = {n: {} for n in nodes}
     pinned: dict[str, set[str]] = {n: set() for n in nodes}
     pinned_here: dict[str, int] = {n: 0 for n in nodes}
