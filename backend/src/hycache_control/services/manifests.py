@@ -479,7 +479,7 @@ class ManifestService:
             due = self._due(s, manifest_id, at_start, woken) if woken else []
         self.actions._publish(skipped)
         for name in due:  # their turn came with this event: plan their steps from the node's contents now
-            self.plan_at_release(manifest_id, name)
+            self.plan_at_release(manifest_id, name, wake=False)  # the event's wake below delivers them
         self.actions.wake(woken)
         return out
 
@@ -531,7 +531,7 @@ class ManifestService:
                 cache.popitem(last=False)
         return wf
 
-    def plan_at_release(self, manifest_id: int, job: str) -> list[dict[str, Any]] | None:
+    def plan_at_release(self, manifest_id: int, job: str, *, wake: bool = True) -> list[dict[str, Any]] | None:
         """Plan ``job``'s prefetch/evict steps now that its turn has come, from its node's
         contents at this moment (``hycache_core.scheduling.plan_release``), and put them in
         place of its pending steps if they differ.  Returns the steps, or None when the job
@@ -582,7 +582,8 @@ class ManifestService:
                                  source=None if st.get("source") is None else str(st["source"]),
                                  after_job=self._after(writer, st)))
             action.updated_at = now
-        self.actions.wake([node])
+        if wake:
+            self.actions.wake([node])
         return steps
 
     def _plan_job_now(self, manifest_id: int, job: str) -> list[dict[str, Any]] | None:
