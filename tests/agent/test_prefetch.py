@@ -105,3 +105,47 @@ def test_prefetch_of_an_unknown_path_or_a_directory_fails(tmp_path):
         return True
 
     assert run_engine(tmp_path, body, fast_capacity=M)
+
+
+def test_a_staged_file_is_no_victim_of_the_evictor_until_the_plan_unpins_it(tmp_path):
+    """The hole the throttled bench showed: above its high watermark the evictor demoted the
+    files a plan had staged before their jobs read them.  A prefetched file (promoted, or
+    found on the fast tier) is kept there, read or not, until the plan's unpin of it; then
+    it is a file like any other (here the oldest, the evictor's first victim).  The plan's
+    own evict still moves it."""
+    from .invariants import settle
+
+    async def body(h):
+        e, p = h.engine, h.engine.placement
+        link = link_for(e)
+        x = await h.write_file(b"x.dat", b"x" * (200 * K))
+        assert await e.move(h.ns.get(x), T.SLOW) is None
+        others = [await h.write_file(b"f%d" % i, b"f" * (100 * K)) for i in range(4)]  # 400 KiB
+        await answer(link, actions=[{"id": 1, "action": "prefetch", "path": "/x.dat", "manifest_id": 1,
+                                     "job": "j", "step": 1}])
+        assert link.pending[1]["state"] == "done" and h.tier(x) == T.FAST
+        for i in others:  # used after the prefetch: x is the least recently used file now
+            await h.read_file(i)
+        assert next(iter(e.policy.eviction_order())) == x and not p.evictable(h.ns.get(x))
+        e.capacity = 620 * K  # 600 KiB used: above the 0.9 high watermark
+        p.check_watermark()
+        await settle(e)
+        assert h.tier(x) == T.FAST  # staged: the evictor took the other files
+        assert e.fast_used <= 0.5 * e.capacity
+        # the job reads it: still held (a later job of the plan may read it too) until the unpin
+        assert await h.read_file(x) == b"x" * (200 * K)
+        assert not p.evictable(h.ns.get(x)) and not await p.room_for(500 * K, None)
+        await answer(link, actions=[{"id": 4, "action": "unpin", "path": "/x.dat"}])
+        assert link.pending[4]["state"] == "done" and p.evictable(h.ns.get(x))
+        assert await p.room_for(500 * K, None) and h.tier(x) == T.SLOW
+        # a staged file the plan evicts (demote) goes
+        await answer(link, actions=[{"id": 2, "action": "prefetch", "path": "/x.dat"}])
+        assert h.tier(x) == T.FAST and not p.evictable(h.ns.get(x))
+        await answer(link, actions=[{"id": 3, "action": "demote", "path": "/x.dat"}])
+        assert link.pending[3]["state"] == "done" and h.tier(x) == T.SLOW and x not in p.staged
+        e.capacity = M
+        await h.check()
+        return True
+
+    assert run_engine(tmp_path, body, fast_capacity=M, high_watermark=0.9, low_watermark=0.5,
+                      promote_on_open=False)

@@ -521,3 +521,93 @@ def test_a_jobs_prefetches_are_released_when_the_job_before_it_has_read_its_inpu
     assert api.post(f"/api/v1/manifests/{mid}/jobs/j1/start").status_code == 200
     assert [(d["job"], d["path"]) for d in beat(api, "a") if d["manifest_id"] == mid] == [("j2", "/x2")]
     assert api.post("/api/v1/manifests?nodes=a&release=never", doc).status_code == 422
+
+
+def test_a_jobs_steps_are_planned_from_the_nodes_contents_at_their_release(api: Api, store):  # noqa: F811
+    """Layer 2 plans each job's prefetch/evict steps again when its turn comes, from the
+    node's contents then: room that moves under way took at submission is free at the
+    release (the step the submission could not fit is released), a file that reached the
+    fast tier meanwhile is not prefetched, and what is released fits the room.  The plan
+    stored at submission stays as the forecast."""
+    mib = 1 << 20
+    for k in (1, 2, 3):
+        store.create(f"/y{k}".encode(), file_meta("a", size=10 * mib, tier="slow"))
+    cap = 24 * mib
+    # at submission the agent's evictor is moving 20 MiB off the fast tier: 4 MiB of room left
+    busy = {"tiers": {"fast": {"capacity": cap, "used": 20 * mib, "moving_out_bytes": 20 * mib},
+                      "slow": {"capacity": 1 << 40, "used": 0}}}
+    idle = {"tiers": {"fast": {"capacity": cap, "used": 0}, "slow": {"capacity": 1 << 40, "used": 0}}}
+    assert api.beat("a", seq=2, status=busy).status_code == 200
+    doc = {"version": 1, "name": "three", "jobs": [
+        {"name": f"j{k}", "accesses": [{"path": f"y{k}", "size": "10M"}]} for k in (1, 2, 3)]}
+    r = api.post("/api/v1/manifests?nodes=a", doc)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    mid, url = m["id"], f"/api/v1/manifests/{m['id']}/jobs"
+    forecast = m["plans"]["a"]
+    assert not [s for s in forecast if s["action"] == "prefetch"], forecast  # no room at submission
+    # the moves have ended by the time j1 has read its input; y3 was promoted meanwhile
+    assert api.beat("a", seq=3, status=idle).status_code == 200
+    meta = store.get(b"/y3")
+    meta.tier = "fast"
+    assert store.put(b"/y3", meta)
+    assert api.post(f"{url}/j1/start").status_code == 200
+    assert api.post(f"{url}/j1/reads-done").status_code == 200
+    got = api.beat("a", seq=4, status=idle).json()["actions"]
+    assert [(d["job"], d["action"], d["path"]) for d in got] == [("j2", "prefetch", "/y2")]
+    one = api.get(f"{url}/j2").json()
+    assert [(i["plan_action"], i["path"], i["state"]) for i in one["steps"]] == [("prefetch", "/y2", "delivered")]
+    v = api.get(f"/api/v1/manifests/{mid}").json()
+    assert v["plans"]["a"] == forecast  # the forecast made at submission, as shown in the views
+    item = next(i for i in v["step_items"] if i["job"] == "j2")
+    assert item["size"] == 10 * mib <= cap and item["source"] == "a"
+    # j3's turn: y3 is on the fast tier now (the DHT), so nothing to prefetch; y2 (j2's
+    # staged input, read) and y3 fit together: no eviction either
+    api.beat("a", seq=5, status=idle, action_results=[{"id": got[0]["id"], "state": "done", "detail": "fast",
+                                                       "tier": "fast"}])
+    api.post(f"{url}/j1/finish")
+    assert api.post(f"{url}/j2/start").json()["steps"] == [{"step": item["step"], "plan_action": "prefetch",
+                                                             "path": "/y2", "state": "done"}]
+    assert api.post(f"{url}/j2/reads-done").status_code == 200
+    assert [d for d in api.beat("a", seq=6, status=idle).json()["actions"] if d["job"] == "j3"] == []
+    assert api.get(f"{url}/j3").json()["steps"] == []
+
+
+def test_a_prefetch_of_a_parents_output_is_released_when_that_parent_finishes(api: Api, store):  # noqa: F811
+    """A job reading several parents' outputs gets the prefetch of each one once the
+    parent that writes it has finished (and the job's turn on its node has come), not
+    when the last parent has: ``j`` on b reads ``o1`` and ``o3`` from a; ``o1``'s prefetch
+    goes while ``p3`` still runs.  ``o3``'s would go when ``j`` can start (``p3`` was the
+    last thing it waited for): it is skipped, ``j`` reads ``o3`` where it is."""
+    mib = 1 << 20
+    for n in ("a", "b"):
+        assert api.beat(n, status=STATUS).status_code == 200
+    doc = {"version": 1, "name": "fan-in", "jobs": [
+        {"name": "p1", "accesses": [{"path": "o1", "size": "8M", "op": "W"}]},
+        {"name": "p2", "accesses": [{"path": "o2", "size": "8M", "op": "W"}]},
+        {"name": "p3", "accesses": [{"path": "o3", "size": "8M", "op": "W"}]},
+        {"name": "j", "accesses": [{"path": f"o{k}", "size": "8M"} for k in (1, 2, 3)]}]}
+    r = api.post("/api/v1/manifests?nodes=a,b&solver=round-robin", doc)
+    assert r.status_code == 201, r.text
+    m = r.json()
+    mid, url = m["id"], f"/api/v1/manifests/{m['id']}/jobs"
+    assert m["placement"] == {"p1": "a", "p2": "b", "p3": "a", "j": "b"}, m["placement"]
+    assert {(s["job"], s["path"]) for s in m["plans"]["b"] if s["action"] == "prefetch"} == {("j", "o1"), ("j", "o3")}
+    for p, n in (("p1", "a"), ("p2", "b"), ("p3", "a")):
+        store.create(f"/o{p[1]}".encode(), file_meta(n, size=8 * mib, tier="fast"))
+    for p in ("p1", "p2", "p3"):
+        assert api.post(f"{url}/{p}/start").status_code == 200
+    assert api.post(f"{url}/p2/reads-done").status_code == 200  # j's turn on b
+    assert beat(api, "b") == []  # its prefetches' files do not exist yet
+    assert api.post(f"{url}/p1/finish").status_code == 200
+    got = [d for d in beat(api, "b") if d["job"] == "j"]
+    assert [(d["action"], d["path"]) for d in got] == [("prefetch", "/o1")]  # p2 and p3 still run
+    assert api.post(f"{url}/p2/finish").status_code == 200
+    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1"]  # p3 still runs
+    assert api.post(f"{url}/p3/finish").status_code == 200
+    assert [d["path"] for d in beat(api, "b") if d["job"] == "j"] == ["/o1"]  # j can start: o3 skipped
+    steps = api.post(f"{url}/j/start").json()["steps"]
+    assert [(st["path"], st["state"]) for st in steps] == [("/o1", "delivered"), ("/o3", "skipped")]
+    item = next(i for i in api.get(f"/api/v1/manifests/{mid}").json()["step_items"] if i["path"] == "/o3"
+                and i["job"] == "j")
+    assert "can start now" in item["detail"]

@@ -24,6 +24,7 @@ from hycache_core.scheduling import (
     node_state,
     place,
     plan_node,
+    plan_release,
     solve_exact,
     hypergraph_nets,
     solve_greedy,
@@ -431,6 +432,34 @@ def test_a_jobs_steps_may_evict_the_inputs_the_job_before_it_has_read():
     start = [(s["job"], s["action"], s["path"]) for s in plan_node("n", jobs, 60, {"x": "m", "y": "m"},
                                                                    release="start")]
     assert ("b", "evict", "x") not in start and ("b", "prefetch", "y") not in start, start
+
+
+def test_a_plan_made_at_release_is_the_plans_own_step_for_that_state_and_fits_its_room():
+    """``plan_release`` is ``plan_node`` from the node's contents at the job's release: from
+    the start it gives the first job's before-steps of the whole plan; with room that a
+    census at submission did not have (moves under way then) it stages what the plan made
+    then could not; the running job's outputs are never its victims, and what it stages
+    fits the room."""
+    jobs = [WorkflowJob("a", None, (), {"x": 40}, {"o": 20}), WorkflowJob("b", None, (), {"y": 40}, {}),
+            WorkflowJob("c", None, (), {"z": 40}, {}), WorkflowJob("d", None, (), {"x": 40, "z": 40}, {})]
+    src = {f: "m" for f in "xyz"}
+    whole = plan_node("n", jobs, 100, src)
+    first = [(s["action"], s["path"]) for s in whole if s["job"] == "a" and s["action"] in ("prefetch", "evict")]
+    assert [(s["action"], s["path"]) for s in plan_release("n", jobs, 100, src)] == first
+    # at submission 70 of 100 were held by moves under way: b's input could not be staged
+    held = plan_node("n", jobs, 100, src, held=70)
+    assert ("b", "prefetch", "y") not in {(s["job"], s["action"], s["path"]) for s in held}
+    # at b's release (a still computing and writing o, x read) the moves have ended
+    now = plan_release("n", jobs[1:], 100, src, resident={"x": 40, "o": 20}, before=jobs[0])
+    assert ("prefetch", "y") in [(s["action"], s["path"]) for s in now], now
+    assert all(s["job"] == "b" and s["action"] in ("prefetch", "evict") for s in now)
+    assert [s["step"] for s in now] == list(range(1, len(now) + 1))
+    assert not [s for s in now if s["action"] == "evict" and s["path"] == "o"]  # being written
+    assert max(s["resident"] for s in now) <= 100
+    # with less room than the running job's output and its staged input need, no step
+    # evicts that output to make it
+    tight = plan_release("n", jobs[1:], 50, src, resident={"o": 20}, before=jobs[0])
+    assert not [s for s in tight if s["path"] == "o"] and max([s["resident"] for s in tight] or [0]) <= 50
 
 
 # -- the CLI --------------------------------------------------------------------------

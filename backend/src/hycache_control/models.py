@@ -91,6 +91,8 @@ class ActionItem(Base):
     plan_action: Mapped[str | None] = mapped_column(String(16), nullable=True)  # as planned: prefetch | evict | pin | unpin
     size: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     source: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    #: a prefetch of a file a job of the manifest writes: that job (held until it has finished)
+    after_job: Mapped[str | None] = mapped_column(String(200), nullable=True)
     parent: Mapped[Action] = relationship(back_populates="items")
 
     __table_args__ = (Index("ix_action_items_node_state", "node", "state"),)
@@ -128,6 +130,9 @@ class ManifestJob(Base):
     # when the job reported it had read its inputs (``…/reads-done``): the next job's
     # prefetches on the node are released then (docs/scheduling.md, "When a job starts")
     reads_done_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # when its prefetch/evict steps were planned from the node's contents at their release
+    # (None: not yet; they are held until then — docs/scheduling.md, "Plans made at release")
+    planned_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     manifest: Mapped[Manifest] = relationship(back_populates="jobs")
 
     __table_args__ = (Index("ix_manifest_jobs_manifest_job", "manifest_id", "job", unique=True),)

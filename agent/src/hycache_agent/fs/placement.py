@@ -11,6 +11,10 @@ migrations admit, deletions remove), the namespace and the files' locks.
   (:meth:`Placement.room_for`, Algorithm 1 lines 2–5); if that is not enough the file
   being written spills (the engine, through the migrations).
 * Above the high watermark the evictor moves files to the slow tier until the low one.
+* A file a plan's prefetch staged (or found there) is no victim of either while the plan
+  holds it — until the plan's ``unpin`` or evict (a demote, which still moves it) of it,
+  or ``PLAN_HOLD_S`` without an open (:meth:`Placement.stage`): the plan counts on it
+  being there for its jobs' reads, as it counts on the outputs it pins.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
+PLAN_HOLD_S = 60.0  # a staged file unopened this long is evictable again (a plan that never unpins it)
 
 
 class PolicyError(ValueError):
@@ -75,6 +81,10 @@ class Placement:
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
         self.fetching: dict[bytes, int] = {}
+        # files a plan's prefetch staged: ino → (its last_access, until when); no victim
+        # of the evictor or of another file's room until the plan's unpin or demote of it,
+        # or PLAN_HOLD_S after it was staged or last opened, so its jobs find it there
+        self.staged: dict[int, tuple[int, float]] = {}
 
     def attach(self, engine: TieringEngine) -> None:
         self.engine = engine
@@ -87,7 +97,27 @@ class Placement:
         e = self.engine
         return (inode is not None and inode.tier == T.FAST and not inode.pinned and not e.held(inode)
                 and inode.migration is None and e.ns.inodes.get(inode.ino) is inode
-                and not e.is_locked(inode.ino))
+                and not e.is_locked(inode.ino) and not self.is_staged(inode))
+
+    def stage(self, inode: Inode) -> None:
+        """A plan's prefetch put (or found) ``inode`` on the fast tier: keep it there until
+        the plan unpins or demotes it, or PLAN_HOLD_S passes without an open."""
+        now = time.monotonic()
+        if len(self.staged) > 4096:  # files deleted or never opened: forget the expired
+            self.staged = {i: v for i, v in self.staged.items() if v[1] > now}
+        self.staged[inode.ino] = (inode.last_access, now + PLAN_HOLD_S)
+
+    def is_staged(self, inode: Inode) -> bool:
+        held = self.staged.get(inode.ino)
+        if held is None:
+            return False
+        now = time.monotonic()
+        if inode.last_access != held[0]:  # opened since: held on from this open
+            self.staged[inode.ino] = (inode.last_access, now + PLAN_HOLD_S)
+        elif now > held[1]:  # unopened for PLAN_HOLD_S: given up
+            del self.staged[inode.ino]
+            return False
+        return True
 
     def eviction_candidates(self, exclude: Inode | None = None):
         e = self.engine
@@ -200,6 +230,8 @@ class Placement:
     # the CLI (through the xattrs) and the control-plane link.
     def pin(self, inode: Inode, pinned: bool) -> None:
         inode.pinned = pinned
+        if not pinned:  # a plan's unpin: it no longer counts on the file (staged or pinned)
+            self.staged.pop(inode.ino, None)
         self.engine.ns.journal.inode(inode.ino)
 
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:
@@ -223,6 +255,8 @@ class Placement:
     async def move(self, inode: Inode, tier: str) -> str | None:
         """Move a file to ``tier`` and wait: None when it is there, else the reason."""
         self._check_move(inode, tier)
+        if tier != T.FAST:
+            self.staged.pop(inode.ino, None)  # the plan (or a user) demotes it: no longer staged
         return await self.engine.migrations.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
 
     # ------------------------------------------------------------------ prefetch
@@ -244,10 +278,12 @@ class Placement:
         if not inode.is_reg:
             raise FsError(errno.EINVAL, "not a regular file")
         if inode.tier == T.FAST:
+            self.stage(inode)
             return "already fast"
         why = await self.move(inode, T.FAST)
         if why is not None:
             raise FsError(errno.ENOSPC, why)
+        self.stage(inode)
         return T.FAST
 
     async def _prefetch_remote(self, raw: bytes) -> str:

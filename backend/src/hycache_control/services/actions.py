@@ -73,7 +73,8 @@ class ActionService:
         self._seq = itertools.count(1)
         self.last_update = 0
         #: plan steps (items of a manifest's action) are released by this hook:
-        #: ``gate(session, items) -> {item id: "release" | "hold" | "skip"}`` (ManifestService)
+        #: ``gate(session, items) -> {item id: "release" | "hold" | "skip" | "skip-ready"}``
+        #: (ManifestService; "skip-ready": its job can start now, it reads the file where it is)
         self.gate = None
         #: a plan step that failed may go back to pending, to be released again later:
         #: ``retry(session, item, detail) -> bool`` (ManifestService)
@@ -264,8 +265,10 @@ class ActionService:
                 if len(out) >= MAX_DELIVERY:
                     break
                 v = verdict.get(item.id, "release")
-                if v == "skip" and item.state == "pending":
-                    item.state, item.detail, item.updated_at = "skipped", f"job {item.job} finished before delivery", now
+                if v in ("skip", "skip-ready") and item.state == "pending":
+                    item.state, item.updated_at = "skipped", now
+                    item.detail = (f"job {item.job} finished before delivery" if v == "skip" else
+                                   f"job {item.job} can start now: it reads the file where it is")
                     item.parent.updated_at = now
                     changed.append(item_view(item))
                     continue

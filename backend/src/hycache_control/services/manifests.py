@@ -12,9 +12,10 @@ When a step is released to its node.  A job's steps are of two kinds (see
 made) — and *after* it — ``pin`` of an output the job wrote, ``unpin`` of files with no
 later reference on the node.
 - before-steps of job J are released once every earlier job of J's node (in plan order)
-  has *finished reading* its inputs (reported ``…/reads-done``, or finished) and every
-  parent of J has finished: J's turn has come (it is the next job to start there), and
-  the files it reads exist (a parent on another node wrote them).
+  has *finished reading* its inputs (reported ``…/reads-done``, or finished): J's turn
+  has come (it is the next job to start there); a prefetch of a file that a job of the
+  manifest writes waits until that writer has finished (the file exists), each on its
+  own (``after_job``); the node's first job's steps wait for all its parents.
   A before-step still undelivered when its job starts is ``skipped``: the job never
   waits for it and reads that file where it is.
   Releasing when the job before it has read its inputs lets J's prefetches overlap that
@@ -26,9 +27,19 @@ later reference on the node.
   it).  A before-step whose job finished before the step was delivered is ``skipped``.
 - after-steps of J are released when J has finished (the output exists; the job no longer
   needs the file).
+- a prefetch of a parent's output whose release would come when its job can start (that
+  parent was the last thing the job waited for, and the job before it on the node has
+  finished) is ``skipped`` instead: a prefetch then could only race the job's read.
 - a prefetch that fails for room on its node (the job before it still had files open
   there) is not dropped: it goes back to pending once and is released again when the job
   before it has ended — or skipped if its own job starts first (``retry``).
+- the before-steps are *planned at that release* (:meth:`ManifestService.plan_at_release`,
+  ``hycache_core.scheduling.plan_release``): when J's turn comes, layer 2 computes its
+  prefetch/evict steps again from the node's contents at that moment (the DHT's census
+  of the workflow's files, the node's last heartbeat, the remote copies its steps and
+  reads left, the steps delivered and not done), and they replace the steps planned at
+  submission if they differ; J's steps are held until then (``planned_at``).  The plan
+  stored at submission stays as the forecast the job views show.
 ``DELETE`` cancels every step not yet delivered.
 """
 
@@ -36,16 +47,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from hycache_core.scheduling import PlacementError, choose_node, place
-from hycache_core.workflow import WorkflowError, parse_workflow
+from hycache_core.scheduling import PlacementError, choose_node, node_state, place, plan_release, prefetch_sources
+from hycache_core.workflow import Workflow, WorkflowError, parse_workflow
 
 from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob
@@ -61,6 +73,10 @@ BEFORE = ("prefetch", "evict")  # steps before their job; pin/unpin come after i
 STEP_STATES = ("done", "failed", "skipped", "cancelled", "pending")
 
 _stdout_lock = threading.Lock()
+log = logging.getLogger(__name__)
+#: a plan made at a release looks this many of the node's jobs ahead (and back, for the
+#: files the node may still hold): bounds its DHT lookups on instances of thousands of jobs
+RELEASE_HORIZON = 64
 
 
 class Conflict(ServiceError):
@@ -115,6 +131,7 @@ class ManifestService:
         actions.retry = self.retry
         self._online: collections.deque[tuple[float, str]] = collections.deque()
         self._online_lock = threading.Lock()
+        self._wf_cache: collections.OrderedDict[int, Workflow] = collections.OrderedDict()
         self.bus = actions.bus
         if self.bus is not None:  # the jobs other control-plane processes placed (PostgreSQL)
             self.bus.on("j", self._placed_elsewhere)
@@ -146,8 +163,11 @@ class ManifestService:
         census: dict[str, dict[str, Any]] = {}
         if not self.namespace.configured:
             return out, census
-        for f in files:
-            meta = self.namespace.get(ns_path(f))
+        names = list(files)
+        metas: list = []
+        for k in range(0, len(names), 1024):  # pipelined, a bounded batch at a time
+            metas.extend(self.namespace.get_many([ns_path(f) for f in names[k:k + 1024]]))
+        for f, meta in zip(names, metas):
             if meta is not None and meta.kind == "file" and meta.primary:
                 out[f] = meta.primary
                 census[f] = {"node": meta.primary, "tier": meta.tier, "size": meta.size, "pinned": bool(meta.pinned)}
@@ -204,10 +224,15 @@ class ManifestService:
                                   **({"release": "start"} if release == "start" else {})}, result=result,
                          created_at=now, updated_at=now)
             position: dict[str, int] = {}
+            # a job whose turn has come at submission has its steps planned now; the others'
+            # are planned again at their release, from the node's contents then (needs the DHT)
+            replan = plans and self.namespace.configured
             for job in wf.jobs:  # topological order: each node's jobs in the order its plan assumes
                 node = result["placement"][job.id]
+                due = position.get(node, 0) == 0 and not job.parents
                 m.jobs.append(ManifestJob(job=job.id, node=node, position=position.get(node, 0), state="pending",
-                                          parents=list(job.parents)))
+                                          parents=list(job.parents),
+                                          planned_at=None if replan and not due else now))
                 position[node] = position.get(node, 0) + 1
             s.add(m)
             s.flush()
@@ -217,6 +242,7 @@ class ManifestService:
                 for f in job.outputs:
                     owner[f] = result["placement"][job.id]
             items = []
+            writer = self._writers(wf)
             for node, steps in result["plans"].items():
                 for st in steps:
                     state, detail = "pending", None
@@ -230,7 +256,8 @@ class ManifestService:
                                             updated_at=now,
                                             kind=AGENT_ACTION[st["action"]], plan_action=st["action"], job=st["job"],
                                             step=st["step"], size=st.get("size"),
-                                            source=None if st.get("source") is None else str(st["source"])))
+                                            source=None if st.get("source") is None else str(st["source"]),
+                                            after_job=self._after(writer, st)))
             s.add(Action(action="plan", actor=actor, created_at=now, updated_at=now, manifest_id=m.id, items=items))
             s.flush()
             mid = m.id
@@ -449,9 +476,201 @@ class ManifestService:
                    "parents": list(j.parents or [])}
             if mine is not None:
                 out["steps"] = mine
+            due = self._due(s, manifest_id, at_start, woken) if woken else []
         self.actions._publish(skipped)
+        for name in due:  # their turn came with this event: plan their steps from the node's contents now
+            self.plan_at_release(manifest_id, name, wake=False)  # the event's wake below delivers them
         self.actions.wake(woken)
         return out
+
+    # -- layer 2 at each release ------------------------------------------------------------------
+
+    @staticmethod
+    def _writers(wf: Workflow) -> dict[str, str]:
+        """Each file the workflow writes → its first writer."""
+        out: dict[str, str] = {}
+        for job in wf.jobs:
+            for f in job.outputs:
+                out.setdefault(f, job.id)
+        return out
+
+    @staticmethod
+    def _after(writer: dict[str, str], st: dict[str, Any]) -> str | None:
+        """The job a prefetch step waits for: its file's writer (the file exists once it has
+        finished), if another job of the manifest."""
+        w = writer.get(st["path"]) if st["action"] == "prefetch" else None
+        return w if w != st["job"] else None
+
+    @staticmethod
+    def _due(s: Session, manifest_id: int, at_start: bool, nodes) -> list[str]:
+        """The jobs on ``nodes`` whose before-steps' turn has come (the gate's release rule)
+        and that have not been planned at their release yet."""
+        jobs = list(s.scalars(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id)))
+        state = {j.job: j.state for j in jobs}
+        first_unread: dict[str, int] = {}
+        for j in jobs:
+            if j.state == "pending" or (j.state == "running" and j.reads_done_at is None and not at_start):
+                first_unread[j.node] = min(first_unread.get(j.node, 1 << 30), j.position)
+        return [j.job for j in jobs
+                if j.node in nodes and j.state == "pending" and j.planned_at is None
+                and j.position == first_unread.get(j.node)
+                and (j.position > 0 or all(state.get(p, "done") == "done" for p in j.parents or ()))]
+
+    def _workflow(self, manifest_id: int, document: Any) -> Workflow:
+        """The manifest's parsed workflow (the last few kept: a release plans from it)."""
+        cache = self._wf_cache
+        with self._online_lock:
+            wf = cache.get(manifest_id)
+            if wf is not None:
+                cache.move_to_end(manifest_id)
+                return wf
+        wf = parse_workflow(document, source="body")
+        with self._online_lock:
+            cache[manifest_id] = wf
+            while len(cache) > 8:
+                cache.popitem(last=False)
+        return wf
+
+    def plan_at_release(self, manifest_id: int, job: str, *, wake: bool = True) -> list[dict[str, Any]] | None:
+        """Plan ``job``'s prefetch/evict steps now that its turn has come, from its node's
+        contents at this moment (``hycache_core.scheduling.plan_release``), and put them in
+        place of its pending steps if they differ.  Returns the steps, or None when the job
+        was planned already (another request or process) or is no longer pending.  Any
+        failure keeps the steps planned at submission (logged)."""
+        t0 = time.perf_counter()
+        try:
+            steps = self._plan_job_now(manifest_id, job)
+        except Exception:  # the plan made at submission stays; the job is never held forever
+            log.exception("manifest %s: planning job %s at its release failed", manifest_id, job)
+            steps = None
+        now = time.time()
+        with self.db.session() as s:
+            won = s.scalars(update(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job,
+                                                      ManifestJob.planned_at.is_(None))
+                            .values(planned_at=now).returning(ManifestJob.id)
+                            .execution_options(synchronize_session=False)).first()
+            if won is None or steps is None:
+                return None
+            log.info("manifest %s: job %s planned at its release in %.1f ms: %s", manifest_id, job,
+                     1e3 * (time.perf_counter() - t0),
+                     ", ".join(f"{st['action']} {st['path']}" for st in steps) or "no step")
+            action = s.scalar(select(Action).where(Action.manifest_id == manifest_id))
+            mine = list(s.scalars(select(ActionItem).where(ActionItem.action_id == action.id,
+                                                           ActionItem.job == job,
+                                                           ActionItem.plan_action.in_(BEFORE))
+                                  .order_by(ActionItem.step)))
+            if any(i.state != "pending" for i in mine):
+                return None  # (a start skipped them meanwhile, or a delivery raced): as they are
+            m = s.get(Manifest, manifest_id)
+            writer = self._writers(self._workflow(manifest_id, m.document))
+            node = s.scalar(select(ManifestJob.node).where(ManifestJob.manifest_id == manifest_id,
+                                                           ManifestJob.job == job))
+            if [(i.plan_action, i.path) for i in mine] == [(st["action"], ns_path(st["path"])) for st in steps]:
+                return steps
+            numbers = [i.step for i in mine]
+            top = s.scalar(select(func.max(ActionItem.step)).where(ActionItem.action_id == action.id,
+                                                                   ActionItem.node == node)) or 0
+            while len(numbers) < len(steps):
+                top += 1
+                numbers.append(top)
+            for i in mine:
+                s.delete(i)
+            for k, st in enumerate(steps):
+                s.add(ActionItem(action_id=action.id, path=ns_path(st["path"]), node=node, state="pending",
+                                 detail=None, updated_at=now, kind=AGENT_ACTION[st["action"]],
+                                 plan_action=st["action"], job=job, step=numbers[k], size=st.get("size"),
+                                 source=None if st.get("source") is None else str(st["source"]),
+                                 after_job=self._after(writer, st)))
+            action.updated_at = now
+        if wake:
+            self.actions.wake([node])
+        return steps
+
+    def _plan_job_now(self, manifest_id: int, job: str) -> list[dict[str, Any]] | None:
+        """``job``'s before-steps from its node's contents now (reads the database, then the
+        DHT and the node's last heartbeat outside any transaction)."""
+        with self.db.session() as s:
+            j = self._job_row(s, manifest_id, job)
+            if j.state != "pending" or j.planned_at is not None:
+                return None
+            m = j.manifest
+            node, pos = j.node, j.position
+            options = dict(m.options or {})
+            placement = dict(m.result["placement"])
+            located = dict(m.result.get("locations") or {})
+            wf = self._workflow(manifest_id, m.document)
+            rows = {r.job: (r.node, r.position, r.state, r.reads_done_at)
+                    for r in s.scalars(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id))}
+            items = [(i.job, i.plan_action, i.path, i.state) for i in s.scalars(
+                select(ActionItem).join(Action).where(Action.manifest_id == manifest_id, ActionItem.node == node,
+                                                      ActionItem.plan_action.in_(BEFORE),
+                                                      ActionItem.state.in_(("delivered", "done"))))]
+        release = "start" if options.get("release") == "start" else "reads"
+        index = {wj.id: wj for wj in wf.jobs}
+        mine = sorted((p, index[name]) for name, (n, p, _, _) in rows.items() if n == node)
+        ahead = [wj for p, wj in mine if pos <= p < pos + RELEASE_HORIZON]
+        behind = [(p, wj) for p, wj in mine if pos - RELEASE_HORIZON <= p < pos]
+        files = dict.fromkeys(f for _, wj in behind for f in (*wj.inputs, *wj.outputs))
+        files.update(dict.fromkeys(f for wj in ahead for f in (*wj.inputs, *wj.outputs)))
+        locations, census = self._locations(files)  # the DHT now: where each file is, on which tier
+        status = self._fast_status([node])
+        capacity = self._capacity([node])[node]
+        resident_all, held_all, pins = node_state(census, [node], status)
+        resident, held = resident_all[node], held_all[node]
+        # what the DHT does not show: the copies of other nodes' files this node holds (its
+        # prefetches and its jobs' reads fetched them; an evict dropped one), and the local
+        # moves its delivered steps have under way
+        position = {name: p for name, (n, p, _, _) in rows.items() if n == node}
+        last: dict[str, tuple[int, int, bool]] = {}
+
+        def seen(f: str, key: tuple[int, int], present: bool) -> None:
+            if f not in last or last[f][:2] <= key:
+                last[f] = (*key, present)
+
+        for name, action, path, state in items:
+            f = path[1:] if path.startswith("/") and path[1:] in wf.sizes else path
+            if f not in wf.sizes:
+                continue
+            local = locations.get(f) == node
+            if local and state == "done":
+                continue  # the DHT shows where it is now
+            seen(f, (position.get(name, 0), 1 if action == "prefetch" else 0), action == "prefetch")
+        for p, wj in behind:  # every job before this one here has started (its turn came after their reads)
+            for f in wj.inputs:
+                if locations.get(f) not in (None, node):
+                    seen(f, (p, 2), True)  # the read fetched a copy
+            for f in wj.outputs:
+                if f not in census:  # written here and not published yet: new data goes to the fast tier
+                    resident.setdefault(f, wf.sizes[f])
+        copies = 0
+        for f, (_, _, present) in last.items():
+            if present and f not in resident:
+                resident[f] = wf.sizes[f]
+                if locations.get(f) != node:
+                    copies += wf.sizes[f]
+            elif not present and f in resident and f not in pins[node]:
+                del resident[f]
+        rc = (status.get(node) or {}).get("remote_cache_bytes")
+        if isinstance(rc, (int, float)):  # copies of files this plan does not know: their room is taken
+            held += max(0, int(rc) - copies)
+        source = prefetch_sources(wf, placement, {**located, **locations}).get(node, {})
+        before = None
+        if behind and behind[-1][0] == pos - 1 and rows[behind[-1][1].id][2] != "done":
+            before = behind[-1][1]
+        in_place: set[str] = set()
+        if not options.get("prefetch_first") and mine:
+            first = mine[0][1]
+            in_place = {f for f in first.inputs if f not in resident and source.get(f, "slow") in (node, "slow")}
+        ahead_refs = {f for wj in ahead for f in (*wj.inputs, *wj.outputs)}
+        elsewhere: dict[str, int] = {}
+        for name, (n, _, st, _) in rows.items():
+            if n != node and st != "done":
+                for f in index[name].inputs:
+                    if f in resident and f not in ahead_refs:
+                        elsewhere[f] = elsewhere.get(f, 0) + 1
+        return plan_release(node, ahead, capacity, source, {*wf.pinned, *pins[node]}, resident=resident,
+                            held=held, before=before, in_place=in_place, read_elsewhere=elsewhere,
+                            release=release)
 
     # -- delivery gate (called by ActionService.deliver inside its session) ---------------------
 
@@ -469,6 +688,20 @@ class ManifestService:
             return False
         item.detail = RETRY + detail
         return True
+
+    @staticmethod
+    def _inputs_ready(mid: int, j: ManifestJob, it: ActionItem,
+                      jobs: dict[tuple[int, str], ManifestJob]) -> bool:
+        """May a before-step of ``j`` go now that its turn has come?  A node's first job's
+        steps wait for all its parents (nothing runs before it there: they are planned
+        when its parents have finished); a later job's go at its turn, each prefetch of a
+        file the manifest writes once that file's writer has finished (``after_job``), so
+        a job reading several parents' outputs gets each one as soon as it exists.
+        (Manifests submitted before ``after_job``, ``planned_at`` 0: all parents.)"""
+        if j.position == 0 or not j.planned_at:
+            return all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)
+        w = jobs.get((mid, it.after_job)) if it.after_job else None
+        return w is None or w.state == "done"
 
     def gate(self, s: Session, items: list[ActionItem]) -> dict[int, str]:
         """release | hold | skip for each plan step (the module docstring says when)."""
@@ -504,9 +737,18 @@ class ManifestService:
                 out[it.id] = "release" if j.state == "done" else "hold"
             elif j.state == "done":
                 out[it.id] = "skip"
+            elif j.planned_at is None and j.state == "pending":
+                out[it.id] = "hold"  # its turn has come only once they are planned from the node's contents
+            elif (it.after_job and j.position > 0 and j.planned_at and it.state == "pending"
+                  and first_unfinished.get((mid, j.node)) == j.position
+                  and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
+                # its writer's finish was the last thing the job waited for: it starts now, and
+                # a prefetch released at this moment could only race its read (the job would
+                # wait for it); it reads the file where it is, the same bytes
+                out[it.id] = "skip-ready"
             elif (j.position <= (first_unfinished if (it.detail or "").startswith(RETRY)
                                  else first_unread).get((mid, j.node), 1 << 30)
-                  and all(jobs[(mid, p)].state == "done" for p in j.parents if (mid, p) in jobs)):
+                  and self._inputs_ready(mid, j, it, jobs)):
                 out[it.id] = "release"
             else:
                 out[it.id] = "hold"

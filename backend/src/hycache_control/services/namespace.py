@@ -81,6 +81,18 @@ class NamespaceService:
         except DHTUnavailable as e:
             raise Unavailable(PATH_LOC, f"the DHT is unreachable: {e}") from e
 
+    def get_many(self, paths: list[str]) -> list[EntryMeta | None]:
+        """Several :meth:`get` in one pipelined round trip per master."""
+        raw = [p.encode() for p in paths]
+        asked = [p for p in raw if not self._reserved(p)]
+        try:
+            store = self.store()
+            many = getattr(store, "get_many", None)  # Redis Cluster: pipelined; other stores one by one
+            got = dict(zip(asked, many(asked) if many else [store.get(p) for p in asked])) if asked else {}
+        except DHTUnavailable as e:
+            raise Unavailable(PATH_LOC, f"the DHT is unreachable: {e}") from e
+        return [got.get(p) for p in raw]
+
     @staticmethod
     def _reserved(p: bytes) -> bool:
         parts = p.split(b"/")

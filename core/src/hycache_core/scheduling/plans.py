@@ -32,7 +32,8 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               resident: Mapping[str, int] | None = None, held: int = 0,
               first_reads_in_place: bool = False,
               read_elsewhere: Mapping[str, int] | None = None,
-              release: str = "reads") -> list[dict[str, Any]]:
+              release: str = "reads", before: WorkflowJob | None = None,
+              in_place: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """One node's ordered steps for its ``jobs`` (in execution order).
 
     Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
@@ -82,14 +83,25 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     read them.  Each read counts as two planned references, like a read by a job here
     (its staging and its read), so their eviction costs size × 2 × reads, not 0: evicting one is a demotion (a write to the slow tier), and each of
     those reads would then fetch it from the slow tier instead of this fast tier.
+
+    ``before``: the job still running on the node when these steps are released (the
+    plan is made at that release, from the node's contents then: :func:`plan_release`).
+    Its files that are on the fast tier are not victims (its outputs, and with
+    ``release="start"`` its inputs), and its outputs not there yet take their room until
+    ``jobs[0]`` runs, as for a job before within the plan.  ``in_place``: the files read
+    in place instead of the ones ``first_reads_in_place`` would choose (a plan made
+    after the node's first job has read its inputs).
     """
     refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
     # the first job's inputs read in place from this node's slow tier: that read leaves
     # them in this node's page cache, so the later jobs here read them in place too
     # (staging one would copy it from that cache into the fast tier and evict files for
     # it — each eviction a write to the slow tier — for a read the cache already serves)
-    in_place = ({f for f in jobs[0].inputs if f not in (resident or {}) and source.get(f, "slow") in (node, "slow")}
-                if first_reads_in_place and jobs else set())
+    if in_place is not None:
+        in_place = set(in_place)
+    else:
+        in_place = ({f for f in jobs[0].inputs if f not in (resident or {}) and source.get(f, "slow") in (node, "slow")}
+                    if first_reads_in_place and jobs else set())
     for k, job in enumerate(jobs):
         ins = [f for f in job.inputs if f not in in_place]
         refs.extend((f, "pre", k) for f in ins)
@@ -113,6 +125,10 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
                       "source": src, "resident": cache.used})
 
     transient = 0  # the previous job's outputs the plan does not keep: on the fast tier while it runs
+    if before is not None:  # running while these steps run: its open files are not victims
+        cache.busy = {f for f in (*before.outputs, *(before.inputs if release == "start" else ()))
+                      if f in cache.sizes}
+        transient = sum(size for f, size in before.outputs.items() if f not in cache.sizes)
     i = 0
     while i < len(refs):
         k = refs[i][2]
@@ -162,6 +178,32 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
     return steps
 
 
+BEFORE_STEPS = ("prefetch", "evict")
+
+
+def plan_release(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
+                 source: Mapping[str, str], pinned: Iterable[str] = (), *,
+                 resident: Mapping[str, int] | None = None, held: int = 0,
+                 before: WorkflowJob | None = None, in_place: Iterable[str] = (),
+                 read_elsewhere: Mapping[str, int] | None = None,
+                 release: str = "reads") -> list[dict[str, Any]]:
+    """Layer 2 at a release: the before-steps (``prefetch``, ``evict``) of ``jobs[0]``,
+    planned from the node's contents at the moment its turn comes (``resident``,
+    ``held``, ``pinned``: :func:`node_state` of a census taken then, plus the copies and
+    steps the node holds), with ``before`` — the job before it on the node, still
+    running — and the node's later jobs (``jobs[1:]``, their references are what the
+    heuristic weighs).  The same :func:`plan_node`, so the same steps a plan made at
+    submission would have given ``jobs[0]`` from that state; numbered from 1."""
+    if not jobs:
+        return []
+    steps = plan_node(node, jobs, capacity, source, pinned, resident=resident, held=held,
+                      read_elsewhere=read_elsewhere, release=release, before=before, in_place=in_place)
+    first = [st for st in steps if st["job"] == jobs[0].id and st["action"] in BEFORE_STEPS]
+    for k, st in enumerate(first, 1):
+        st["step"] = k
+    return first
+
+
 def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
                status: Mapping[str, Mapping[str, Any] | None] | None = None
                ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, set[str]]]:
@@ -182,9 +224,10 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
     prefetch is fetching) counts as resident — its room is taken and a job finds it
     there; any other move onto it, and every move off it, is held: a file being demoted
     keeps its room until its switch, and a workflow file leaving is not resident (a job
-    reading it needs a prefetch).  Held for the whole plan, which is made once: a few
-    seconds' moves cost the plan that much room for the rest of the run, rather than a
-    prefetch failing for room at the start."""
+    reading it needs a prefetch).  Held for the whole plan made from this census: a few
+    seconds' moves cost it that much room, rather than a prefetch failing for room (the
+    control plane plans each job again at its release, :func:`plan_release`, from the
+    census of that moment)."""
     resident: dict[str, dict[str, int]] = {n: {} for n in nodes}
     pinned: dict[str, set[str]] = {n: set() for n in nodes}
     pinned_here: dict[str, int] = {n: 0 for n in nodes}
