@@ -887,6 +887,8 @@ class ClusterLink:
             return False
         node.lookups = max(0, node.lookups - n)
         if node.lookups == 0 and node.open_count == 0:
+            log.debug("the kernel forgot %r (ino %d, version %d, copy %s)", node.path, ino, node.meta.version,
+                      node.cache_version if node.cache_blob else None)
             del self.remote[ino]
             if self._remote_by_path.get(node.path) is node:
                 del self._remote_by_path[node.path]

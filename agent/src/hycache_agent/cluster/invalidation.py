@@ -180,6 +180,8 @@ class Invalidations:
         self.link.forget_listing(_parent(path))
         node = self.link.remote_by_path(path)
         if node is not None:
+            log.debug("announcement of %r: ino %d version %d read %.3f s before, copy %s, open %d", path,
+                      node.ino, node.meta.version, now - node.read_at, node.cache_version, node.open_count)
             node.fetched = float("-inf")  # the next refresh asks the store
             if node.meta.kind == "file":  # (a directory's entry changes with every name made in it;
                 self._forget_name(path)   # the kernel keeps it 1 s anyway, and forgetting it drops its subtree)
