@@ -122,17 +122,19 @@ class BlobPool:
 
         def make(inos: list[int], pool, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
             registered = [(ino, pool.prepare(fast.blob(ino))) for ino in register]
-            made = []
-            for ino in inos:
-                path = fast.blob(ino)
+            made: list[tuple[int, Any]] = []
+            if pool is not None:  # made and registered in one call without the GIL
                 try:
-                    if pool is None:
-                        T.create_blob(path)
-                        made.append((ino, None))
-                    else:  # made and registered with one open
-                        made.append((ino, pool.prepare(path, create=True)))
+                    made.extend(zip(inos, pool.create_batch([fast.blob(ino) for ino in inos])))
+                except OSError:
+                    pass
+                return made, registered
+            for ino in inos:
+                try:
+                    T.create_blob(fast.blob(ino))
                 except OSError:
                     break
+                made.append((ino, None))
             return made, registered
 
         ready = self._blob_pool

@@ -25,6 +25,7 @@ import resource
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyfuse3
 import trio
@@ -106,6 +107,14 @@ def invalidate_attrs(ino: int) -> None:
         pass
 
 
+class BlobStat(NamedTuple):
+    """What the registration of a blob made by :meth:`Backings.create_batch` keeps of its
+    fstat (the fields of ``os.stat_result`` the backing reads)."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
 @dataclass(eq=False)
 class Backing:
     fd: int
@@ -142,17 +151,31 @@ class Backings:
 
     # -- the engine's blob pool registers blobs ahead of their create (worker thread) ----
     @staticmethod
-    def prepare(path: str, create: bool = False) -> tuple[int, int, os.stat_result] | None:
-        """``create``: make the blob with the same open (O_EXCL; an error there is raised:
-        no blob), one system call and one GIL hand-off fewer than create_blob first."""
+    def create_batch(paths: list[str]) -> list[tuple[int, int, BlobStat] | None]:
+        """(blocking) Make the blobs ``paths`` (O_EXCL) and register each as a backing
+        file, the whole batch in one call without the GIL
+        (``pyfuse3.passthrough_create_batch``): a worker thread beside a busy loop thread
+        waits for the GIL once for the batch, not after each of the three system calls of
+        each blob.  One entry per blob made, in order; None for a blob made whose
+        registration the kernel refused (it is there, unregistered).  Stops at the first
+        blob that could not be made (the list is shorter); that error is raised when it
+        is the first."""
+        out: list[tuple[int, int, BlobStat] | None] = []
+        for i, (fd, bid, size, mtime_ns) in enumerate(
+                pyfuse3.passthrough_create_batch([os.fsencode(p) for p in paths], 0o600)):
+            if bid < 0:
+                log.warning("registering pool blob %s as a backing file: %s", paths[i], os.strerror(-bid))
+                out.append(None)
+            else:
+                out.append((fd, bid, BlobStat(size, mtime_ns)))
+        return out
+
+    @staticmethod
+    def prepare(path: str, create: bool = False) -> tuple[int, int, os.stat_result | BlobStat] | None:
+        """``create``: make the blob with the same call (O_EXCL; an error there is raised:
+        no blob), :meth:`create_batch` of one."""
         if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                return fd, pyfuse3.passthrough_open(fd), os.fstat(fd)
-            except OSError as exc:
-                os.close(fd)
-                log.warning("registering pool blob %s as a backing file: %s", path, exc)
-                return None
+            return Backings.create_batch([path])[0]
         try:
             return open_backing(path)
         except OSError as exc:
