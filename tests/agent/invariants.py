@@ -179,15 +179,19 @@ def check_invariants(engine, *, idle: bool = True) -> None:
 
 
 async def settle(engine, timeout: float = 30.0) -> None:
-    """Wait until no task is runnable, no migration is active and the evictor has
-    nothing left to do — twice in a row, a few ms apart (a spawned migration task or an
-    evictor retry may be between two steps)."""
+    """Wait until no task is runnable, no migration is active, the evictor has nothing
+    left to do and no freed blob waits for its removal — twice in a row, a few ms apart (a
+    spawned migration task or an evictor retry may be between two steps).  A task waiting
+    for a worker thread counts as blocked for trio, so the reaper's removal, which runs on
+    one, is waited for by name: a test asserting that a freed blob is gone saw it still
+    there once on a loaded CI machine."""
     quiet = 0
     with trio.fail_after(timeout):
         while quiet < 2:
             await trio.testing.wait_all_tasks_blocked(cushion=0.005)
             evicting = engine.placement.eviction_pending()
-            if engine.active or evicting or any(i.migration is not None for i in engine.ns.inodes.values()):
+            if (engine.active or evicting or engine.blobs.reaping
+                    or any(i.migration is not None for i in engine.ns.inodes.values())):
                 quiet = 0
                 await trio.sleep(0.01)
             else:

@@ -175,6 +175,11 @@ class BlobPool:
             await self._pool_wakeup.wait()
             self._pool_wakeup = trio.Event()
 
+    @property
+    def reaping(self) -> bool:
+        """Blobs of freed inodes wait for their removal batch or are being removed."""
+        return bool(self._doomed) or self._reaping is not None
+
     def doom(self, ino: int) -> None:
         """A freed inode: its blobs (on whichever tier) go in the next removal batch."""
         self._doomed.extend(tier.blob(ino) for tier in self.tiers.values())
