@@ -125,6 +125,18 @@ class Cluster:
             }}}
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
+    def service_logs(self, lines: int = 40) -> str:
+        """The state and last journal lines of HyCache's units on every host (for a failed
+        play: stop 28's CI saw the control plane's /readyz refuse connections for 120 s
+        and kept nothing else of why)."""
+        out = []
+        for h in HOSTS:
+            r = self.sh(h, "systemctl --no-pager --failed; for u in hycache-control hycache-agent; do "
+                           f"systemctl is-enabled $u >/dev/null 2>&1 || continue; systemctl --no-pager status $u | head -5; "
+                           f"journalctl --no-pager -o short-precise -n {lines} -u $u; done", check=False, timeout=60)
+            out.append(f"\n===== {h} =====\n{r.stdout[-6000:]}{r.stderr[-1000:]}")
+        return "".join(out)
+
     def playbook(self, *args: str, log: Path | None = None) -> subprocess.CompletedProcess | subprocess.Popen:
         env = ansible_env(self.tmp)
         env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
@@ -217,7 +229,7 @@ def rolled_out(hosts):
     first = hosts.playbook()
     took = time.monotonic() - t0
     print(f"\nrollout: site.yml from scratch took {took:.0f} s")
-    assert first.returncode == 0, first.stdout[-8000:] + first.stderr[-2000:]
+    assert first.returncode == 0, first.stdout[-8000:] + first.stderr[-2000:] + hosts.service_logs()
     for pw in PASSWORDS.values():
         assert pw not in first.stdout + first.stderr
     return first.stdout, took
