@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from ..db import Database
 from ..models import Token
@@ -73,7 +74,12 @@ class TokenService:
         with self.db.session() as s:
             if s.scalar(select(Token).where(Token.hash == h)) is not None:
                 return False
-        self.create(name, scope, secret=secret)
+        try:
+            self.create(name, scope, secret=secret)
+        except IntegrityError:
+            # another process of this control plane (``serve --workers N`` starts them
+            # together) installed it between the check and the insert: it is there
+            return False
         return True
 
     def list(self, limit: int = 100, offset: int = 0) -> tuple[list[Token], int]:
