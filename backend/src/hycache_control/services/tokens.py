@@ -70,17 +70,21 @@ class TokenService:
 
     def ensure(self, secret: str, name: str, scope: str = "admin") -> bool:
         """Install ``secret`` (a configured admin token) unless it is already there; True if added."""
-        h = hash_secret(secret)
-        with self.db.session() as s:
-            if s.scalar(select(Token).where(Token.hash == h)) is not None:
-                return False
+        if self._installed(secret):
+            return False
         try:
             self.create(name, scope, secret=secret)
         except IntegrityError:
             # another process of this control plane (``serve --workers N`` starts them
             # together) installed it between the check and the insert: it is there
-            return False
+            if self._installed(secret):
+                return False
+            raise
         return True
+
+    def _installed(self, secret: str) -> bool:
+        with self.db.session() as s:
+            return s.scalar(select(Token.id).where(Token.hash == hash_secret(secret))) is not None
 
     def list(self, limit: int = 100, offset: int = 0) -> tuple[list[Token], int]:
         with self.db.session() as s:
