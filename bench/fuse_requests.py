@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,8 @@ class Trace:
         self.dir = TRACEFS / "instances" / name
 
     def start(self, mount_dev: int) -> None:
+        if not (TRACEFS / "instances").is_dir():  # a fresh host: tracefs not mounted yet
+            subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=True)
         self.dir.mkdir(exist_ok=True)
         (self.dir / "tracing_on").write_text("0")
         (self.dir / "buffer_size_kb").write_text("65536")

@@ -573,9 +573,19 @@ class HyCacheOperations(pyfuse3.Operations):
             fi = pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=False, backing_id=bid)
         else:
             fi = pyfuse3.FileInfo(fh=fh, keep_cache=self.engine.config.kernel_cache, direct_io=False)
-        if not writing and HAS_NOFLUSH:
+        if HAS_NOFLUSH and (not writing or (bid and self._nothing_at_close(node))):
             fi.noflush = True
         return fi
+
+    def _nothing_at_close(self, node: Inode) -> bool:
+        """A writer through passthrough whose close(2) has nothing to wait for: its name
+        is safe from an agent crash already (in the redo log since its create), and no
+        replica waits for the final bytes.  The kernel then sends no FLUSH (FOPEN_NOFLUSH):
+        the size it wrote is taken at RELEASE, which the kernel sends after close(2) has
+        returned, as it takes a reader's."""
+        if not self.ns.journal.is_durable(node.name_seq):
+            return False
+        return self.cluster is None or self.cluster.replicator.count == 0
 
     @metadata_op
     async def create(self, parent_inode, name, mode, flags, ctx):

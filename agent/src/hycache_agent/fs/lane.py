@@ -39,6 +39,7 @@ class Lane:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._outstanding = 0  # submitted, callbacks not run yet (trio thread)
+        self._held: list[tuple[Callable, tuple, Callable | None]] = []  # not handed over yet
         self._watchers = 0  # tasks waiting for a callback (read by the worker)
         self._wake_pending = False
         self._work = trio.Event()  # set by submit: the drainer has something to drain
@@ -52,8 +53,17 @@ class Lane:
             self._thread = threading.Thread(target=self._run, name=f"hycache-{self.name}", daemon=True)
             self._thread.start()
         self._outstanding += 1
-        self._jobs.put((fn, args, then))
+        if self._watchers:
+            self._jobs.put([(fn, args, then)])
+        else:
+            self._held.append((fn, args, then))
         self._work.set()
+
+    def _hand_over(self) -> None:
+        """The held jobs to the worker, as one batch (one wake-up of its thread)."""
+        if self._held:
+            held, self._held = self._held, []
+            self._jobs.put(held)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """(any thread) Run ``fn(*args)`` on the trio thread soon."""
@@ -81,6 +91,7 @@ class Lane:
         """While inside, callbacks run as soon as their jobs are done (a task waits for one)."""
         self._watchers += 1
         try:
+            self._hand_over()
             if self._done:
                 self.drain()
             yield
@@ -93,6 +104,7 @@ class Lane:
             await self._work.wait()
             self._work = trio.Event()
             while self._outstanding:
+                self._hand_over()
                 await trio.sleep(DRAIN_SECONDS)
                 self.drain()
 
@@ -101,6 +113,7 @@ class Lane:
         run their callbacks here (they record what the jobs found, e.g. a file's final size)."""
         if self._thread is not None:
             self.closing = True
+            self._hand_over()
             self._jobs.put(_STOP)
             self._thread.join()
             self._thread = None
@@ -110,15 +123,15 @@ class Lane:
     # -- worker thread ----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is _STOP:
+            batch = self._jobs.get()
+            if batch is _STOP:
                 return
-            fn, args, then = job
-            try:
-                result, error = fn(*args), None
-            except Exception as exc:  # noqa: BLE001 - handed to the callback
-                result, error = None, exc
-            self._done.append((then, result, error))
-            if self._watchers and not self._wake_pending:
-                self._wake_pending = True
-                self.call_soon(self.drain)
+            for fn, args, then in batch:
+                try:
+                    result, error = fn(*args), None
+                except Exception as exc:  # noqa: BLE001 - handed to the callback
+                    result, error = None, exc
+                self._done.append((then, result, error))
+                if self._watchers and not self._wake_pending:
+                    self._wake_pending = True
+                    self.call_soon(self.drain)
