@@ -427,6 +427,47 @@ def test_every_ready_pool_blob_is_registered_ahead_of_its_create(hycache_mount):
     assert m.proc.poll() is None
 
 
+@pytest.mark.mount
+def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_release(hycache_mount):
+    """A writer through passthrough whose name is in the redo log and whose file has no
+    replicas gets FOPEN_NOFLUSH: its close(2) is not a round trip to the agent (the
+    kernel's own fuse trace points show no FLUSH, and a RELEASE per open); the size the
+    kernel wrote still reaches the agent's records and the fast tier's accounting, at
+    the RELEASE the kernel sends after close(2) returned."""
+    m = hycache_mount(fast_capacity="64M")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from fuse_requests import Trace  # the trace points fuse_requests.py counts requests with
+
+    d = m.mountpoint / "d"
+    d.mkdir()
+    used0 = status(m)["tiers"]["fast"]["used"]
+    trace = Trace(f"test_noflush_{os.getpid()}")
+    trace.start(os.stat(m.mountpoint).st_dev)
+    try:
+        for i in range(20):  # creates: open(O_CREAT) + write + close
+            (d / f"f{i}").write_bytes(pattern(4 * K, i))
+        with open(d / "f0", "r+b") as w:  # a writer of an existing file
+            w.seek(4 * K)
+            w.write(pattern(4 * K, 99))
+        with open(d / "f1", "rb") as r:  # a reader (no FLUSH before this change either)
+            assert r.read() == pattern(4 * K, 1)
+    finally:
+        lat = trace.stop()
+    assert "FLUSH" not in lat, {op: len(v) for op, v in lat.items()}
+    assert len(lat.get("CREATE", [])) == 20
+    assert len(lat.get("RELEASE", [])) >= 22 - 1  # (the last one may come after the trace stopped)
+    wait_for(lambda: info(d / "f0")["size"] == 8 * K and all(info(d / f"f{i}")["size"] == 4 * K
+                                                              for i in range(1, 20)),
+             30, "the sizes at release")
+    wait_for(lambda: status(m)["tiers"]["fast"]["used"] - used0 == 21 * 4 * K, 30,
+             "the fast tier's accounting of the bytes written")
+    assert (d / "f0").read_bytes() == pattern(4 * K, 0) + pattern(4 * K, 99)
+    check_tiers_from_outside(m)
+    assert m.proc.poll() is None
+
+
 # --------------------------------------------------------------------------- names
 @pytest.mark.mount
 def test_name_length_limits(shared_mount, fresh_dir):
