@@ -34,7 +34,8 @@ a pass that read less than half of its bytes from the disk is flagged (a cache s
 
 Metadata rows: create (open O_CREAT|O_EXCL + write 4 KiB + close), stat, remove with 1 and
 4 writers (4 processes, each in its own directory, started together at a barrier; rate =
-total operations / wall time of the slowest), caches dropped before each phase. For
+total operations / wall time of the slowest), caches dropped and the machine quiet (CPUs
+>= 90 % idle) before each phase. For
 hycache-dht also the publication tail: seconds from the last create (or remove) until the
 agent's outbox is empty (`hycache-agent status ROOT --json` -> cluster.backlog).
 
@@ -95,6 +96,10 @@ AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
 MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files=partial,"
                  "dropcacheonclose=false,moveonenospc=true,fsname=mergerfs-bench")
 HYCACHE_FAST_CAPACITY = "64G"
+# before every timed phase, after the cache drop: the CPUs this idle over two 0.1 s windows in
+# a row (quiesce), waited for at most this long
+QUIET_IDLE = 0.90
+QUIET_MAX_SECONDS = 15.0
 
 
 ALL_TARGETS = ["raw", "slow", "hycache", "hycache-nopt", "mergerfs", "pyfuse3-passthrough", "hycache-dht",
@@ -137,19 +142,50 @@ def median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def cpu_times() -> tuple[int, int]:
+    """(all, idle + iowait) clock ticks of every CPU since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+def quiesce(max_wait: float = QUIET_MAX_SECONDS, window: float = 0.1) -> float:
+    """Wait until the machine is quiet: the CPUs at least QUIET_IDLE idle over two windows
+    in a row, so that a phase does not run beside the background work that the previous
+    one left to some target (an agent still removing the blobs of 8,000 unlinked files or
+    publishing them, mergerfs or the kernel writing back). Returns the seconds waited; gives
+    up (and says so) after ``max_wait``."""
+    t0 = time.monotonic()
+    quiet = 0
+    prev = cpu_times()
+    while time.monotonic() - t0 < max_wait:
+        time.sleep(window)
+        cur = cpu_times()
+        total, idle = cur[0] - prev[0], cur[1] - prev[1]
+        prev = cur
+        quiet = quiet + 1 if total > 0 and idle / total >= QUIET_IDLE else 0
+        if quiet >= 2:
+            return time.monotonic() - t0
+    log(f"the machine did not quiet down within {max_wait:.0f} s (CPUs < {QUIET_IDLE:.0%} idle): going on")
+    return time.monotonic() - t0
+
+
 class Caches:
-    """sync + drop the page, dentry and inode caches (root only; otherwise runs are warm)."""
+    """sync + drop the page, dentry and inode caches (root only; otherwise runs are warm),
+    then wait for the machine to be quiet (:func:`quiesce`): before every timed phase."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and os.access("/proc/sys/vm/drop_caches", os.W_OK)
         if enabled and not self.enabled:
             log("cannot write /proc/sys/vm/drop_caches (not root?): runs start with warm caches")
+        self.waited: list[float] = []  # quiesce() before each phase, seconds
 
     def drop(self) -> None:
         os.sync()
         if self.enabled:
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
+        self.waited.append(quiesce())
 
 
 class DiskCounter:
@@ -833,6 +869,11 @@ def main(argv=None) -> int:
     info = machine_info(workdir)
     info["load average (1 min) before / after"] = (f"{load_before[0]:.1f} / {load_after[0]:.1f} "
                                                    f"on {os.cpu_count()} cores")
+    if caches.waited:
+        w = sorted(caches.waited)
+        info["wait for a quiet machine before a phase"] = (
+            f"median {median(w):.2f} s, max {w[-1]:.2f} s over {len(w)} phases; "
+            f"{sum(1 for x in w if x >= QUIET_MAX_SECONDS - 0.2)} not quiet within {QUIET_MAX_SECONDS:.0f} s")
     md = args.out.resolve()
     png = md.parent / "img" / "bench_fs.png"
     raw_json = (args.json or workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json").resolve()

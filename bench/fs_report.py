@@ -325,6 +325,13 @@ def method_lines(args, caches_dropped: bool) -> list[str]:
         "bypass exactly the caches that differ between targets. `fallocate=none`: FUSE file "
         "systems answer fallocate differently (mergerfs, pyfuse3's example), the layout must not "
         "depend on it.",
+        "- **Quiet before every phase.** After the cache drop, each timed phase (a fio job, a "
+        "metadata phase, a serving run, mdtest) waits until the CPUs are at least 90 % idle over "
+        "two 0.1 s windows in a row (`quiesce`, at most 15 s): all targets stay mounted, and "
+        "without it a phase ran beside the background work the previous phase left to some "
+        "target (an agent still removing the blobs of thousands of unlinked files or publishing "
+        "them, the kernel writing back), which spread a single writer's creates over 1.3–3.2k/s "
+        "between the passes of one run.",
         "- Cache check: for every read job the script counts the bytes read from the work "
         "dir's block device (`/sys/class/block/*/stat`, machine-wide, so other processes and "
         "read-ahead count too) and flags a cell when a pass read less than half of the job's "

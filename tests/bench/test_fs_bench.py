@@ -192,3 +192,28 @@ def test_issue_17_checks_against_the_baseline_and_mergerfs() -> None:
     assert [ok for _t, ok in fr.checks(res, "serve mean r4")] == [True, False]  # <= 1 ms; > mergerfs
     assert fr.unit_for("serve mean r4") == "ms" and fr.unit_for("serve MB/s r1") == "MB/s"
     assert fr.unit_for("mdtest stat") == "ops/s"
+
+
+def test_quiesce_waits_while_the_cpus_are_busy() -> None:
+    """A phase waits for a quiet machine: with every CPU kept busy, quiesce() waits its
+    whole bound (and says so) instead of starting the phase beside the load."""
+    import multiprocessing
+    import os
+    import time
+
+    def burn(stop_at: float) -> None:
+        while time.monotonic() < stop_at:
+            pass
+
+    stop_at = time.monotonic() + 5.0
+    ctx = multiprocessing.get_context("fork")
+    burners = [ctx.Process(target=burn, args=(stop_at,)) for _ in range(os.cpu_count() or 1)]
+    for p in burners:
+        p.start()
+    try:
+        waited = fb.quiesce(max_wait=1.0)
+    finally:
+        for p in burners:
+            p.kill()
+            p.join()
+    assert waited >= 1.0
