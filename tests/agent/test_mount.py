@@ -468,6 +468,28 @@ def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_relea
     assert m.proc.poll() is None
 
 
+@pytest.mark.mount
+def test_the_request_loop_polls_for_the_next_request_before_it_sleeps(hycache_mount):
+    """After an answer, with no other request queued, the loop polls /dev/fuse for up to
+    ``--loop-spin-us`` before it sleeps: a caller that sends its requests one after the
+    other finds it awake (``status`` -> ``request_loop``: polls that found the next request,
+    polls that ran out); ``--loop-spin-us 0`` never polls. Answers are the same either way."""
+    counts = {}
+    for spin in (None, 0):
+        m = hycache_mount(**({} if spin is None else {"loop_spin_us": spin}))
+        before = status(m)["request_loop"]
+        for i in range(2000):  # one caller: a LOOKUP each (new names: negative entries)
+            assert not os.path.exists(m.mountpoint / f"missing{i}")
+        (m.mountpoint / "f").write_bytes(b"x")
+        assert (m.mountpoint / "f").read_bytes() == b"x"
+        after = status(m)["request_loop"]
+        counts[spin] = (after["spin_us"], after["spin_hits"] - before["spin_hits"],
+                        after["spin_misses"] - before["spin_misses"])
+    spin_us, hits, misses = counts[None]
+    assert spin_us == 50.0 and hits > 0 and misses > 0, counts  # the default polls, and sleeps when idle
+    assert counts[0] == (0.0, 0, 0), counts
+
+
 # --------------------------------------------------------------------------- names
 @pytest.mark.mount
 def test_name_length_limits(shared_mount, fresh_dir):

@@ -39,6 +39,10 @@ class AgentConfig(BaseModel):
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow
     passthrough: Literal["auto", "on", "off"] = "auto"
+    # after answering a request and finding no other, the request loop polls /dev/fuse this
+    # long before it sleeps (docs/agent.md, "The metadata path"); 0: sleep at once
+    loop_spin_us: float = Field(default=50.0, ge=0, le=10_000,
+                                description="µs the request loop polls for the next request before it sleeps")
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")

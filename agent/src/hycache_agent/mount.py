@@ -307,6 +307,8 @@ def run_mount(config: AgentConfig) -> int:
     ops = HyCacheOperations(engine)
     _choose_passthrough(config, engine, ops)
     pyfuse3.init(ops, str(mountpoint), mount_options(config))
+    if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
+        pyfuse3.set_loop_spin(int(config.loop_spin_us * 1000))
     _settle_gc()
     unmounted_by_kernel = False
     try:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pyfuse3
 import trio
 
 from hycache_agent.fs import tiers as T
@@ -143,6 +144,16 @@ class Census:
         return result
 
 
+def request_loop(spin_us: float) -> dict[str, Any]:
+    """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
+    and since start how often it found the next request (``spin_hits``) or ran out and
+    slept (``spin_misses``); the counts are None with a pyfuse3 build without the poll."""
+    spins = getattr(pyfuse3, "spins", None)
+    return {"spin_us": spin_us if spins is not None else 0.0,
+            "spin_hits": spins[0] if spins is not None else None,
+            "spin_misses": spins[1] if spins is not None else None}
+
+
 def moving(engine: Any) -> dict[str, Any]:
     """The fast tier's moves under way, as of now (never from a reused census): bytes
     entering it (promotions, and remote copies a prefetch is fetching: their room is
@@ -199,6 +210,7 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "other_inodes": others,
         "open_handles": len(engine.handles),
         "blob_pool": engine.blobs.status(),
+        "request_loop": request_loop(engine.config.loop_spin_us),
         "passthrough": dict(engine.passthrough),
         "migrations": {**engine.counters.__dict__, "active": [m.as_dict() for m in engine.active.values()]},
         "cluster": None if engine.cluster is None else engine.cluster.status_dict(),
