@@ -297,6 +297,7 @@ class Target:
     description: str = ""
     fio: bool = True              # runs the fio rows
     agent_bin: Path = AGENT_BIN   # base-*: the --baseline checkout's agent
+    agent_args: tuple[str, ...] = ()  # more `hycache-agent mount` flags (agent targets)
 
     def start(self, cluster: Cluster | None) -> None:
         if self.base.exists():
@@ -326,7 +327,7 @@ class Target:
             if not Path(self.agent_bin).exists():
                 raise RuntimeError(f"{self.agent_bin} missing: run scripts/bootstrap.sh")
             opts = ["--fast-capacity", HYCACHE_FAST_CAPACITY,
-                    "--passthrough", "off" if self.name == "hycache-nopt" else "on"]
+                    "--passthrough", "off" if self.name == "hycache-nopt" else "on", *self.agent_args]
             if self.name in DHT_TARGETS:
                 assert cluster is not None
                 # one node: nothing to rebalance with, so no background rebalance checks; each
