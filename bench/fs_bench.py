@@ -745,6 +745,9 @@ def parse_args(argv=None):
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a checkout with its own .venv (e.g. /work/main): adds the targets base-hycache "
                          "and base-hycache-dht, its agent, for before/after in one run")
+    ap.add_argument("--agent-args", default="",
+                    help="more `hycache-agent mount` flags for this checkout's agent targets (not base-*), "
+                         "e.g. \"--loop-spin-us 0\"")
     ap.add_argument("--dht-fio", action="store_true",
                     help="run the fio rows on hycache-dht too (default: metadata rows only)")
     ap.add_argument("--warm", dest="drop_caches", action="store_false",
@@ -839,7 +842,8 @@ def main(argv=None) -> int:
             cluster.start()
             descriptions["redis"] = cluster.redis
         for name in args.targets:
-            t = Target(name, workdir / name, fio=name not in DHT_TARGETS | BASE_TARGETS or args.dht_fio)
+            t = Target(name, workdir / name, fio=name not in DHT_TARGETS | BASE_TARGETS or args.dht_fio,
+                       agent_args=() if name in BASE_TARGETS else tuple(shlex.split(args.agent_args)))
             if name in BASE_TARGETS:
                 t.agent_bin = args.baseline / ".venv" / "bin" / "hycache-agent"
             started.append(t)

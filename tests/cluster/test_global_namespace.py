@@ -112,3 +112,29 @@ def test_a_dead_holder_is_a_clean_error_and_its_names_stay_listed(
     a2 = hycache_mount.remount(a, after_kill=True)
     wait_for(lambda: (b.mountpoint / "data").read_bytes() == b"x" * 1000, timeout=30, what="read after restart")
     assert (a2.mountpoint / "data").read_bytes() == b"x" * 1000
+
+
+def test_a_directory_removed_or_renamed_away_can_be_made_again_at_once(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """A lookup of a missing name reads its directory's listing from the store and keeps
+    it for a second. A directory removed (or renamed away) here right after must not
+    come back from that listing while its delete is being published: made again at once,
+    it is made, not refused with EEXIST."""
+    import time
+
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    top = a.mountpoint / "top"
+    top.mkdir()
+    for name in ("gone", "moved"):
+        (top / name).mkdir()
+    wait_published(a)
+    time.sleep(1.2)  # the listing of top/ is read afresh at the next lookup of a missing name
+    assert not (top / "missing").exists()  # read now, with gone/ and moved/ in it
+    (top / "gone").rmdir()
+    (top / "moved").rename(top / "elsewhere")
+    (top / "gone").mkdir()
+    (top / "moved").mkdir()
+    assert sorted(os.listdir(top)) == ["elsewhere", "gone", "moved"]
+    wait_published(a)
+    wait_for(lambda: sorted(os.listdir(b.mountpoint / "top")) == ["elsewhere", "gone", "moved"],
+             what="the names on the other node")

@@ -800,6 +800,16 @@ class ClusterLink:
                 meta = meta.copy(version=node.meta.version)
             node.meta, node.fetched, node.read_at = meta, now, read_at
 
+    def unlisted(self, path: bytes) -> None:
+        """``path`` was removed or renamed away here and its delete is queued: it leaves the
+        cached listing of its directory now, not when that listing is read again. A
+        directory removed here and made again at once was found in the stale listing
+        (another node's, for all this node knew) and the kernel answered EEXIST."""
+        parent, _, name = path.rpartition(b"/")
+        cached = self._listings.get(parent or b"/")
+        if cached is not None and cached[1] is not None:
+            cached[1].pop(name, None)
+
     def forget_listing(self, dirpath: bytes | None) -> None:
         """Our view of a directory changed: the next lookup asks the store again."""
         if dirpath is not None:

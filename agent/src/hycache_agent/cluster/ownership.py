@@ -532,6 +532,7 @@ class Ownership:
             if entry is not None and entry.writers <= 0:
                 del self.leases[inode.ino]  # idle: its flag runs out in the store by itself
         if inode.is_dir:
+            self.link.unlisted(path)
             self.notify(None, "drop", path)
         elif inode.nlink == 0 and inode.replicas:
             for node in inode.replicas:
@@ -553,6 +554,7 @@ class Ownership:
             for holder in {replaced.meta.primary, *replaced.meta.replicas} - {None}:
                 self.notify(holder, "drop", dst_path)
         if src.is_dir:
+            self.link.unlisted(src_path)
             self.notify(None, "rename", src_path, dst_path)
         for node in src.replicas:
             self.notify(node, "rename", src_path, dst_path)
