@@ -63,9 +63,9 @@ class Lane:
             self._thread = threading.Thread(target=self._run, name=f"hycache-{self.name}", daemon=True)
             self._thread.start()
         self._outstanding += 1
-        if self._watchers:
-            self.batches += 1
-            self._jobs.put([(fn, args, then)])
+        if self._watchers:  # (behind anything still held: jobs run in submission order)
+            self._held.append((fn, args, then))
+            self._hand_over()
         else:
             self._held.append((fn, args, then))
         self._work.set()
