@@ -101,3 +101,25 @@ def test_close_runs_the_held_jobs_and_their_callbacks(long_drain) -> None:
     assert lane is not None
     lane.close()  # at shutdown, after the event loop: the held jobs run, then their callbacks
     assert results == [1, 2, 3]
+
+
+def test_a_lane_that_does_not_hold_hands_each_job_over_at_once(long_drain) -> None:
+    """The journal's lane (group commits, batched already) does not wait for the drainer."""
+    ran = threading.Event()
+
+    async def main() -> None:
+        lane = Lane("test", hold=False)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lane.drainer)
+            lane.submit(lambda: 1)
+            while lane.batches < 1:
+                await trio.sleep(0)
+            lane.submit(ran.set)  # the drainer sleeps LONG now: it goes anyway
+            with trio.fail_after(30):
+                while not ran.is_set():
+                    await trio.sleep(0.01)
+            assert lane.batches == 2
+            nursery.cancel_scope.cancel()
+        lane.close()
+
+    trio.run(main)

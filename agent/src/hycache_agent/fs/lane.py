@@ -16,7 +16,9 @@ releases wakes the worker thread once, not once a job.  Each wake-up of that thr
 futex wake and, beside the busy loop thread, a hand-over of the GIL that the next request
 waits for (the kernel's wait for a LOOKUP in a run of removes: 33 µs p50 with a wake-up a
 job, 16 µs with batches; docs/benchmarks.md).  A job somebody waits for
-(:meth:`Lane.watching`) goes at once, and takes what is held with it.
+(:meth:`Lane.watching`) goes at once, and takes what is held with it; so does every job
+of a lane made with ``hold=False`` (the journal's: each of its jobs is a group commit
+already, and holding it a round made the commits of a burst few and large).
 
 Nothing here blocks the event loop: ``submit`` is a list append or a ``SimpleQueue.put``.
 """
@@ -41,8 +43,12 @@ _STOP = object()
 
 
 class Lane:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, hold: bool = True) -> None:
+        """``hold``: jobs nobody waits for wait for the drainer's next round and go together
+        (a lane with a job per operation); False: each goes at once (a lane whose jobs are
+        already batched, as the journal's group commits, which must not wait a round more)."""
         self.name = name
+        self.hold = hold
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: deque[tuple[Callable | None, Any, BaseException | None]] = deque()
         self._thread: threading.Thread | None = None
@@ -63,7 +69,7 @@ class Lane:
             self._thread = threading.Thread(target=self._run, name=f"hycache-{self.name}", daemon=True)
             self._thread.start()
         self._outstanding += 1
-        if self._watchers:  # (behind anything still held: jobs run in submission order)
+        if self._watchers or not self.hold:  # (behind anything held: jobs run in submission order)
             self._held.append((fn, args, then))
             self._hand_over()
         else:

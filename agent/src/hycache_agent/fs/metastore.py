@@ -225,7 +225,7 @@ class MetaJournal:
         self.on_commit: Callable[[int], None] | None = None
         # the committer: batches applied in order on the lane's thread; a failed batch is
         # retried before the next, so nothing recorded is ever dropped or reordered
-        self.lane = Lane("journal")
+        self.lane = Lane("journal", hold=False)  # a commit is a batch already (group commit)
         self._unapplied: deque[_Batch] = deque()  # handed over, not committed yet
         self._deferred = False  # commit_soon() came while a commit was in flight
         self._waiters: list[_Waiter] = []
