@@ -28,8 +28,6 @@ import argparse
 import os
 import shlex
 import sys
-import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,42 +46,24 @@ def pin_process(pid: int, cpus: set[int] | None) -> None:
             pass
 
 
-def one_writer(directory: Path, files: int, cpus: set[int] | None, caches: fb.Caches) -> tuple[float, float, float]:
-    """(creates/s, stats/s, removes/s) of one writer process on ``cpus``."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the writer
-        try:
-            os.close(r)
-            if cpus is not None:
-                os.sched_setaffinity(0, cpus)
-            payload = b"x" * 4096
-            names = [str(directory / f"f{i:06d}") for i in range(files)]
-            rates = []
-            t0 = time.perf_counter()
-            for p in names:
-                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                os.write(fd, payload)
-                os.close(fd)
-            rates.append(files / (time.perf_counter() - t0))
-            for op in (os.stat, os.unlink):
-                caches.drop()
-                t0 = time.perf_counter()
-                for p in names:
-                    op(p)
-                rates.append(files / (time.perf_counter() - t0))
-            os.write(w, " ".join(f"{x:.1f}" for x in rates).encode())
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    out = os.read(r, 200).decode().split()
-    os.close(r)
-    if len(out) != 3:
-        raise RuntimeError("the writer failed (see its traceback above)")
-    return float(out[0]), float(out[1]), float(out[2])
+def _pinned_meta_worker(cpus: set[int] | None, directory: str, n: int, barrier, conn) -> None:
+    """fs_bench's writer process (``_meta_worker``), on ``cpus``."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    fb._meta_worker(directory, n, barrier, conn)
+
+
+def one_writer(directory: Path, files: int, cpus: set[int] | None, caches: fb.Caches) -> tuple[float, ...]:
+    """(creates/s, stats/s, removes/s) of one fs_bench writer process on ``cpus``: its
+    phases as ``fs_bench.metadata_run`` runs them (the caches dropped before each)."""
+    with fb._workers(_pinned_meta_worker, [(cpus, str(directory), files, fb.FORK.Barrier(1))]) as (conn,):
+        rates = []
+        for op in fb.META_OPS:
+            caches.drop()
+            conn.send(op)
+            rates.append(files / fb._answer(conn, f"one writer: {op}"))
+        conn.send(None)
+    return tuple(rates)
 
 
 def main(argv=None) -> int:

@@ -69,11 +69,9 @@ class Lane:
             self._thread = threading.Thread(target=self._run, name=f"hycache-{self.name}", daemon=True)
             self._thread.start()
         self._outstanding += 1
-        if self._watchers or not self.hold:  # (behind anything held: jobs run in submission order)
-            self._held.append((fn, args, then))
+        self._held.append((fn, args, then))
+        if self._watchers or not self.hold:  # at once, with anything held before it (in order)
             self._hand_over()
-        else:
-            self._held.append((fn, args, then))
         self._work.set()
 
     def _hand_over(self) -> None:
