@@ -209,6 +209,41 @@ def test_serve_workers_2_share_one_cluster(control_server, pg_url):
         assert c.get("/api/v1/nodes", headers=_h(srv.admin)).json()["total"] == 6
 
 
+def test_every_process_shows_the_boot_an_agent_runs_now(control_server, pg_url):
+    """An agent restarted (a new boot id) beats to one process only (its keep-alive
+    connection through the load balancer): the other process shows the new boot within a few
+    seconds. Before, a process kept the boot of the last heartbeat it heard itself: the
+    rollout test read an old boot id through one process, took the boot id before the restart
+    that the other one showed for new, and looked for the mount before the restarted agent
+    had made it."""
+    flags = ("--heartbeat-interval", str(INTERVAL))
+    a = control_server(pg_url, *flags)
+    b = control_server(pg_url, *flags, admin=a.admin)
+    tok = make_token(pg_url, "node", "node-r1", "r1")
+
+    def beat(boot: str, seq: int) -> None:
+        r = httpx.post(f"{a.url}/api/v1/nodes/r1/heartbeats", headers=_h(tok), timeout=10,
+                       json={"node_id": "r1", "boot_id": boot, "seq": seq, "sent_at": time.time(),
+                             "counters": {"fast": {"read_bytes": seq * 100}}})
+        assert r.status_code == 200, r.text
+
+    def shown_by_b() -> str | int:  # 404: not known there yet
+        r = httpx.get(f"{b.url}/api/v1/nodes/r1", headers=_h(a.admin), timeout=10)
+        return r.json()["boot_id"] if r.status_code == 200 else r.status_code
+
+    for seq in range(1, 4):
+        beat("boot-1", seq)
+    wait_for(lambda: shown_by_b() == "boot-1", 30, "the other process to show boot-1")
+    t0 = time.monotonic()
+    for seq in range(1, 4):
+        beat("boot-2", seq)
+        time.sleep(INTERVAL)
+    wait_for(lambda: shown_by_b() == "boot-2", 10, "the other process to show boot-2 after the restart")
+    print(f"\nthe other process showed the new boot {time.monotonic() - t0:.1f} s after its first heartbeat")
+    node = httpx.get(f"{b.url}/api/v1/nodes/r1", headers=_h(a.admin), timeout=10).json()
+    assert node["state"] == "up" and node["counters"]["fast"]["read_bytes"] >= 100, node
+
+
 def test_workers_need_postgresql(tmp_path):
     from .conftest import cli
     r = cli("serve", "--db", f"sqlite:///{tmp_path / 'c.db'}", "--workers", "2", "--listen",

@@ -355,11 +355,19 @@ def test_a_file_written_on_one_host_reads_intact_on_another(hosts, written):
 
 def test_systemctl_restart_and_stop_start_of_an_agent(hosts, written):
     name, data = written
-    before = hosts.nodes()["h3"]["boot_id"]
+    def restarts() -> int:  # the agent's restarts by systemd (Restart=on-failure): its crashes
+        out = hosts.exec("h3", "systemctl", "show", "-p", "NRestarts", "--value", "hycache-agent").stdout
+        return int(out.strip())
+
+    before, crashes = hosts.nodes()["h3"]["boot_id"], restarts()
     hosts.exec("h3", "systemctl", "restart", "hycache-agent", timeout=120)
+    # the agent mounts before its first heartbeat; the API shows the new boot id as soon as
+    # any control-plane process heard it (every process takes it from the others' rows)
     wait_for(lambda: (n := hosts.nodes().get("h3")) and n["state"] == "up" and n["boot_id"] != before, 120,
              "h3 up again with a new boot id after systemctl restart")
-    assert hosts.mounted("h3") and read_sha(hosts, "h3", name) == _sha(data)
+    assert hosts.mounted("h3"), "h3's agent is up but its mount is not there:\n" + hosts.service_logs(80)
+    assert restarts() == crashes, "h3's agent crashed after the restart:\n" + hosts.service_logs(80)
+    assert read_sha(hosts, "h3", name) == _sha(data)
     # stop: down in the API; start: up
     hosts.exec("h3", "systemctl", "stop", "hycache-agent", timeout=120)
     assert not hosts.mounted("h3")

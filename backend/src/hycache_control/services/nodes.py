@@ -199,6 +199,9 @@ class NodeService:
             if n is None:
                 n = self.live[hb.node_id] = LiveNode(id=hb.node_id, first_seen=now, state_since=now)
             sample = None
+            # a new boot (a node's first heartbeat, or its agent restarted): the row goes out
+            # at once, so that the other processes show the boot the node runs now
+            new_boot = n.boot_id != hb.boot_id
             same_boot = n.boot_id == hb.boot_id and n.counters is not None and n.sent_at is not None
             if not (same_boot and hb.seq <= n.seq):  # else: a replayed heartbeat, keep the baseline
                 if same_boot:
@@ -226,7 +229,7 @@ class NodeService:
             self._schedule(n)
             self.changed.add(n.id)
             row = None
-            if transition or now - n.saved_at >= max(NODE_ROW_PERIOD, NODE_ROW_INTERVALS * n.interval):
+            if transition or new_boot or now - n.saved_at >= max(NODE_ROW_PERIOD, NODE_ROW_INTERVALS * n.interval):
                 row, n.saved_at = n.row(), now
         if self.writer is not None:
             if sample is not None:
@@ -360,20 +363,34 @@ class NodeService:
             raise
 
     def merge_shared(self) -> int:
-        """(monitor) Take the heartbeats other processes heard (blocking: one query); the
-        number of nodes whose last heartbeat moved."""
+        """(monitor) Take the heartbeats other processes heard (blocking: one query, and one
+        more for the nodes new here or restarted); the number of nodes whose last heartbeat
+        moved.  A node's boot (its agent restarted) comes with its row, which the process that
+        heard the new boot writes at once: every process then shows the boot the node runs,
+        whichever one the node's heartbeats reach (before, a process kept the boot id of the
+        last heartbeat it heard itself, and the API's answer depended on which one served it)."""
         if not self.shared():
             return 0
-        cols = [Node.id, Node.last_heartbeat]
+        cols = [Node.id, Node.last_heartbeat, Node.boot_id]
         with self.db.session() as s:
             rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
-            known = {r[0] for r in rows}
             with self.lock:
-                unknown = [k for k in known if k not in self.live]
+                unknown = [k for k, _, boot in rows if k not in self.live]
+                rebooted = [k for k, _, boot in rows
+                            if k in self.live and boot is not None and boot != self.live[k].boot_id]
             full = list(s.scalars(select(Node).where(Node.id.in_(unknown)))) if unknown else []
+            reboots = list(s.scalars(select(Node).where(Node.id.in_(rebooted)))) if rebooted else []
         moved = 0
         now = time.time()
         with self.lock:
+            for r in reboots:  # a newer boot than this process heard (the agent's own clock)
+                n = self.live.get(r.id)
+                if n is None or r.sent_at is None or (n.sent_at is not None and r.sent_at <= n.sent_at):
+                    continue
+                n.boot_id, n.seq, n.sent_at, n.counters = r.boot_id, r.seq, r.sent_at, r.counters
+                n.version, n.status, n.address = r.version, r.status, r.address or n.address
+                self.changed.add(n.id)
+                self._account(n)
             for n in full:  # a node only the other processes heard so far
                 self.changed.add(n.id)
                 ln = self.live[n.id] = LiveNode(
@@ -386,7 +403,7 @@ class NodeService:
                     ln.beating = True
                     self._beating += 1
                 self._schedule(ln)
-            for node_id, lh in rows:
+            for node_id, lh, _ in rows:
                 self._seen_shared = max(self._seen_shared, lh)
                 n = self.live.get(node_id)
                 if n is not None and (n.last_heartbeat is None or lh > n.last_heartbeat):
