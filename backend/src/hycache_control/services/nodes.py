@@ -374,24 +374,23 @@ class NodeService:
         cols = [Node.id, Node.last_heartbeat, Node.boot_id]
         with self.db.session() as s:
             rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
-            with self.lock:
-                unknown = [k for k, _, boot in rows if k not in self.live]
-                rebooted = [k for k, _, boot in rows
-                            if k in self.live and boot is not None and boot != self.live[k].boot_id]
-            full = list(s.scalars(select(Node).where(Node.id.in_(unknown)))) if unknown else []
-            reboots = list(s.scalars(select(Node).where(Node.id.in_(rebooted)))) if rebooted else []
+            with self.lock:  # the whole rows of nodes new here or on another boot than here
+                wanted = [k for k, _, boot in rows
+                          if k not in self.live or (boot is not None and boot != self.live[k].boot_id)]
+            full = list(s.scalars(select(Node).where(Node.id.in_(wanted)))) if wanted else []
         moved = 0
         now = time.time()
         with self.lock:
-            for r in reboots:  # a newer boot than this process heard (the agent's own clock)
-                n = self.live.get(r.id)
-                if n is None or r.sent_at is None or (n.sent_at is not None and r.sent_at <= n.sent_at):
+            for n in full:
+                known = self.live.get(n.id)
+                if known is not None:  # a newer boot than this process heard (the agent's own clock)
+                    if n.sent_at is not None and (known.sent_at is None or n.sent_at > known.sent_at):
+                        known.boot_id, known.seq, known.sent_at, known.counters = n.boot_id, n.seq, n.sent_at, n.counters
+                        known.version, known.status, known.address = n.version, n.status, n.address or known.address
+                        self.changed.add(n.id)
+                        self._account(known)
                     continue
-                n.boot_id, n.seq, n.sent_at, n.counters = r.boot_id, r.seq, r.sent_at, r.counters
-                n.version, n.status, n.address = r.version, r.status, r.address or n.address
-                self.changed.add(n.id)
-                self._account(n)
-            for n in full:  # a node only the other processes heard so far
+                # a node only the other processes heard so far
                 self.changed.add(n.id)
                 ln = self.live[n.id] = LiveNode(
                     id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
