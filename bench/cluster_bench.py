@@ -33,10 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
 sys.path.insert(0, str(REPO / "core" / "src"))
 sys.path.insert(0, str(REPO / "dht" / "src"))
+from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
 from hycache_core.sizes import parse_size  # noqa: E402
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
-
-from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
 
 
 def _client(args) -> tuple[float, float]:

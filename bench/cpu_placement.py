@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fs_bench as fb  # noqa: E402  (the targets, the cluster, the cache drop)
+import fs_bench as fb
 
 PLACEMENTS = {"same": ({0}, {0}), "apart": ({0}, {1}), "free": (None, None)}
 

@@ -81,13 +81,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
-from fusemount import Agent, FuseDaemon, force_unmount
-# bench/fs_report.py: the rows, the issue-11 checks, the table, the page and the plot
-from fs_report import (META_OPS, TAIL_OPS, WORKLOADS, fio_key, mdtest_key, meta_key, plot, print_table,
-                       serve_keys, tail_key, unit_for, write_report)
 # bench/smallfiles.py: the small-file serving workload (issue 17)
 import smallfiles
+
+# bench/fs_report.py: the rows, the issue-11 checks, the table, the page and the plot
+from fs_report import (
+    META_OPS,
+    TAIL_OPS,
+    WORKLOADS,
+    fio_key,
+    mdtest_key,
+    meta_key,
+    plot,
+    print_table,
+    serve_keys,
+    tail_key,
+    unit_for,
+    write_report,
+)
+
+# bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
+from fusemount import Agent, FuseDaemon, force_unmount
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fs_bench as fb  # noqa: E402  (the targets, the writers, the cluster)
+import fs_bench as fb
 
 TRACEFS = Path("/sys/kernel/tracing")
 OPCODES = {1: "LOOKUP", 2: "FORGET", 3: "GETATTR", 4: "SETATTR", 10: "UNLINK", 14: "OPEN", 15: "READ",

@@ -88,7 +88,7 @@ class FuseDaemon:
         self.unmount_to_stop, self.env = unmount_to_stop, env
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> "FuseDaemon":
+    def start(self, timeout: float = 30.0) -> FuseDaemon:
         import time
 
         self.mountpoint.mkdir(parents=True, exist_ok=True)

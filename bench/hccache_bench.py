@@ -40,10 +40,9 @@ import threading
 import time
 from pathlib import Path
 
-from hycache_core.sizes import format_size, parse_size  # noqa: E402
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
-
-from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
+from fusemount import Agent
+from hycache_core.sizes import format_size, parse_size
+from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 
 SMALL_LIMIT = 256 << 10
 

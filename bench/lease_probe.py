@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fs_bench import Cluster, Target  # noqa: E402
-from fusemount import force_unmount  # noqa: E402
+from fs_bench import Cluster, Target
+from fusemount import force_unmount
 
 REPO = Path(__file__).resolve().parent.parent
 

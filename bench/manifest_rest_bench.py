@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from hycache_control.db import Database
 from hycache_control.services.tokens import TokenService
 from hycache_control.stack import StackError, wait_ready

@@ -33,12 +33,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles (directory-backed PeerFiles), loop_gaps
 
-import trio
-from dirfiles import DirFiles
-from loopwatch import loop_gaps
-from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret
-from hycache_agent.cluster.peer_client import PeerClient
-from hycache_core.sizes import format_size, parse_size
+import trio  # noqa: E402
+from dirfiles import DirFiles  # noqa: E402
+from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret  # noqa: E402
+from hycache_agent.cluster.peer_client import PeerClient  # noqa: E402
+from hycache_core.sizes import format_size, parse_size  # noqa: E402
+from loopwatch import loop_gaps  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

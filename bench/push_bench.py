@@ -34,7 +34,6 @@ from pathlib import Path
 
 import httpx
 import trio
-
 from hycache_agent.control.link import ControlLink
 
 BIN = Path(sys.executable).parent / "hycache-control"
@@ -75,7 +74,7 @@ class PausingLink(BenchLink):
             t0 = trio.current_time()
             try:
                 await self.poll_one(client)
-            except Exception:  # noqa: BLE001 - the bench's channel: retried like the link's
+            except Exception:
                 self.push_version = None
                 await trio.sleep(1.0)
                 continue

@@ -66,11 +66,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "core" / "src"))
 sys.path.insert(0, str(REPO / "dht" / "src"))
 sys.path.insert(0, str(REPO / "agent" / "src"))
+from fusemount import AGENT_BIN, Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
 from hycache_agent.cluster.peer import authorization, files_target  # noqa: E402
 from hycache_core.sizes import parse_size  # noqa: E402
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
-
-from fusemount import AGENT_BIN, Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
 
 MODES = {"off": ["--hccache-size", "0"], "block": ["--hccache-mode", "block"], "hybrid": []}
 MiB = 1 << 20
@@ -136,7 +135,7 @@ def concurrent(jobs: list) -> float:
     def run(i, fn):
         try:
             out[i] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(jobs)]

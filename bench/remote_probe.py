@@ -51,9 +51,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import remote_bench as rb  # noqa: E402  (the cluster, the agents, the reads)
-from fuse_requests import OPCODES, TRACEFS  # noqa: E402
-from remote_bench import MODES, Agent, MiB, drop_caches, ready  # noqa: E402
+import remote_bench as rb
+from fuse_requests import OPCODES, TRACEFS
+from remote_bench import MODES, Agent, MiB, drop_caches, ready
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read

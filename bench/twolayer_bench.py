@@ -35,7 +35,6 @@ import uuid
 from pathlib import Path
 
 import httpx
-
 from hycache_control.runner import Runner
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 

@@ -50,7 +50,6 @@ def fill(store, n: int, batch: int = 5000) -> float:
 
 def measure(label, binary, seeds, namespace, args, tmp) -> dict:
     import httpx
-
     from hycache_control.db import Database
     from hycache_control.models import Token
     from hycache_control.services.tokens import hash_secret, new_secret

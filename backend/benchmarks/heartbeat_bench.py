@@ -154,7 +154,7 @@ async def node_conn(host, port, nodes, tokens, interval, start_at, stop_at, res:
                     node_interval[i] = float(iv)
             else:
                 res.hb_err.append(status)
-        except Exception as e:  # noqa: BLE001 - counted, the node retries next interval
+        except Exception as e:
             res.hb_err.append(type(e).__name__)
         heapq.heappush(heap, (max(due + node_interval[i], loop.time() - node_interval[i]), i))
     conn.close()
@@ -171,7 +171,7 @@ async def reader(host, port, admin, nodes, stop_at, res: Result):
         try:
             status, _ = await conn.request("GET", path, admin)
             (res.rd_lat.append(loop.time() - t0) if status == 200 else res.rd_err.append(status))
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             res.rd_err.append(type(e).__name__)
         await asyncio.sleep(max(0.0, min(1.0 - (loop.time() - t0), stop_at - loop.time())))
     conn.close()
@@ -187,7 +187,7 @@ async def streamer(host, port, admin, stop_at, res: Result):
         while loop.time() < stop_at:
             try:
                 data = await asyncio.wait_for(r.read(1 << 16), timeout=max(0.01, stop_at - loop.time()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             if not data:
                 break
@@ -249,10 +249,9 @@ def pct(values, p):
 def make_tokens(url_db: str, nodes: int) -> tuple[list[str], str]:
     """Node tokens and an admin token, inserted in one transaction (the schema of every
     revision so far: a baseline binary's database works too)."""
-    from sqlalchemy import create_engine, text
-
     from hycache_control.db import make_engine
     from hycache_control.services.tokens import hash_secret, new_secret
+    from sqlalchemy import create_engine, text
     eng = make_engine(url_db) if "postgresql" in url_db else create_engine(url_db)
     tokens = [new_secret() for _ in range(nodes)]
     admin = new_secret()
@@ -306,7 +305,6 @@ def lag_summary(before: dict | None, after: dict | None, wall: float) -> dict | 
 
 def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     import httpx
-
     from hycache_control.stack import StackError, wait_ready
     from hycache_control.testing import free_port, start_haproxy
     subprocess.run([str(binary), "db", "upgrade", "--db", url_db], check=True, capture_output=True)

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-
 from hycache_dht.local_store import LocalStore
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 from hycache_dht.meta import EntryMeta, Op, dir_meta
@@ -57,7 +56,7 @@ def timed(fn: Callable[[], int]) -> tuple[int, float]:
 
 
 def redis_benchmark(host: str, port: int, n: int) -> None:
-    print("redis-benchmark --cluster -c 50 -n %d -t set,get (the ceiling)" % n)
+    print(f"redis-benchmark --cluster -c 50 -n {n} -t set,get (the ceiling)")
     out = subprocess.run(
         ["redis-benchmark", "--cluster", "-h", host, "-p", str(port), "-c", "50", "-n", str(n),
          "-t", "set,get", "-q"], capture_output=True, text=True, timeout=600)

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 
-
 def _load_root_conftest():
     path = Path(__file__).resolve().parent.parent / "conftest.py"
     for mod in list(sys.modules.values()):  # pytest loaded it already, under some name
@@ -133,7 +132,7 @@ def check_tiers_from_outside(m, attempts: int = 5, subtree: Path | None = None) 
         blobs = {**tier_blobs(m.fast), **tier_blobs(m.slow)}
         claimed = set()
         n = 0
-        for dirpath, dirnames, filenames in os.walk(os.fsencode(subtree or m.mountpoint)):
+        for dirpath, _dirnames, filenames in os.walk(os.fsencode(subtree or m.mountpoint)):
             for name in filenames:
                 p = os.path.join(dirpath, name)
                 st_ = os.lstat(p)

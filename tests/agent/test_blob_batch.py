@@ -14,7 +14,6 @@ import stat
 
 import pyfuse3
 import pytest
-
 from hycache_agent.fs.passthrough import Backings
 
 

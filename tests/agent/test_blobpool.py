@@ -12,8 +12,7 @@ import resource
 import trio
 import trio.testing
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.blobpool import (BLOB_POOL_BATCH_MAX, BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low,
-                                       next_low)
+from hycache_agent.fs.blobpool import BLOB_POOL_BATCH_MAX, BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low, next_low
 from hycache_agent.fs.engine import TieringEngine
 
 from .harness import engine_config, run_engine

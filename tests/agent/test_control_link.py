@@ -17,8 +17,8 @@ import stat
 import httpx
 import pytest
 import trio
-from hycache_agent.fs import tiers as T
 from hycache_agent.control.link import ControlLink, TokenFileError, load_token
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.placement import POLICY_FILE
 from hycache_agent.metrics import render_snapshot
 from prometheus_client.parser import text_string_to_metric_families

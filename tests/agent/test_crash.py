@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from .conftest import (check_tiers_from_outside, cli, info, kill_agent, recovery_reports, tier_blobs, wait_for,
-                       wait_idle)
+from .conftest import check_tiers_from_outside, cli, info, kill_agent, recovery_reports, tier_blobs, wait_for, wait_idle
 
 pytestmark = pytest.mark.mount
 

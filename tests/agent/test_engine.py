@@ -514,10 +514,10 @@ def test_restart_policy_order_after_background_promotion(tmp_path):
 # --------------------------------------------------------------------------- recovery
 def test_recovery_resolves_leftovers(tmp_path):
     async def body(h):
-        a = await h.write_file(b"a", data(50 * K, 1))
+        await h.write_file(b"a", data(50 * K, 1))
         b = await h.write_file(b"b", data(60 * K, 2))
-        c = await h.write_file(b"c", data(70 * K, 3))
-        e = await h.write_file(b"e", data(80 * K, 4))
+        await h.write_file(b"c", data(70 * K, 3))
+        await h.write_file(b"e", data(80 * K, 4))
         await h.setxattr(b, b"user.hycache.tier", b"slow")
         return {n: i for n, i in h.listing().items()}
 

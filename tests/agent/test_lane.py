@@ -10,7 +10,6 @@ import threading
 
 import pytest
 import trio
-
 from hycache_agent.fs import lane as lane_mod
 from hycache_agent.fs.lane import Lane
 

@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .conftest import (check_tiers_from_outside, make_shared_tmpdir, require_fuse, start_hycache_mount,
-                       status, tail)
+from .conftest import check_tiers_from_outside, make_shared_tmpdir, require_fuse, start_hycache_mount, status, tail
 
 pytestmark = pytest.mark.mount
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from hycache_agent.cli import SUBCOMMANDS
 
-from .conftest import (check_tiers_from_outside, cli, info, recovery_reports, status, tier_blobs, wait_for,
-                       wait_idle)
+from .conftest import check_tiers_from_outside, cli, info, recovery_reports, status, tier_blobs, wait_for, wait_idle
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 

@@ -106,7 +106,7 @@ def test_policy_settings_are_validated_applied_saved_and_loaded(tmp_path):
 
 def test_moves_refuse_what_can_never_fit_and_pins_persist(tmp_path):
     async def body(h):
-        e, p = h.engine, h.engine.placement
+        _e, p = h.engine, h.engine.placement
         small = h.ns.get(await h.write_file(b"small", b"s" * (100 * K)))
         big = h.ns.get(await h.write_file(b"big", b"b" * (2 * M)))  # spilled: larger than the tier
         assert big.tier == T.SLOW

@@ -48,7 +48,7 @@ def test_first_read_after_open_survives_the_promotion_it_started(tmp_path, monke
         async def reader():
             try:
                 got.append(await h.ops.read(fi.fh, 0, 64 * K))
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 got.append(exc)
 
         async with trio.open_nursery() as nursery:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+
 @pytest.fixture
 def secret_file(tmp_path) -> Path:
     p = tmp_path / "cluster.secret"

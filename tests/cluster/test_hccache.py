@@ -284,7 +284,7 @@ def test_reopens_right_after_the_kernel_forgets_find_their_copy(hycache_mount, r
     for name, data in files.items():
         (a.mountpoint / name).write_bytes(data)
     wait_published(a)
-    for name, data in files.items():
+    for name in files:
         wait_for(lambda n=name: os.stat(c.mountpoint / n).st_mtime_ns == os.stat(a.mountpoint / n).st_mtime_ns,
                  what=f"a's final entry of {name} on c")
     errors: list[BaseException] = []
@@ -296,7 +296,7 @@ def test_reopens_right_after_the_kernel_forgets_find_their_copy(hycache_mount, r
             while not stop.is_set():
                 for name in names:
                     assert (c.mountpoint / name).read_bytes() == files[name]
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=reader, args=(k,)) for k in range(3)]

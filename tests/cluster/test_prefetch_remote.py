@@ -15,16 +15,15 @@ from dataclasses import dataclass, field
 
 import pytest
 import trio
+from clusterkit import free_port, redis_addr, start_agents, wait_published
 from hycache_agent.cluster import dht_link
-from hycache_agent.fs import tiers as T
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.link import ControlLink
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.fuse_ops import HyCacheOperations
-from hycache_agent.mount import _make_cluster, _start_cluster
 from hycache_agent.fs.namespace import ROOT_INO
-
-from clusterkit import free_port, redis_addr, start_agents, wait_published
+from hycache_agent.mount import _make_cluster, _start_cluster
 
 pytestmark = pytest.mark.mount
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from clusterkit import AGENT, cluster_status, redis_addr, start_agents, wait_for, wait_published
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.mount
 

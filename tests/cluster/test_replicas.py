@@ -8,7 +8,6 @@ import os
 
 import pytest
 from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
-
 from hycache_agent.cluster.replicas import fine_mtime
 
 pytestmark = pytest.mark.mount

@@ -5,7 +5,6 @@ database and the real Redis Cluster (``api``), and the real server as a process
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -15,11 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-
 from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.settings import load_settings
-
 from hycache_control.testing import PostgresServer, free_port, start_postgres
 
 REPO = Path(__file__).resolve().parents[2]

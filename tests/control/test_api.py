@@ -6,12 +6,11 @@ import stat
 import time
 
 import pytest
-
 from hycache_dht import registry
 from hycache_dht.meta import EntryMeta, dir_meta
 from hycache_dht.redis_store import RedisClusterStore
 
-from .conftest import Api, redis_seeds, wait_for
+from .conftest import Api, wait_for
 
 
 def names_field(resp, *loc) -> bool:

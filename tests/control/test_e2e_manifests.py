@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
 from hycache_core.workflow import parse_workflow

@@ -11,7 +11,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from hycache_core.scheduling import place
 from hycache_core.workflow import parse_workflow
 
@@ -505,7 +504,7 @@ def test_a_jobs_prefetches_are_released_when_the_job_before_it_has_read_its_inpu
     one = api.get(f"{url}/j2", token=api.read).json()
     assert one["state"] == "pending" and [(i["plan_action"], i["path"], i["state"]) for i in one["steps"]] == [
         ("prefetch", "/x2", "delivered")]
-    assert api.get(f"{url}/NOPE").status_code == 404 and api.get(f"/api/v1/manifests/999/jobs/j1").status_code == 404
+    assert api.get(f"{url}/NOPE").status_code == 404 and api.get("/api/v1/manifests/999/jobs/j1").status_code == 404
     # a finish without a reads-done report counts as reads done
     api.post(f"{url}/j1/finish")
     assert api.post(f"{url}/j2/start").json()["steps"][0]["state"] == "delivered"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import inspect
-
 from hycache_control import db as dbmod
 from hycache_control.models import Base
+from sqlalchemy import inspect
 
 
 def test_every_revision_up_and_down(db_url):

@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-
 from hycache_dht.meta import dir_meta
 
 from .conftest import Api, cli, make_token, redis_seeds, start_server

@@ -8,7 +8,6 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-
 from hycache_control.app import create_app
 from hycache_control.control import Control
 

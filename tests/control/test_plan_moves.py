@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
 

@@ -9,7 +9,6 @@ import threading
 
 import pytest
 from fastapi.testclient import TestClient
-
 from hycache_control.app import create_app
 from hycache_control.control import Control
 

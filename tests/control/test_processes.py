@@ -13,7 +13,6 @@ import time
 
 import httpx
 import pytest
-
 from hycache_control.testing import free_port, start_haproxy
 
 from .conftest import make_token, redis_seeds, wait_for

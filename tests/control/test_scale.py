@@ -11,8 +11,6 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event
-
 from hycache_control import schemas as S
 from hycache_control.api import routes
 from hycache_control.app import create_app
@@ -21,6 +19,7 @@ from hycache_control.services.nodes import LiveNode
 from hycache_control.services.tokens import TokenService
 from hycache_control.settings import load_settings
 from hycache_control.views import node_view, summarise
+from sqlalchemy import event
 
 BACKGROUND_THREADS = ("metrics-writer", "monitor", "bus")  # batches, ticks, notifications
 
@@ -211,9 +210,8 @@ def test_the_monitor_looks_at_the_nodes_due_and_a_shared_beat_keeps_the_stretche
     """The monitor's deadline heap (only the nodes whose window passed are looked at; the
     summary's totals follow each transition) and a heartbeat heard by another process: the
     node's window follows the cluster's interval, not an older, shorter one handed here."""
-    from sqlalchemy import update
-
     from hycache_control.models import Node
+    from sqlalchemy import update
     control = plane(max_heartbeats_per_second=10)  # base 0.5 s, grace 0.5 s, 3 missed
     nodes = control.nodes
     t0 = time.time()

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hycache_core.cli import main
 
 REQUIRED = ("hits", "misses", "hit_ratio", "byte_hit_ratio", "slow_bytes_read", "slow_bytes_written", "modelled_seconds")
@@ -130,11 +129,10 @@ def test_console_script(trace_csv):
 def test_progress_bar_reports_each_policy():
     import io
 
-    from rich.console import Console
-
     from hycache_core.cli import _progress_factory
     from hycache_core.sim import generate, simulate
     from hycache_core.sim.runner import SimOptions
+    from rich.console import Console
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=100)

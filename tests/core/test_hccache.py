@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from hycache_core.hccache import CHUNK_OVERHEAD, ENTRY_OVERHEAD, HCCache
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hycache_core.hccache import CHUNK_OVERHEAD, ENTRY_OVERHEAD, HCCache
 from rbloom import Bloom
 
 KB = 1024

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hycache_core.policies import LRUPolicy, plan_heuristic
 from hycache_core.policies.heuristic import BYPASS, HIT, HeuristicPolicy
 from hycache_core.sim import CacheDriver, Trace
 from hycache_core.sim.strategies import HeuristicStrategy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # The papers' worked example: R = F1 F2 F3 F4 F3 F1 F2 F4 F3, sizes 20/40/9/40, C = 100.
 PAPER_REFS = ["F1", "F2", "F3", "F4", "F3", "F1", "F2", "F4", "F3"]

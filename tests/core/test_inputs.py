@@ -6,7 +6,6 @@ import io
 import json
 
 import pytest
-
 from hycache_core.manifest import ManifestError, load_manifest, parse_manifest
 from hycache_core.sim import TraceError, generate, parse_csv_trace, trace_from_manifest
 from hycache_core.sim.generators import generator_params

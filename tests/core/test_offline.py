@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hycache_core.policies.offline import effective_capacity, fractional_bound, next_reads, solve_ilp
 from hycache_core.sim import Trace, simulate
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_next_reads_stop_at_writes_and_new_versions():

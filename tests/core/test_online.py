@@ -4,9 +4,6 @@ policy's own ordering."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hycache_core.policies import (
     ARCPolicy,
     GDSFPolicy,
@@ -18,6 +15,8 @@ from hycache_core.policies import (
 )
 from hycache_core.policies._heap import iter_sorted
 from hycache_core.policies.gdsf import fetch_time_cost
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ONLINE = available_policies()
 

@@ -7,32 +7,31 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
-
 from hycache_core.cli import main
 from hycache_core.scheduling import (
     PlacementError,
     _cost,
-    choose_node,
     balance,
+    choose_node,
+    hypergraph_nets,
     load_bound,
     make_problem,
-    node_names,
     makespan,
     makespan_lower_bound,
+    node_names,
     node_state,
     place,
     plan_node,
     plan_release,
     solve_exact,
-    hypergraph_nets,
     solve_greedy,
     solve_hypergraph,
     solve_local,
     transfer_bytes,
 )
 from hycache_core.workflow import Workflow, WorkflowJob, load_workflow
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 DATA = Path(__file__).parent / "data"
 MB = 1 << 20
@@ -410,7 +409,7 @@ def test_a_jobs_steps_never_evict_the_files_of_the_job_still_running_before_it(w
     steps = plan_node("n", wf.jobs, cap, {}, release=release)
     replay(steps, cap)
     index = {j.id: k for k, j in enumerate(wf.jobs)}
-    for i, s in enumerate(steps):
+    for _i, s in enumerate(steps):
         k = index[s["job"]]
         if s["action"] != "evict" or k == 0:
             continue

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hycache_core.sim import CacheDriver, CacheInvariantError, CostModel, SimOptions, Trace, known_policies, simulate
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from hycache_core.sim import CacheDriver, CacheInvariantError, CostModel, SimOptions, Trace, known_policies, simulate
 
 ALL = known_policies()
 

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hycache_core.workflow import HYCACHE, WFFORMAT_14, WFFORMAT_15, WorkflowError, load_workflow, parse_workflow
 
 DATA = Path(__file__).parent / "data"

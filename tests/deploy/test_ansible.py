@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 from hycache_agent.cli import build_parser
+from hycache_agent.cluster.peer import load_secret
 from hycache_agent.config import AgentConfig, load_config
 from hycache_agent.control.link import load_token
-from hycache_agent.cluster.peer import load_secret
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
@@ -134,11 +134,12 @@ def rendered(tmp_path_factory):
     uv_cache = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip() if uv else ""
     local = {"ansible_connection": "local", "ansible_python_interpreter": PY,
              "ansible_become": False}
-    common = lambda d: {
-        "hycache_agent_config_dir": str(d / "etc"), "hycache_agent_systemd_dir": str(d / "systemd"),
-        "hycache_agent_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
-        "redis_cluster_systemd_dir": str(d / "systemd"), "redis_cluster_group": group,
-        "hycache_agent_restart_on_change": False}
+    def common(d):
+        return {
+            "hycache_agent_config_dir": str(d / "etc"), "hycache_agent_systemd_dir": str(d / "systemd"),
+            "hycache_agent_install_dir": str(d / "opt"), "redis_cluster_config_dir": str(d / "redis"),
+            "redis_cluster_systemd_dir": str(d / "systemd"), "redis_cluster_group": group,
+            "hycache_agent_restart_on_change": False}
     inventory = {"all": {
         "vars": {"hycache_cluster_secret": SECRET, "hycache_agent_build_dir": str(tmp / "build"),
                  **REDIS_PASSWORDS,

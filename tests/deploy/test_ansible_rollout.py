@@ -38,7 +38,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from test_ansible import ANSIBLE, REPO, ansible_env, playbook_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -100,7 +99,7 @@ class Cluster:
 
     def refresh(self) -> None:
         """Published ports (a restarted container may get new ones) -> inventory, API URL."""
-        for h, d in self.info.items():
+        for _h, d in self.info.items():
             d["port"] = int(docker("port", d["container"], "22").stdout.split()[0].rsplit(":", 1)[1])
         api = docker("port", self.info[CONTROL]["container"], "8080").stdout.split()[0]
         self.api_url = f"http://{api}"
@@ -208,7 +207,7 @@ def hosts(tmp_path_factory):
                    "-v", f"{ca}:{CA_IN_HOST}:ro",
                    "-v", f"{cache / f'apt-{h}'}:/var/cache/apt/archives",
                    "-v", f"{cache / 'uv'}:/opt/hycache/cache", IMAGE)
-        for h, d in c.info.items():
+        for h in c.info:
             c.sh(h, "cat > /root/.ssh/authorized_keys; chmod 600 /root/.ssh/authorized_keys",
                  input=(tmp / "id.pub").read_text())
             wait_for(lambda h=h: c.exec(h, "systemctl", "is-active", "ssh", check=False).stdout.strip() == "active",

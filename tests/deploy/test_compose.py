@@ -678,7 +678,7 @@ def test_haproxy_fronts_both_control_plane_processes():
     each checked on GET /readyz; the two run the same command on the same database."""
     svc = SERVICES["haproxy"]
     assert svc["build"]["context"] == "./deploy/haproxy" and (REPO / "deploy" / "haproxy" / "Dockerfile").is_file()
-    assert svc["ports"] == ["127.0.0.1:8080:%d" % haproxy_port()]  # interpolated: HYCACHE_CONTROL_PORT unset
+    assert svc["ports"] == [f"127.0.0.1:8080:{haproxy_port()}"]  # interpolated: HYCACHE_CONTROL_PORT unset
     assert "ports" not in SERVICES["control-plane"] and "ports" not in SERVICES["control-plane-2"]
     cfg = HAPROXY_CFG.read_text()
     servers = re.findall(r"^\s*server\s+\S+\s+(\S+):(\d+)", cfg, re.MULTILINE)
@@ -751,8 +751,9 @@ def test_node_tokens_script_makes_each_token_once(tmp_path):
     fake.chmod(0o755)
     (tmp_path / "node-tokens.sh").write_text(script.replace(entry, str(fake)))
     env = {**os.environ, "TOKEN_DIR": str(tmp_path / "tokens")}
-    run = lambda: subprocess.run(["sh", str(tmp_path / "node-tokens.sh"), "agent-1", "agent-2"], env=env,
-                                 check=True, capture_output=True, text=True)
+    def run():
+        return subprocess.run(["sh", str(tmp_path / "node-tokens.sh"), "agent-1", "agent-2"], env=env,
+                                     check=True, capture_output=True, text=True)
     run()
     from hycache_agent.control.link import load_token
 

@@ -9,7 +9,6 @@ nothing to repair.
 from __future__ import annotations
 
 import pytest
-
 from hycache_dht.local_store import LocalStore
 from hycache_dht.redis_store import RedisClusterStore
 

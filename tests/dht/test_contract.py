@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from hycache_dht.meta import DHTError, EntryMeta, NotPrimary, Op, dir_meta, pack_body
 
 pytest_plugins = ["hycache_dht.testing"]

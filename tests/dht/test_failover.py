@@ -8,7 +8,6 @@ import time
 import traceback
 
 import pytest
-
 from hycache_dht.meta import DHTUnavailable, dir_meta
 from hycache_dht.redis_store import RedisClusterStore
 
@@ -49,7 +48,7 @@ def test_master_killed_mid_workload(redis_cluster, dht_namespace, capsys):
                 acked[p] = n + 1
                 latencies.append(time.monotonic() - t0)
                 n += 1
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append((time.monotonic(), p, e, traceback.format_exc()))
 
     def renamer() -> None:
@@ -59,7 +58,7 @@ def test_master_killed_mid_workload(redis_cluster, dht_namespace, capsys):
                 b = (b"/rb/moving" if a.startswith(b"/ra") else b"/ra/moving")
                 store.rename(a, b)
                 location[0] = b
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append((time.monotonic(), location[0], e, traceback.format_exc()))
 
     threads = [threading.Thread(target=creator, args=(t,)) for t in range(3)]

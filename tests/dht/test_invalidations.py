@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from hycache_dht.invalidations import FeedLost, wait_active
 from hycache_dht.meta import EntryMeta, Op, dir_meta
 from hycache_dht.redis_store import RedisClusterStore

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 LOG_DIR = REPO / ".work" / "pjdfstest"

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hycache_control.stack import Stack
 
 REPO = Path(__file__).resolve().parents[2]

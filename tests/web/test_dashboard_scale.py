@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from hycache_control.db import Database
 from hycache_control.models import Token
 from hycache_control.services.tokens import hash_secret, new_secret

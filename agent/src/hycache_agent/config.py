@@ -107,7 +107,7 @@ class AgentConfig(BaseModel):
     def _cluster(self) -> AgentConfig:
         if self.clustered:
             if self.redis is not None:
-                self.redis_nodes  # validates
+                _ = self.redis_nodes  # validates
             if self.cluster_secret_file is None:
                 raise ValueError("joining a cluster (--redis/--meta-store) needs --cluster-secret-file")
             if self.node_id is None:

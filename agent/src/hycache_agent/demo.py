@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from hycache_core.sizes import format_size
 from rich.console import Console
 from rich.table import Table
-
-from hycache_core.sizes import format_size
 
 FAST_CAPACITY = 8 << 20
 FILE_SIZE = 1 << 20

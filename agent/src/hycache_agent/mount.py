@@ -12,9 +12,9 @@ import signal
 import pyfuse3
 import trio
 
-from hycache_agent.fs import passthrough
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
+from hycache_agent.fs import passthrough
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.fuse_ops import HyCacheOperations
 
@@ -146,8 +146,8 @@ async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
         if engine.cluster is not None:
             await _start_cluster(engine, nursery)
         if engine.config.metrics_listen:
-            from hycache_agent.metrics import MetricsServer
             from hycache_agent.cluster.peer import parse_addr
+            from hycache_agent.metrics import MetricsServer
 
             host, port = parse_addr(engine.config.metrics_listen)
             await nursery.start(MetricsServer(engine).serve, host, port)

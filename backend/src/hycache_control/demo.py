@@ -20,10 +20,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from hycache_core.sizes import format_size, parse_size
 from rich.console import Console
 from rich.table import Table
-
-from hycache_core.sizes import format_size, parse_size
 
 from .stack import Stack
 

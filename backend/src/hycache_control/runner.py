@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from hycache_core.workflow import HYCACHE, WFFORMAT_14, detect_format, parse_workflow
 
 CHUNK = 1 << 20

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .services.metrics import _get
+
 if TYPE_CHECKING:  # (services/nodes.py keeps its summary with contribution and Totals)
     from .services.nodes import LiveNode
 

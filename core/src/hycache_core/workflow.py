@@ -410,8 +410,9 @@ def _read_15(wf: dict, errors: _Errors) -> list[_Raw]:
 # -- the hycache manifest -----------------------------------------------------------
 
 def _parse_hycache(data: Any, source: str) -> Workflow:
-    from .manifest import Manifest
     from pydantic import ValidationError
+
+    from .manifest import Manifest
 
     try:
         m = Manifest.model_validate(data)

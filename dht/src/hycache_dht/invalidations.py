@@ -144,7 +144,7 @@ class InvalidationFeed:
         if ps is not None:
             try:
                 ps.reset()
-            except Exception:  # noqa: BLE001 - already broken
+            except Exception:
                 pass
 
     def close(self) -> None:

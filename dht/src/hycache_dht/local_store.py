@@ -19,8 +19,21 @@ from pathlib import Path
 
 from . import paths
 from .meta import (
-    PROBLEMS, EntryMeta, MetaStore, NotPrimary, Op, check_destination, check_meta, dir_meta, invalid,
-    new_report, not_empty, owners_arg, pack_body, root_meta, unpack_body,
+    PROBLEMS,
+    EntryMeta,
+    MetaStore,
+    NotPrimary,
+    Op,
+    check_destination,
+    check_meta,
+    dir_meta,
+    invalid,
+    new_report,
+    not_empty,
+    owners_arg,
+    pack_body,
+    root_meta,
+    unpack_body,
 )
 
 SCHEMA = """

@@ -21,11 +21,6 @@ def check(path: bytes) -> bytes:
     return path
 
 
-def join(parent: bytes, name: bytes) -> bytes:
-    """``(b"/a", b"b")`` -> ``b"/a/b"``; ``(b"/", b"b")`` -> ``b"/b"``."""
-    return parent.rstrip(b"/") + b"/" + name
-
-
 def split(path: bytes) -> tuple[bytes, bytes]:
     """``b"/a/b"`` -> ``(b"/a", b"b")``; the root -> ``(ROOT_PARENT, b"")``."""
     if path == ROOT:
@@ -35,6 +30,7 @@ def split(path: bytes) -> tuple[bytes, bytes]:
 
 
 def join(parent: bytes, name: bytes) -> bytes:
+    """``(b"/a", b"b")`` -> ``b"/a/b"``; ``(b"/", b"b")`` -> ``b"/b"``."""
     return (parent if parent != ROOT else b"") + b"/" + name
 
 

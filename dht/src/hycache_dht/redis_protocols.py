@@ -26,11 +26,25 @@ import msgpack
 from . import keys, paths
 from .cluster_client import Item
 from .lua import (
-    ST_CASFAIL, ST_GONE, ST_NOTDIR, ST_NOTEMPTY, ST_NOTFOUND, ST_OK,
+    ST_CASFAIL,
+    ST_GONE,
+    ST_NOTDIR,
+    ST_NOTEMPTY,
+    ST_NOTFOUND,
+    ST_OK,
 )
 from .meta import (
-    PROBLEMS, DHTBusy, EntryMeta, MetaStore, RenameAborted, check_destination, dir_meta, invalid,
-    new_report, not_empty, unpack_body,
+    PROBLEMS,
+    DHTBusy,
+    EntryMeta,
+    MetaStore,
+    RenameAborted,
+    check_destination,
+    dir_meta,
+    invalid,
+    new_report,
+    not_empty,
+    unpack_body,
 )
 
 # positions in a stored entry (lua.py)

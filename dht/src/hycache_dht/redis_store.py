@@ -17,11 +17,30 @@ from collections.abc import Iterator, Sequence
 from . import keys, lua, paths
 from .cluster_client import ClientConfig, ClusterClient, Item
 from .lua import (
-    ST_BUSY, ST_CASFAIL, ST_EXISTS, ST_GONE, ST_HELD, ST_ISDIR, ST_NOPARENT, ST_NOTDIR,
-    ST_NOTEMPTY, ST_NOTFOUND, ST_NOTPRIMARY, ST_OK,
+    ST_BUSY,
+    ST_CASFAIL,
+    ST_EXISTS,
+    ST_GONE,
+    ST_HELD,
+    ST_ISDIR,
+    ST_NOPARENT,
+    ST_NOTDIR,
+    ST_NOTEMPTY,
+    ST_NOTFOUND,
+    ST_NOTPRIMARY,
+    ST_OK,
 )
 from .meta import (
-    DHTBusy, DHTError, EntryMeta, NotPrimary, Op, check_meta, not_empty, owners_arg, pack_body, root_meta,
+    DHTBusy,
+    DHTError,
+    EntryMeta,
+    NotPrimary,
+    Op,
+    check_meta,
+    not_empty,
+    owners_arg,
+    pack_body,
+    root_meta,
 )
 from .redis_protocols import CrossSlotProtocols, decode_entry, header, new_id
 
@@ -141,7 +160,7 @@ class RedisClusterStore(CrossSlotProtocols):
     def _error(self, status: int, path: bytes, reply=None) -> BaseException:
         try:
             self._raise(status, path, reply)
-        except Exception as e:  # noqa: BLE001 - turned into a value on purpose
+        except Exception as e:
             return e
         raise AssertionError("unreachable")
 

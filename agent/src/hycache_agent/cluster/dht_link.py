@@ -36,19 +36,26 @@ from typing import Any
 import trio
 from hycache_dht import registry
 from hycache_dht.meta import (
-    DHTError, DHTUnavailable, EntryMeta, MetaStore, NotPrimary, Op, pack_body, unpack_body,
+    DHTError,
+    DHTUnavailable,
+    EntryMeta,
+    MetaStore,
+    NotPrimary,
+    Op,
+    pack_body,
+    unpack_body,
 )
 from hycache_dht.registry import HIDDEN_ROOT_NAMES, NODE_TTL_SECONDS, NODES_DIR, node_info
 
-from hycache_agent.fs import tiers as T
-from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
-from hycache_agent.fs.namespace import join_path as join
 from hycache_agent.cluster.invalidation import Invalidations
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
 from hycache_agent.cluster.rebalance import Rebalancer
+from hycache_agent.cluster.replicas import ReplicaStore, Replicator
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
+from hycache_agent.fs.namespace import join_path as join
 from hycache_agent.remote.copy import StreamCopy
 from hycache_agent.remote.reader import RemoteReader
-from hycache_agent.cluster.replicas import Replicator, ReplicaStore
 
 log = logging.getLogger(__name__)
 LATER = object()  # what ClusterLink.lookup_now answers when the store must be asked (lookup)
@@ -223,7 +230,7 @@ class ClusterLink:
                 await trio.to_thread.run_sync(self._beat, self._node_meta(), store)
                 self._store = store
                 self._connected.set()
-            except Exception as exc:  # noqa: BLE001 - unreachable at start: keep serving locally
+            except Exception as exc:
                 self._degraded(exc)
                 await trio.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
@@ -523,7 +530,7 @@ class ClusterLink:
     async def _set_state_from_ping(self) -> None:
         try:
             ok = await trio.to_thread.run_sync(self.store.ping)
-        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        except Exception as exc:
             self._degraded(exc)
             return
         if ok:
@@ -537,7 +544,7 @@ class ClusterLink:
                 continue
             try:
                 self.known_nodes = await trio.to_thread.run_sync(self._beat_and_list, self._node_meta(), self._store)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._degraded(exc)
             await trio.sleep(HEARTBEAT_SECONDS)
 
@@ -1000,7 +1007,7 @@ class ClusterLink:
                 addr = await self.address_of(holder)
                 t0 = time.monotonic()
                 etag = await self.peers.fetch_to_file(addr, node.path, dest)
-            except Exception as exc:  # noqa: BLE001 - try the next holder
+            except Exception as exc:
                 last = exc
                 log.warning("fetching %r from %s failed: %s", node.path, holder, exc)
                 continue

@@ -143,7 +143,7 @@ class Invalidations:
     def _events(self, events: list[tuple[str, bytes]]) -> None:
         try:
             self._handle(events)
-        except Exception:  # noqa: BLE001 - run_sync_soon: an error here would end the event loop
+        except Exception:
             log.exception("handling change announcements failed: what was read before is read again")
             self._uncover_all(time.monotonic())
 

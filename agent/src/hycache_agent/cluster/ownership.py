@@ -598,7 +598,7 @@ class Ownership:
         for name, meta in msgs:
             try:
                 act, path, path2, sender = msgpack.unpackb(meta.target or b"", raw=False)
-            except Exception:  # noqa: BLE001 - a malformed message must not block the others
+            except Exception:
                 log.error("inbox: malformed message %r dropped", name)
                 act = None
             if act is not None:
@@ -620,7 +620,7 @@ class Ownership:
                     if exc.errno == errno.EIO:  # the store went away: keep the message
                         return
                     log.warning("inbox: %s %r from %s not applied: %s", act, path, sender, exc)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("inbox: %s %r from %s failed", act, path, sender)
             await self.link.query("delete", join(box, name), missing=False)
 

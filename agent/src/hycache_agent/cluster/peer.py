@@ -44,8 +44,8 @@ import h11
 import trio
 
 from hycache_agent.cluster import bulk
-from hycache_agent.secretfile import read_protected
 from hycache_agent.fs.tiers import remove_blob
+from hycache_agent.secretfile import read_protected
 
 log = logging.getLogger(__name__)
 
@@ -830,7 +830,7 @@ class PeerServer:
         async def guarded(fn, nursery: trio.Nursery) -> None:
             try:
                 await fn()
-            except Exception as e:  # noqa: BLE001 - re-raised below, unwrapped
+            except Exception as e:
                 errors.append(e)
                 nursery.cancel_scope.cancel()
 
@@ -874,7 +874,7 @@ class PeerServer:
                     try:
                         r = await self._thread(bulk.splice_in, c.stream.socket.fileno(), fd, received,
                                                min(bulk.HOP, length - received), self.idle_timeout, pipe)
-                    except Exception as e:  # noqa: BLE001 - raised below, unwrapped
+                    except Exception as e:
                         error = e
                         break
                     received += r.n

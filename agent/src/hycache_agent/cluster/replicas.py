@@ -216,7 +216,7 @@ class Replicator:
         async def local() -> None:
             try:
                 await local_sync()
-            except Exception as e:  # noqa: BLE001 - raised below, unwrapped (not a group)
+            except Exception as e:
                 failed.append(e)
             took.append(time.monotonic() - t0)
 
@@ -251,7 +251,7 @@ class Replicator:
                 if self.wanted(inode):
                     try:
                         await self.replicate(inode)
-                    except Exception:  # noqa: BLE001 - keep replicating the others
+                    except Exception:
                         log.exception("replicating inode %d failed", inode.ino)
             self.stats.pending = len(self._pending)
             # files put back by replicate() (no peer known yet, or no store) wait before
@@ -305,7 +305,7 @@ class Replicator:
                 try:
                     addr = nodes[node]["addr"]
                     await self.link.peers.push_replica(addr, path, opened.blob, {"X-HyCache-Etag": opened.etag})
-                except Exception as exc:  # noqa: BLE001 - a down peer: fewer replicas, logged
+                except Exception as exc:
                     self.stats.failures += 1
                     self.stats.last_error = f"{node}: {exc}"
                     log.warning("pushing a replica of %r to %s failed: %s", path, node, exc)

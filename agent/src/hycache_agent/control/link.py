@@ -32,9 +32,9 @@ from typing import Any
 import trio
 
 from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.namespace import FsError
 from hycache_agent.fs.placement import PolicyError
 from hycache_agent.secretfile import read_protected
-from hycache_agent.fs.namespace import FsError
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class ControlLink:
         aid = action["id"]
         try:
             result = await self.apply_action(action)
-        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+        except Exception as exc:
             log.exception("control plane action %r failed", action)
             result = {"id": aid, "state": "failed", "detail": f"internal error: {exc}"}
         finally:
@@ -376,7 +376,7 @@ class ControlLink:
                 self._kick = trio.Event()  # a result from now on sends the next heartbeat early
                 try:
                     delay = await self.heartbeat(client)
-                except Exception as exc:  # noqa: BLE001 - the link must never die
+                except Exception as exc:
                     log.exception("control plane heartbeat failed")
                     self._set_state("unreachable", f"{type(exc).__name__}: {exc}")
                     delay = -1.0
@@ -440,7 +440,7 @@ class ControlLink:
                 await trio.sleep(backoff)
                 backoff = min(PUSH_BACKOFF[1], backoff * 2)
                 continue
-            except Exception as exc:  # noqa: BLE001 - the link must never die
+            except Exception as exc:
                 log.exception("control plane plan poll failed")
                 self._set_push("broken", f"{type(exc).__name__}: {exc}")
                 await trio.sleep(backoff)

@@ -46,9 +46,9 @@ from typing import Any
 import trio
 from hycache_core.policies import OnlinePolicy, load_policy
 
+from hycache_agent.config import AgentConfig
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
-from hycache_agent.config import AgentConfig
 from hycache_agent.fs.blobpool import BlobPool
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.lane import Lane

@@ -15,12 +15,12 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from hycache_agent.fs import tiers as T
 from hycache_agent.cluster.dht_link import LATER, META_TTL_SECONDS
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 from hycache_agent.fs.passthrough import Backings, invalidate_attrs
 from hycache_agent.remote.backing import RemoteBackings
-from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class HyCacheOperations(pyfuse3.Operations):
         name and the directory's attributes (kept for LOCAL_TIMEOUT)."""
         try:
             pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-        except Exception:  # noqa: BLE001 - not mounted yet (start-up): nothing cached
+        except Exception:
             return
         self.backings.lane.submit(invalidate_attrs, parent)
 

@@ -97,7 +97,7 @@ class Lane:
             if then is not None:
                 try:
                     then(result, error)
-                except Exception:  # noqa: BLE001 - one callback must not stop the others
+                except Exception:
                     log.exception("%s: callback failed", self.name)
             elif error is not None:
                 log.error("%s: %s", self.name, error)
@@ -145,7 +145,7 @@ class Lane:
             for fn, args, then in batch:
                 try:
                     result, error = fn(*args), None
-                except Exception as exc:  # noqa: BLE001 - handed to the callback
+                except Exception as exc:
                     result, error = None, exc
                 self._done.append((then, result, error))
                 if self._watchers and not self._wake_pending:

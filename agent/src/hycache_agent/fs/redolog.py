@@ -239,7 +239,7 @@ class RedoLog:
                     if ctypes.get_errno() in (22, 95):  # EINVAL / EOPNOTSUPP: an older kernel
                         self._addr = 0
                     return False
-        except Exception:  # noqa: BLE001 - a hint must never fail the commit it follows
+        except Exception:
             log.debug("redo log: prefault failed", exc_info=True)
             return False
         return True

@@ -115,7 +115,7 @@ class StreamCopy:
                     if etag is None:
                         etag = await self.link.peers.fetch_to_file(addr, node.path, self.fd, self._progress,
                                                                   etag=expect, started=started)
-                except Exception as exc:  # noqa: BLE001 - try the next holder
+                except Exception as exc:
                     last = exc
                     log.warning("streaming %r from %s failed: %s", node.path, holder, exc)
                     continue

@@ -163,7 +163,7 @@ class RemoteReader:
                 self.cache.insert_object(path, (version, etag), data)
             else:
                 await trio.to_thread.run_sync(self.cache.insert_object, path, (version, etag), data)
-        except Exception as exc:  # noqa: BLE001 - not cached: fetched again if the copy goes
+        except Exception as exc:
             log.warning("caching %r failed: %s", path, exc)
 
     def learn_version(self, path: bytes, version: int) -> None:
@@ -194,7 +194,7 @@ class RemoteReader:
             try:
                 addr = await self.link.address_of(holder)
                 data, etag, total = await self.link.peers.read_block(addr, node.path, offset, length)
-            except Exception as exc:  # noqa: BLE001 - try the next holder
+            except Exception as exc:
                 last = exc
                 self.stats.holder_failures += 1
                 if not isinstance(exc, FsError):
@@ -237,7 +237,7 @@ class RemoteReader:
     async def _keep(self, key: tuple, pending: _Pending, keep) -> None:
         try:
             await keep(pending.result)
-        except Exception as exc:  # noqa: BLE001 - a cache insert that failed: fetched again next time
+        except Exception as exc:
             log.warning("caching %r failed: %s", key[0], exc)
         finally:
             if self._inflight.get(key) is pending:
@@ -321,7 +321,7 @@ class RemoteReader:
             try:
                 await self.fetch_block(node, j)
                 self.stats.readahead_blocks += 1
-            except Exception:  # noqa: BLE001 - the reader will fetch it itself (and see the error)
+            except Exception:
                 pass
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -122,14 +122,14 @@ def _time(value: str | None, loc: str, default: float) -> float:
         return float(value)
     except ValueError:
         pass
-    from datetime import datetime, timezone
+    from datetime import datetime
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
         raise RequestValidationError([{"loc": ("query", loc), "msg": "unix seconds or ISO 8601 expected",
                                        "type": "value_error", "input": value[:100]}]) from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 

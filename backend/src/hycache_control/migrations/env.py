@@ -1,7 +1,6 @@
 """Alembic environment: the engine comes from hycache_control.db (config.attributes)."""
 
 from alembic import context
-
 from hycache_control.models import Base
 
 config = context.config

@@ -18,8 +18,8 @@ from sqlalchemy.orm import selectinload
 
 from ..db import Database
 from ..models import Action, ActionItem
-from .errors import NotFound
 from .bus import Bus
+from .errors import NotFound
 from .events import EventService
 from .namespace import NamespaceService
 from .nodes import NodeService

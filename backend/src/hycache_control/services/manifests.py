@@ -53,11 +53,10 @@ import threading
 import time
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session, selectinload
-
 from hycache_core.scheduling import PlacementError, choose_node, node_state, place, plan_release, prefetch_sources
 from hycache_core.workflow import Workflow, WorkflowError, parse_workflow
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob

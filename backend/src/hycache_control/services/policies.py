@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from ..db import Database
 from ..models import Policy
-from .errors import Invalid
 from .bus import Bus
+from .errors import Invalid
 from .events import EventService
 
 

@@ -72,7 +72,7 @@ class OnlinePolicy(abc.ABC):
         """Accesses recorded for a resident key (for persistence); 0 if unknown."""
         return 0
 
-    def will_admit(self, key: Hashable, size: int) -> None:
+    def will_admit(self, key: Hashable, size: int) -> None:  # noqa: B027 (an optional hook)
         """Optional hook: a miss on ``key`` is about to be admitted.
 
         Called before :meth:`eviction_order` for the room ``key`` needs, so that a

@@ -72,15 +72,47 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..workflow import Workflow
-from .accounting import (DEFAULT_MAKESPAN_SLACK, LARGE_INSTANCE, _cost, _loads, _upward_rank, makespan,
-                         makespan_lower_bound, transfer_bytes)
+from .accounting import (
+    DEFAULT_MAKESPAN_SLACK,
+    LARGE_INSTANCE,
+    _cost,
+    _loads,
+    _upward_rank,
+    makespan,
+    makespan_lower_bound,
+    transfer_bytes,
+)
 from .online import choose_node
 from .plans import node_state, plan_node, plan_nodes, plan_release, prefetch_sources
-from .problem import (BALANCE_MILP_TIME_LIMIT, DEFAULT_SLACK, ELSEWHERE, EXACT_DEFAULT_TIME_LIMIT, SLOW, SOLVERS,
-                      Balance, PlacementError, Problem, balance, load_bound, make_problem)
-from .solvers import (HYPERGRAPH_PRESET, HYPERGRAPH_SEED, ExactResult, _State, feasible, hypergraph_nets,
-                      local_search, repair, solve_exact, solve_greedy, solve_hypergraph, solve_local,
-                      solve_round_robin)
+from .problem import (
+    BALANCE_MILP_TIME_LIMIT,
+    DEFAULT_SLACK,
+    ELSEWHERE,
+    EXACT_DEFAULT_TIME_LIMIT,
+    SLOW,
+    SOLVERS,
+    Balance,
+    PlacementError,
+    Problem,
+    balance,
+    load_bound,
+    make_problem,
+)
+from .solvers import (
+    HYPERGRAPH_PRESET,
+    HYPERGRAPH_SEED,
+    ExactResult,
+    _State,
+    feasible,
+    hypergraph_nets,
+    local_search,
+    repair,
+    solve_exact,
+    solve_greedy,
+    solve_hypergraph,
+    solve_local,
+    solve_round_robin,
+)
 
 # -- everything at once ---------------------------------------------------------------------
 

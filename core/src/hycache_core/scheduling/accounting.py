@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from ..workflow import Workflow
-from .problem import Problem, SLOW
+from .problem import SLOW, Problem
 
 # -- the accounting -----------------------------------------------------------------
 

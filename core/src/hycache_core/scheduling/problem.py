@@ -127,7 +127,7 @@ def _pack_milp(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_node
     rows, cols, vals, lo, hi = [], [], [], [], []
     r = 0
     ub = np.zeros(nvar)
-    for c, (w, ok) in enumerate(keys):
+    for c, (_w, ok) in enumerate(keys):
         cnt = len(classes[keys[c]])
         for n in ok:
             ub[c * N + n] = cnt

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .problem import _EPS, EXACT_DEFAULT_TIME_LIMIT, PlacementError, Problem
 from .accounting import DEFAULT_MAKESPAN_SLACK, LARGE_INSTANCE, _cost, _loads, _upward_rank, makespan
+from .problem import _EPS, EXACT_DEFAULT_TIME_LIMIT, PlacementError, Problem
 
 # -- layer 1: the solvers ---------------------------------------------------------------
 

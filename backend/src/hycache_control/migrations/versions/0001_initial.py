@@ -1,12 +1,11 @@
 """initial schema: tokens, nodes, policies, actions, events, metric samples
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-23
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0001'
 down_revision = None

@@ -4,9 +4,8 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-26
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0003'
 down_revision = '0002'
