@@ -66,6 +66,7 @@ def load_compose(path: Path = COMPOSE_FILE, env: dict[str, str] | None = None) -
 
 COMPOSE = load_compose()
 SERVICES: dict[str, dict] = COMPOSE["services"]
+HOSTVIEW = load_compose(REPO / "deploy" / "compose.hostview.yml")  # the opt-in host view of the mounts
 
 
 def agent_services() -> list[str]:
@@ -271,7 +272,7 @@ def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers
     assert load_secret(fake / rels["hycache_cluster_secret"]) == secret, "a second run must keep the existing secret"
     assert all((fake / rel).read_text() == values[n] for n, rel in rels.items())
     for agent in AGENTS:
-        bind = next(v for v in volumes_of(agent) if v["type"] == "bind")
+        bind = next(v for v in HOSTVIEW["services"][agent]["volumes"] if v["type"] == "bind")
         assert subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q",
                                os.path.normpath(bind["source"])]).returncode == 0, \
             f"{agent}: the host mount directory {bind['source']} should be ignored by git"
@@ -344,12 +345,17 @@ def test_agent_command_and_config_are_what_the_agent_accepts(name):
     args, config = effective_agent_config(name)
     svc = SERVICES[name]
     vols = volumes_of(name)
-    # ROOT on the agent's own named volume, the mount point exported with rshared
+    # ROOT on the agent's own named volume; the mount point in the container's own mount
+    # namespace (no bind: a dead FUSE mount must go with its container, or the restart
+    # policy cannot bring the agent back), exported to the host only by the opt-in override
     assert any(v["type"] == "volume" and v["target"] == str(args.root) for v in vols), \
         f"{name}: ROOT {args.root} is not a named volume"
-    bind = [v for v in vols if v["type"] == "bind" and v["target"] == str(args.mountpoint)]
-    assert bind, f"{name}: the mount point {args.mountpoint} is not exported"
-    assert bind[0].get("bind", {}).get("propagation") == "rshared", \
+    assert not [v for v in vols if v["target"] == str(args.mountpoint)], \
+        f"{name}: the mount point {args.mountpoint} is a volume: a crashed agent could not restart over it"
+    assert svc.get("restart") == "unless-stopped", f"{name}: a crashed agent must come back by itself"
+    view = [v for v in HOSTVIEW["services"][name]["volumes"] if v["target"] == str(args.mountpoint)]
+    assert view and view[0]["type"] == "bind", f"{name}: deploy/compose.hostview.yml does not export the mount"
+    assert view[0].get("bind", {}).get("propagation") == "rshared", \
         "without rshared the FUSE mount made inside the container never reaches the host"
     # the global namespace: every startup node is a redis service on its port
     assert config.clustered and config.redis is not None
