@@ -106,17 +106,17 @@ def fractional_bound(
             heapq.heappush(heap, (-e, t))
             while load > cap:
                 start = heap[0][1]
-                a = amount.get(start)
-                if a is None:
+                kept = amount.get(start)
+                if kept is None:
                     heapq.heappop(heap)
                     continue
                 excess = load - cap
-                if a <= excess:
+                if kept <= excess:
                     heapq.heappop(heap)
                     del amount[start]
-                    load -= a
+                    load -= kept
                 else:
-                    amount[start] = a - excess
+                    amount[start] = kept - excess
                     load = cap
         elif e < n and s == 0:
             whole[t] = 1  # an empty file costs no room

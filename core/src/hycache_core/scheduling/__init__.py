@@ -114,6 +114,16 @@ from .solvers import (
     solve_round_robin,
 )
 
+__all__ = [  # the responsibilities' names, importable from the package (the tests use _cost, _State)
+    "DEFAULT_MAKESPAN_SLACK", "LARGE_INSTANCE", "_cost", "_loads", "_upward_rank", "makespan",
+    "makespan_lower_bound", "transfer_bytes", "choose_node", "node_state", "plan_node", "plan_nodes",
+    "plan_release", "prefetch_sources", "BALANCE_MILP_TIME_LIMIT", "DEFAULT_SLACK", "ELSEWHERE",
+    "EXACT_DEFAULT_TIME_LIMIT", "SLOW", "SOLVERS", "Balance", "PlacementError", "Problem", "balance",
+    "load_bound", "make_problem", "HYPERGRAPH_PRESET", "HYPERGRAPH_SEED", "ExactResult", "_State", "feasible",
+    "hypergraph_nets", "local_search", "repair", "solve_exact", "solve_greedy", "solve_hypergraph",
+    "solve_local", "solve_round_robin", "node_names", "place",
+]
+
 # -- everything at once ---------------------------------------------------------------------
 
 def node_names(spec: int | str | Sequence[str] | None, wf: Workflow | None = None) -> list[str]:

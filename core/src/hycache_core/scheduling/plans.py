@@ -282,14 +282,14 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
         held[n] = max(0, int(pb) - pinned_here[n]) if isinstance(pb, (int, float)) else 0
         listed = {"fast": 0, "out": 0}
         for mv in fast.get("moving") or ():
-            f, size = by_path.get(mv.get("path")), int(mv.get("bytes") or 0)
+            moving, size = by_path.get(mv.get("path")), int(mv.get("bytes") or 0)  # moving: the workflow's file
             entering = mv.get("to") == "fast"
             listed["fast" if entering else "out"] += size
-            if entering and f is not None:
-                resident[n].setdefault(f, int(files[f].get("size") or size))
+            if entering and moving is not None:
+                resident[n].setdefault(moving, int(files[moving].get("size") or size))
                 continue
-            if f is not None and resident[n].pop(f, None) is not None:
-                pinned[n].discard(f)
+            if moving is not None and resident[n].pop(moving, None) is not None:
+                pinned[n].discard(moving)
             held[n] += size
         for key, kind in (("moving_in_bytes", "fast"), ("moving_out_bytes", "out")):  # beyond the list
             total = fast.get(key)

@@ -30,7 +30,7 @@ is also a check of the policies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
 MB = 1_000_000
@@ -145,7 +145,7 @@ class CacheDriver:
         self.events: list[tuple[str, int, Hashable]] | None = [] if record else None
         self._pos = -1
         self._current: Hashable = None
-        self._current_write = False
+        self._current_write = 0  # the reference being missed writes (non-zero) or reads
         self._admitted = False
 
     @property
@@ -210,9 +210,9 @@ class CacheDriver:
     # -- the replay loop -------------------------------------------------------------
     def run(
         self,
-        keys: list,
-        sizes: list[int],
-        writes: bytes | bytearray | list,
+        keys: Sequence[Hashable],
+        sizes: Sequence[int],
+        writes: Sequence[int],
         strategy: Strategy,
         progress: Callable[[int], None] | None = None,
         chunk: int = 1 << 16,
