@@ -33,6 +33,7 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -246,6 +247,14 @@ def solve_ilp(
     if res.x is None:
         status = "infeasible" if res.status == 2 else "failed"
         return ILPResult(status, None, 0.0, float("inf"), seconds, m, len(binding))
+    status, keep, obj, bound = _ilp_schedule(res, n, idx, end, sizes, capacity, weight, scale)
+    return ILPResult(status, keep, obj, bound, seconds, m, len(binding))
+
+
+def _ilp_schedule(res: Any, n: int, idx: np.ndarray, end: np.ndarray, sizes: Sequence[int], capacity: int,
+                  weight: np.ndarray, scale: float) -> tuple[str, bytearray, float, float]:
+    """The schedule of HiGHS's solution ``res`` (repaired if it overfills the cache):
+    ``(status, keep, objective, upper bound)``."""
     x = res.x > 0.5
     repaired = _repair(x, idx, end, sizes, capacity, weight)
     keep = bytearray(n)
@@ -257,4 +266,4 @@ def solve_ilp(
     status = "optimal" if res.status == 0 and not repaired else "time-limit" if res.status == 1 else "approximate"
     if status == "optimal":
         bound = obj
-    return ILPResult(status, keep, obj, max(bound, obj), seconds, m, len(binding))
+    return status, keep, obj, max(bound, obj)
