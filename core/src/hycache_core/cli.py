@@ -15,10 +15,17 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .manifest import ManifestError, load_manifest
 from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .sim.trace import Trace
 
 DEFAULT_POLICIES = "lru,lfu,gdsf,arc,heuristic,optimal"
 PROGRESS_MIN_REFS = 100_000
@@ -145,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_workload(args: argparse.Namespace):
+def _load_workload(args: argparse.Namespace) -> Trace:
     from .sim.generators import generate
     from .sim.trace import TraceError, read_csv_trace, trace_from_manifest
 
@@ -169,7 +176,8 @@ def _load_workload(args: argparse.Namespace):
         raise CLIError(str(exc)) from None
 
 
-def _progress_factory(console, enabled: bool):
+def _progress_factory(console: Console, enabled: bool
+                      ) -> tuple[Progress | None, Callable[[str, int], Callable[[int], None]] | None]:
     """A factory of per-policy progress callbacks drawing rich bars on stderr."""
     if not enabled:
         return None, None
@@ -188,7 +196,7 @@ def _progress_factory(console, enabled: bool):
 
 
 @contextlib.contextmanager
-def _native_stdout_to_stderr():
+def _native_stdout_to_stderr() -> Iterator[None]:
     """Send file descriptor 1 to stderr meanwhile: native solver code (HiGHS) may
     printf diagnostics, which must not corrupt the JSON or the table on stdout."""
     sys.stdout.flush()

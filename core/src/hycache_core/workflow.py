@@ -154,6 +154,7 @@ def parse_workflow(data: Any, source: str = "manifest") -> Workflow:
     wf = data.get("workflow")
     if not isinstance(wf, dict):
         errors.add(["workflow"], "field required (an object)" if wf is None else "expected an object")
+        wf = {}  # not read: the errors are raised below
     if errors:
         raise WorkflowError(fmt, errors.items, source)
     name = data.get("name") if isinstance(data.get("name"), str) else None
@@ -195,16 +196,18 @@ def _task_type(*tasks: Any) -> str | None:
     """The first of ``category`` (WfFormat 1.4, and 1.5 instances that keep it) or
     ``command.program`` (1.5's execution record) that is a non-empty string."""
     for t in tasks:
-        if isinstance(t, dict) and isinstance(t.get("category"), str) and t["category"].strip():
-            return t["category"].strip()
+        category = t.get("category") if isinstance(t, dict) else None
+        if isinstance(category, str) and category.strip():
+            return category.strip()
     for t in tasks:
         cmd = t.get("command") if isinstance(t, dict) else None
-        if isinstance(cmd, dict) and isinstance(cmd.get("program"), str) and cmd["program"].strip():
-            return cmd["program"].strip()
+        program = cmd.get("program") if isinstance(cmd, dict) else None
+        if isinstance(program, str) and program.strip():
+            return program.strip()
     return None
 
 
-def _is_list(value: Any, loc: Loc, errors: _Errors, required: bool = True) -> list | None:
+def _is_list(value: Any, loc: Loc, errors: _Errors, required: bool = True) -> list[Any] | None:
     if value is None:
         if required:
             errors.add(loc, "field required (a list)")
@@ -215,7 +218,7 @@ def _is_list(value: Any, loc: Loc, errors: _Errors, required: bool = True) -> li
     return value
 
 
-def _str(obj: dict, key: str, loc: Loc, errors: _Errors, required: bool = True) -> str | None:
+def _str(obj: dict[str, Any], key: str, loc: Loc, errors: _Errors, required: bool = True) -> str | None:
     v = obj.get(key)
     if v is None:
         if required:
@@ -227,7 +230,7 @@ def _str(obj: dict, key: str, loc: Loc, errors: _Errors, required: bool = True) 
     return v
 
 
-def _size(obj: dict, key: str, loc: Loc, errors: _Errors) -> int | None:
+def _size(obj: dict[str, Any], key: str, loc: Loc, errors: _Errors) -> int | None:
     v = obj.get(key)
     if v is None:
         errors.add(loc + [key], "field required")
@@ -241,7 +244,7 @@ def _size(obj: dict, key: str, loc: Loc, errors: _Errors) -> int | None:
     return int(v)
 
 
-def _runtime(obj: dict, loc: Loc, errors: _Errors, required: bool) -> float | None:
+def _runtime(obj: dict[str, Any], loc: Loc, errors: _Errors, required: bool) -> float | None:
     v = obj.get("runtimeInSeconds")
     if v is None:
         if required:
@@ -253,7 +256,7 @@ def _runtime(obj: dict, loc: Loc, errors: _Errors, required: bool) -> float | No
     return float(v)
 
 
-def _refs(obj: dict, key: str, loc: Loc, errors: _Errors, required: bool) -> list[tuple[str, Loc]]:
+def _refs(obj: dict[str, Any], key: str, loc: Loc, errors: _Errors, required: bool) -> list[tuple[str, Loc]]:
     items = _is_list(obj.get(key), loc + [key], errors, required)
     out = []
     for i, v in enumerate(items or ()):
@@ -264,7 +267,7 @@ def _refs(obj: dict, key: str, loc: Loc, errors: _Errors, required: bool) -> lis
     return out
 
 
-def _read_14(wf: dict, errors: _Errors) -> list[_Raw]:
+def _read_14(wf: dict[str, Any], errors: _Errors) -> list[_Raw]:
     tasks = _is_list(wf.get("tasks"), ["workflow", "tasks"], errors)
     machines = _machine_names(wf.get("machines"), ["workflow", "machines"], errors)
     raws: list[_Raw] = []
@@ -332,7 +335,7 @@ def _machine_names(value: Any, loc: Loc, errors: _Errors) -> set[str] | None:
     return names
 
 
-def _read_15(wf: dict, errors: _Errors) -> list[_Raw]:
+def _read_15(wf: dict[str, Any], errors: _Errors) -> list[_Raw]:
     spec = wf.get("specification")
     if not isinstance(spec, dict):
         errors.add(["workflow", "specification"], "field required (an object)" if spec is None else "expected an object")

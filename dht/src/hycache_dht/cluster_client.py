@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from redis import exceptions as rex
@@ -151,9 +152,9 @@ class Item:
     """One command of a batch, routed by its key."""
 
     key: bytes
-    args: tuple
+    args: tuple[Any, ...]
     write: bool = True
-    result: object = None
+    result: Any = None  # the reply (its shape is the command's), or the ResponseError
     done: bool = False
     #: an earlier attempt may have executed (its reply was lost): a replayed write answers
     #: "already done" instead of "done now", callers map that (see lua.py)
@@ -199,7 +200,8 @@ class ClusterClient:
     # -- helpers ------------------------------------------------------------------------
 
     def keyslot(self, key: bytes) -> int:
-        return self.rc.keyslot(key)
+        slot: int = self.rc.keyslot(key)
+        return slot
 
     def backoff(self, attempt: int) -> float:
         c = self.config
@@ -232,7 +234,7 @@ class ClusterClient:
             got = got.decode() if isinstance(got, bytes) else got
             assert got == sha, (got, sha)
 
-    def script_args(self, name: str, key: bytes, *argv) -> tuple:
+    def script_args(self, name: str, key: bytes, *argv: Any) -> tuple[Any, ...]:
         return ("EVALSHA", self.scripts[name][0], 1, key, *argv)
 
     # -- execution ----------------------------------------------------------------------
@@ -334,7 +336,7 @@ class ClusterClient:
                 return _ShortWait(f"{node.name}: WAIT {want} -> {acked!r}")
         return err
 
-    def one(self, key: bytes, args: tuple, *, write: bool = True, deadline: float | None = None) -> Item:
+    def one(self, key: bytes, args: tuple[Any, ...], *, write: bool = True, deadline: float | None = None) -> Item:
         it = Item(key, args, write)
         self.run([it], deadline=deadline)
         if isinstance(it.result, BaseException):

@@ -25,12 +25,19 @@ from __future__ import annotations
 import logging
 import os
 import select
+import socket
 import time
+from typing import TYPE_CHECKING
 
 from redis import exceptions as rex
 
 from . import keys
 from .cluster_client import RETRIABLE
+
+if TYPE_CHECKING:
+    from redis.cluster import ClusterPubSub
+
+    from .redis_base import RedisBase
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +47,10 @@ class FeedLost(Exception):
 
 
 class InvalidationFeed:
-    def __init__(self, store) -> None:
+    def __init__(self, store: RedisBase) -> None:
         self._store = store
         self._ns = store.ns
-        self._pubsub = None
+        self._pubsub: ClusterPubSub | None = None
         self.channels: dict[bytes, bytes] = {}  # channel -> directory path
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
@@ -92,14 +99,14 @@ class InvalidationFeed:
         ``("lost", dirpath)`` (the server dropped it: its slot moved).  Raises FeedLost
         when a connection failed (every channel is dropped: subscribe again)."""
         ps = self._pubsub
-        socks = []
+        waits: list[int | socket.socket] = [self._wake_r]  # the wake pipe, then the connections
         if ps is not None:
             for node_ps in list(ps.node_pubsub_mapping.values()):
                 conn = node_ps.connection
                 if conn is not None and conn._sock is not None:
-                    socks.append(conn._sock)
+                    waits.append(conn._sock)
         try:
-            select.select([self._wake_r, *socks], [], [], timeout)
+            select.select(waits, [], [], timeout)
         except (OSError, ValueError):
             pass  # a socket closed under us: the reads below tell
         try:

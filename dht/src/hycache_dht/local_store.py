@@ -16,11 +16,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from . import paths
 from .meta import (
     PROBLEMS,
     EntryMeta,
+    FsckReport,
     MetaStore,
     NotPrimary,
     Op,
@@ -51,7 +53,7 @@ INSERT OR IGNORE INTO counters VALUES ('version', 0);
 _COLS = "kind, version, writer, lease_until, body"
 
 
-def _row_meta(row) -> EntryMeta:
+def _row_meta(row: tuple[Any, ...]) -> EntryMeta:
     kind, version, writer, lease_until, body = row
     return unpack_body(kind, body, version, writer or None, lease_until)
 
@@ -98,7 +100,7 @@ class LocalStore(MetaStore):
         return c
 
     @contextmanager
-    def _tx(self):
+    def _tx(self) -> Iterator[sqlite3.Connection]:
         c = self._conn()
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -110,16 +112,18 @@ class LocalStore(MetaStore):
 
     @staticmethod
     def _next_version(c: sqlite3.Connection) -> int:
-        return c.execute(
+        version: int = c.execute(
             "UPDATE counters SET value = value + 1 WHERE name = 'version' RETURNING value"
         ).fetchone()[0]
+        return version
 
     @staticmethod
-    def _row(c: sqlite3.Connection, path: bytes):
+    def _row(c: sqlite3.Connection, path: bytes) -> tuple[Any, ...] | None:
         parent, name = paths.split(path)
-        return c.execute(
+        row: tuple[Any, ...] | None = c.execute(
             f"SELECT {_COLS} FROM entries WHERE parent = ? AND name = ?", (parent, name)
         ).fetchone()
+        return row
 
     def _meta(self, c: sqlite3.Connection, path: bytes) -> EntryMeta | None:
         row = self._row(c, path)
@@ -132,7 +136,7 @@ class LocalStore(MetaStore):
         return c.execute("SELECT 1 FROM entries WHERE parent = ? LIMIT 1", (path,)).fetchone() is not None
 
     @staticmethod
-    def _insert(c, path: bytes, meta: EntryMeta, version: int, writer: str, lease: float) -> None:
+    def _insert(c: sqlite3.Connection, path: bytes, meta: EntryMeta, version: int, writer: str, lease: float) -> None:
         parent, name = paths.split(path)
         c.execute(
             "INSERT OR REPLACE INTO entries (parent, name, kind, version, writer, lease_until, body)"
@@ -141,13 +145,13 @@ class LocalStore(MetaStore):
         )
 
     @staticmethod
-    def _remove(c, path: bytes) -> None:
+    def _remove(c: sqlite3.Connection, path: bytes) -> None:
         parent, name = paths.split(path)
         c.execute("DELETE FROM entries WHERE parent = ? AND name = ?", (parent, name))
 
     # -- operations (inside a transaction) ------------------------------------------------
 
-    def _check_parent(self, c, path: bytes) -> None:
+    def _check_parent(self, c: sqlite3.Connection, path: bytes) -> None:
         """Writes need an existing parent directory (as in the Redis engine, where the
         parent's hash header says so)."""
         parent = paths.split(path)[0]
@@ -157,7 +161,7 @@ class LocalStore(MetaStore):
         if row is None or row[0] != "dir":
             raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
 
-    def _create(self, c, path: bytes, meta: EntryMeta) -> bool:
+    def _create(self, c: sqlite3.Connection, path: bytes, meta: EntryMeta) -> bool:
         check_meta(meta)
         if path == paths.ROOT or self._row(c, paths.check(path)) is not None:
             return False
@@ -165,7 +169,7 @@ class LocalStore(MetaStore):
         self._insert(c, path, meta, self._next_version(c), "", 0.0)
         return True
 
-    def _put(self, c, path: bytes, meta: EntryMeta, expect_version: int | None,
+    def _put(self, c: sqlite3.Connection, path: bytes, meta: EntryMeta, expect_version: int | None,
              owners: tuple[str, ...] | None = None) -> int | None:
         check_meta(meta)
         row = self._row(c, paths.check(path))
@@ -179,7 +183,7 @@ class LocalStore(MetaStore):
         else:
             if expect_version is not None and expect_version != row[1]:
                 return None
-            if owners_arg(owners) and row[0] != "dir":
+            if owners and owners_arg(owners) and row[0] != "dir":
                 primary = _row_meta(row).primary
                 if primary and primary not in owners:
                     raise NotPrimary(path, primary, row[1])
@@ -192,7 +196,7 @@ class LocalStore(MetaStore):
         self._insert(c, path, meta, v, writer, lease)
         return v
 
-    def _delete(self, c, path: bytes, expect_version: int | None) -> bool:
+    def _delete(self, c: sqlite3.Connection, path: bytes, expect_version: int | None) -> bool:
         if paths.check(path) == paths.ROOT:
             raise OSError(errno.EBUSY, "cannot remove the root", path)
         row = self._row(c, path)
@@ -203,16 +207,17 @@ class LocalStore(MetaStore):
         self._remove(c, path)
         return True
 
-    def _do(self, c, op: Op) -> object:
+    def _do(self, c: sqlite3.Connection, op: Op) -> object:
         op.check()
         if op.op == "create":
-            return self._create(c, op.path, op.meta)
+            return self._create(c, op.path, op.entry())
         if op.op == "put":
-            return self._put(c, op.path, op.meta, op.expect_version, op.owners)
+            return self._put(c, op.path, op.entry(), op.expect_version, op.owners)
         if op.op == "acquire":
-            return self._acquire(c, op.path, op.node, op.lease_seconds)
+            return self._acquire(c, op.path, op.holder(), op.lease_seconds)
         if op.op == "release":
-            return self._release(c, op.path, op.node)
+            self._release(c, op.path, op.holder())
+            return None
         return self._delete(c, op.path, op.expect_version)
 
     # -- the API --------------------------------------------------------------------------
@@ -257,7 +262,7 @@ class LocalStore(MetaStore):
         with self._tx() as c:
             return self._acquire(c, path, node, lease_seconds)
 
-    def _acquire(self, c, path: bytes, node: str, lease_seconds: float) -> bool:
+    def _acquire(self, c: sqlite3.Connection, path: bytes, node: str, lease_seconds: float) -> bool:
         row = self._row(c, paths.check(path))
         if row is None:
             raise FileNotFoundError(errno.ENOENT, "no such file", path)
@@ -274,7 +279,7 @@ class LocalStore(MetaStore):
             self._release(c, path, node)
 
     @staticmethod
-    def _release(c, path: bytes, node: str) -> None:
+    def _release(c: sqlite3.Connection, path: bytes, node: str) -> None:
         parent, name = paths.split(paths.check(path))
         c.execute("UPDATE entries SET writer = '', lease_until = 0"
                   " WHERE parent = ? AND name = ? AND writer = ?", (parent, name, node))
@@ -296,9 +301,10 @@ class LocalStore(MetaStore):
         if src == paths.ROOT or dst == paths.ROOT:
             raise OSError(errno.EBUSY, "cannot rename the root", src)
         with self._tx() as c:
-            s = self._meta(c, src)
-            if s is None:
+            row = self._row(c, src)  # not the root: its row is its entry
+            if row is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file", src)
+            s = _row_meta(row)
             if src == dst:
                 return
             if paths.is_within(dst, src):
@@ -311,7 +317,6 @@ class LocalStore(MetaStore):
             pm = self._meta(c, dp)
             if pm is None or pm.kind != "dir":
                 raise FileNotFoundError(errno.ENOENT, "destination directory missing", dp)
-            row = self._row(c, src)
             self._insert(c, dst, s, self._next_version(c), row[2], row[3])
             self._step("dst")
             self._remove(c, src)
@@ -321,7 +326,7 @@ class LocalStore(MetaStore):
                 self._step("rekey")
         self._step("commit")
 
-    def _rekey(self, c, src: bytes, dst: bytes) -> None:
+    def _rekey(self, c: sqlite3.Connection, src: bytes, dst: bytes) -> None:
         """Move every entry below ``src`` to below ``dst``: O(subtree)."""
         lo, hi = _below(src)
         rows = c.execute(
@@ -334,7 +339,7 @@ class LocalStore(MetaStore):
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(paths.rebase(r[0], src, dst), *r[1:]) for r in rows])
 
-    def fsck(self, repair: bool = False) -> dict:
+    def fsck(self, repair: bool = False) -> FsckReport:
         """Transactions leave nothing half done and writes check their parent, so this
         only finds entries whose directory is missing if something else wrote the file."""
         rep = new_report(repair)
@@ -364,7 +369,7 @@ class LocalStore(MetaStore):
 
     def ping(self) -> bool:
         try:
-            return self._conn().execute("SELECT 1").fetchone() == (1,)
+            return bool(self._conn().execute("SELECT 1").fetchone() == (1,))
         except sqlite3.Error:
             return False
 

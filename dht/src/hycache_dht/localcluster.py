@@ -23,6 +23,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis
 
 HOST = "127.0.0.1"
 BUS_OFFSET = 10000  # Redis Cluster's bus port is the client port + 10000
@@ -84,7 +88,7 @@ def find_free_base(count: int, start: int = 20000, stop: int = 29000, step: int 
     raise ClusterError("no free port range for a local Redis Cluster")
 
 
-def _client(port: int, host: str = HOST, timeout: float = 2.0):
+def _client(port: int, host: str = HOST, timeout: float = 2.0) -> redis.Redis:
     import redis
 
     return redis.Redis(host=host, port=port, socket_timeout=timeout,

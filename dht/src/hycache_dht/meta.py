@@ -33,8 +33,12 @@ import errno
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Self
 
 import msgpack
+
+if TYPE_CHECKING:
+    from .invalidations import InvalidationFeed
 
 KINDS = ("file", "dir", "symlink", "special")
 
@@ -65,7 +69,7 @@ class EntryMeta:
     lease_until: float = 0.0  # unix time the lease expires (no lock survives a dead holder)
     pinned: bool = False  # the primary keeps it on its fast tier (never evicted)
 
-    def copy(self, **changes) -> EntryMeta:
+    def copy(self, **changes: Any) -> EntryMeta:
         changes.setdefault("replicas", list(self.replicas))
         return replace(self, **changes)
 
@@ -90,7 +94,7 @@ def check_meta(meta: EntryMeta) -> None:
 
 def pack_body(meta: EntryMeta) -> bytes:
     """The stored body: every field but kind and the store-managed ones (msgpack array)."""
-    return msgpack.packb(
+    body: bytes = msgpack.packb(
         [
             BODY_FORMAT, meta.mode, meta.uid, meta.gid, meta.size,
             meta.atime_ns, meta.mtime_ns, meta.ctime_ns,
@@ -98,6 +102,7 @@ def pack_body(meta: EntryMeta) -> bytes:
         ],
         use_bin_type=True,
     )
+    return body
 
 
 def unpack_body(
@@ -164,6 +169,18 @@ class Op:
             if self.meta is None:
                 raise ValueError(f"{self.op} needs meta")
             check_meta(self.meta)
+
+    def entry(self) -> EntryMeta:
+        """The entry a ``put`` or ``create`` writes (:meth:`check` makes sure it has one)."""
+        if self.meta is None:
+            raise ValueError(f"{self.op} needs meta")
+        return self.meta
+
+    def holder(self) -> str:
+        """The node an ``acquire`` or ``release`` acts for (:meth:`check` makes sure it has one)."""
+        if not self.node:
+            raise ValueError(f"bad node id {self.node!r}")
+        return self.node
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -244,11 +261,15 @@ PROBLEMS = ("intents", "tombstones", "headerless", "stale_freezes", "stale_pins"
             "unlabelled")
 
 
-def new_report(repair: bool) -> dict:
+#: what ``fsck`` returns: counts by name (and ``repaired``)
+FsckReport = dict[str, int]
+
+
+def new_report(repair: bool) -> FsckReport:
     """The dict ``fsck`` returns: problems found (PROBLEMS), what was done about them
     (``rolled_forward``, ``rolled_back``, ``resurrected_dirs``), intents left alone because
     their owner is alive (``busy``), and totals (``dirs``, ``entries``)."""
-    rep: dict = {n: 0 for n in (*PROBLEMS, "busy", "rolled_forward", "rolled_back",
+    rep: FsckReport = {n: 0 for n in (*PROBLEMS, "busy", "rolled_forward", "rolled_back",
                                  "resurrected_dirs", "dirs", "entries", "problems")}
     rep["repaired"] = repair
     return rep
@@ -322,14 +343,14 @@ class MetaStore(abc.ABC):
         """Pipelined batch: per op the result its method would return, or the exception."""
 
     @abc.abstractmethod
-    def fsck(self, repair: bool = False) -> dict:
+    def fsck(self, repair: bool = False) -> FsckReport:
         """Find (and with ``repair`` fix) what interrupted multi-step operations left."""
 
     @abc.abstractmethod
     def ping(self) -> bool:
         """True if the backing service answers."""
 
-    def invalidation_feed(self):
+    def invalidation_feed(self) -> InvalidationFeed | None:
         """A :class:`~hycache_dht.invalidations.InvalidationFeed` of the paths whose
         entries change (announced by every write), or None when the engine has none
         (callers then re-read entries on their own schedule)."""
@@ -339,8 +360,8 @@ class MetaStore(abc.ABC):
     def close(self) -> None:
         """Release connections."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

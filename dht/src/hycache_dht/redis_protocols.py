@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import errno
 import time
-import uuid
 from collections import deque
+from typing import Any
 
 import msgpack
 
@@ -37,42 +37,15 @@ from .meta import (
     PROBLEMS,
     DHTBusy,
     EntryMeta,
-    MetaStore,
+    FsckReport,
     RenameAborted,
     check_destination,
     dir_meta,
     invalid,
     new_report,
     not_empty,
-    unpack_body,
 )
-
-# positions in a stored entry (lua.py)
-E_VER, E_WRITER, E_LEASE, E_KIND, E_RID, E_BODY, E_PIN = range(7)
-
-
-def decode_entry(raw: bytes) -> EntryMeta:
-    e = msgpack.unpackb(raw, raw=True)
-    return unpack_body(
-        e[E_KIND].decode(), e[E_BODY], e[E_VER], e[E_WRITER].decode() or None, e[E_LEASE] / 1000.0
-    )
-
-
-def fields(raw: bytes) -> list:
-    return msgpack.unpackb(raw, raw=True)
-
-
-def header(raw: bytes | None) -> tuple[bytes | None, str, str, int, int]:
-    """(path, state, owner id, server ms of the last change, extra) of a directory hash's
-    header; state ``none`` when there is no header (no such directory)."""
-    if raw is None:
-        return None, "none", "", 0, 0
-    h = msgpack.unpackb(raw, raw=True)
-    return h[0], h[1].decode(), h[2].decode(), int(h[3]), int(h[4])
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex
+from .redis_base import E_KIND, E_PIN, E_VER, RedisBase, fields, header, new_id
 
 
 class _Abort(Exception):
@@ -84,22 +57,12 @@ class _Abort(Exception):
         self.error = error
 
 
-class CrossSlotProtocols(MetaStore):
+class CrossSlotProtocols(RedisBase):
     """The multi-slot half of :class:`~hycache_dht.redis_store.RedisClusterStore`."""
 
     #: the steps of a rename across slots, in order (the hook sees them; docs/dht.md)
     RENAME_STEPS = ("intent", "pin", "tombdst", "freeze", "dst", "stage", "copy", "src",
                     "drop", "live", "unpin", "clear")
-
-    # provided by RedisClusterStore
-    c: object
-    ns: str
-    owner: str
-    intent_timeout: float
-    _active: set[str]
-    _mine: set[str]
-    _rec_key: bytes
-    _own_key: bytes
 
     # -- mkdir, rmdir ---------------------------------------------------------------------
 
@@ -171,7 +134,7 @@ class CrossSlotProtocols(MetaStore):
             if r[0] == ST_NOTFOUND:
                 raise FileNotFoundError(errno.ENOENT, "no such file", src)
             if r[0] != 11:  # 11: the source is a directory -> the protocol below
-                return self._raise(r[0], dst)
+                self._raise(r[0], dst)
         deadline = self._deadline()
         attempt = 0
         while True:
@@ -231,7 +194,7 @@ class CrossSlotProtocols(MetaStore):
             raise _Abort(FileNotFoundError(errno.ENOENT, "no such file", src))
         if r[0] != ST_OK:
             raise _Abort()
-        packed = r[1]
+        packed: bytes = r[1]
         self._step("pin")
         if d is not None and d.kind == "dir":
             r, _ = self._sc("tombdst", self._dkey(dst), dst, iid, wait_busy=False)
@@ -273,7 +236,7 @@ class CrossSlotProtocols(MetaStore):
                 queue.extend(self._subdirs(p))
         return out
 
-    def _forward(self, iid: str, rec: dict, *, heartbeat: bool) -> None:
+    def _forward(self, iid: str, rec: dict[str, Any], *, heartbeat: bool) -> None:
         """Finish a rename whose destination entry is written (idempotent: the old
         hashes are dropped bottom-up, so a repeat walks what is left)."""
         src, dst = rec["src"], rec["dst"]
@@ -285,7 +248,7 @@ class CrossSlotProtocols(MetaStore):
                 self._heartbeat(iid)
             ok, qk = self._dkey(p), self._dkey(paths.rebase(p, src, dst))
             counter = self._read(ok, "HGET", ok, keys.COUNTER) or b"0"
-            batch: list = []
+            batch: list[bytes] = []
             for name, raw in self._hscan(ok):
                 batch += [name, raw]
                 if len(batch) >= 2 * self.scan_count:
@@ -306,7 +269,7 @@ class CrossSlotProtocols(MetaStore):
         self._intent_end(iid)
         self._step("clear")
 
-    def _rollback(self, iid: str, rec: dict) -> None:
+    def _rollback(self, iid: str, rec: dict[str, Any]) -> None:
         """Undo a rename whose destination entry was not written (idempotent)."""
         src, dst = rec["src"], rec["dst"]
         sp, sn = paths.split(src)
@@ -321,7 +284,7 @@ class CrossSlotProtocols(MetaStore):
 
     # -- intent log -----------------------------------------------------------------------
 
-    def _intent_begin(self, iid: str, rec: dict) -> None:
+    def _intent_begin(self, iid: str, rec: dict[str, Any]) -> None:
         k1, k2 = self._rec_key, self._own_key
         self.c.one(k1, ("EVALSHA", self.c.scripts["intent_begin"][0], 2, k1, k2, iid,
                         msgpack.packb(rec), self.owner, int(self.intent_timeout * 1000)))
@@ -333,13 +296,13 @@ class CrossSlotProtocols(MetaStore):
     def _claim(self, iid: str) -> bool:
         r, _ = self._sc("intent_claim", self._own_key, iid, self.owner,
                         int(self.intent_timeout * 1000))
-        return r[0] == ST_OK and r[1] == 1
+        return bool(r[0] == ST_OK and r[1] == 1)
 
     def _heartbeat(self, iid: str) -> None:
         if not self._claim(iid):
             raise RenameAborted(f"intent {iid} was taken over (deadline passed)")
 
-    def _intents(self) -> dict[str, tuple[dict, str, int]]:
+    def _intents(self) -> dict[str, tuple[dict[str, Any], str, int]]:
         recs = self._read(self._rec_key, "HGETALL", self._rec_key) or {}
         owners = self._read(self._own_key, "HGETALL", self._own_key) or {}
         out = {}
@@ -350,7 +313,7 @@ class CrossSlotProtocols(MetaStore):
 
     # -- fsck -----------------------------------------------------------------------------
 
-    def fsck(self, repair: bool = False) -> dict:
+    def fsck(self, repair: bool = False) -> FsckReport:
         rep = new_report(repair)
         now = self._server_ms()
         # 1. interrupted renames, from the intent log
@@ -387,7 +350,7 @@ class CrossSlotProtocols(MetaStore):
         t = self._read(self._own_key, "TIME")
         return int(t[0]) * 1000 + int(t[1]) // 1000
 
-    def _rename_decision(self, iid: str, rec: dict) -> bool:
+    def _rename_decision(self, iid: str, rec: dict[str, Any]) -> bool:
         """Roll forward iff the destination entry was written (the stage says so, or the
         destination is still pinned by this intent - it stays pinned until the end)."""
         if rec.get("stage") == "dst":
@@ -401,7 +364,7 @@ class CrossSlotProtocols(MetaStore):
             return False
         return owner in self._mine or now - since > self.intent_timeout * 1000
 
-    def _fsck_hash(self, k: bytes, pending: set[str], repair: bool, rep: dict, now: int) -> None:
+    def _fsck_hash(self, k: bytes, pending: set[str], repair: bool, rep: FsckReport, now: int) -> None:
         label, state, owner, since, extra = header(self._read(k, "HGET", k, keys.HEADER))
         if owner and owner in pending:
             return  # a live (or not yet expired) rename owns it
@@ -430,14 +393,14 @@ class CrossSlotProtocols(MetaStore):
         self._fsck_headers(subdirs, repair, rep)
         if label in (paths.ROOT_PARENT, paths.ROOT):
             return
-        raw, pstate = self._raw_entry(label)
-        if raw is not None and pstate != "gone" and fields(raw)[E_KIND] == b"dir":
+        entry, pstate = self._raw_entry(label)
+        if entry is not None and pstate != "gone" and fields(entry)[E_KIND] == b"dir":
             return
         rep["orphan_dirs"] += 1  # a live directory hash without a directory entry
         if repair and header(self._read(k, "HGET", k, keys.HEADER))[1] == "live":
             self._resurrect(label, rep)
 
-    def _fsck_headers(self, dirs: list[bytes], repair: bool, rep: dict) -> None:
+    def _fsck_headers(self, dirs: list[bytes], repair: bool, rep: FsckReport) -> None:
         """Directory entries whose own hash has no header: mkdir stopped after the entry."""
         items = [Item(k, ("HGET", k, keys.HEADER), write=False) for k in map(self._dkey, dirs)]
         self.c.run(items)
@@ -448,7 +411,7 @@ class CrossSlotProtocols(MetaStore):
                     self._mkhdr(d)
 
     def _fsck_tombstone(self, k: bytes, label: bytes, owner: str, since: int, version: int,
-                        repair: bool, rep: dict, now: int) -> None:
+                        repair: bool, rep: FsckReport, now: int) -> None:
         """A tombstoned hash: an rmdir that did not finish, or a rename that replaced a
         directory (its intent decides that one)."""
         raw, _ = self._raw_entry(label)
@@ -473,7 +436,7 @@ class CrossSlotProtocols(MetaStore):
                 self._sc("dropgone", k, owner)
                 self._mine.discard(owner)
 
-    def _resurrect(self, path: bytes, rep: dict) -> None:
+    def _resurrect(self, path: bytes, rep: FsckReport) -> None:
         """Re-create ``path`` and its missing ancestors as directories (nothing is lost)."""
         missing = []
         p = path

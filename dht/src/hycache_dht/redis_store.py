@@ -2,51 +2,40 @@
 
 Single-slot operations (this module) are one Lua script on one directory hash (lua.py).
 Operations that span slots - mkdir's header, removing a directory, renaming a directory or
-across directories - and fsck live in redis_protocols.py.
+across directories - and fsck live in redis_protocols.py; the connection, the entry layout
+and the one-key plumbing both use in redis_base.py.
 """
 
 from __future__ import annotations
 
 import errno
-import os
-import socket
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from . import keys, lua, paths
-from .cluster_client import ClientConfig, ClusterClient, Item
+from . import keys, paths
+from .cluster_client import Item
 from .lua import (
     ST_BUSY,
     ST_CASFAIL,
     ST_EXISTS,
-    ST_GONE,
     ST_HELD,
     ST_ISDIR,
-    ST_NOPARENT,
-    ST_NOTDIR,
-    ST_NOTEMPTY,
     ST_NOTFOUND,
-    ST_NOTPRIMARY,
     ST_OK,
 )
 from .meta import (
-    DHTBusy,
     DHTError,
     EntryMeta,
-    NotPrimary,
     Op,
     check_meta,
-    not_empty,
     owners_arg,
     pack_body,
-    root_meta,
 )
-from .redis_protocols import CrossSlotProtocols, decode_entry, header, new_id
+from .redis_base import decode_entry, new_id
+from .redis_protocols import CrossSlotProtocols
 
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+if TYPE_CHECKING:
+    from .invalidations import InvalidationFeed
 
 
 def _exp(expect_version: int | None) -> str:
@@ -58,134 +47,12 @@ def _exp(expect_version: int | None) -> str:
 
 
 class RedisClusterStore(CrossSlotProtocols):
-    """:class:`~hycache_dht.meta.MetaStore` on Redis Cluster via redis-py.
-
-    ``namespace`` prefixes every key (several file systems, or test runs, share a cluster).
-    ``config`` (or its fields as keywords: ``op_timeout``, ``durable_replicas``, ...) tunes
-    deadlines, durability (``WAIT``) and backoff. ``intent_timeout`` is how long a
-    cross-slot operation may go without a heartbeat before another client's fsck may take
-    it over.
-    """
-
-    def __init__(
-        self,
-        startup_nodes: Sequence[tuple[str, int]],
-        *,
-        namespace: str = "hc",
-        config: ClientConfig | None = None,
-        intent_timeout: float = 30.0,
-        scan_count: int = 1000,
-        **config_kw,
-    ) -> None:
-        self.ns = keys.check_namespace(namespace)
-        cfg = config or ClientConfig(**config_kw)
-        self.c = ClusterClient(startup_nodes, cfg, lua.SOURCES)
-        self.cfg = self.c.config
-        self.intent_timeout = max(0.1, float(intent_timeout))
-        self.scan_count = max(10, int(scan_count))
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._active: set[str] = set()  # multi-step operations running in this instance
-        self._mine: set[str] = set()  # ... and those it started and did not finish
-        self._rec_key = keys.intent_records_key(self.ns)
-        self._own_key = keys.intent_owners_key(self.ns)
-        self._sc("mkhdr", self._dkey(paths.ROOT), paths.ROOT)  # the root always exists
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    def _dkey(self, dirpath: bytes) -> bytes:
-        return keys.dir_key(self.ns, dirpath)
-
-    def _loc(self, path: bytes) -> tuple[bytes, bytes, bytes]:
-        """(hash key, field, parent path) of ``path``'s entry."""
-        parent, name = paths.split(paths.check(path))
-        return self._dkey(parent), name, parent
-
-    def _deadline(self) -> float:
-        return time.monotonic() + self.cfg.op_timeout
-
-    def _sc(self, name: str, key: bytes, *argv, wait_busy: bool = True,
-            deadline: float | None = None) -> tuple[list, bool]:
-        """Run script ``name`` on ``key``; while it answers BUSY (a rename holds the
-        directory or entry) wait and repeat. Returns (reply, ambiguous)."""
-        deadline = deadline or self._deadline()
-        attempt = 0
-        ambiguous = False
-        while True:
-            it = self.c.one(key, self.c.script_args(name, key, *argv), deadline=deadline)
-            ambiguous = ambiguous or it.ambiguous
-            reply = it.result
-            if reply[0] != ST_BUSY or not wait_busy:
-                return reply, ambiguous
-            attempt += 1
-            self.c.stats["busy_wait"] += 1
-            if time.monotonic() >= deadline:
-                raise DHTBusy()
-            time.sleep(self.c.backoff(attempt))
-
-    def _read(self, key: bytes, *args) -> object:
-        return self.c.one(key, args, write=False).result
-
-    def _hscan(self, key: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Non-reserved fields of a hash, one page per round trip."""
-        cursor = 0
-        while True:
-            cursor, page = self._read(key, "HSCAN", key, cursor, "COUNT", self.scan_count)
-            for name, raw in page.items():
-                if not keys.is_reserved_field(name):
-                    yield name, raw
-            if int(cursor) == 0:
-                return
-
-    def _raw_entry(self, path: bytes) -> tuple[bytes | None, str]:
-        """(stored entry, state of its directory's hash)."""
-        key, name, _ = self._loc(path)
-        raw, h = self._read(key, "HMGET", key, name, keys.HEADER)
-        return raw, header(h)[1]
-
-    def _raise(self, status: int, path: bytes, reply=None):
-        if status == ST_NOTPRIMARY:
-            raise NotPrimary(path, _text(reply[2]), int(reply[1]))
-        if status in (ST_GONE, ST_NOTFOUND, ST_NOPARENT):
-            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
-        if status == ST_ISDIR:
-            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        if status == ST_NOTDIR:
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
-        if status == ST_NOTEMPTY:
-            raise not_empty(path)
-        if status == ST_BUSY:
-            raise DHTBusy()
-        raise RuntimeError(f"unexpected script status {status} for {path!r}")
-
-    def _error(self, status: int, path: bytes, reply=None) -> BaseException:
-        try:
-            self._raise(status, path, reply)
-        except Exception as e:
-            return e
-        raise AssertionError("unreachable")
+    """:class:`~hycache_dht.meta.MetaStore` on Redis Cluster via redis-py: the single-slot
+    operations and batches; the constructor (namespace, client config, intent timeout) and
+    the one-key plumbing are :class:`~hycache_dht.redis_base.RedisBase`'s, the protocols
+    across slots :class:`~hycache_dht.redis_protocols.CrossSlotProtocols`'."""
 
     # -- single-slot operations -----------------------------------------------------------
-
-    def get(self, path: bytes) -> EntryMeta | None:
-        return self.get_many([path])[0]
-
-    def get_many(self, paths_: list[bytes]) -> list[EntryMeta | None]:
-        """Several ``get`` in one pipelined round trip per master."""
-        items = []
-        for p in paths_:
-            key, name, _ = self._loc(p)
-            items.append(Item(key, ("HMGET", key, name, keys.HEADER), write=False))
-        self.c.run(items)
-        out: list[EntryMeta | None] = []
-        for p, it in zip(paths_, items):
-            if isinstance(it.result, BaseException):
-                raise it.result
-            raw, h = it.result
-            if raw is None or header(h)[1] == "gone":
-                out.append(root_meta() if p == paths.ROOT else None)
-            else:
-                out.append(decode_entry(raw))
-        return out
 
     def create(self, path: bytes, meta: EntryMeta) -> bool:
         check_meta(meta)
@@ -324,7 +191,7 @@ class RedisClusterStore(CrossSlotProtocols):
             elif op.op == "release":
                 args = self.c.script_args("release", key, name, op.node)
             else:
-                m = op.meta
+                m = op.entry()
                 argv = [parent, name, m.kind, new_id(), pack_body(m)]
                 if op.op == "put":
                     argv += [_exp(op.expect_version), owners_arg(op.owners)]
@@ -335,7 +202,7 @@ class RedisClusterStore(CrossSlotProtocols):
         self._apply_wave(ops, wave, results)
         return results
 
-    def _announce(self, path_list) -> list[Item]:
+    def _announce(self, path_list: Iterable[bytes]) -> list[Item]:
         """SPUBLISH of each changed path on its directory's channel (keys.inval_channel),
         behind the writes in the same pipelines: a subscriber that hears it and reads the
         entry again reads the new one (the same master, after the write)."""
@@ -348,7 +215,7 @@ class RedisClusterStore(CrossSlotProtocols):
             out.append(Item(ch, ("SPUBLISH", ch, path), write=False))
         return out
 
-    def _announce_now(self, path_list) -> None:
+    def _announce_now(self, path_list: Iterable[bytes]) -> None:
         """The announcement of changes made by single operations (its own round trip;
         a failure only leaves subscribers to their own refresh)."""
         items = self._announce(path_list)
@@ -358,7 +225,7 @@ class RedisClusterStore(CrossSlotProtocols):
             except DHTError:
                 pass
 
-    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list) -> None:
+    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list[object]) -> None:
         items = [it for _, it in wave if it.args]
         if items:
             self.c.run(items + self._announce(
@@ -379,7 +246,7 @@ class RedisClusterStore(CrossSlotProtocols):
                 results[i] = None  # also: missing, or the flag is another node's
             elif op.op == "create":
                 results[i] = r[0] == ST_OK if r[0] in (ST_OK, ST_EXISTS) else self._error(r[0], op.path)
-                if r[0] == ST_OK and op.meta.kind == "dir":
+                if r[0] == ST_OK and op.entry().kind == "dir":
                     made.append(op.path)
             elif op.op == "put":
                 if r[0] == ST_OK:
@@ -405,13 +272,14 @@ class RedisClusterStore(CrossSlotProtocols):
     def _one(self, op: Op) -> object:
         try:
             if op.op == "create":
-                return self.create(op.path, op.meta)
+                return self.create(op.path, op.entry())
             if op.op == "put":
-                return self.put(op.path, op.meta, op.expect_version, op.owners)
+                return self.put(op.path, op.entry(), op.expect_version, op.owners)
             if op.op == "acquire":
-                return self.acquire_write(op.path, op.node, op.lease_seconds)
+                return self.acquire_write(op.path, op.holder(), op.lease_seconds)
             if op.op == "release":
-                return self.release_write(op.path, op.node)
+                self.release_write(op.path, op.holder())
+                return None
             return self.delete(op.path, op.expect_version)
         except (OSError, ValueError) as e:
             if isinstance(e, ConnectionError):
@@ -424,7 +292,7 @@ class RedisClusterStore(CrossSlotProtocols):
         super().rename(src, dst, replace=replace)
         self._announce_now([src, dst])
 
-    def invalidation_feed(self):
+    def invalidation_feed(self) -> InvalidationFeed:
         from .invalidations import InvalidationFeed
 
         return InvalidationFeed(self)

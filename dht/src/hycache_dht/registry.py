@@ -40,7 +40,8 @@ def node_info(meta: EntryMeta) -> dict[str, Any]:
     entry's target; a bare address from agents before load reporting)."""
     raw = meta.target or b""
     if raw[:1] and raw[0] >= 0x80:
-        return msgpack.unpackb(raw, raw=False)
+        info: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+        return info
     return {"addr": raw.decode(), "load": None}
 
 
@@ -56,12 +57,14 @@ def beat(store: MetaStore, meta: EntryMeta) -> None:
     if store.get(NODES_DIR) is None:
         now = time.time_ns()
         store.create(NODES_DIR, EntryMeta("dir", stat.S_IFDIR | 0o755, 0, 0, 0, now, now, now))
+    if meta.primary is None:
+        raise ValueError("a heartbeat entry names its node (primary): see node_entry")
     store.put(join(NODES_DIR, meta.primary.encode()), meta)
 
 
 def list_nodes(store: MetaStore, now: float | None = None) -> dict[str, dict[str, Any]]:
     """(blocking) Every registered node: id -> ``{addr, load, age, alive, last_beat}``."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     now = time.time() if now is None else now
     try:
         entries = list(store.list_dir(NODES_DIR))

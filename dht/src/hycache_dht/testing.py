@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -28,7 +29,7 @@ _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory) -> LocalRedisCluster:
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
     base = find_free_base(6)
     cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster"), base,
                                 node_timeout_ms=int(os.environ.get("HYCACHE_REDIS_NODE_TIMEOUT", "2000")))

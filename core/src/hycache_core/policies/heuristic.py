@@ -139,6 +139,13 @@ class HeuristicPolicy:
             self._heap = list(self._entry.values())
             heapq.heapify(self._heap)
 
+    def add_resident(self, key: Hashable, size: int) -> None:
+        """``key`` is in the cache already (``size`` bytes) before the first access: a
+        census of the node the plan starts from.  It is held as a planned file, its
+        cost from its remaining references."""
+        self._size[key] = size
+        self._set_planned(key, size)
+
     def forget(self, key: Hashable) -> None:
         """``key`` left the cache for a reason other than this policy's decision."""
         if self._size.pop(key, None) is not None:
@@ -309,8 +316,7 @@ def plan_heuristic(
     cache = _PlanCache(capacity, pinned)
     policy = HeuristicPolicy(key for key, _ in references)
     for key, size in resident:
-        policy._size[key] = size
-        policy._set_planned(key, size)
+        policy.add_resident(key, size)
         cache.sizes[key] = size
         cache.used += size
     if cache.used > capacity:

@@ -33,6 +33,7 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -106,17 +107,17 @@ def fractional_bound(
             heapq.heappush(heap, (-e, t))
             while load > cap:
                 start = heap[0][1]
-                a = amount.get(start)
-                if a is None:
+                kept = amount.get(start)
+                if kept is None:
                     heapq.heappop(heap)
                     continue
                 excess = load - cap
-                if a <= excess:
+                if kept <= excess:
                     heapq.heappop(heap)
                     del amount[start]
-                    load -= a
+                    load -= kept
                 else:
-                    amount[start] = a - excess
+                    amount[start] = kept - excess
                     load = cap
         elif e < n and s == 0:
             whole[t] = 1  # an empty file costs no room
@@ -166,6 +167,32 @@ def ilp_size(sizes: Sequence[int], nxt: Sequence[int], capacity: int) -> int:
     return sum(1 for i in range(n) if nxt[i] < n and sizes[i] <= capacity)
 
 
+def _binding_rows(idx: np.ndarray, size: np.ndarray, end: np.ndarray, capacity: int
+                  ) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """The capacity rows that can bind (at an interval start whose offered load exceeds
+    ``capacity``; the others can never bind and are dropped), and each variable's
+    entries in them: ``(binding starts, row indices, column indices)``.  A variable
+    never covered by a binding row is free: the solver keeps it."""
+    m = len(idx)
+    first_row = np.arange(m)                          # interval k covers starts idx[k] ..
+    last_row = np.searchsorted(idx, end, side="left")  # .. up to (excluding) its end
+    diff = np.zeros(m + 1)
+    np.add.at(diff, first_row, size)
+    np.add.at(diff, last_row, -size)
+    load = np.cumsum(diff)[:m]
+    binding = np.nonzero(load > capacity)[0]
+    row_of = -np.ones(m, dtype=np.int64)
+    row_of[binding] = np.arange(len(binding))
+    rows_list, cols_list = [], []
+    for k in range(m):
+        r = row_of[first_row[k] : last_row[k]]
+        r = r[r >= 0]
+        if len(r):
+            rows_list.append(r)
+            cols_list.append(np.full(len(r), k, dtype=np.int64))
+    return binding, rows_list, cols_list
+
+
 def solve_ilp(
     sizes: Sequence[int],
     nxt: Sequence[int],
@@ -191,25 +218,7 @@ def solve_ilp(
     size = np.array([sizes[i] for i in idx], dtype=np.float64)
     end = np.array([nxt[i] for i in idx], dtype=np.int64)
     weight = size if objective == "bytes" else np.ones(m)
-    # Load of all offered intervals at each interval start: rows whose total load fits
-    # can never bind and are dropped.
-    first_row = np.arange(m)                          # interval k covers starts idx[k] ..
-    last_row = np.searchsorted(idx, end, side="left")  # .. up to (excluding) its end
-    diff = np.zeros(m + 1)
-    np.add.at(diff, first_row, size)
-    np.add.at(diff, last_row, -size)
-    load = np.cumsum(diff)[:m]
-    binding = np.nonzero(load > capacity)[0]
-    row_of = -np.ones(m, dtype=np.int64)
-    row_of[binding] = np.arange(len(binding))
-    # Variables never covered by a binding row are free: the solver keeps them.
-    rows_list, cols_list = [], []
-    for k in range(m):
-        r = row_of[first_row[k] : last_row[k]]
-        r = r[r >= 0]
-        if len(r):
-            rows_list.append(r)
-            cols_list.append(np.full(len(r), k, dtype=np.int64))
+    binding, rows_list, cols_list = _binding_rows(idx, size, end, capacity)
     lower = np.zeros(m)
     for p in pinned_intervals:
         pos = np.searchsorted(idx, p)
@@ -238,6 +247,14 @@ def solve_ilp(
     if res.x is None:
         status = "infeasible" if res.status == 2 else "failed"
         return ILPResult(status, None, 0.0, float("inf"), seconds, m, len(binding))
+    status, keep, obj, bound = _ilp_schedule(res, n, idx, end, sizes, capacity, weight, scale)
+    return ILPResult(status, keep, obj, bound, seconds, m, len(binding))
+
+
+def _ilp_schedule(res: Any, n: int, idx: np.ndarray, end: np.ndarray, sizes: Sequence[int], capacity: int,
+                  weight: np.ndarray, scale: float) -> tuple[str, bytearray, float, float]:
+    """The schedule of HiGHS's solution ``res`` (repaired if it overfills the cache):
+    ``(status, keep, objective, upper bound)``."""
     x = res.x > 0.5
     repaired = _repair(x, idx, end, sizes, capacity, weight)
     keep = bytearray(n)
@@ -249,4 +266,4 @@ def solve_ilp(
     status = "optimal" if res.status == 0 and not repaired else "time-limit" if res.status == 1 else "approximate"
     if status == "optimal":
         bound = obj
-    return ILPResult(status, keep, obj, max(bound, obj), seconds, m, len(binding))
+    return status, keep, obj, max(bound, obj)

@@ -114,6 +114,16 @@ from .solvers import (
     solve_round_robin,
 )
 
+__all__ = [  # the responsibilities' names, importable from the package (the tests use _cost, _State)
+    "DEFAULT_MAKESPAN_SLACK", "LARGE_INSTANCE", "_cost", "_loads", "_upward_rank", "makespan",
+    "makespan_lower_bound", "transfer_bytes", "choose_node", "node_state", "plan_node", "plan_nodes",
+    "plan_release", "prefetch_sources", "BALANCE_MILP_TIME_LIMIT", "DEFAULT_SLACK", "ELSEWHERE",
+    "EXACT_DEFAULT_TIME_LIMIT", "SLOW", "SOLVERS", "Balance", "PlacementError", "Problem", "balance",
+    "load_bound", "make_problem", "HYPERGRAPH_PRESET", "HYPERGRAPH_SEED", "ExactResult", "_State", "feasible",
+    "hypergraph_nets", "local_search", "repair", "solve_exact", "solve_greedy", "solve_hypergraph",
+    "solve_local", "solve_round_robin", "node_names", "place",
+]
+
 # -- everything at once ---------------------------------------------------------------------
 
 def node_names(spec: int | str | Sequence[str] | None, wf: Workflow | None = None) -> list[str]:
@@ -173,50 +183,24 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         raise PlacementError(f"unknown solver {solver!r}; available: {', '.join(SOLVERS)}")
     p = make_problem(wf, nodes, slack=slack, capacity=capacity, locations=locations)
     t0 = time.perf_counter()
-    optimal: bool | None = None
-    if solver == "greedy":
-        assign = solve_greedy(p)
-    elif solver == "local":
-        rec = wf.recorded_placement()
-        node_ix = {n: i for i, n in enumerate(p.nodes)}
-        seeds = [[node_ix[rec[j]] for j in p.jobs]] if rec and all(m in node_ix for m in rec.values()) else []
-        assign = solve_local(p, time_limit=time_limit, seeds=seeds, makespan_slack=makespan_slack)
-    elif solver == "hypergraph":
-        assign = solve_hypergraph(p)
-    elif solver == "exact":
-        res = solve_exact(p, time_limit=time_limit or EXACT_DEFAULT_TIME_LIMIT)
-        assign, optimal = res.assign, res.optimal
-    else:
-        assign = solve_round_robin(p)
+    assign, optimal = _solve(wf, p, solver, time_limit, makespan_slack)
     seconds = time.perf_counter() - t0
     placement = {p.jobs[j]: p.nodes[n] for j, n in enumerate(assign)}
-    rr = {p.jobs[j]: p.nodes[n] for j, n in enumerate(solve_round_robin(p))}
-    moved, slow = transfer_bytes(wf, placement, locations)
-    rr_moved, rr_slow = transfer_bytes(wf, rr, locations)
-    recorded = wf.recorded_placement()
-    rec_moved = rec_slow = None
-    if recorded is not None:
-        rec_moved, rec_slow = transfer_bytes(wf, recorded, locations)
     total = sum(p.weight) or 1.0
-    rank = _upward_rank(p)
-    node_ix = {n: i for i, n in enumerate(p.nodes)}
-    spans = {"placed": makespan(p, assign, rank=rank), "round_robin": makespan(p, solve_round_robin(p), rank=rank),
-             "recorded": None, "lower_bound": makespan_lower_bound(p)}
-    if recorded is not None and all(m in node_ix for m in recorded.values()):
-        spans["recorded"] = makespan(p, [node_ix[recorded[j]] for j in p.jobs], rank=rank)
     load = {n: 0.0 for n in p.nodes}
     for j, n in enumerate(assign):
         load[p.nodes[n]] += p.weight[j]
+    others = _against_others(wf, p, assign, placement, locations)
     out: dict[str, Any] = {
         "placement": placement,
-        "transfer_bytes": {"placed": moved, "round_robin": rr_moved, "recorded": rec_moved},
-        "slow_tier_bytes": {"placed": slow, "round_robin": rr_slow, "recorded": rec_slow},
+        "transfer_bytes": others["transfer_bytes"],
+        "slow_tier_bytes": others["slow_tier_bytes"],
         "load": {n: v / total for n, v in load.items()},
         "load_bound": p.bound / total,
         "load_bound_requested": p.balance.requested / total if p.balance else p.bound / total,
         "load_bound_reason": p.balance.reason if p.balance else None,
         "load_unit": "runtime" if wf.runtimes_known() else "jobs",
-        "makespan": spans,
+        "makespan": others["makespan"],
         "makespan_unit": "seconds" if wf.runtimes_known() else "jobs",
         "makespan_slack": makespan_slack,
         "plans": plan_nodes(wf, placement, p.nodes, capacity, locations,
@@ -234,3 +218,42 @@ def place(wf: Workflow, nodes: Sequence[str], *, solver: str = "local", slack: f
         "files": len(p.files),
     }
     return out
+
+
+def _solve(wf: Workflow, p: Problem, solver: str, time_limit: float | None,
+           makespan_slack: float | None) -> tuple[list[int], bool | None]:
+    """Layer 1 by ``solver``: each job's node index, and whether it is optimal (exact only)."""
+    if solver == "greedy":
+        return solve_greedy(p), None
+    if solver == "local":
+        rec = wf.recorded_placement()
+        node_ix = {n: i for i, n in enumerate(p.nodes)}
+        seeds = [[node_ix[rec[j]] for j in p.jobs]] if rec and all(m in node_ix for m in rec.values()) else []
+        return solve_local(p, time_limit=time_limit, seeds=seeds, makespan_slack=makespan_slack), None
+    if solver == "hypergraph":
+        return solve_hypergraph(p), None
+    if solver == "exact":
+        res = solve_exact(p, time_limit=time_limit or EXACT_DEFAULT_TIME_LIMIT)
+        return res.assign, res.optimal
+    return solve_round_robin(p), None
+
+
+def _against_others(wf: Workflow, p: Problem, assign: Sequence[int], placement: Mapping[str, str],
+                    locations: Mapping[str, str] | None) -> dict[str, Any]:
+    """The placement's transfers and makespan beside round robin's and the recorded one's."""
+    rr = {p.jobs[j]: p.nodes[n] for j, n in enumerate(solve_round_robin(p))}
+    moved, slow = transfer_bytes(wf, placement, locations)
+    rr_moved, rr_slow = transfer_bytes(wf, rr, locations)
+    recorded = wf.recorded_placement()
+    rec_moved = rec_slow = None
+    if recorded is not None:
+        rec_moved, rec_slow = transfer_bytes(wf, recorded, locations)
+    rank = _upward_rank(p)
+    node_ix = {n: i for i, n in enumerate(p.nodes)}
+    spans = {"placed": makespan(p, assign, rank=rank), "round_robin": makespan(p, solve_round_robin(p), rank=rank),
+             "recorded": None, "lower_bound": makespan_lower_bound(p)}
+    if recorded is not None and all(m in node_ix for m in recorded.values()):
+        spans["recorded"] = makespan(p, [node_ix[recorded[j]] for j in p.jobs], rank=rank)
+    return {"transfer_bytes": {"placed": moved, "round_robin": rr_moved, "recorded": rec_moved},
+            "slow_tier_bytes": {"placed": slow, "round_robin": rr_slow, "recorded": rec_slow},
+            "makespan": spans}

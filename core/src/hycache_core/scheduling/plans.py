@@ -1,5 +1,61 @@
 """2-Layer Scheduling, layer 2: each node's plan (prefetch, evict, pin, unpin steps) from its
-reference string by the cost/gain heuristic; see :func:`plan_node`."""
+reference string by the cost/gain heuristic; see :func:`plan_node`.
+
+The rules a node's plan keeps:
+
+* Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a node's
+  name — this node's own name means promote the local copy — or ``"slow"``, the shared
+  slow tier) and ``evict`` (drop it from the fast tier), both decided by the heuristic
+  within the capacity; ``pin`` for each output the job writes that the plan keeps in the
+  fast tier (the output is written there: the agent must keep it, not fetch it; it comes
+  after the evictions that make its room); ``unpin`` after a job for each resident file
+  with no planned reference left on this node (from then on the agent's own policy may
+  evict it).  Prefetched and pinned files are held for the plan until their ``evict`` or
+  ``unpin``.  While a job is planned, the files it has in the fast tier are not chosen
+  as victims for its other files: one input never pushes out another, so every input the
+  plan stages is there when the job starts.  A step's ``resident`` is the plan's
+  fast-tier bytes after it.
+* The node's real contents are the starting state (:func:`node_state` reads them from a
+  census): ``resident`` (file → bytes) are the workflow's files already on this fast tier
+  — a job reading one needs no prefetch, and the plan may evict them unless they are in
+  ``pinned`` — and ``held`` bytes of it are taken by files the plan cannot move (pinned
+  or open, not the workflow's).
+* The steps run while the node's previous job runs: a job's prefetches are released when
+  the job before it has read its inputs (``release="reads"``, the control plane's
+  default) or when it starts (``release="start"``).  The files that job has open then are
+  never victims of the next job's steps — its outputs, and with ``release="start"`` its
+  inputs too (once it has read them they are closed, and an input with no later
+  reference here is the cheapest room there is) — and its outputs that the plan does not
+  keep still take their room on the fast tier (the agent writes new data there) until
+  that job ends.  The evictions that make room for a job's outputs are before-steps too
+  (released with its prefetches), so they never take those files either.
+* ``first_reads_in_place``: the node's first job reads its inputs from this node's own
+  slow tier (source: this node, or ``"slow"``) where they are — no prefetch for them,
+  and no eviction to make their room.  (An input another node holds is still prefetched:
+  that fetch is the one its open would make anyway, and its copy is dropped, not written
+  back, when evicted.)  Its before-steps would be released at the moment it can start
+  (no job before it on the node; its parents, if any, have just finished), so a prefetch
+  could only move its read, not hide it, and the job would wait for it; the evictions
+  that made room would add demotions (a write to the slow tier each).  Its inputs already
+  on the fast tier (``resident``) stay there, and the next job's prefetches (released
+  when it has read its inputs) overlap it.  The later jobs of the node read those
+  in-place inputs in place too: the first job's read left them in the node's page cache,
+  so staging them would only copy them from there into the fast tier, at the price of
+  evictions (demotions).
+* ``read_elsewhere`` (file → reads): of the files already on this fast tier
+  (``resident``) that no job of this node references, how often other nodes' jobs read
+  them.  Each read counts as two planned references, like a read by a job here (its
+  staging and its read), so their eviction costs size × 2 × reads, not 0: evicting one is
+  a demotion (a write to the slow tier), and each of those reads would then fetch it
+  from the slow tier instead of this fast tier.
+* ``before``: the job still running on the node when these steps are released (the plan
+  is made at that release, from the node's contents then: :func:`plan_release`).  Its
+  files that are on the fast tier are not victims (its outputs, and with
+  ``release="start"`` its inputs), and its outputs not there yet take their room until
+  ``jobs[0]`` runs, as for a job before within the plan.  ``in_place``: the files read in
+  place instead of the ones ``first_reads_in_place`` would choose (a plan made after the
+  node's first job has read its inputs).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +67,9 @@ from ..policies.heuristic import HeuristicPolicy
 from ..workflow import Workflow, WorkflowJob
 
 # -- layer 2: each node's plan ----------------------------------------------------------
+
+UNBOUNDED = 1 << 62  # the room of a fast tier with no capacity given
+
 
 class _NodeCache:
     """The CacheView the heuristic needs, with pins that follow the plan."""
@@ -27,6 +86,95 @@ class _NodeCache:
         return key in self.job or key in self.busy or key in self.always
 
 
+class _NodePlan:
+    """One node's plan as it is made: the heuristic, the fast tier it advises (starting
+    from the census) and the steps so far."""
+
+    def __init__(self, references: Iterable[str], room: int, pinned: Iterable[str],
+                 resident: Mapping[str, int], source: Mapping[str, str], release: str) -> None:
+        self.policy = HeuristicPolicy(references)
+        self.room = room
+        self.cache = _NodeCache(room, pinned)
+        for f, size in resident.items():  # the census: already there at the start
+            self.policy.add_resident(f, size)
+            self.cache.sizes[f] = size
+            self.cache.used += size
+        self.source = source
+        self.release = release
+        self.transient = 0  # the previous job's outputs the plan does not keep: on the fast tier while it runs
+        self.steps: list[dict[str, Any]] = []
+
+    def emit(self, job: str, action: str, path: str, size: int, src: str | None) -> None:
+        self.steps.append({"step": len(self.steps) + 1, "job": job, "action": action, "path": path,
+                           "size": size, "source": src, "resident": self.cache.used})
+
+    def after(self, before: WorkflowJob) -> None:
+        """``before`` runs while these steps run: its open files are not victims."""
+        cache = self.cache
+        cache.busy = {f for f in (*before.outputs, *(before.inputs if self.release == "start" else ()))
+                      if f in cache.sizes}
+        self.transient = sum(size for f, size in before.outputs.items() if f not in cache.sizes)
+
+    def job(self, job: WorkflowJob, refs: Sequence[tuple[str, str]]) -> None:
+        """The steps for ``job``'s references ``(file, kind)``, in order, then its unpins."""
+        cache = self.cache
+        cache.capacity = max(0, self.room - self.transient)
+        written = 0
+        for f, kind in refs:
+            if kind == "write":
+                # the job runs: the one before it has ended, and its outputs the plan does
+                # not keep are closed (the agent's evictor may take them).  Its files stay
+                # out of the victims all the same: an evict is a before-step, released when
+                # the job before starts (not ends), so an evict made for this job's outputs
+                # runs while that job still reads its files
+                cache.capacity = self.room
+            written += self._access(job, f, kind)
+        # open while the next job's steps run: its outputs (being written); its inputs too
+        # when those steps are released at its start (with "reads", it has closed them)
+        cache.busy = {f for f in cache.job if f in cache.sizes and (self.release == "start" or f in job.outputs)}
+        cache.job.clear()
+        self.transient = written
+        for f in dict.fromkeys([*job.inputs, *job.outputs]):
+            if f in cache.sizes and self.policy.remaining(f) == 0:
+                self.emit(job.id, "unpin", f, cache.sizes[f], None)
+
+    def _access(self, job: WorkflowJob, f: str, kind: str) -> int:
+        """One reference's steps; the bytes of an output written but not kept."""
+        cache = self.cache
+        size = job.inputs[f] if kind != "write" else job.outputs[f]
+        d = self.policy.access(f, size, cache)
+        if d.hit:
+            if cache.sizes.get(f, size) != size:  # a census copy of another size: the job's counts
+                cache.used += size - cache.sizes[f]
+                cache.sizes[f] = size
+            cache.job.add(f)
+            return 0
+        for v in d.victims:
+            vs = cache.sizes.pop(v)
+            cache.used -= vs
+            self.emit(job.id, "evict", str(v), vs, None)
+        if not d.admit:
+            return size if kind == "write" else 0
+        cache.sizes[f] = size
+        cache.used += size
+        cache.job.add(f)
+        if kind == "write":
+            self.emit(job.id, "pin", f, size, None)
+        else:
+            self.emit(job.id, "prefetch", f, size, self.source.get(f, "slow"))
+        return 0
+
+
+def _references(jobs: Sequence[WorkflowJob], in_place: set[str]) -> list[list[tuple[str, str]]]:
+    """Each job's references ``(file, kind)``: a staging (``pre``) and a ``read`` for each
+    input not read in place, a ``write`` for each output."""
+    refs = []
+    for job in jobs:
+        ins = [f for f in job.inputs if f not in in_place]
+        refs.append([*((f, "pre") for f in ins), *((f, "read") for f in ins), *((f, "write") for f in job.outputs)])
+    return refs
+
+
 def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               source: Mapping[str, str], pinned: Iterable[str] = (), *,
               resident: Mapping[str, int] | None = None, held: int = 0,
@@ -34,149 +182,36 @@ def plan_node(node: str, jobs: Sequence[WorkflowJob], capacity: int | None,
               read_elsewhere: Mapping[str, int] | None = None,
               release: str = "reads", before: WorkflowJob | None = None,
               in_place: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """One node's ordered steps for its ``jobs`` (in execution order).
+    """One node's ordered steps for its ``jobs`` (in execution order), the rules in this
+    module's docstring.  ``capacity``: the node's fast tier (``None``: unbounded);
+    ``source``: where each file it reads comes from (:func:`prefetch_sources`).
 
-    Step actions: ``prefetch`` (bring ``path`` into the fast tier from ``source``: a
-    node's name — this node's own name means promote the local copy — or ``"slow"``, the
-    shared slow tier) and ``evict`` (drop it from the fast tier), both decided by the
-    heuristic within ``capacity``; ``pin`` for each output the job writes that the plan
-    keeps in the fast tier (the output is written there: the agent must keep it, not
-    fetch it; it comes after the evictions that make its room); ``unpin`` after a job
-    for each resident file with no planned reference left on this node (from then on
-    the agent's own policy may evict it).
-    Prefetched and pinned files are held for the plan until their ``evict`` or
-    ``unpin``.  While a job is planned, the files it has in the fast tier are not
-    chosen as victims for its other files: one input never pushes out another, so
-    every input the plan stages is there when the job starts.  ``resident`` is the plan's fast-tier bytes after the step.
-
-    The node's real contents are the starting state (:func:`node_state` reads them from a
-    census): ``resident`` (file → bytes) are the workflow's files already on this fast
-    tier — a job reading one needs no prefetch, and the plan may evict them unless they
-    are in ``pinned`` — and ``held`` bytes of it are taken by files the plan cannot
-    move (pinned or open, not the workflow's).  And the steps run while the node's
-    previous job runs: a job's prefetches are released when the job before it has read
-    its inputs (``release="reads"``, the control plane's default) or when it starts
-    (``release="start"``).  The files that job has open then are never victims of the
-    next job's steps — its outputs, and with ``release="start"`` its inputs too (once it
-    has read them they are closed, and an input with no later reference here is the
-    cheapest room there is) — and its outputs that the plan does not keep still take
-    their room on the fast tier (the agent writes new data there) until that job ends.
-    The evictions that make room for a job's outputs are before-steps too (released
-    with its prefetches), so they never take those files either.
-
-    ``first_reads_in_place``: the node's first job reads its inputs from this node's
-    own slow tier (source: this node, or ``"slow"``) where they are — no prefetch for
-    them, and no eviction to make their room.  (An input another node holds is still
-    prefetched: that fetch is the one its open would make anyway, and its copy is
-    dropped, not written back, when evicted.)  Its before-steps would be
-    released at the moment it can start (no job before it on the node; its parents, if
-    any, have just finished), so a prefetch could only move its read, not hide it, and
-    the job would wait for it; the evictions that made room would add demotions (a write
-    to the slow tier each).  Its inputs already on the fast tier (``resident``) stay
-    there, and the next job's prefetches (released when it has read its inputs) overlap
-    it.  The later jobs of the node read those in-place inputs in place too: the first
-    job's read left them in the node's page cache, so staging them would only copy them
-    from there into the fast tier, at the price of evictions (demotions).
-
-    ``read_elsewhere`` (file → reads): of the files already on this fast tier
-    (``resident``) that no job of this node references, how often other nodes' jobs
-    read them.  Each read counts as two planned references, like a read by a job here
-    (its staging and its read), so their eviction costs size × 2 × reads, not 0: evicting one is a demotion (a write to the slow tier), and each of
-    those reads would then fetch it from the slow tier instead of this fast tier.
-
-    ``before``: the job still running on the node when these steps are released (the
-    plan is made at that release, from the node's contents then: :func:`plan_release`).
-    Its files that are on the fast tier are not victims (its outputs, and with
-    ``release="start"`` its inputs), and its outputs not there yet take their room until
-    ``jobs[0]`` runs, as for a job before within the plan.  ``in_place``: the files read
-    in place instead of the ones ``first_reads_in_place`` would choose (a plan made
-    after the node's first job has read its inputs).
-    """
-    refs: list[tuple[str, str, int]] = []  # (file, kind, job index)
-    # the first job's inputs read in place from this node's slow tier: that read leaves
-    # them in this node's page cache, so the later jobs here read them in place too
-    # (staging one would copy it from that cache into the fast tier and evict files for
-    # it — each eviction a write to the slow tier — for a read the cache already serves)
+    Keyword groups: the node's contents at the start — ``pinned``, ``resident``, ``held``
+    (:func:`node_state`) and ``read_elsewhere``; when the steps run — ``release`` and
+    ``before``; the inputs read in place — ``first_reads_in_place`` or ``in_place``."""
+    resident = resident or {}
     if in_place is not None:
         in_place = set(in_place)
     else:
-        in_place = ({f for f in jobs[0].inputs if f not in (resident or {}) and source.get(f, "slow") in (node, "slow")}
+        # the first job's inputs read in place from this node's slow tier: that read leaves
+        # them in this node's page cache, so the later jobs here read them in place too
+        # (staging one would copy it from that cache into the fast tier and evict files for
+        # it — each eviction a write to the slow tier — for a read the cache already serves)
+        in_place = ({f for f in jobs[0].inputs if f not in resident and source.get(f, "slow") in (node, "slow")}
                     if first_reads_in_place and jobs else set())
-    for k, job in enumerate(jobs):
-        ins = [f for f in job.inputs if f not in in_place]
-        refs.extend((f, "pre", k) for f in ins)
-        refs.extend((f, "read", k) for f in ins)
-        refs.extend((f, "write", k) for f in job.outputs)
-    local = {f for f, _, _ in refs}
-    elsewhere = [f for f, n in (read_elsewhere or {}).items() if f in (resident or {}) and f not in local
+    refs = _references(jobs, in_place)
+    local = {f for job_refs in refs for f, _ in job_refs}
+    elsewhere = [f for f, n in (read_elsewhere or {}).items() if f in resident and f not in local
                  for _ in range(2 * max(0, n))]  # each read weighs as a job's here: staging + read
-    policy = HeuristicPolicy([*(f for f, _, _ in refs), *elsewhere])
-    room = max(0, (capacity if capacity is not None else 1 << 62) - max(0, held))
-    cache = _NodeCache(room, pinned)
-    for f, size in (resident or {}).items():  # the census: already there at the start
-        policy._size[f] = size
-        policy._set_planned(f, size)
-        cache.sizes[f] = size
-        cache.used += size
-    steps: list[dict[str, Any]] = []
-
-    def emit(job: str, action: str, path: str, size: int, src: str | None) -> None:
-        steps.append({"step": len(steps) + 1, "job": job, "action": action, "path": path, "size": size,
-                      "source": src, "resident": cache.used})
-
-    transient = 0  # the previous job's outputs the plan does not keep: on the fast tier while it runs
-    if before is not None:  # running while these steps run: its open files are not victims
-        cache.busy = {f for f in (*before.outputs, *(before.inputs if release == "start" else ()))
-                      if f in cache.sizes}
-        transient = sum(size for f, size in before.outputs.items() if f not in cache.sizes)
-    i = 0
-    while i < len(refs):
-        k = refs[i][2]
-        job = jobs[k]
-        cache.capacity = max(0, room - transient)
-        written = 0
-        while i < len(refs) and refs[i][2] == k:
-            f, kind, _ = refs[i]
-            i += 1
-            if kind == "write":
-                # the job runs: the one before it has ended, and its outputs the plan does
-                # not keep are closed (the agent's evictor may take them).  Its files stay
-                # out of the victims all the same: an evict is a before-step, released when
-                # the job before starts (not ends), so an evict made for this job's outputs
-                # runs while that job still reads its files
-                cache.capacity = room
-            size = job.inputs[f] if kind != "write" else job.outputs[f]
-            d = policy.access(f, size, cache)
-            if d.hit:
-                if cache.sizes.get(f, size) != size:  # a census copy of another size: the job's counts
-                    cache.used += size - cache.sizes[f]
-                    cache.sizes[f] = size
-                cache.job.add(f)
-                continue
-            for v in d.victims:
-                vs = cache.sizes.pop(v)
-                cache.used -= vs
-                emit(job.id, "evict", str(v), vs, None)
-            if d.admit:
-                cache.sizes[f] = size
-                cache.used += size
-                cache.job.add(f)
-                if kind == "write":
-                    emit(job.id, "pin", f, size, None)
-                else:
-                    emit(job.id, "prefetch", f, size, source.get(f, "slow"))
-            elif kind == "write":
-                written += size
-        # open while the next job's steps run: its outputs (being written); its inputs too
-        # when those steps are released at its start (with "reads", it has closed them)
-        cache.busy = {f for f in cache.job if f in cache.sizes and (release == "start" or f in job.outputs)}
-        cache.job.clear()
-        transient = written
-        for f in dict.fromkeys([*job.inputs, *job.outputs]):
-            if f in cache.sizes and policy.remaining(f) == 0:
-                emit(job.id, "unpin", f, cache.sizes[f], None)
-    return steps
-
+    room = max(0, (capacity if capacity is not None else UNBOUNDED) - max(0, held))
+    plan = _NodePlan([*(f for job_refs in refs for f, _ in job_refs), *elsewhere], room, pinned,
+                     resident, source, release)
+    if before is not None:
+        plan.after(before)
+    for job, job_refs in zip(jobs, refs):
+        if job_refs:  # a job with no references here has no steps, and leaves the state as it is
+            plan.job(job, job_refs)
+    return plan.steps
 
 BEFORE_STEPS = ("prefetch", "evict")
 
@@ -247,14 +282,14 @@ def node_state(files: Mapping[str, Mapping[str, Any]], nodes: Sequence[str],
         held[n] = max(0, int(pb) - pinned_here[n]) if isinstance(pb, (int, float)) else 0
         listed = {"fast": 0, "out": 0}
         for mv in fast.get("moving") or ():
-            f, size = by_path.get(mv.get("path")), int(mv.get("bytes") or 0)
+            moving, size = by_path.get(mv.get("path")), int(mv.get("bytes") or 0)  # moving: the workflow's file
             entering = mv.get("to") == "fast"
             listed["fast" if entering else "out"] += size
-            if entering and f is not None:
-                resident[n].setdefault(f, int(files[f].get("size") or size))
+            if entering and moving is not None:
+                resident[n].setdefault(moving, int(files[moving].get("size") or size))
                 continue
-            if f is not None and resident[n].pop(f, None) is not None:
-                pinned[n].discard(f)
+            if moving is not None and resident[n].pop(moving, None) is not None:
+                pinned[n].discard(moving)
             held[n] += size
         for key, kind in (("moving_in_bytes", "fast"), ("moving_out_bytes", "out")):  # beyond the list
             total = fast.get(key)

@@ -124,7 +124,11 @@ def _pack_milp(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_node
     C, N = len(keys), n_nodes
     nx = C * N
     nvar = nx + (0 if bound is not None else 1)
-    rows, cols, vals, lo, hi = [], [], [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
     r = 0
     ub = np.zeros(nvar)
     for c, (_w, ok) in enumerate(keys):
@@ -201,7 +205,10 @@ def balance(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_nodes: 
         return Balance(requested, requested, None, packed)
     j_max = max(range(J), key=lambda j: (weight[j], -j))
     w_max = weight[j_max]
-    rel = (lambda v: v / share) if share else (lambda v: v)
+
+    def rel(v: float) -> float:  # in node shares, when there are any
+        return v / share if share else v
+
     name = names[j_max] if names else str(j_max)
     if w_max > requested + _EPS:
         why = (f"job {name!r} alone weighs {rel(w_max):.3f} x a node's share, above the requested "
@@ -268,10 +275,10 @@ def make_problem(wf: Workflow, nodes: Sequence[str], *, slack: float = DEFAULT_S
     writers: list[list[int]] = [[] for _ in files]
     readers: list[list[int]] = [[] for _ in files]
     for j, (ins, outs) in enumerate(zip(inputs, outputs)):
-        for f in ins:
-            readers[f].append(j)
-        for f in outs:
-            writers[f].append(j)
+        for fi in ins:
+            readers[fi].append(j)
+        for fi in outs:
+            writers[fi].append(j)
     if wf.runtimes_known():
         weight = [float(j.runtime or 0.0) for j in wf.jobs]
     else:

@@ -37,7 +37,7 @@ def solve_greedy(p: Problem) -> list[int]:
             for n in held[f]:
                 target[n] += s
         w = p.weight[j]
-        best: tuple | None = None
+        best: tuple[int, int, float, int] | None = None
         for n in range(n_nodes):
             if load[n] + w > p.bound + _EPS or not p.allowed(j, n):
                 continue
@@ -242,7 +242,7 @@ def repair(p: Problem, assign: Sequence[int], *, max_moves: int | None = None) -
             if not over:
                 return st.assign
             bad = [j for n in over for j in jobs_on[n]]
-        best: tuple | None = None
+        best: tuple[int, float, int, int] | None = None
         for j in bad:
             a, w = st.assign[j], p.weight[j]
             for b in range(len(p.nodes)):

@@ -51,7 +51,7 @@ class Simulation:
         out: dict[str, dict[str, object]] = {}
         opt = self.results.get("optimal")
         for name, r in self.results.items():
-            d = r.stats.as_dict(self.model)
+            d: dict[str, object] = dict(r.stats.as_dict(self.model))
             d["wall_seconds"] = r.seconds
             if opt is not None and name != "optimal":
                 d["slow_bytes_read_vs_optimal"] = _ratio(r.stats.slow_bytes_read, opt.stats.slow_bytes_read)
@@ -119,8 +119,8 @@ def simulate(
             nxt = nxt or next_reads(trace.keys, trace.sizes, trace.writes)
             _run(d, trace, BeladyStrategy(d, nxt), tick(name))
         else:
-            policy = load_policy(name, capacity=capacity)
-            _run(d, trace, OnlineStrategy(d, policy), tick(name))
+            online = load_policy(name, capacity=capacity)
+            _run(d, trace, OnlineStrategy(d, online), tick(name))
         sim.results[name] = _result(name, d, time.perf_counter() - t0)
     sim.results = {p: sim.results[p] for p in dict.fromkeys(policies)}
     return sim

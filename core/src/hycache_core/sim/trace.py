@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,8 +116,9 @@ def read_csv_trace(path: str | Path, *, source: str | None = None) -> Trace:
         return parse_csv_trace(f, source=src)
 
 
-def parse_csv_trace(stream: io.TextIOBase | Iterable[str], *, source: str = "trace") -> Trace:
-    reader = csv.reader(stream)
+def _header(reader: Iterator[list[str]], source: str) -> tuple[list[str], dict[str, int]]:
+    """The header row and each column's index by its lower-cased name; every column of
+    ``REQUIRED`` is there."""
     try:
         header = next(reader)
     except StopIteration:
@@ -131,6 +132,48 @@ def parse_csv_trace(stream: io.TextIOBase | Iterable[str], *, source: str = "tra
             source, 1, missing[0],
             f"missing required column(s) {', '.join(repr(m) for m in missing)}; header is {header!r}",
         )
+    return header, cols
+
+
+def _size_text(text: str, source: str, line: int) -> int:
+    """A size that is not a plain byte count (``64M``: :func:`parse_size`)."""
+    try:
+        return _parse_int_size(text.strip())
+    except ValueError:
+        raise TraceError(source, line, "size", f"{text!r} is not a size in bytes") from None
+
+
+def _write_flag(op: str, source: str, line: int) -> int:
+    """1 for a write (``W``), 0 for a read (``R`` or empty)."""
+    norm = op.strip().upper()
+    if norm in ("W", "WRITE"):
+        return 1
+    if norm not in ("", "R", "READ"):
+        raise TraceError(source, line, "op", f"{op!r} is not R or W")
+    return 0
+
+
+def _time(t_text: str, last_time: float | None, source: str, line: int) -> float | None:
+    """The row's time (``last_time`` when empty); rows must be in access order."""
+    if not t_text:
+        return last_time
+    try:
+        t = float(t_text)
+    except ValueError:
+        raise TraceError(source, line, "time", f"{t_text!r} is not a number") from None
+    if t != t:
+        raise TraceError(source, line, "time", "NaN")
+    if last_time is not None and t < last_time:
+        raise TraceError(
+            source, line, "time",
+            f"{t_text} is earlier than the previous row's {last_time}: rows must be in access order",
+        )
+    return t
+
+
+def parse_csv_trace(stream: io.TextIOBase | Iterable[str], *, source: str = "trace") -> Trace:
+    reader = csv.reader(stream)
+    header, cols = _header(reader, source)
     ci_file, ci_size = cols["file"], cols["size"]
     ci_op, ci_time, ci_job = cols.get("op"), cols.get("time"), cols.get("job")
     width = max(i for i in (ci_file, ci_size, ci_op, ci_time, ci_job) if i is not None) + 1
@@ -161,32 +204,10 @@ def parse_csv_trace(stream: io.TextIOBase | Iterable[str], *, source: str = "tra
                 if size < 0:
                     raise ValueError
             except ValueError:
-                try:
-                    size = _parse_int_size(text.strip())
-                except ValueError:
-                    raise TraceError(source, line, "size", f"{text!r} is not a size in bytes") from None
-            w = 0
-            if ci_op is not None:
-                op = row[ci_op].strip().upper()
-                if op in ("W", "WRITE"):
-                    w = 1
-                elif op not in ("", "R", "READ"):
-                    raise TraceError(source, line, "op", f"{row[ci_op]!r} is not R or W")
+                size = _size_text(text, source, line)
+            w = 0 if ci_op is None else _write_flag(row[ci_op], source, line)
             if ci_time is not None:
-                t_text = row[ci_time].strip()
-                if t_text:
-                    try:
-                        t = float(t_text)
-                    except ValueError:
-                        raise TraceError(source, line, "time", f"{t_text!r} is not a number") from None
-                    if t != t:
-                        raise TraceError(source, line, "time", "NaN")
-                    if last_time is not None and t < last_time:
-                        raise TraceError(
-                            source, line, "time",
-                            f"{t_text} is earlier than the previous row's {last_time}: rows must be in access order",
-                        )
-                    last_time = t
+                last_time = _time(row[ci_time].strip(), last_time, source, line)
             if ci_job is not None:
                 trace.jobs.append(row[ci_job])  # type: ignore[union-attr]
             k = index.get(name)
