@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hycache_harness import is_mounted
+from hycache_harness import wait_for as _wait_for
 
 
 def _load_root_conftest():
@@ -42,9 +44,7 @@ AGENT_BIN = root_conftest.AGENT_BIN
 FUSE_REASON = root_conftest._FUSE_REASON
 HyCacheMount = root_conftest.HyCacheMount
 start_hycache_mount = root_conftest.start_hycache_mount
-force_unmount = root_conftest.force_unmount
 make_shared_tmpdir = root_conftest.make_shared_tmpdir
-is_mounted = root_conftest._is_mounted
 tail = root_conftest._tail
 
 from hycache_agent.control import local as control  # noqa: E402
@@ -91,14 +91,8 @@ def wait_idle(m, timeout: float = 60.0) -> dict:
 
 
 def wait_for(pred, timeout: float = 30.0, what: str = "condition", interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """The harness's ``wait_for``, polling every 20 ms: an agent's state changes fast."""
+    return _wait_for(pred, timeout, what, interval)
 
 
 def recovery_reports(log_text: str) -> list[dict]:
