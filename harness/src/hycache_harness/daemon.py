@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Self
 
 from .mounts import force_unmount, in_mount_table, is_mounted
 from .net import free_port
@@ -37,7 +38,7 @@ class FuseDaemon:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    def start(self, timeout: float = 30.0) -> FuseDaemon:
+    def start(self, timeout: float = 30.0) -> Self:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.proc = spawn(self.argv, self.logfile, self.cwd, self.env, append=self.append_log)
         deadline = time.monotonic() + timeout
@@ -134,6 +135,10 @@ class Agent(FuseDaemon):
         argv += [*extra, *opts_to_argv(opts)]
         super().__init__(name, argv, self.mnt, Path(log) if log is not None else self.root / "agent.log",
                          env=env, cwd=cwd, append_log=append_log)
+
+    def start(self, timeout: float = 30.0) -> Self:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return super().start(timeout)
 
     def cli(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
         """``hycache-agent ARGS`` with the same agent command."""
