@@ -99,13 +99,11 @@ from fs_report import (
     unit_for,
     write_report,
 )
-
-# bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
-from fusemount import Agent, FuseDaemon, force_unmount
+from hycache_harness import Agent, FuseDaemon, executable, force_unmount, redis_seeds
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_PYTHON = REPO / ".venv" / "bin" / "python"
-AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
+VENV_PYTHON = Path(sys.executable)  # the environment the bench runs in (scripts/bootstrap.sh: .venv)
+AGENT_BIN = Path(executable("hycache-agent"))
 
 MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files=partial,"
                  "dropcacheonclose=false,moveonenospc=true,fsname=mergerfs-bench")
@@ -278,7 +276,7 @@ class Cluster:
 
     @property
     def redis(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.cluster.nodes[:3])
+        return redis_seeds(self.cluster.nodes)
 
     def stop_stale(self) -> None:
         """A run killed with SIGKILL leaves its redis-servers running: stop them."""

@@ -106,7 +106,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
     base.mkdir(parents=True)
     ns = "bench-" + uuid.uuid4().hex[:8]
     db = f"sqlite:///{base / 'control.db'}"
-    admin = create_token(db, "admin", "bench-admin")
+    admin = create_token(db, "admin")
     control = ControlPlane("--redis", seeds, "--dht-namespace", ns, "--heartbeat-interval", "0.5", db=db,
                            state_dir=base, log=base / "control.log", ready_path="/healthz")
     url = control.url
@@ -125,7 +125,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
                 sd = slow.mnt / base.name / name
                 sd.mkdir(parents=True)
                 slow_args = ["--slow", str(sd)]
-            tf = write_secret(base / f"{name}.token", create_token(db, "node", f"node-{name}", name))
+            tf = write_secret(base / f"{name}.token", create_token(db, "node", node_id=name))
             agent = Agent(d / "root", name, "--fast-capacity", args.fast_capacity, "--control-plane", url,
                           "--control-token-file", str(tf), *slow_args, mountpoint=d / "mnt", log=d / "agent.log",
                           redis=seeds, secret=secret, namespace=ns, log_level=None, append_log=True)

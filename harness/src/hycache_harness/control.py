@@ -41,10 +41,13 @@ def control_cli(*args: str, binary: str | None = None, cwd: Path | None = None) 
                           text=True, cwd=cwd).stdout
 
 
-def create_token(db: str, scope: str, name: str, node_id: str | None = None, *extra: str,
+def create_token(db: str, scope: str, name: str | None = None, node_id: str | None = None, *extra: str,
                  binary: str | None = None, cwd: Path | None = None) -> str:
-    """A new token made by ``hycache-control token create`` (its secret, the last line printed)."""
-    argv = ["token", "create", "--db", db, *extra, "--scope", scope, "--name", name]
+    """A new token made by ``hycache-control token create`` (its secret, the last line
+    printed); ``name`` defaults to the CLI's (the scope, or the node id)."""
+    argv = ["token", "create", "--db", db, *extra, "--scope", scope]
+    if name:
+        argv += ["--name", name]
     if node_id:
         argv += ["--node-id", node_id]
     return control_cli(*argv, binary=binary, cwd=cwd).strip().splitlines()[-1]
