@@ -9,8 +9,9 @@ import pytest
 from hycache_dht import registry
 from hycache_dht.meta import EntryMeta, dir_meta
 from hycache_dht.redis_store import RedisClusterStore
+from hycache_harness import wait_for
 
-from .conftest import Api, wait_for
+from .conftest import Api
 
 
 def names_field(resp, *loc) -> bool:

@@ -8,23 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from hycache_harness import executable, free_port, wait_for
 
-from .conftest import make_token, redis_seeds, wait_for
+from .conftest import make_token, redis_seeds
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
+AGENT = executable("hycache-agent")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def where(path: Path) -> str:

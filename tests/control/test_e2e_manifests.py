@@ -20,18 +20,12 @@ import pytest
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
 from hycache_core.workflow import parse_workflow
+from hycache_harness import free_port, wait_for
 
-from .conftest import CONTROL_BIN, cli, redis_seeds, start_server, wait_for
+from .conftest import CONTROL_BIN, cli, redis_seeds, start_server
 
 TINY = Path(__file__).resolve().parents[1] / "core" / "data" / "wfformat-1.5-tiny.json"
 AGENT_PORTS: list[int] = []
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _private(path: Path, text: str) -> Path:
@@ -52,7 +46,7 @@ def _linked(redis_cluster, dht_namespace, hycache_mount, tmp_path, interval: str
             tok = cli("token", "create", "--db", db, "--scope", "node", "--node-id", name).stdout.strip()
             tf = _private(tmp_path / f"{name}.token", tok)
             mounts[name] = hycache_mount(fast_capacity="64M", redis=seeds, dht_namespace=dht_namespace, node_id=name,
-                                         listen=f"127.0.0.1:{_free_port()}", cluster_secret_file=secret,
+                                         listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret,
                                          control_plane=srv.url, control_token_file=tf)
         h = {"Authorization": f"Bearer {srv.admin}"}
 

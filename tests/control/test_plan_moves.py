@@ -18,9 +18,10 @@ import httpx
 import pytest
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
+from hycache_harness import free_port, wait_for
 
-from .conftest import cli, redis_seeds, start_server, wait_for
-from .test_e2e_manifests import _free_port, _private
+from .conftest import cli, redis_seeds, start_server
+from .test_e2e_manifests import _private
 
 REPO = Path(__file__).resolve().parents[2]
 M = 1 << 20
@@ -62,7 +63,7 @@ def node_on_a_slow_device(redis_cluster, dht_namespace, hycache_mount, tmp_path,
         slow = throttled_slow_tier.mnt / "a"
         slow.mkdir()
         m = hycache_mount(fast_capacity="64M", redis=seeds, dht_namespace=dht_namespace, node_id="a",
-                          listen=f"127.0.0.1:{_free_port()}", cluster_secret_file=secret, slow=slow,
+                          listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret, slow=slow,
                           control_plane=srv.url, control_token_file=_private(tmp_path / "a.token", tok))
         h = {"Authorization": f"Bearer {srv.admin}"}
 

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import httpx
+from hycache_harness import wait_for
 
-from .conftest import CONTROL_BIN, wait_for
+from .conftest import CONTROL_BIN
 from .test_e2e_manifests import _private, linked_cluster  # noqa: F401  (the fixture)
 
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"

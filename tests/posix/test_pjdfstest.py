@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hycache_harness import executable, force_unmount
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -76,11 +77,6 @@ def make_shared_tmpdir(prefix: str, parent: str | None = None) -> Path:
     return d
 
 
-def force_unmount(mountpoint: Path) -> None:
-    if os.path.ismount(mountpoint):
-        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-
-
 class Churn(threading.Thread):
     """Rewrite and read back files under ``directory`` until stopped; verifies content."""
 
@@ -116,7 +112,7 @@ class Churn(threading.Thread):
 
 
 def agent_status(root: Path) -> dict:
-    p = subprocess.run([str(REPO / ".venv" / "bin" / "hycache-agent"), "status", "--json", str(root)],
+    p = subprocess.run([executable("hycache-agent"), "status", "--json", str(root)],
                        capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         return {}
