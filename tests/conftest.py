@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hycache_harness import Agent, HarnessError, executable, force_unmount, is_mounted, log_tail
+from hycache_harness import Agent, HarnessError, executable, force_unmount, is_mounted, log_tail, opts_to_argv
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_BIN = Path(executable("hycache-agent"))
@@ -172,8 +172,8 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
         opts = {"fast_capacity": fast_capacity, **opts}
     if _PASSTHROUGH is not None and "passthrough" not in opts:
         opts = {**opts, "passthrough": _PASSTHROUGH}
-    agent = Agent(root, "hycache-agent", mountpoint=mountpoint, log=base / "agent.log", log_level=None,
-                  agent_bin=AGENT_BIN, wrapper=wrapper, cwd=base, append_log=True, **opts)
+    agent = Agent(root, "hycache-agent", *opts_to_argv(opts), mountpoint=mountpoint, log=base / "agent.log",
+                  log_level=None, agent_bin=AGENT_BIN, wrapper=wrapper, cwd=base, append_log=True)
     m = HyCacheMount(root=root, fast=fast, slow=slow, agent=agent, base=base, fast_capacity=fast_capacity,
                      opts=dict(opts), wrapper=wrapper)
     try:
