@@ -21,7 +21,10 @@ def wait_ready(base_url: str, alive: Callable[[], bool], log: Path | None = None
     ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     last = ""
-    tail = (lambda: "\n" + log_tail(log, 40)) if log is not None else (lambda: "")
+
+    def tail() -> str:
+        return "\n" + log_tail(log, 40) if log is not None else ""
+
     while time.monotonic() < deadline:
         if not alive():
             raise HarnessError(f"the control plane exited{tail()}")
@@ -73,7 +76,7 @@ class ControlPlane:
             argv += list(args)
         self.argv, self.log, self.env, self.cwd = list(argv), Path(log), env, cwd
         self.append_log, self.ready_path = append_log, ready_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:

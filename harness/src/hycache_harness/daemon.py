@@ -9,7 +9,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from .mounts import force_unmount, in_mount_table, is_mounted
 from .net import free_port
@@ -32,7 +32,7 @@ class FuseDaemon:
                  append_log: bool = False) -> None:
         self.name, self.argv, self.mountpoint, self.logfile = name, list(argv), Path(mountpoint), Path(logfile)
         self.unmount_to_stop, self.env, self.cwd, self.append_log = unmount_to_stop, env, cwd, append_log
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -140,18 +140,19 @@ class Agent(FuseDaemon):
         self.root.mkdir(parents=True, exist_ok=True)
         return super().start(timeout)
 
-    def cli(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
         """``hycache-agent ARGS`` with the same agent command."""
         return subprocess.run([*self.agent_cmd, *args], check=check, text=True,
                               capture_output=capture)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """``hycache-agent status ROOT --json``."""
         out = self.cli("status", str(self.root), "--json", check=False)
         if out.returncode != 0:
             raise HarnessError(f"hycache-agent status {self.root} failed ({out.returncode}): "
                                f"{out.stderr.strip()[-500:]}")
-        return json.loads(out.stdout)
+        status: dict[str, Any] = json.loads(out.stdout)
+        return status
 
     def backlog(self) -> int:
         """Entries in the agent's outbox not yet published to the DHT (0 standalone)."""

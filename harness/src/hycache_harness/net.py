@@ -14,7 +14,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.1, *,
@@ -28,7 +29,7 @@ def wait_for(pred: Callable[[], T], timeout: float = 30.0, what: str = "conditio
         try:
             last = pred()
             if last:
-                return last  # type: ignore[return-value]
+                return last
         except ignore as e:
             last = e
         if time.monotonic() > deadline:

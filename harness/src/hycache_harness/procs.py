@@ -38,7 +38,7 @@ def log_tail(path: Path, lines: int = 60) -> str:
 
 
 def spawn(argv: list[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None,
-          *, append: bool = True) -> subprocess.Popen:
+          *, append: bool = True) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (a terminal's Ctrl-C reaches only the caller, which
     then stops it in order), stdin closed, stdout and stderr into ``log``."""
     Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def spawn(argv: list[str], log: Path, cwd: Path | None = None, env: dict[str, st
                                 cwd=cwd, env=env, start_new_session=True)
 
 
-def stop_daemon(proc: subprocess.Popen, mountpoint: Path | None, timeout: float) -> int:
+def stop_daemon(proc: subprocess.Popen[bytes], mountpoint: Path | None, timeout: float) -> int:
     """SIGTERM a running daemon and wait ``timeout`` s for it to exit; if it does not,
     lazy-unmount ``mountpoint`` (that ends a FUSE daemon stuck on its mount), wait 10 s
     more, then SIGKILL. Returns its exit code. The mount may still need ``force_unmount``."""
