@@ -24,12 +24,21 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hycache_harness import Agent, HarnessError, executable, force_unmount, is_mounted, log_tail, opts_to_argv
+from hycache_harness import (
+    Agent,
+    HarnessError,
+    executable,
+    force_unmount,
+    fuse_unusable_reason,
+    is_mounted,
+    log_tail,
+    opts_to_argv,
+    shared_tmpdir,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_BIN = Path(executable("hycache-agent"))
@@ -42,20 +51,6 @@ UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
 
 
 # --------------------------------------------------------------------------- FUSE probe
-def fuse_unusable_reason() -> str | None:
-    """Why real FUSE mounts cannot run here, or None if they can."""
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (no FUSE in this kernel/container)"
-    try:
-        fd = os.open("/dev/fuse", os.O_RDWR)
-    except OSError as e:
-        return f"/dev/fuse cannot be opened: {e}"
-    os.close(fd)
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 is not installed (apt package fuse3; run scripts/bootstrap.sh)"
-    return None
-
-
 _FUSE_REASON = fuse_unusable_reason()
 
 
@@ -92,9 +87,7 @@ def _tail(path: Path, n: int = 60) -> str:
 def make_shared_tmpdir(prefix: str) -> Path:
     """A temp dir that every user can traverse (pytest's tmp_path is 0700 root-only,
     which would hide a mount from other users, e.g. pjdfstest's dummy users)."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("HYCACHE_TEST_TMP")))
-    d.chmod(0o755)
-    return d
+    return shared_tmpdir(prefix)
 
 
 @dataclass
@@ -185,6 +178,14 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
 
 
 # --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def start_mount():
+    """``start_hycache_mount`` for fixtures and tests that own their agent's lifetime (a
+    module's shared mount, a crash test's restarts): they get it from here, not by importing
+    this file."""
+    return start_hycache_mount
+
+
 @pytest.fixture
 def hycache_mount():
     """Factory: ``hycache_mount(fast_capacity="1G", wrapper=None, **opts) -> HyCacheMount``.

@@ -4,7 +4,9 @@ daemon is in, drop the page cache between benchmark rounds."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -38,3 +40,25 @@ def drop_caches(level: int = 3) -> None:
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write(f"{level}\n")
+
+
+def fuse_unusable_reason() -> str | None:
+    """Why real FUSE mounts cannot run here, or None if they can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no FUSE in this kernel/container)"
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as e:
+        return f"/dev/fuse cannot be opened: {e}"
+    os.close(fd)
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (apt package fuse3; run scripts/bootstrap.sh)"
+    return None
+
+
+def shared_tmpdir(prefix: str, parent: str | None = None) -> Path:
+    """A new temp dir every user can traverse (mode 0755; a 0700 one would hide a mount in
+    it from other users), under ``parent``, else $HYCACHE_TEST_TMP, else the system's."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or os.environ.get("HYCACHE_TEST_TMP")))
+    d.chmod(0o755)
+    return d
