@@ -99,7 +99,7 @@ from fs_report import (
     unit_for,
     write_report,
 )
-from hycache_harness import Agent, FuseDaemon, executable, force_unmount, redis_seeds
+from hycache_harness import Agent, FuseDaemon, cluster_secret, executable, force_unmount, redis_seeds
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = Path(sys.executable)  # the environment the bench runs in (scripts/bootstrap.sh: .venv)
@@ -269,8 +269,7 @@ class Cluster:
         from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 
         self.stop_stale()
-        self.secret.write_text(os.urandom(32).hex())
-        self.secret.chmod(0o600)
+        cluster_secret(self.secret)
         self.cluster = LocalRedisCluster(self.dir, find_free_base(6, start=44000, stop=48000))
         self.cluster.start()
 

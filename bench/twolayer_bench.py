@@ -38,6 +38,7 @@ from hycache_harness import (
     Agent,
     ControlPlane,
     HarnessError,
+    cluster_secret,
     create_token,
     redis_seeds,
     start_redis_cluster,
@@ -116,7 +117,7 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
             control.start()
         except HarnessError as e:
             raise SystemExit(f"twolayer_bench: {e}") from None
-        secret = write_secret(base / "cluster.secret", os.urandom(32).hex())
+        secret = cluster_secret(base / "cluster.secret")
         mounts = {}
         for name in ("a", "b"):
             d = base / name

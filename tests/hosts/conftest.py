@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import redis
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_harness import cluster_secret as new_cluster_secret
 from hycache_harness import executable, redis_seeds
 
 from .netns import Host, HostNetwork, unusable_reason
@@ -83,10 +84,7 @@ def bridge_redis(host_network):
 @pytest.fixture(scope="module")
 def cluster_secret():
     d = Path(tempfile.mkdtemp(prefix="hycache-hosts-secret-"))
-    p = d / "cluster.secret"
-    p.write_text(os.urandom(32).hex())
-    p.chmod(0o600)
-    yield p
+    yield new_cluster_secret(d / "cluster.secret")
     shutil.rmtree(d, ignore_errors=True)
 
 
