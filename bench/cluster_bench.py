@@ -29,13 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from hycache_core.sizes import parse_size
+from hycache_dht.localcluster import LocalRedisCluster
+from hycache_harness import Agent, cluster_secret, drop_caches, redis_seeds, start_redis_cluster
+
 REPO = Path(__file__).resolve().parent.parent
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
-sys.path.insert(0, str(REPO / "core" / "src"))
-sys.path.insert(0, str(REPO / "dht" / "src"))
-from fusemount import Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
-from hycache_core.sizes import parse_size  # noqa: E402
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
 
 
 def _client(args) -> tuple[float, float]:
@@ -89,12 +87,6 @@ def redis_benchmark(cluster: LocalRedisCluster) -> dict:
     return res
 
 
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def read_mbps(path: Path) -> float:
     drop_caches()
     t0 = time.perf_counter()
@@ -117,12 +109,9 @@ def main() -> int:
         print("cluster_bench: needs root", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="hycache-clbench-"))
-    secret = work / "secret"
-    secret.write_text(os.urandom(32).hex())
-    secret.chmod(0o600)
-    cluster = LocalRedisCluster(work / "redis", find_free_base(6, start=36000, stop=40000))
-    cluster.start()
-    redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    secret = cluster_secret(work / "secret")
+    cluster = start_redis_cluster(work / "redis", start=36000, stop=40000)
+    redis = redis_seeds(cluster.nodes)
     namespace = f"bench-{os.getpid()}"
     rows = []
     try:

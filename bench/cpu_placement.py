@@ -30,7 +30,6 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fs_bench as fb
 
 PLACEMENTS = {"same": ({0}, {0}), "apart": ({0}, {1}), "free": (None, None)}

@@ -99,13 +99,11 @@ from fs_report import (
     unit_for,
     write_report,
 )
-
-# bench/fusemount.py: the one FUSE-daemon/agent launcher, shared with tests/conftest.py
-from fusemount import Agent, FuseDaemon, force_unmount
+from hycache_harness import Agent, FuseDaemon, cluster_secret, executable, force_unmount, redis_seeds
 
 REPO = Path(__file__).resolve().parent.parent
-VENV_PYTHON = REPO / ".venv" / "bin" / "python"
-AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
+VENV_PYTHON = Path(sys.executable)  # the environment the bench runs in (scripts/bootstrap.sh: .venv)
+AGENT_BIN = Path(executable("hycache-agent"))
 
 MERGERFS_OPTS = ("allow_other,default_permissions,category.create=ff,cache.files=partial,"
                  "dropcacheonclose=false,moveonenospc=true,fsname=mergerfs-bench")
@@ -271,14 +269,13 @@ class Cluster:
         from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 
         self.stop_stale()
-        self.secret.write_text(os.urandom(32).hex())
-        self.secret.chmod(0o600)
+        cluster_secret(self.secret)
         self.cluster = LocalRedisCluster(self.dir, find_free_base(6, start=44000, stop=48000))
         self.cluster.start()
 
     @property
     def redis(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.cluster.nodes[:3])
+        return redis_seeds(self.cluster.nodes)
 
     def stop_stale(self) -> None:
         """A run killed with SIGKILL leaves its redis-servers running: stop them."""

@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fs_bench as fb
+from hycache_harness import pct
 
 TRACEFS = Path("/sys/kernel/tracing")
 OPCODES = {1: "LOOKUP", 2: "FORGET", 3: "GETATTR", 4: "SETATTR", 10: "UNLINK", 14: "OPEN", 15: "READ",
@@ -118,10 +118,6 @@ class Trace:
             self.dir.rmdir()
         except OSError:
             pass
-
-
-def pct(xs: list[float], q: float) -> float:
-    return xs[min(len(xs) - 1, int(len(xs) * q))]
 
 
 def summary(lat: dict[str, list[float]], ops: int) -> dict[str, dict[str, float]]:

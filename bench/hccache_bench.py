@@ -40,9 +40,8 @@ import threading
 import time
 from pathlib import Path
 
-from fusemount import Agent
 from hycache_core.sizes import format_size, parse_size
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_harness import Agent, cluster_secret, redis_seeds, start_redis_cluster
 
 SMALL_LIMIT = 256 << 10
 
@@ -154,12 +153,9 @@ def main() -> int:
     print(f"{a.small} small files ({format_size(small_bytes)}), {a.large} large files of {a.large_size}; "
           f"{a.requests} requests by {a.readers} readers; cache {a.cache}, block {a.block}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="hycache-hccbench-"))
-    secret = work / "secret"
-    secret.write_text(os.urandom(32).hex())
-    secret.chmod(0o600)
-    cluster = LocalRedisCluster(work / "redis", find_free_base(6, start=40000, stop=44000))
-    cluster.start()
-    redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    secret = cluster_secret(work / "secret")
+    cluster = start_redis_cluster(work / "redis", start=40000, stop=44000)
+    redis = redis_seeds(cluster.nodes)
     namespace = f"hccbench-{os.getpid()}"
     rows = []
     try:

@@ -23,10 +23,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from fs_bench import Cluster, Target
-from fusemount import force_unmount
+from hycache_harness import force_unmount
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,15 +21,7 @@ from pathlib import Path
 import httpx
 from hycache_control.db import Database
 from hycache_control.services.tokens import TokenService
-from hycache_control.stack import StackError, wait_ready
-
-BIN = Path(sys.executable).parent / "hycache-control"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hycache_harness import ControlPlane, HarnessError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,15 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         nodes = [f"n{i}" for i in range(args.nodes)]
         node_tokens = {n: tokens.create(f"node-{n}", "node", n)[1] for n in nodes}
         db.close()
-        port = free_port()
-        proc = subprocess.Popen([str(BIN), "serve", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--state-dir", tmp,
-                                 "--ui-dir", f"{tmp}/no-ui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "HYCACHE_CONTROL_HEARTBEAT_INTERVAL": "60"})
-        url = f"http://127.0.0.1:{port}"
+        control = ControlPlane("--ui-dir", f"{tmp}/no-ui", db=db_url, state_dir=tmp, log=Path(tmp) / "control.log",
+                               env={**os.environ, "HYCACHE_CONTROL_HEARTBEAT_INTERVAL": "60"}, ready_path="/healthz")
+        url = control.url
         try:
             try:
-                wait_ready(url, lambda: proc.poll() is None, None, 90, path="/healthz")
-            except StackError as e:
+                control.start(90)
+            except HarnessError as e:
                 print(f"the control plane did not start: {e}", file=sys.stderr)
                 return 1
             status = {"tiers": {"fast": {"capacity": 1 << 40, "used": 0}, "slow": {"capacity": 1 << 42, "used": 0}}}
@@ -86,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                     shown = " ".join(f"{s:.2f}" for s in secs)
                     print(f"{enc:<8}{plans:<7}{code:>7}{shown:>22}  (median {statistics.median(secs):.2f})")
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
+            control.stop(30)
     return 0
 
 

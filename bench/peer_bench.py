@@ -30,16 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import trio
+from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret
+from hycache_agent.cluster.peer_client import PeerClient
+from hycache_core.sizes import format_size, parse_size
+from hycache_harness.dirfiles import DirFiles
+from hycache_harness.loopwatch import loop_gaps
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles (directory-backed PeerFiles), loop_gaps
-
-import trio  # noqa: E402
-from dirfiles import DirFiles  # noqa: E402
-from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret  # noqa: E402
-from hycache_agent.cluster.peer_client import PeerClient  # noqa: E402
-from hycache_core.sizes import format_size, parse_size  # noqa: E402
-from loopwatch import loop_gaps  # noqa: E402
-
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -16,25 +16,15 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
-sys.path.insert(0, str(REPO / "core" / "src"))
-from hycache_core.sizes import format_size, parse_size  # noqa: E402
+from hycache_core.sizes import format_size, parse_size
+from hycache_harness import Agent, HarnessError, drop_caches, write_json
 
 CHUNK = 1 << 20
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def tier_of(path: Path) -> str:
@@ -43,27 +33,19 @@ def tier_of(path: Path) -> str:
 
 def run_mode(mode: str, size: int, workdir: Path) -> dict:
     root = workdir / mode
-    mnt = root / "mnt"
-    mnt.mkdir(parents=True)
-    args = [AGENT, "mount", str(root), str(mnt), "--fast-capacity", str(4 * size)]
-    if mode == "never":
-        args.append("--no-promote-on-open")
-    else:
-        args += ["--promote-mode", mode]
-    log = open(root / "agent.log", "wb")
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    promote = ["--no-promote-on-open"] if mode == "never" else ["--promote-mode", mode]
+    agent = Agent(root, mode, "--fast-capacity", str(4 * size), *promote, log_level=None)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"agent did not mount ({mode}); see {root / 'agent.log'}")
-            time.sleep(0.05)
-        path = mnt / "data.bin"
+        agent.start()
+    except HarnessError as e:
+        raise SystemExit(f"agent did not mount ({mode}): {e}") from None
+    try:
+        path = agent.mnt / "data.bin"
         block = os.urandom(CHUNK)
         with open(path, "wb") as f:
             for _ in range(size // CHUNK):
                 f.write(block)
-        subprocess.run([AGENT, "demote", str(path)], check=True, stdout=subprocess.DEVNULL)
+        agent.cli("demote", str(path))
         assert tier_of(path) == "slow"
         drop_caches()
 
@@ -90,13 +72,7 @@ def run_mode(mode: str, size: int, workdir: Path) -> dict:
         return {"mode": mode, "ttfb_s": ttfb, "first_read_s": first, "second_read_s": second,
                 "on_fast_after_s": fast_at, "first_MBps": size / first / 1e6, "second_MBps": size / second / 1e6}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["fusermount3", "-uz", str(mnt)])
-            proc.kill()
-        log.close()
+        agent.stop()
 
 
 def main() -> int:
@@ -127,7 +103,7 @@ def main() -> int:
     print(f"file size {format_size(size)}; fast and slow tiers on the same device here, so the slow tier "
           "is not slower: the numbers show the cost structure (latency to first byte), not HDD speed.")
     if a.json:
-        a.json.write_text(json.dumps(results, indent=2))
+        write_json(a.json, results)
     return 0
 
 

@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,8 +32,7 @@ from pathlib import Path
 import httpx
 import trio
 from hycache_agent.control.link import ControlLink
-
-BIN = Path(sys.executable).parent / "hycache-control"
+from hycache_harness import ControlPlane, HarnessError, create_token, pct
 
 
 class Receipts:
@@ -81,17 +77,6 @@ class PausingLink(BenchLink):
             await trio.sleep_until(t0 + 0.02)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def token(db: str, *args: str) -> str:
-    return subprocess.run([str(BIN), "token", "create", "--db", db, *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
 def run_link(link: ControlLink, stop: threading.Event) -> None:
     async def main():
         async with trio.open_nursery() as n:
@@ -102,11 +87,6 @@ def run_link(link: ControlLink, stop: threading.Event) -> None:
     trio.run(main)
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", type=int, default=100, help="releases per way (default 100)")
@@ -115,35 +95,26 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="push-bench-"))
     db = f"sqlite:///{tmp / 'control.db'}"
-    admin = token(db, "--scope", "admin")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(tmp / "control.log", "ab")
-    srv = subprocess.Popen([str(BIN), "serve", "--db", db, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
-                            "--heartbeat-interval", str(args.interval)], stdout=log, stderr=log,
-                           start_new_session=True)
+    admin = create_token(db, "admin")
+    srv = ControlPlane("--heartbeat-interval", str(args.interval), db=db, state_dir=tmp, log=tmp / "control.log",
+                       ready_path="/healthz")
+    url = srv.url
     stops, threads = [], []
     out: dict[str, list[float]] = {}
     req: dict[str, list[float]] = {}  # the releasing request's own round trip
     try:
         http = httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {admin}"}, timeout=30)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http.get(url + "/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("push_bench: the control plane did not start")
-            time.sleep(0.1)
+        try:
+            srv.start(60)
+        except HarnessError as e:
+            raise SystemExit(f"push_bench: the control plane did not start: {e}") from None
         ways = {"push": True, "push, before": True, "heartbeat only": False}
         engines: dict[str, Receipts] = {}
         for i, (way, push) in enumerate(ways.items()):
             node = f"n{i}"
             eng = engines[way] = Receipts()
             cls = PausingLink if way == "push, before" else BenchLink
-            link = cls(eng, url, token(db, "--scope", "node", "--node-id", node), node_id=node, address=None,
+            link = cls(eng, url, create_token(db, "node", node_id=node), node_id=node, address=None,
                        interval=args.interval, push=push)
             stop = threading.Event()
             t = threading.Thread(target=run_link, args=(link, stop), daemon=True)
@@ -183,11 +154,7 @@ def main() -> int:
             s.set()
         for t in threads:
             t.join(10)
-        srv.send_signal(signal.SIGTERM)
-        try:
-            srv.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        srv.stop(30)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"release -> agent receipt of a plan step, {args.releases} releases per way, heartbeat interval "
           f"{args.interval} s (load average {os.getloadavg()[0]:.2f})")

@@ -62,24 +62,16 @@ import threading
 import time
 from pathlib import Path
 
+from hycache_agent.cluster.peer import authorization, files_target
+from hycache_core.sizes import parse_size
+from hycache_harness import Agent, drop_caches, executable, redis_seeds, start_redis_cluster
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "core" / "src"))
-sys.path.insert(0, str(REPO / "dht" / "src"))
-sys.path.insert(0, str(REPO / "agent" / "src"))
-from fusemount import AGENT_BIN, Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
-from hycache_agent.cluster.peer import authorization, files_target  # noqa: E402
-from hycache_core.sizes import parse_size  # noqa: E402
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
+AGENT_BIN = Path(executable("hycache-agent"))
 
 MODES = {"off": ["--hccache-size", "0"], "block": ["--hccache-mode", "block"], "hybrid": []}
 MiB = 1 << 20
 NODE_TTL = 10  # hycache_dht.registry.NODE_TTL_SECONDS: a stopped agent counts as alive this long
-
-
-def drop_caches(level: int = 3) -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write(f"{level}\n")
 
 
 def seq_read(path: Path) -> float:
@@ -359,9 +351,8 @@ def main() -> int:
     secret = os.urandom(24).hex().encode()
     secret_file.write_bytes(secret)
     secret_file.chmod(0o600)
-    cluster = LocalRedisCluster(work / "redis", find_free_base(6, start=41000, stop=45000))
-    cluster.start()
-    redis = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    cluster = start_redis_cluster(work / "redis", start=41000, stop=45000)
+    redis = redis_seeds(cluster.nodes)
     ns = f"rmbench-{os.getpid()}"
     common = dict(redis=redis, secret=secret_file, namespace=ns, agent_bin=a.agent_bin)
     res: dict = {"size": size, "passes": a.passes, "small": a.small, "agent_bin": str(a.agent_bin),

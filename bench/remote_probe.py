@@ -50,10 +50,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import remote_bench as rb
 from fuse_requests import OPCODES, TRACEFS
-from remote_bench import MODES, Agent, MiB, drop_caches, ready
+from hycache_harness import Agent, cluster_secret, drop_caches, redis_seeds, start_redis_cluster
+from remote_bench import MODES, MiB, ready
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read
@@ -224,12 +224,9 @@ def main() -> int:
         os.environ["HYCACHE_DEBUG_LOGGERS"] = STEP_LOGGERS
     reader_logs: dict[str, str] = {}
     work = Path(tempfile.mkdtemp(prefix="hycache-rmprobe-", dir=os.environ.get("BENCH_DIR")))
-    secret = work / "secret"
-    secret.write_bytes(os.urandom(24).hex().encode())
-    secret.chmod(0o600)
-    cluster = rb.LocalRedisCluster(work / "redis", rb.find_free_base(6, start=45000, stop=49000))
-    cluster.start()
-    redis = ",".join(f"{h}:{port}" for h, port in cluster.nodes[:3])
+    secret = cluster_secret(work / "secret", 24)
+    cluster = start_redis_cluster(work / "redis", start=45000, stop=49000)
+    redis = redis_seeds(cluster.nodes)
     common = dict(redis=redis, secret=secret, namespace=f"rmprobe-{os.getpid()}", agent_bin=a.agent_bin)
     rows: dict[str, list] = {}
     t_start = time.monotonic()

@@ -25,9 +25,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +34,19 @@ from pathlib import Path
 
 import httpx
 from hycache_control.runner import Runner
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_harness import (
+    Agent,
+    ControlPlane,
+    HarnessError,
+    cluster_secret,
+    create_token,
+    redis_seeds,
+    start_redis_cluster,
+    wait_for,
+    write_secret,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = REPO / ".venv" / "bin"
 TINY = REPO / "tests" / "core" / "data" / "wfformat-1.5-tiny.json"
 #: (label, solver, plans, when the next job's prefetches are released); the fourth is the
 #: release rule before the reads-done event, for an A/B (``--ways 2,3``)
@@ -78,28 +85,8 @@ def pipeline(mib: int = 8) -> dict:
                                 for t, r in runtimes.items()]}}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def private(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o600)
-    return path
-
-
 def wait(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"twolayer_bench: timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def mounted(path: Path) -> bool:
-    return any(line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines())
+    wait_for(cond, timeout, what, error=SystemExit)
 
 
 def settle(slow, quiet: float = 1.0, timeout: float = 120.0) -> None:
@@ -120,42 +107,35 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
     base.mkdir(parents=True)
     ns = "bench-" + uuid.uuid4().hex[:8]
     db = f"sqlite:///{base / 'control.db'}"
-    procs: list[tuple[subprocess.Popen, Path | None]] = []
-
-    def tok(*a: str) -> str:
-        return subprocess.run([str(BIN / "hycache-control"), "token", "create", "--db", db, *a],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    admin = tok("--scope", "admin")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(base / "control.log", "ab")
-    procs.append((subprocess.Popen([str(BIN / "hycache-control"), "serve", "--db", db, "--listen", f"127.0.0.1:{port}",
-                                    "--redis", seeds, "--dht-namespace", ns, "--heartbeat-interval", "0.5",
-                                    "--state-dir", str(base)], stdout=log, stderr=log, start_new_session=True), None))
+    admin = create_token(db, "admin")
+    control = ControlPlane("--redis", seeds, "--dht-namespace", ns, "--heartbeat-interval", "0.5", db=db,
+                           state_dir=base, log=base / "control.log", ready_path="/healthz")
+    url = control.url
+    agents: list[Agent] = []
     try:
-        wait(lambda: _ok(url + "/healthz"), 60, "the control plane")
-        secret = private(base / "cluster.secret", os.urandom(32).hex())
+        try:
+            control.start()
+        except HarnessError as e:
+            raise SystemExit(f"twolayer_bench: {e}") from None
+        secret = cluster_secret(base / "cluster.secret")
         mounts = {}
         for name in ("a", "b"):
             d = base / name
-            (d / "root").mkdir(parents=True)
-            (d / "mnt").mkdir()
             slow_args: list[str] = []
             if slow is not None:
                 sd = slow.mnt / base.name / name
                 sd.mkdir(parents=True)
                 slow_args = ["--slow", str(sd)]
-            tf = private(base / f"{name}.token", tok("--scope", "node", "--node-id", name))
-            alog = open(d / "agent.log", "ab")
-            p = subprocess.Popen([str(BIN / "hycache-agent"), "mount", str(d / "root"), str(d / "mnt"),
-                                  "--fast-capacity", args.fast_capacity, "--redis", seeds, "--dht-namespace", ns,
-                                  "--node-id", name, "--listen", f"127.0.0.1:{free_port()}",
-                                  "--cluster-secret-file", str(secret), "--control-plane", url,
-                                  "--control-token-file", str(tf), *slow_args],
-                                 stdout=alog, stderr=alog, stdin=subprocess.DEVNULL, start_new_session=True)
-            procs.append((p, d / "mnt"))
-            wait(lambda: mounted(d / "mnt"), 60, f"agent {name} mounted")
-            mounts[name] = d / "mnt"
+            tf = write_secret(base / f"{name}.token", create_token(db, "node", node_id=name))
+            agent = Agent(d / "root", name, "--fast-capacity", args.fast_capacity, "--control-plane", url,
+                          "--control-token-file", str(tf), *slow_args, mountpoint=d / "mnt", log=d / "agent.log",
+                          redis=seeds, secret=secret, namespace=ns, log_level=None, append_log=True)
+            agents.append(agent)
+            try:
+                agent.start(60)
+            except HarnessError as e:
+                raise SystemExit(f"twolayer_bench: agent {name}: {e}") from None
+            mounts[name] = agent.mnt
         h = {"Authorization": f"Bearer {admin}"}
         wait(lambda: {n["id"] for n in httpx.get(url + "/api/v1/nodes", headers=h).json()["items"]
                       if n["state"] == "up" and n["tiers"]} >= {"a", "b"}, 60, "both agents up")
@@ -171,16 +151,9 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
         if slow is not None:
             dev["read"], dev["write"] = slow.read_bytes() - dev["read"], slow.write_bytes() - dev["write"]
     finally:
-        for p, mnt in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-            if mnt is not None and mounted(mnt):
-                subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+        for agent in reversed(agents):
+            agent.stop()
+        control.stop()
         if slow is not None:
             shutil.rmtree(slow.mnt / base.name, ignore_errors=True)
     c = res["counters"]
@@ -211,13 +184,6 @@ def run_way(base: Path, seeds: str, doc: dict, args, solver: str, plans: bool, s
                                            "open_seconds", "write_seconds", "publish_seconds", "finished",
                                            "start_call_seconds", "finish_call_seconds")}
                      for j, r in res["jobs"].items()}}
-
-
-def _ok(u: str) -> bool:
-    try:
-        return httpx.get(u, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def main() -> int:
@@ -251,9 +217,8 @@ def main() -> int:
         if args.slow_tier_mbps > 0:
             from slowtier import SlowTier
             slow = SlowTier(args.slow_tier_mbps, size=args.slow_tier_size)
-        cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
-        cluster.start()
-        seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+        cluster = start_redis_cluster(tmp / "redis")
+        seeds = redis_seeds(cluster.nodes)
         for r in range(args.runs):
             for k in range(len(ways)):
                 label, solver, plans, release = ways[(r + k) % len(ways)]

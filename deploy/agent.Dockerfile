@@ -1,5 +1,5 @@
 # The HyCache agent image: Debian bookworm-slim, fuse3, and the uv workspace (hycache-core,
-# hycache-agent, hycache-dht) installed from uv.lock into /opt/hycache/.venv.
+# hycache-agent, hycache-dht, hycache-harness) installed from uv.lock into /opt/hycache/.venv.
 #
 #   docker build -f deploy/agent.Dockerfile -t hycache-agent:dev .    # context: the repo root
 #
@@ -59,6 +59,7 @@ COPY pyproject.toml uv.lock ./
 COPY core/pyproject.toml core/pyproject.toml
 COPY agent/pyproject.toml agent/pyproject.toml
 COPY dht/pyproject.toml dht/pyproject.toml
+COPY harness/pyproject.toml harness/pyproject.toml
 # the control plane is a workspace member too: uv reads its pyproject, installs nothing of it
 COPY backend/pyproject.toml backend/pyproject.toml
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
@@ -67,6 +68,7 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
 COPY core/src core/src
 COPY agent/src agent/src
 COPY dht/src dht/src
+COPY harness/src harness/src
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
     hycache-ca uv sync --frozen --no-dev --package hycache-agent --no-editable
 

@@ -1,6 +1,6 @@
 #
 # The HyCache control-plane image: Debian bookworm-slim, the uv workspace's
-# hycache-control (with hycache-core and hycache-dht) installed from uv.lock into
+# hycache-control (with hycache-core, hycache-dht and hycache-harness) installed from uv.lock into
 # /opt/hycache/.venv, and the dashboard (frontend/, built with Node.js) served at /.
 #
 #   docker build -f deploy/control-plane.Dockerfile -t hycache-control:dev .   # context: the repo root
@@ -51,6 +51,7 @@ COPY pyproject.toml uv.lock ./
 COPY core/pyproject.toml core/pyproject.toml
 COPY agent/pyproject.toml agent/pyproject.toml
 COPY dht/pyproject.toml dht/pyproject.toml
+COPY harness/pyproject.toml harness/pyproject.toml
 COPY backend/pyproject.toml backend/pyproject.toml
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export SSL_CERT_FILE=/run/secrets/ca_bundle; fi; \
@@ -58,6 +59,7 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
 # 2. the packages it runs, as wheels
 COPY core/src core/src
 COPY dht/src dht/src
+COPY harness/src harness/src
 COPY backend/src backend/src
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export SSL_CERT_FILE=/run/secrets/ca_bundle; fi; \

@@ -1,7 +1,8 @@
 """Shared pytest fixtures for the whole test tree.
 
-``hycache_mount`` starts the real agent (``.venv/bin/hycache-agent mount``) on temporary
-directories and tears it down afterwards::
+``hycache_mount`` starts the real agent (``hycache-agent mount``, with the harness's
+launcher, :class:`hycache_harness.Agent`) on temporary directories and tears it down
+afterwards::
 
     @pytest.mark.mount
     def test_something(hycache_mount):
@@ -22,20 +23,25 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hycache_harness import (
+    Agent,
+    HarnessError,
+    executable,
+    force_unmount,
+    fuse_unusable_reason,
+    is_mounted,
+    log_tail,
+    opts_to_argv,
+    shared_tmpdir,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
-sys.path.insert(0, str(REPO / "bench"))  # fusemount.py: shared with bench/fs_bench.py
-from fusemount import force_unmount, stop_daemon  # noqa: E402
-from fusemount import is_mounted as _is_mounted  # noqa: E402
+AGENT_BIN = Path(executable("hycache-agent"))
 
 # the real local Redis Cluster fixtures (redis_cluster, dht_namespace) for every test dir
 pytest_plugins = ["hycache_dht.testing"]
@@ -45,20 +51,6 @@ UNMOUNT_TIMEOUT = float(os.environ.get("HYCACHE_UNMOUNT_TIMEOUT", "30"))
 
 
 # --------------------------------------------------------------------------- FUSE probe
-def fuse_unusable_reason() -> str | None:
-    """Why real FUSE mounts cannot run here, or None if they can."""
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (no FUSE in this kernel/container)"
-    try:
-        fd = os.open("/dev/fuse", os.O_RDWR)
-    except OSError as e:
-        return f"/dev/fuse cannot be opened: {e}"
-    os.close(fd)
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 is not installed (apt package fuse3; run scripts/bootstrap.sh)"
-    return None
-
-
 _FUSE_REASON = fuse_unusable_reason()
 
 
@@ -89,35 +81,44 @@ def pytest_collection_modifyitems(config, items):
 
 # --------------------------------------------------------------------------- helpers
 def _tail(path: Path, n: int = 60) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "<no log>"
-    return "\n".join(lines[-n:]) or "<empty>"
+    return log_tail(path, n)
 
 
 def make_shared_tmpdir(prefix: str) -> Path:
     """A temp dir that every user can traverse (pytest's tmp_path is 0700 root-only,
     which would hide a mount from other users, e.g. pjdfstest's dummy users)."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("HYCACHE_TEST_TMP")))
-    d.chmod(0o755)
-    return d
+    return shared_tmpdir(prefix)
 
 
 @dataclass
 class HyCacheMount:
+    """One agent the tests started: its tiers, mount point and process (``agent``, the
+    harness's launcher, holds the command line and the log)."""
     root: Path
     fast: Path
     slow: Path
-    mountpoint: Path
-    proc: subprocess.Popen
-    log: Path
-    argv: list[str]
+    agent: Agent
     base: Path | None = None
     fast_capacity: str | int | None = None
     opts: dict = field(default_factory=dict)
     wrapper: list[str] | None = None
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def mountpoint(self) -> Path:
+        return self.agent.mountpoint
+
+    @property
+    def proc(self):
+        return self.agent.proc
+
+    @property
+    def log(self) -> Path:
+        return self.agent.logfile
+
+    @property
+    def argv(self) -> list[str]:
+        return self.agent.argv
 
     @property
     def stderr(self) -> str:
@@ -126,13 +127,11 @@ class HyCacheMount:
 
     def unmount(self) -> int:
         """SIGTERM the agent, wait; lazy-unmount as a last resort. Returns its exit code
-        (None-safe: -9 if it had to be killed). Idempotent."""
+        (-9 if it had to be killed). Idempotent."""
         if self._stopped:
             return self.proc.returncode
         self._stopped = True
-        stop_daemon(self.proc, self.mountpoint, UNMOUNT_TIMEOUT)
-        force_unmount(self.mountpoint)
-        return self.proc.returncode
+        return self.agent.stop(UNMOUNT_TIMEOUT)
 
     def __enter__(self) -> HyCacheMount:
         return self
@@ -141,23 +140,10 @@ class HyCacheMount:
         self.unmount()
 
 
-def _opts_to_argv(opts: dict) -> list[str]:
-    argv: list[str] = []
-    for key, value in opts.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
                         separate_tiers: bool = False, timeout: float = MOUNT_TIMEOUT,
                         wrapper: list[str] | None = None, **opts) -> HyCacheMount:
-    """Start ``hycache-agent mount`` under ``base`` and wait until it is mounted.
+    """Start ``hycache-agent mount BASE/root BASE/mnt`` and wait until it is mounted.
 
     ``opts`` become flags: ``log_level="debug"`` -> ``--log-level debug``;
     ``True`` -> bare flag; ``None``/``False`` -> omitted.
@@ -166,8 +152,6 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
     to run it in another network namespace (``tests/hosts``); it must exec the agent (so
     that signals reach it) and keep the mount namespace, so the mount stays visible here.
     """
-    if not AGENT_BIN.exists():
-        pytest.fail(f"{AGENT_BIN} does not exist: run scripts/bootstrap.sh (uv sync)")
     root, mountpoint = base / "root", base / "mnt"
     fast, slow = root / "fast", root / "slow"
     if separate_tiers:
@@ -181,28 +165,27 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
         opts = {"fast_capacity": fast_capacity, **opts}
     if _PASSTHROUGH is not None and "passthrough" not in opts:
         opts = {**opts, "passthrough": _PASSTHROUGH}
-    argv = [*(wrapper or []), str(AGENT_BIN), "mount", str(root), str(mountpoint), *_opts_to_argv(opts)]
-    log = base / "agent.log"
-    with open(log, "ab") as logf:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                cwd=base, start_new_session=True)
-    m = HyCacheMount(root=root, fast=fast, slow=slow, mountpoint=mountpoint, proc=proc, log=log, argv=argv,
-                     base=base, fast_capacity=fast_capacity, opts=dict(opts), wrapper=wrapper)
-    deadline = time.monotonic() + timeout
-    while not _is_mounted(mountpoint):
-        if proc.poll() is not None:
-            m._stopped = True
-            pytest.fail(f"hycache-agent exited with {proc.returncode} before mounting\n"
-                        f"argv: {' '.join(argv)}\n--- agent output ---\n{_tail(log)}", pytrace=False)
-        if time.monotonic() > deadline:
-            m.unmount()
-            pytest.fail(f"hycache-agent did not mount {mountpoint} within {timeout:.0f} s\n"
-                        f"argv: {' '.join(argv)}\n--- agent output ---\n{_tail(log)}", pytrace=False)
-        time.sleep(0.05)
+    agent = Agent(root, "hycache-agent", *opts_to_argv(opts), mountpoint=mountpoint, log=base / "agent.log",
+                  log_level=None, agent_bin=AGENT_BIN, wrapper=wrapper, cwd=base, append_log=True)
+    m = HyCacheMount(root=root, fast=fast, slow=slow, agent=agent, base=base, fast_capacity=fast_capacity,
+                     opts=dict(opts), wrapper=wrapper)
+    try:
+        agent.start(timeout)
+    except HarnessError as e:
+        m._stopped = True
+        pytest.fail(str(e), pytrace=False)
     return m
 
 
 # --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def start_mount():
+    """``start_hycache_mount`` for fixtures and tests that own their agent's lifetime (a
+    module's shared mount, a crash test's restarts): they get it from here, not by importing
+    this file."""
+    return start_hycache_mount
+
+
 @pytest.fixture
 def hycache_mount():
     """Factory: ``hycache_mount(fast_capacity="1G", wrapper=None, **opts) -> HyCacheMount``.
@@ -254,7 +237,7 @@ def hycache_mount():
             problems.append(f"agent for {m.mountpoint} died during the test (exit {rc})\n{_tail(m.log)}")
         elif rc != 0:
             problems.append(f"agent for {m.mountpoint} exited {rc} on SIGTERM\n{_tail(m.log)}")
-        if _is_mounted(m.mountpoint):
+        if is_mounted(m.mountpoint):
             problems.append(f"{m.mountpoint} is still mounted after teardown")
             seen_bases.add(base)  # keep it: never rmtree through a live mount
     for _m, base in started:

@@ -1,53 +1,37 @@
 """Helpers for the agent's mount, model and crash tests.
 
 The mount machinery (starting ``hycache-agent mount``, waiting for the mount, SIGTERM and
-lazy-unmount teardown) is the one of ``tests/conftest.py``; it is loaded here under its
-own module name because a bare ``import conftest`` is ambiguous in a tree with several
-conftest files.
+lazy-unmount teardown) is the one of ``tests/conftest.py``, which hands its starter to the
+fixtures here as the session fixture ``start_mount``; the rest comes from the harness.
 """
 
 from __future__ import annotations
 
 import ast
 import errno
-import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from hycache_agent.control import local as control
+from hycache_harness import executable, fuse_unusable_reason, is_mounted, log_tail, shared_tmpdir
+from hycache_harness import wait_for as _wait_for
+
+AGENT_BIN = executable("hycache-agent")
+FUSE_REASON = fuse_unusable_reason()
+make_shared_tmpdir = shared_tmpdir
 
 
-def _load_root_conftest():
-    path = Path(__file__).resolve().parent.parent / "conftest.py"
-    for mod in list(sys.modules.values()):  # pytest loaded it already, under some name
-        if getattr(mod, "__file__", None) and Path(mod.__file__).resolve() == path:
-            return mod
-    spec = importlib.util.spec_from_file_location("_hycache_tests_root_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+def tail(path: Path, n: int = 60) -> str:
+    return log_tail(path, n)
 
 
-root_conftest = _load_root_conftest()
-
-AGENT_BIN = root_conftest.AGENT_BIN
-FUSE_REASON = root_conftest._FUSE_REASON
-HyCacheMount = root_conftest.HyCacheMount
-start_hycache_mount = root_conftest.start_hycache_mount
-force_unmount = root_conftest.force_unmount
-make_shared_tmpdir = root_conftest.make_shared_tmpdir
-is_mounted = root_conftest._is_mounted
-tail = root_conftest._tail
-
-from hycache_agent.control import local as control  # noqa: E402
 
 
 def require_fuse() -> None:
@@ -91,14 +75,8 @@ def wait_idle(m, timeout: float = 60.0) -> dict:
 
 
 def wait_for(pred, timeout: float = 30.0, what: str = "condition", interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """The harness's ``wait_for``, polling every 20 ms: an agent's state changes fast."""
+    return _wait_for(pred, timeout, what, interval)
 
 
 def recovery_reports(log_text: str) -> list[dict]:
@@ -175,11 +153,11 @@ def stop_mount(m, base: Path | None = None) -> int:
 
 
 @pytest.fixture(scope="module")
-def shared_mount():
+def shared_mount(start_mount):
     """One agent (1 MiB fast tier) for a whole test module; it must exit 0 at the end."""
     require_fuse()
     base = make_shared_tmpdir("hycache-agent-tests-")
-    m = start_hycache_mount(base, "1M")
+    m = start_mount(base, "1M")
     yield m
     died = m.proc.poll() is not None
     rc = m.unmount()
@@ -234,14 +212,15 @@ class Agents:
     """Starts agents, restarts them on the same root after a crash, and stops every one
     at teardown (each that the test did not kill itself must exit 0 on SIGTERM)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_mount) -> None:
+        self.start_mount = start_mount  # tests/conftest.py's start_hycache_mount
         self.started: list = []
         self.bases: list[Path] = []
 
     def start(self, fast_capacity="1G", **opts):
         base = make_shared_tmpdir("hycache-agent-crash-")
         self.bases.append(base)
-        m = start_hycache_mount(base, fast_capacity, **opts)
+        m = self.start_mount(base, fast_capacity, **opts)
         self.started.append(m)
         return m
 
@@ -250,7 +229,7 @@ class Agents:
         assert m._stopped or m.proc.poll() is not None
         opts = {k: v for k, v in m.opts.items() if k != "fast_capacity"}
         opts.update(extra_opts)
-        m2 = start_hycache_mount(m.base, m.fast_capacity, **opts)
+        m2 = self.start_mount(m.base, m.fast_capacity, **opts)
         self.started.append(m2)
         return m2
 
@@ -273,9 +252,9 @@ class Agents:
 
 
 @pytest.fixture
-def agents():
+def agents(start_mount):
     require_fuse()
-    a = Agents()
+    a = Agents(start_mount)
     yield a
     problems = a.close()
     if problems:

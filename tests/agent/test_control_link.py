@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 
 import httpx
@@ -21,6 +20,7 @@ from hycache_agent.control.link import ControlLink, TokenFileError, load_token
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.placement import POLICY_FILE
 from hycache_agent.metrics import render_snapshot
+from hycache_harness import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import cli, status, wait_for, wait_idle
@@ -381,11 +381,6 @@ def test_counters_on_a_mount(hycache_mount):
     assert set(out["counters"]) == {"fast", "slow", "remote", "misses", "metadata_ops", "migrations",
                                     "migration_bytes"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(url: str) -> dict[str, dict[tuple, float]]:

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .conftest import check_tiers_from_outside, make_shared_tmpdir, require_fuse, start_hycache_mount, status, tail
+from .conftest import check_tiers_from_outside, make_shared_tmpdir, require_fuse, status, tail
 
 pytestmark = pytest.mark.mount
 
@@ -82,10 +82,10 @@ class _Shared:
 
 
 @pytest.fixture(scope="module")
-def model_mount():
+def model_mount(start_mount):
     require_fuse()
     base = make_shared_tmpdir("hycache-model-")
-    m = start_hycache_mount(base, "128K")
+    m = start_mount(base, "128K")
     _Shared.mount = m
     _Shared.model_base = base / "model"
     _Shared.model_base.mkdir()

@@ -436,8 +436,7 @@ def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_relea
     m = hycache_mount(fast_capacity="64M")
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from fuse_requests import Trace  # the trace points fuse_requests.py counts requests with
+    from fuse_requests import Trace  # bench/fuse_requests.py: the trace points it counts requests with
 
     d = m.mountpoint / "d"
     d.mkdir()

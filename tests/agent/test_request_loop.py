@@ -22,8 +22,9 @@ import threading
 import time
 
 import pytest
+from hycache_harness import force_unmount, is_mounted
 
-from .conftest import force_unmount, is_mounted, require_fuse
+from .conftest import require_fuse
 
 FS = r'''
 import errno, signal, stat, sys

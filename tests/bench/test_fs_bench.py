@@ -4,19 +4,14 @@ asserted: the benchmark itself is a script that prints numbers."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+# bench/ is on pytest's pythonpath (pyproject.toml): fs_bench.py and fs_report.py (rows, checks, tables)
+import fs_bench as fb
+import fs_report as fr
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))  # fs_bench imports fusemount from there
-_spec = importlib.util.spec_from_file_location("fs_bench", REPO / "bench" / "fs_bench.py")
-fb = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("fs_bench", fb)  # dataclasses look their module up there
-_spec.loader.exec_module(fb)
-import fs_report as fr  # noqa: E402  (bench/fs_report.py: rows, checks, tables)
 
 
 def cell(value: float, unit: str = "MiB/s", samples: list[float] | None = None) -> dict:

@@ -4,17 +4,9 @@ the benchmark itself prints numbers."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+# bench/ is on pytest's pythonpath (pyproject.toml)
+import fuse_requests as fr
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-_spec = importlib.util.spec_from_file_location("fuse_requests", REPO / "bench" / "fuse_requests.py")
-fr = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fr)
 
 TRACE = """\
 # tracer: nop

@@ -6,25 +6,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from hycache_dht.localcluster import LocalRedisCluster
+from hycache_harness import executable, free_port, redis_seeds
+from hycache_harness import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+AGENT = executable("hycache-agent")
 
 
 def redis_addr(cluster: LocalRedisCluster) -> str:
-    return ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+    return redis_seeds(cluster.nodes)
 
 
 def start_agents(hycache_mount, redis: str, secret: Path, namespace: str, names=("a", "b"), **opts):
@@ -40,16 +35,8 @@ def cluster_status(m) -> dict:
 
 
 def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    """The harness's ``wait_for``; an OSError (a name not visible through a mount yet) means "not yet"."""
+    return _wait_for(predicate, timeout, what, ignore=(OSError,))
 
 
 def wait_published(*mounts, timeout: float = 30.0) -> None:

@@ -17,10 +17,12 @@ from fastapi.testclient import TestClient
 from hycache_control.app import create_app
 from hycache_control.control import Control
 from hycache_control.settings import load_settings
-from hycache_control.testing import PostgresServer, free_port, start_postgres
+from hycache_control.testing import PostgresServer, start_postgres
+from hycache_harness import ControlPlane, HarnessError, executable, free_port
+from hycache_harness import redis_seeds as seeds_of
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROL_BIN = REPO / ".venv" / "bin" / "hycache-control"
+CONTROL_BIN = Path(executable("hycache-control"))
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +42,8 @@ def db_url(request, tmp_path) -> str:
 
 
 def redis_seeds(redis_cluster) -> str:
-    return ",".join(f"{h}:{p}" for h, p in redis_cluster.nodes[:3])
+    """The ``--redis`` seeds of the session's Redis Cluster."""
+    return seeds_of(redis_cluster.nodes)
 
 
 @dataclass
@@ -80,17 +83,6 @@ class Api:
         return self.post(f"/api/v1/nodes/{node_id}/heartbeats", body, token=self.node_token(node_id))
 
 
-def wait_for(cond, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
 @pytest.fixture
 def api(db_url, redis_cluster, dht_namespace, tmp_path) -> Api:
     settings = load_settings(None, db=db_url, redis=redis_seeds(redis_cluster), dht_namespace=dht_namespace,
@@ -107,26 +99,34 @@ def api(db_url, redis_cluster, dht_namespace, tmp_path) -> Api:
 # --------------------------------------------------------------------------- a real server
 @dataclass
 class ControlServer:
-    proc: subprocess.Popen
-    url: str
+    """A ``hycache-control serve`` the test started (the harness's launcher) and its admin token."""
+    plane: ControlPlane
     db_url: str
-    argv: list[str]
-    log: Path
     admin: str
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        assert self.plane.proc is not None
+        return self.plane.proc
+
+    @property
+    def url(self) -> str:
+        return self.plane.url
+
+    @property
+    def argv(self) -> list[str]:
+        return self.plane.argv
+
+    @property
+    def log(self) -> Path:
+        return self.plane.log
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return self.plane.stop(30)
 
     def tail(self) -> str:
         try:
@@ -157,27 +157,13 @@ def start_server(db_url: str, tmp: Path, *extra: str, admin: str | None = None, 
     if admin is None:
         admin = make_token(db_url, "admin", "test-admin")
     port = port or free_port()
-    argv = [str(CONTROL_BIN), "serve", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
-            "--ui-dir", str(tmp / "no-ui"), *extra]
-    log = tmp / f"control-{port}.log"
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    srv = ControlServer(proc, f"http://127.0.0.1:{port}", db_url, argv, log, admin)
-
-    def ready():
-        if proc.poll() is not None:
-            raise AssertionError(f"hycache-control exited {proc.returncode}\n{srv.tail()}")
-        try:
-            return httpx.get(srv.url + "/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    plane = ControlPlane("--ui-dir", str(tmp / "no-ui"), *extra, db=db_url, port=port, state_dir=tmp,
+                         binary=str(CONTROL_BIN), ready_path="/healthz", log=tmp / f"control-{port}.log")
     try:
-        wait_for(ready, timeout, "the control plane to answer /healthz")
-    except BaseException:
-        srv.stop()
-        raise
-    return srv
+        plane.start(timeout)
+    except HarnessError as e:
+        raise AssertionError(f"hycache-control did not answer /healthz: {e}") from None
+    return ControlServer(plane, db_url, admin)
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ import pytest
 from hycache_dht import registry
 from hycache_dht.meta import EntryMeta, dir_meta
 from hycache_dht.redis_store import RedisClusterStore
+from hycache_harness import wait_for
 
-from .conftest import Api, wait_for
+from .conftest import Api
 
 
 def names_field(resp, *loc) -> bool:
@@ -237,7 +238,7 @@ def test_files_pages_a_big_directory_without_reading_it_whole(api: Api, store):
     assert api.get("/api/v1/files", params={"path": "/big", "prefix": "*"}).json() == {
         "path": "/big", "items": [], "next_cursor": None}
     # the store's page walk itself: a page is about a page of the hash (its cost at
-    # 1,000,000 entries: backend/benchmarks/files_bench.py)
+    # 1,000,000 entries: bench/files_bench.py)
     entries, position = store.list_page(b"/big", None, 100)
     assert len(entries) == 100 and position is not None
     more, _ = store.list_page(b"/big", position, 100)

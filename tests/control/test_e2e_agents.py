@@ -6,25 +6,19 @@ restart -> up."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from hycache_harness import cluster_secret, executable, free_port, wait_for, write_secret
 
-from .conftest import make_token, redis_seeds, wait_for
+from .conftest import make_token, redis_seeds
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT = str(REPO / ".venv" / "bin" / "hycache-agent")
+AGENT = executable("hycache-agent")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def where(path: Path) -> str:
@@ -44,14 +38,10 @@ def test_two_agents_linked_to_the_control_plane(hycache_mount, redis_cluster, dh
                                                  db_url, tmp_path):
     redis = redis_seeds(redis_cluster)
     srv = control_server(db_url, "--redis", redis, "--dht-namespace", dht_namespace, "--heartbeat-interval", "0.5")
-    secret = tmp_path / "cluster.secret"
-    secret.write_text(os.urandom(32).hex())
-    secret.chmod(0o600)
+    secret = cluster_secret(tmp_path / "cluster.secret")
     mounts = {}
     for name in ("a", "b"):
-        tok = tmp_path / f"{name}.token"
-        tok.write_text(make_token(db_url, "node", f"node-{name}", name))
-        tok.chmod(0o600)
+        tok = write_secret(tmp_path / f"{name}.token", make_token(db_url, "node", f"node-{name}", name))
         mounts[name] = hycache_mount(fast_capacity="64M", redis=redis, dht_namespace=dht_namespace, node_id=name,
                                      listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret,
                                      control_plane=srv.url, control_token_file=tok)

@@ -11,7 +11,6 @@ at 60 s, a released plan step still reaches its agent: through the push channel.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -20,24 +19,12 @@ import pytest
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
 from hycache_core.workflow import parse_workflow
+from hycache_harness import cluster_secret, free_port, wait_for, write_secret
 
-from .conftest import CONTROL_BIN, cli, redis_seeds, start_server, wait_for
+from .conftest import CONTROL_BIN, cli, redis_seeds, start_server
 
 TINY = Path(__file__).resolve().parents[1] / "core" / "data" / "wfformat-1.5-tiny.json"
 AGENT_PORTS: list[int] = []
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _private(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(0o600)
-    return path
 
 
 def _linked(redis_cluster, dht_namespace, hycache_mount, tmp_path, interval: str):
@@ -46,13 +33,13 @@ def _linked(redis_cluster, dht_namespace, hycache_mount, tmp_path, interval: str
     srv = start_server(db, tmp_path, "--redis", seeds, "--dht-namespace", dht_namespace,
                        "--heartbeat-interval", interval)
     try:
-        secret = _private(tmp_path / "cluster.secret", os.urandom(32).hex())
+        secret = cluster_secret(tmp_path / "cluster.secret")
         mounts = {}
         for name in ("a", "b"):
             tok = cli("token", "create", "--db", db, "--scope", "node", "--node-id", name).stdout.strip()
-            tf = _private(tmp_path / f"{name}.token", tok)
+            tf = write_secret(tmp_path / f"{name}.token", tok)
             mounts[name] = hycache_mount(fast_capacity="64M", redis=seeds, dht_namespace=dht_namespace, node_id=name,
-                                         listen=f"127.0.0.1:{_free_port()}", cluster_secret_file=secret,
+                                         listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret,
                                          control_plane=srv.url, control_token_file=tf)
         h = {"Authorization": f"Bearer {srv.admin}"}
 
@@ -115,7 +102,7 @@ def test_workflow_runs_with_its_inputs_on_the_fast_tier(linked_cluster, tmp_path
     # the CLI: --help, and a bad --mount named
     out = subprocess.run([str(CONTROL_BIN), "run", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--mount" in out.stdout
-    tok = _private(tmp_path / "admin.token", srv.admin)
+    tok = write_secret(tmp_path / "admin.token", srv.admin)
     out = subprocess.run([str(CONTROL_BIN), "run", str(TINY), "--api", srv.url, "--token-file", str(tok),
                           "--mount", "a"], capture_output=True, text=True)
     assert out.returncode == 2 and "--mount" in out.stderr

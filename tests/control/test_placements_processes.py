@@ -10,8 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 from hycache_control.app import create_app
 from hycache_control.control import Control
+from hycache_harness import wait_for
 
-from .conftest import Api, wait_for
+from .conftest import Api
 from .test_api import store  # noqa: F401  (the store fixture)
 
 MB = 1 << 20

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from hycache_agent.control import local as agent_control
 from hycache_control.runner import Runner
+from hycache_harness import cluster_secret, free_port, wait_for, write_secret
 
-from .conftest import cli, redis_seeds, start_server, wait_for
-from .test_e2e_manifests import _free_port, _private
+from .conftest import cli, redis_seeds, start_server
 
 REPO = Path(__file__).resolve().parents[2]
 M = 1 << 20
@@ -57,13 +57,13 @@ def node_on_a_slow_device(redis_cluster, dht_namespace, hycache_mount, tmp_path,
     srv = start_server(db, tmp_path, "--redis", seeds, "--dht-namespace", dht_namespace,
                        "--heartbeat-interval", "60")
     try:
-        secret = _private(tmp_path / "cluster.secret", os.urandom(32).hex())
+        secret = cluster_secret(tmp_path / "cluster.secret")
         tok = cli("token", "create", "--db", db, "--scope", "node", "--node-id", "a").stdout.strip()
         slow = throttled_slow_tier.mnt / "a"
         slow.mkdir()
         m = hycache_mount(fast_capacity="64M", redis=seeds, dht_namespace=dht_namespace, node_id="a",
-                          listen=f"127.0.0.1:{_free_port()}", cluster_secret_file=secret, slow=slow,
-                          control_plane=srv.url, control_token_file=_private(tmp_path / "a.token", tok))
+                          listen=f"127.0.0.1:{free_port()}", cluster_secret_file=secret, slow=slow,
+                          control_plane=srv.url, control_token_file=write_secret(tmp_path / "a.token", tok))
         h = {"Authorization": f"Bearer {srv.admin}"}
 
         def up():

@@ -13,9 +13,10 @@ import time
 
 import httpx
 import pytest
-from hycache_control.testing import free_port, start_haproxy
+from hycache_control.testing import start_haproxy
+from hycache_harness import free_port, wait_for
 
-from .conftest import make_token, redis_seeds, wait_for
+from .conftest import make_token, redis_seeds
 from .test_api import file_meta
 from .test_server import _h, read_sse
 

@@ -11,8 +11,9 @@ import time
 
 import httpx
 import pytest
+from hycache_harness import wait_for
 
-from .conftest import REPO, cli, make_token, wait_for
+from .conftest import REPO, cli, make_token
 
 
 def _h(token: str) -> dict[str, str]:

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import httpx
+from hycache_harness import wait_for, write_secret
 
-from .conftest import CONTROL_BIN, wait_for
-from .test_e2e_manifests import _private, linked_cluster  # noqa: F401  (the fixture)
+from .conftest import CONTROL_BIN
+from .test_e2e_manifests import linked_cluster  # noqa: F401  (the fixture)
 
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 MB = 1 << 20
@@ -91,7 +92,7 @@ def test_snakemake_runs_each_job_where_its_inputs_are(linked_cluster, tmp_path):
     data = {"a": os.urandom(4 * MB), "b": os.urandom(4 * MB)}
     wd = setup_workdir(srv, ma, mb, "wf", data)
     assert info(srv, "/wf/in/a.dat")["primary"] == "a" and info(srv, "/wf/in/b.dat")["primary"] == "b"
-    token = _private(tmp_path / "admin.token", srv.admin)
+    token = write_secret(tmp_path / "admin.token", srv.admin)
     submit = (f"{CONTROL_BIN} submit --api {srv.url} --token-file {token} --mount a={ma} --mount b={mb} "
               f"--log-dir {tmp_path / 'jobs'}")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from hycache_harness import wait_for as _wait_for
 from test_ansible import ANSIBLE, REPO, ansible_env, playbook_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(5400)]
@@ -71,13 +72,7 @@ def docker(*args: str, check: bool = True, timeout: float = 600, **kw) -> subpro
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return _wait_for(pred, timeout, what, interval)
 
 
 class Cluster:

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import tomllib
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from hycache_dht.localcluster import find_free_base
+from hycache_harness import free_port
 from test_compose import SERVICES, as_argv, effective_agent_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,12 +141,6 @@ def test_cluster_init_gives_up_on_a_node_that_never_answers(formed):
 
 
 # --------------------------------------------------------------------------- the agent
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def fuse_mounts_at(path: Path) -> list[str]:
     """Types of the mounts stacked at ``path`` (from /proc/self/mountinfo), bottom first."""
     out = []

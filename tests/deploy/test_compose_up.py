@@ -32,13 +32,14 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from hycache_harness import free_port
+from hycache_harness import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "core" / "data" / "wfformat-1.5-tiny.json"
@@ -56,24 +57,9 @@ AGENT_BACK_BOUND = 60.0
 pytestmark = [pytest.mark.slow, pytest.mark.mount, pytest.mark.timeout(3600)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_for(pred, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except (httpx.HTTPError, OSError, ValueError, KeyError) as e:
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+    """The harness's ``wait_for``; a failed request or a missing field means "not yet"."""
+    return _wait_for(pred, timeout, what, interval, ignore=(httpx.HTTPError, OSError, ValueError, KeyError))
 
 
 def _fuse_mounts_under(path: Path) -> list[str]:
@@ -90,7 +76,7 @@ def _fuse_mounts_under(path: Path) -> list[str]:
 class Stack:
     def __init__(self):
         self.project = f"hctest{os.getpid()}"
-        self.port = _free_port()
+        self.port = free_port()
         self.env = {**os.environ, "COMPOSE_PROJECT_NAME": self.project,
                     "HYCACHE_CONTROL_PORT": str(self.port),
                     # a subnet of its own (the demo's default is 172.28.70.0/24)

@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import redis
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_harness import cluster_secret as new_cluster_secret
+from hycache_harness import executable, redis_seeds
 
 from .netns import Host, HostNetwork, unusable_reason
 
@@ -82,16 +84,13 @@ def bridge_redis(host_network):
 @pytest.fixture(scope="module")
 def cluster_secret():
     d = Path(tempfile.mkdtemp(prefix="hycache-hosts-secret-"))
-    p = d / "cluster.secret"
-    p.write_text(os.urandom(32).hex())
-    p.chmod(0o600)
-    yield p
+    yield new_cluster_secret(d / "cluster.secret")
     shutil.rmtree(d, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- agents
 PEER_PORT = 7070  # every host has its own address, so every agent listens on the same port
-AGENT = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "hycache-agent")
+AGENT = executable("hycache-agent")
 RETRYABLE = (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError)
 
 
@@ -141,7 +140,7 @@ class Agents:
         host = self.net.hosts[index]
         m = self.hycache_mount(
             fast_capacity="256M", wrapper=host.prefix, node_id=name, listen=f"{host.ip}:{PEER_PORT}",
-            redis=",".join(f"{h}:{p}" for h, p in self.redis.nodes), dht_namespace=self.namespace,
+            redis=redis_seeds(self.redis.nodes, None), dht_namespace=self.namespace,
             cluster_secret_file=self.secret, log_level=os.environ.get("HYCACHE_HOSTS_LOG_LEVEL"), **opts)
         agent = Agent(name, host, m)
         self.started.append(agent)

@@ -10,8 +10,7 @@ import pytest
 import trio
 from hycache_agent.cluster.peer import PeerServer
 from hycache_agent.cluster.peer_client import PeerClient
-
-from .dirfiles import DirFiles
+from hycache_harness.dirfiles import DirFiles
 
 SECRET = b"peer-tests-secret-0123456789abcdef"
 

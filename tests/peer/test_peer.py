@@ -1,5 +1,5 @@
 """The agent-to-agent data service: real server (h11 on trio) + real client (httpx) over
-loopback, files from a real directory (:mod:`tests.peer.dirfiles`)."""
+loopback, files from a real directory (:mod:`hycache_harness.dirfiles`)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from hycache_agent.cluster.peer_client import (
     PeerNotFound,
     PeerUnavailable,
 )
+from hycache_harness.loopwatch import loop_gaps
 
 from .conftest import SECRET, ServerHandle, make_sparse, sha256_file, write_file
-from .loopwatch import loop_gaps
 
 pytestmark = pytest.mark.trio
 

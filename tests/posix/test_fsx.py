@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hycache_harness import executable
 
 REPO = Path(__file__).resolve().parents[2]
 FSX_BIN = Path(os.environ.get("HYCACHE_FSX") or REPO / ".work" / "bin" / "fsx")  # HYCACHE_FSX: another build
-AGENT_BIN = REPO / ".venv" / "bin" / "hycache-agent"
+AGENT_BIN = Path(executable("hycache-agent"))
 # HYCACHE_FSX_OPS / HYCACHE_FSX_SEED: longer or other runs than CI's (e.g. 20000 ops, seeds 1..5)
 NUMOPS = int(os.environ.get("HYCACHE_FSX_OPS", "4000"))
 SEED = os.environ.get("HYCACHE_FSX_SEED", "7")

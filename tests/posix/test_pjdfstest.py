@@ -22,7 +22,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import tomllib
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hycache_harness import executable, force_unmount, shared_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -69,18 +69,6 @@ PJDFSTEST_VERSION = _versions()["PJDFSTEST_VERSION"]
 
 
 # --------------------------------------------------------------------------- helpers
-def make_shared_tmpdir(prefix: str, parent: str | None = None) -> Path:
-    """A 0755 temp dir: pytest's tmp_path is 0700, which would lock the dummy users out."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir=parent or os.environ.get("HYCACHE_TEST_TMP")))
-    d.chmod(0o755)
-    return d
-
-
-def force_unmount(mountpoint: Path) -> None:
-    if os.path.ismount(mountpoint):
-        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-
-
 class Churn(threading.Thread):
     """Rewrite and read back files under ``directory`` until stopped; verifies content."""
 
@@ -116,7 +104,7 @@ class Churn(threading.Thread):
 
 
 def agent_status(root: Path) -> dict:
-    p = subprocess.run([str(REPO / ".venv" / "bin" / "hycache-agent"), "status", "--json", str(root)],
+    p = subprocess.run([executable("hycache-agent"), "status", "--json", str(root)],
                        capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         return {}
@@ -292,11 +280,11 @@ def pjdfstest_bin() -> Path:
 @pytest.fixture(scope="module")
 def pjd_env(pjdfstest_bin):
     """Config file and a secondary file system (tmpfs) for the EXDEV cases."""
-    base = make_shared_tmpdir("hycache-pjd-")
+    base = shared_tmpdir("hycache-pjd-")
     config = write_config(base / "pjdfstest.toml")
     secondary = None
     if os.path.isdir("/dev/shm") and os.stat("/dev/shm").st_dev != os.stat(base).st_dev:
-        secondary = make_shared_tmpdir("hycache-pjd-", "/dev/shm")
+        secondary = shared_tmpdir("hycache-pjd-", "/dev/shm")
     yield {"bin": pjdfstest_bin, "config": config, "base": base, "secondary": secondary}
     shutil.rmtree(base, ignore_errors=True)
     if secondary:
@@ -364,7 +352,7 @@ def test_pjdfstest_mergerfs_reference(baseline, pjd_env, posix_summaries):
     if mergerfs is None:
         msg = "mergerfs not installed: run scripts/bootstrap.sh"
         pytest.fail(msg) if IN_CI else pytest.skip(msg)
-    base = make_shared_tmpdir("hycache-mergerfs-")
+    base = shared_tmpdir("hycache-mergerfs-")
     fast, slow, mnt = base / "fast", base / "slow", base / "mnt"
     for d in (fast, slow, mnt):
         d.mkdir(mode=0o755)

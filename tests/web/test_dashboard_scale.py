@@ -19,8 +19,7 @@ import pytest
 from hycache_control.db import Database
 from hycache_control.models import Token
 from hycache_control.services.tokens import hash_secret, new_secret
-from hycache_control.stack import wait_ready
-from hycache_control.testing import free_port
+from hycache_harness import ControlPlane
 
 from .test_dashboard import CHROMIUM, FRONTEND, _require_frontend, _tail
 
@@ -47,15 +46,13 @@ def test_dashboard_at_1000_nodes(tmp_path):
     _require_frontend()
     db_url = f"sqlite:///{tmp_path / 'control.db'}"
     nodes, admin = _tokens(db_url)
-    port = free_port()
     log = tmp_path / "control.log"
     # a long interval: every node stays up for the whole test after two heartbeats
-    proc = subprocess.Popen([str(BIN), "serve", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--state-dir",
-                             str(tmp_path), "--ui-dir", str(FRONTEND / "dist"), "--heartbeat-interval", "60"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    control = ControlPlane("--ui-dir", str(FRONTEND / "dist"), "--heartbeat-interval", "60", db=db_url,
+                           state_dir=tmp_path, binary=str(BIN), log=log, append_log=False, ready_path="/healthz")
+    url = control.url
     try:
-        wait_ready(url, lambda: proc.poll() is None, log, 90, path="/healthz")
+        control.start(90)
         with httpx.Client(base_url=url, timeout=30) as c:
             for seq in (1, 2):
                 for i, (node, tok) in enumerate(nodes.items()):
@@ -81,5 +78,4 @@ def test_dashboard_at_1000_nodes(tmp_path):
         assert out.returncode == 0, f"Playwright failed:\n{out.stdout[-6000:]}\n--- control plane ---\n{_tail(log)}"
         assert "scale: overview rendered" in out.stdout and "bytes/s over 10 s" in out.stdout
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        control.stop(60)

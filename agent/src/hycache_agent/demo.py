@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +15,7 @@ import time
 from pathlib import Path
 
 from hycache_core.sizes import format_size
+from hycache_harness import Agent, HarnessError, cluster_secret, redis_seeds, start_redis_cluster
 from rich.console import Console
 from rich.table import Table
 
@@ -45,14 +44,6 @@ def _tier_table(mnt: Path, title: str) -> Table:
     return t
 
 
-def _wait_mount(mnt: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(mnt):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"hycache-agent demo: the agent did not mount {mnt} (exit {proc.poll()})")
-        time.sleep(0.05)
-
-
 def _settle(mnt: Path, timeout: float = 10) -> None:
     """Wait until no migration is running."""
     deadline = time.monotonic() + timeout
@@ -62,26 +53,13 @@ def _settle(mnt: Path, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
-def _start_agent(agent: list[str], root: Path, args: list[str], log_path: Path) -> tuple[subprocess.Popen, Path]:
-    mnt = root / "mnt"
-    mnt.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(agent + ["mount", str(root), str(mnt), *args], stdout=log, stderr=subprocess.STDOUT)
-    _wait_mount(mnt, proc)
-    return proc, mnt
-
-
-def _stop(proc: subprocess.Popen, mnt: Path) -> None:
-    """SIGTERM the agent (SIGKILL after 30 s); lazily unmount whatever is left (a killed agent)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    # (a killed agent's mount answers ENOTCONN, which os.path.ismount reports as False)
-    subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, stderr=subprocess.DEVNULL)
+def _start_agent(agent: list[str], root: Path, args: list[str], log_path: Path) -> Agent:
+    """``hycache-agent mount ROOT ROOT/mnt ARGS``, its output appended to ``log_path``; mounted."""
+    try:
+        return Agent(root, "hycache-agent", *args, log=log_path, log_level=None, agent_bin=agent,
+                     append_log=True).start()
+    except HarnessError as e:
+        raise SystemExit(f"hycache-agent demo: the agent did not mount {root / 'mnt'}\n{e}") from None
 
 
 def _until(predicate, timeout: float = 30.0) -> bool:
@@ -119,24 +97,20 @@ def _cluster_table(mounts: dict[str, Path], title: str) -> Table:
 
 def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
     """Two agents, a and b, sharing one namespace on a local Redis Cluster."""
-    from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 
     console.rule("[bold]two nodes, one namespace")
-    redis = LocalRedisCluster(base / "redis", find_free_base(6, start=41000, stop=47000))
     console.print("[bold]5.[/] starting a local Redis Cluster (3 masters + 3 replicas) and two agents, "
                   "a and b, each with its own tiers, with --replicas 1")
-    redis.start()
-    secret = base / "cluster.secret"
-    secret.write_text(os.urandom(32).hex())
-    secret.chmod(0o600)
-    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    redis = start_redis_cluster(base / "redis", start=41000, stop=47000)
+    secret = cluster_secret(base / "cluster.secret")
+    agents: dict[str, Agent] = {}
     try:
         for node in ("a", "b"):
-            args = ["--fast-capacity", str(64 << 20), "--redis", ",".join(f"{h}:{p}" for h, p in redis.nodes[:3]),
-                    "--node-id", node, "--listen", f"127.0.0.1:{_free_port()}", "--cluster-secret-file", str(secret),
-                    "--replicas", "1", "--replica-mode", "sync"]
-            procs[node] = _start_agent(agent, base / node, args, base / f"agent-{node}.log")
-        a, b = procs["a"][1], procs["b"][1]
+            agents[node] = Agent(base / node, node, "--fast-capacity", str(64 << 20), "--replicas", "1",
+                                 "--replica-mode", "sync", redis=redis_seeds(redis.nodes), secret=secret,
+                                 log=base / f"agent-{node}.log", log_level=None, agent_bin=agent, append_log=True)
+            agents[node].start()
+        a, b = agents["a"].mnt, agents["b"].mnt
         data = {"results.csv": os.urandom(FILE_SIZE), "model.bin": os.urandom(2 * FILE_SIZE)}
         for name, blob in data.items():
             (a / name).write_bytes(blob)
@@ -153,22 +127,16 @@ def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
         console.print(_cluster_table({"a": a, "b": b}, "after b's append"))
 
         console.print("[bold]7.[/] kill -9 of node a: its files had a replica on b, so nothing is lost")
-        procs["a"][0].kill()
-        procs["a"][0].wait()
+        agents["a"].proc.kill()
+        agents["a"].proc.wait()
         survived = all((b / n).read_bytes() == blob for n, blob in data.items())
         console.print("[green]every file still reads correctly on b[/]" if survived
                       else "[red]a file was lost with node a[/]")
         return ok and survived
     finally:
-        for proc, mnt in procs.values():
-            _stop(proc, mnt)
+        for started in agents.values():
+            started.stop()
         redis.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True) -> int:
@@ -182,12 +150,9 @@ def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True)
     console.rule("[bold]HyCache demo")
     console.print(f"root {root}: fast tier {root / 'fast'} (capacity {format_size(FAST_CAPACITY)}), "
                   f"slow tier {root / 'slow'}, mount {mnt}, agent log {log_path}")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(agent + ["mount", str(root), str(mnt), "--fast-capacity", str(FAST_CAPACITY),
-                                         "--high-watermark", "0.9", "--low-watermark", "0.6"],
-                                stdout=log, stderr=subprocess.STDOUT)
+    daemon = _start_agent(agent, root, ["--fast-capacity", str(FAST_CAPACITY), "--high-watermark", "0.9",
+                                        "--low-watermark", "0.6"], log_path)
     try:
-        _wait_mount(mnt, proc)
         console.print(f"[bold]1.[/] writing {N_FILES} files of {format_size(FILE_SIZE)} "
                       f"({format_size(N_FILES * FILE_SIZE)}) into an {format_size(FAST_CAPACITY)} fast tier")
         digests = {}
@@ -219,12 +184,12 @@ def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True)
         if keep:
             console.print(f"[bold]The mount stays up at {mnt}; press Ctrl-C to unmount.[/]")
             try:
-                proc.wait()
+                daemon.proc.wait()
             except KeyboardInterrupt:
                 pass
         return 1 if bad else 0
     finally:
-        _stop(proc, mnt)
-        console.print(f"agent exited with status {proc.returncode}")
+        rc = daemon.stop()
+        console.print(f"agent exited with status {rc}")
         if made_root and not keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -5,7 +5,7 @@ the process (docs/scaling.md, issue 20's heartbeat tail).
 it woke (a request waiting for the loop waits as long); ``gc.callbacks`` time every
 collection by generation.  Both are histograms on ``GET /metrics``
 (``hycache_control_loop_lag_seconds``, ``hycache_control_gc_pause_seconds``), which
-``backend/benchmarks/heartbeat_bench.py`` reads before and after its measured run."""
+``bench/heartbeat_bench.py`` reads before and after its measured run."""
 
 from __future__ import annotations
 

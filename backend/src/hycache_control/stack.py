@@ -23,147 +23,40 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_dht.localcluster import LocalRedisCluster
+from hycache_harness import (
+    Agent,
+    ControlPlane,
+    FuseDaemon,
+    HarnessError,
+    control_cli,
+    create_token,
+    executable,
+    force_unmount,
+    free_port,
+    kill_pid,
+    pid_alive,
+    redis_seeds,
+    start_redis_cluster,
+    stop_pid,
+    wait_ready,
+    write_secret,
+)
 
 HOST = "127.0.0.1"
-BIN = Path(sys.executable).parent
 
-
-def _bin(name: str) -> str:
-    p = BIN / name
-    if p.exists():
-        return str(p)
-    found = shutil.which(name)
-    if not found:
-        raise StackError(f"{name} not found next to {sys.executable} nor on PATH (run scripts/bootstrap.sh)")
-    return found
-
-
-class StackError(RuntimeError):
-    pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _in_mount_table(mountpoint: Path) -> bool:
-    target = os.fsencode(os.path.abspath(mountpoint))
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(len(fields) > 4 and fields[4].replace(b"\\040", b" ") == target
-                   for fields in (line.split(b" ") for line in f))
-
-
-def force_unmount(mountpoint: Path) -> None:
-    """Lazy-unmount a FUSE mount whatever state its daemon is in (a killed agent's too)."""
-    if _in_mount_table(mountpoint):
-        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True)
-    if _in_mount_table(mountpoint):
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _stop_pid(pid: int | None, timeout: float, mountpoint: Path | None = None) -> None:
-    """SIGTERM, wait; unmount lazily (ends a daemon stuck on its mount); SIGKILL."""
-    if not _pid_alive(pid):
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.1)
-    if _pid_alive(pid):
-        if mountpoint is not None:
-            force_unmount(mountpoint)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for _ in range(100):
-            _reap(pid)
-            if not _pid_alive(pid):
-                break
-            time.sleep(0.1)
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "<no log>"
-
-
-def wait_ready(base_url: str, alive: Callable[[], bool], log: Path | None = None, timeout: float = 60.0,
-               path: str = "/readyz") -> None:
-    """Wait until the control plane at ``base_url`` answers ``path`` with 200; raise
-    :class:`StackError` (with the tail of ``log``) when ``alive()`` turns false first or
-    ``timeout`` seconds pass.  Used by the stack, the benchmarks and the tests that start
-    a server of their own."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    tail = (lambda: "\n" + _tail(log)) if log is not None else (lambda: "")
-    while time.monotonic() < deadline:
-        if not alive():
-            raise StackError(f"the control plane exited{tail()}")
-        try:
-            with urllib.request.urlopen(base_url + path, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError) as e:
-            last = str(e)
-        time.sleep(0.2)
-    raise StackError(f"the control plane did not answer {path} within {timeout:.0f} s ({last}){tail()}")
-
-
-def _spawn(argv: list[str], log: Path, cwd: Path) -> int:
-    with open(log, "ab") as f:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                cwd=cwd, start_new_session=True)
-    return proc.pid
-
-
-def _write_secret(path: Path, text: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    return path
+# a stack's failures are the harness's: a process that did not come up
+StackError = HarnessError
+__all__ = ["HOST", "AgentInfo", "Stack", "StackError", "force_unmount", "free_port", "kill_agent", "main",
+           "restart_agent", "start_agent", "start_control", "stop_control", "stop_state", "wait_ready"]
 
 
 @dataclass
@@ -180,16 +73,11 @@ def start_agent(a: dict, timeout: float = 60.0) -> int:
     """Start an agent from its state entry (argv, mountpoint, log) and wait for its mount."""
     mnt = Path(a["mountpoint"])
     force_unmount(mnt)  # a killed agent leaves a dead mount behind
-    pid = _spawn(a["argv"], Path(a["log"]), Path(a["root"]).parent)
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(mnt):
-        if not _pid_alive(pid):
-            raise StackError(f"agent {a['node_id']} exited before mounting\n{_tail(Path(a['log']))}")
-        if time.monotonic() > deadline:
-            _stop_pid(pid, 10, mnt)
-            raise StackError(f"agent {a['node_id']} did not mount within {timeout:.0f} s\n{_tail(Path(a['log']))}")
-        time.sleep(0.05)
-    return pid
+    daemon = FuseDaemon(f"agent {a['node_id']}", a["argv"], mnt, Path(a["log"]), cwd=Path(a["root"]).parent,
+                        append_log=True)
+    daemon.start(timeout)
+    assert daemon.pid is not None
+    return daemon.pid
 
 
 class Stack:
@@ -229,64 +117,53 @@ class Stack:
         if self.external_redis:
             seeds = self.external_redis
         else:
-            self.redis = LocalRedisCluster(w / "redis", find_free_base(6))
-            self.redis.start()
+            self.redis = start_redis_cluster(w / "redis")
             seeds = self.redis.nodes
-        seeds_s = ",".join(f"{h}:{p}" for h, p in seeds)
-        control = _bin("hycache-control")
+        seeds_s = redis_seeds(seeds, None)
+        control = executable("hycache-control")
         cp_dir = w / "control"
         cp_dir.mkdir(exist_ok=True)
         db = f"sqlite:///{cp_dir / 'control.db'}"
-        common = ["--db", db, "--dev"]
-        subprocess.run([control, "db", "upgrade", *common], check=True, capture_output=True, cwd=cp_dir)
+        control_cli("db", "upgrade", "--db", db, "--dev", binary=control, cwd=cp_dir)
 
         def token(scope: str, name: str, node: str | None = None) -> str:
-            argv = [control, "token", "create", *common, "--scope", scope, "--name", name]
-            if node:
-                argv += ["--node-id", node]
-            r = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=cp_dir)
-            return r.stdout.strip().splitlines()[-1]
+            return create_token(db, scope, name, node, "--dev", binary=control, cwd=cp_dir)
 
-        admin = token("admin", "stack-admin")
-        read = token("read", "stack-read")
-        port = free_port()
-        base_url = f"http://{HOST}:{port}"
-        cp_argv = [control, "serve", *common, "--listen", f"{HOST}:{port}", "--redis", seeds_s,
-                   "--dht-namespace", self.namespace, "--heartbeat-interval", str(self.heartbeat_interval)]
-        cp_log = cp_dir / "control.log"
+        cp = ControlPlane("--dev", "--redis", seeds_s, "--dht-namespace", self.namespace, "--heartbeat-interval",
+                          str(self.heartbeat_interval), db=db, host=HOST, log=cp_dir / "control.log", binary=control,
+                          cwd=cp_dir)
         self.state = {
-            "workdir": str(w), "base_url": base_url, "admin_token": admin, "read_token": read,
-            "namespace": self.namespace, "redis": [f"{h}:{p}" for h, p in seeds],
-            "redis_dir": str(w / "redis") if self.redis else None,
-            "control": {"pid": None, "argv": cp_argv, "log": str(cp_log), "db": db},
+            "workdir": str(w), "base_url": cp.url, "admin_token": token("admin", "stack-admin"),
+            "read_token": token("read", "stack-read"), "namespace": self.namespace,
+            "redis": [f"{h}:{p}" for h, p in seeds], "redis_dir": str(w / "redis") if self.redis else None,
+            "control": {"pid": None, "argv": cp.argv, "log": str(cp.log), "db": db},
             "agents": {},
         }
-        self.state["control"]["pid"] = _spawn(cp_argv, cp_log, cp_dir)
-        self._save()
-        self._wait_ready(base_url, cp_log)
-
-        secret = _write_secret(w / "cluster-secret", secrets.token_hex(24))
-        agent = _bin("hycache-agent")
+        try:
+            cp.start()
+        finally:
+            self.state["control"]["pid"] = cp.pid
+            self._save()
+        secret = write_secret(w / "cluster-secret", secrets.token_hex(24))
         for i in range(self.n_agents):
             node = chr(ord("a") + i)
-            base = w / f"node-{node}"
-            root, mnt = base / "root", base / "mnt"
-            root.mkdir(parents=True, exist_ok=True)
-            mnt.mkdir(parents=True, exist_ok=True)
-            base.chmod(0o755)
-            tok = _write_secret(base / "control-token", token("node", f"node-{node}", node))
-            argv = [agent, "mount", str(root), str(mnt), "--fast-capacity", self.fast_capacity,
-                    "--redis", seeds_s, "--dht-namespace", self.namespace, "--node-id", node,
-                    "--listen", f"{HOST}:{free_port()}", "--cluster-secret-file", str(secret),
-                    "--control-plane", base_url, "--control-token-file", str(tok), *self.agent_args]
-            entry = {"node_id": node, "root": str(root), "mountpoint": str(mnt), "argv": argv,
-                     "log": str(base / "agent.log"), "pid": None}
-            self.state["agents"][node] = entry
-            entry["pid"] = start_agent(entry)
-            self._save()
+            self._start_agent(node, seeds_s, secret, cp.url, token("node", f"node-{node}", node))
 
-    def _wait_ready(self, base_url: str, log: Path, timeout: float = 60.0) -> None:
-        wait_ready(base_url, lambda: _pid_alive(self.state["control"]["pid"]), log, timeout)
+    def _start_agent(self, node: str, seeds: str, secret: Path, base_url: str, node_token: str) -> None:
+        base = self.workdir / f"node-{node}"
+        root = base / "root"
+        root.mkdir(parents=True, exist_ok=True)
+        base.chmod(0o755)
+        tok = write_secret(base / "control-token", node_token)
+        agent = Agent(root, node, *self.agent_args, mountpoint=base / "mnt", log=base / "agent.log", redis=seeds,
+                      secret=secret, namespace=self.namespace, listen=f"{HOST}:{free_port()}", log_level=None,
+                      agent_bin=executable("hycache-agent"), cwd=base, append_log=True,
+                      fast_capacity=self.fast_capacity, control_plane=base_url, control_token_file=tok)
+        entry = {"node_id": node, "root": str(root), "mountpoint": str(agent.mnt), "argv": agent.argv,
+                 "log": str(agent.logfile), "pid": None}
+        self.state["agents"][node] = entry
+        entry["pid"] = start_agent(entry)
+        self._save()
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -342,51 +219,43 @@ def _save_to(state_file: str | Path, state: dict) -> None:
 
 def kill_agent(state_file: str | Path, node: str) -> None:
     """SIGKILL an agent (its mount stays, dead, until restart_agent or stop)."""
-    st = _load(state_file)
-    pid = st["agents"][node]["pid"]
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        for _ in range(100):
-            _reap(pid)
-            if not _pid_alive(pid):
-                break
-            time.sleep(0.05)
+    kill_pid(_load(state_file)["agents"][node]["pid"])
 
 
 def restart_agent(state_file: str | Path, node: str) -> None:
     """Start an agent again with its own command line (after kill_agent or a crash)."""
     st = _load(state_file)
     a = st["agents"][node]
-    if _pid_alive(a["pid"]):
-        _stop_pid(a["pid"], 30, Path(a["mountpoint"]))
+    stop_pid(a["pid"], 30, Path(a["mountpoint"]))
     a["pid"] = start_agent(a)
     _save_to(state_file, st)
 
 
 def stop_control(state_file: str | Path) -> None:
     """Stop the control plane (the agents keep serving their mounts)."""
-    st = _load(state_file)
-    _stop_pid(st["control"]["pid"], 15)
+    stop_pid(_load(state_file)["control"]["pid"], 15)
 
 
 def start_control(state_file: str | Path, timeout: float = 60.0) -> None:
     """Start the control plane again with its own command line; wait until it is ready."""
     st = _load(state_file)
-    cp = st["control"]
-    if _pid_alive(cp["pid"]):
+    saved = st["control"]
+    if pid_alive(saved["pid"]):
         return
-    log = Path(cp["log"])
-    cp["pid"] = _spawn(cp["argv"], log, log.parent)
-    _save_to(state_file, st)
-    wait_ready(st["base_url"], lambda: _pid_alive(cp["pid"]), log, timeout)
+    log = Path(saved["log"])
+    cp = ControlPlane(argv=saved["argv"], log=log, cwd=log.parent, host=HOST, port=urlsplit(st["base_url"]).port)
+    try:
+        cp.start(timeout)
+    finally:
+        saved["pid"] = cp.pid
+        _save_to(state_file, st)
 
 
 def stop_state(st: dict) -> None:
     for a in (st.get("agents") or {}).values():
-        _stop_pid(a.get("pid"), 30, Path(a["mountpoint"]))
+        stop_pid(a.get("pid"), 30, Path(a["mountpoint"]))
         force_unmount(Path(a["mountpoint"]))
-    cp = st.get("control") or {}
-    _stop_pid(cp.get("pid"), 15)
+    stop_pid((st.get("control") or {}).get("pid"), 15)
 
 
 # ---------------------------------------------------------------------- CLI

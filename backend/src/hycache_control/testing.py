@@ -6,7 +6,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -14,18 +13,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from hycache_harness import free_port
+
 
 def pg_bindir() -> Path | None:
     for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
         if os.path.exists(os.path.join(d, "initdb")):
             return Path(d)
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_postgres(*argv: str, **kw) -> subprocess.CompletedProcess:

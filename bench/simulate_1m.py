@@ -1,6 +1,6 @@
 """Benchmark: the simulator on one million references (a script, not a test).
 
-    cd /work/main && uv run python core/benchmarks/simulate_1m.py [--refs 1000000] [--files 100000]
+    cd /work/main && uv run python bench/simulate_1m.py [--refs 1000000] [--files 100000]
 
 Generates a Zipf trace (alpha 0.9, log-uniform sizes 4 KiB-256 MiB), writes it as CSV,
 then times parsing the CSV and one simulate() call with every policy (as

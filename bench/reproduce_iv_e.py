@@ -1,7 +1,7 @@
 """Reproduce §IV-E of HyCache+ (003_…) / §7.5 of the HyCache journal paper (000_…):
 heuristic caching vs LRU on files of random sizes read round-robin.
 
-    cd /work/main && uv run python core/benchmarks/reproduce_iv_e.py \\
+    cd /work/main && uv run python bench/reproduce_iv_e.py \\
         --out docs/img/iv_e_reproduction.png --json docs/img/iv_e_reproduction.json
 
 The papers: "We create different sizes of data, randomly between 6MB and 250MB, and

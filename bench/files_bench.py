@@ -2,7 +2,7 @@
 Redis Cluster (3 masters + 3 replicas), through a real ``hycache-control serve``: the
 latency of each page while following ``next_cursor``, and of pages with a ``prefix``.
 
-    .venv/bin/python backend/benchmarks/files_bench.py --entries 1000000 --pages 200 \\
+    .venv/bin/python bench/files_bench.py --entries 1000000 --pages 200 \\
         --baseline /work/main/.venv/bin/hycache-control      # A/B in one run
 
 The entries are created through the DHT client's own batched path (``apply``: the Lua
@@ -16,18 +16,14 @@ import argparse
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from hycache_harness import ControlPlane, pct, redis_seeds, start_redis_cluster
+
 BIN = Path(sys.executable).parent / "hycache-control"
-
-
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))] if values else float("nan")
 
 
 def fill(store, n: int, batch: int = 5000) -> float:
@@ -53,8 +49,6 @@ def measure(label, binary, seeds, namespace, args, tmp) -> dict:
     from hycache_control.db import Database
     from hycache_control.models import Token
     from hycache_control.services.tokens import hash_secret, new_secret
-    from hycache_control.stack import wait_ready
-    from hycache_control.testing import free_port
     db_url = f"sqlite:///{tmp / f'{label}.db'}"
     db = Database(db_url)
     db.upgrade()
@@ -62,15 +56,13 @@ def measure(label, binary, seeds, namespace, args, tmp) -> dict:
     with db.session() as s:
         s.add(Token(name="bench", scope="admin", hash=hash_secret(admin), created_at=time.time()))
     db.close()
-    port = free_port()
-    log = tmp / f"{label}.log"
-    proc = subprocess.Popen([str(binary), "serve", "--db", db_url, "--listen", f"127.0.0.1:{port}", "--state-dir",
-                             str(tmp), "--redis", seeds, "--dht-namespace", namespace, "--log-level", "warning"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    control = ControlPlane("--redis", seeds, "--dht-namespace", namespace, "--log-level", "warning", db=db_url,
+                           state_dir=tmp, log=tmp / f"{label}.log", binary=str(binary), append_log=False,
+                           ready_path="/healthz")
+    url = control.url
     out = {"label": label, "pages": [], "prefix": [], "entries": 0, "prefix_pages": 0, "prefix_found": 0}
     try:
-        wait_ready(url, lambda: proc.poll() is None, log, 120, path="/healthz")
+        control.start(120)
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=600) as c:
             c.get("/api/v1/files", params={"path": "/", "limit": 1})  # connects the store
             cursor = None
@@ -102,8 +94,7 @@ def measure(label, binary, seeds, namespace, args, tmp) -> dict:
                     if cursor is None:
                         break
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        control.stop(60)
     return out
 
 
@@ -117,14 +108,12 @@ def main() -> int:
     ap.add_argument("--baseline-pages", type=int, default=3)
     args = ap.parse_args()
 
-    from hycache_dht.localcluster import LocalRedisCluster, find_free_base
     from hycache_dht.redis_store import RedisClusterStore
     tmp = Path(tempfile.mkdtemp(prefix="hc-files-bench-"))
-    cluster = LocalRedisCluster(tmp / "redis", find_free_base(6))
+    cluster = start_redis_cluster(tmp / "redis")
     rows = []
     try:
-        cluster.start()
-        seeds = ",".join(f"{h}:{p}" for h, p in cluster.nodes[:3])
+        seeds = redis_seeds(cluster.nodes)
         store = RedisClusterStore(cluster.nodes[:3], namespace="bench", op_timeout=30.0)
         fill_s = fill(store, args.entries)
         store.close()
@@ -142,9 +131,9 @@ def main() -> int:
           "| prefix pages (to the end) | prefix page p50 / p99 | prefix names found |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        pr = (f"{pct(r['prefix'], 50) * 1000:.1f} / {pct(r['prefix'], 99) * 1000:.1f} ms" if r["prefix"] else "-")
-        print(f"| {r['label']} | {len(r['pages'])} | {r['entries']:,} | {pct(r['pages'], 50) * 1000:.1f} ms "
-              f"| {pct(r['pages'], 99) * 1000:.1f} ms | {max(r['pages']) * 1000:.0f} ms | {r['prefix_pages']} "
+        pr = (f"{pct(r['prefix'], 0.50) * 1000:.1f} / {pct(r['prefix'], 0.99) * 1000:.1f} ms" if r["prefix"] else "-")
+        print(f"| {r['label']} | {len(r['pages'])} | {r['entries']:,} | {pct(r['pages'], 0.50) * 1000:.1f} ms "
+              f"| {pct(r['pages'], 0.99) * 1000:.1f} ms | {max(r['pages']) * 1000:.0f} ms | {r['prefix_pages']} "
               f"| {pr} | {r['prefix_found']} |")
     return 0
 

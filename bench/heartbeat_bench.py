@@ -1,8 +1,8 @@
 """Heartbeats from N simulated nodes against real ``hycache-control serve`` processes on
 PostgreSQL, with dashboards on the stream, and the issue-20 table.
 
-    .venv/bin/python backend/benchmarks/heartbeat_bench.py --nodes 100,1000 --seconds 20
-    .venv/bin/python backend/benchmarks/heartbeat_bench.py --nodes 1000 \\
+    .venv/bin/python bench/heartbeat_bench.py --nodes 100,1000 --seconds 20
+    .venv/bin/python bench/heartbeat_bench.py --nodes 1000 \\
         --baseline /work/main/.venv/bin/hycache-control          # A/B in one run
 
 Each simulated node posts a realistic heartbeat (a ~1 KB status, growing counters) with its
@@ -29,6 +29,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hycache_harness import ControlPlane, HarnessError, free_port, pct
 
 BIN = Path(sys.executable).parent / "hycache-control"
 
@@ -239,13 +241,6 @@ def drive(host, port, tokens, admin, nodes, readers, streams, seconds, interval,
     return total, cpu
 
 
-def pct(values, p):
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))]
-
-
 def make_tokens(url_db: str, nodes: int) -> tuple[list[str], str]:
     """Node tokens and an admin token, inserted in one transaction (the schema of every
     revision so far: a baseline binary's database works too)."""
@@ -305,24 +300,21 @@ def lag_summary(before: dict | None, after: dict | None, wall: float) -> dict | 
 
 def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
     import httpx
-    from hycache_control.stack import StackError, wait_ready
-    from hycache_control.testing import free_port, start_haproxy
+    from hycache_control.testing import start_haproxy
     subprocess.run([str(binary), "db", "upgrade", "--db", url_db], check=True, capture_output=True)
     tokens, admin = make_tokens(url_db, nodes)
     procs, backends = [], []
     lb = None
     try:
         for k in range(args.processes):
-            port = free_port()
-            logf = tmp / f"server-{label}-{nodes}-{k}.log"
-            cmd = [str(binary), "serve", "--db", url_db, "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp),
-                   "--heartbeat-interval", str(args.interval), "--log-level", "warning", *args.server_arg]
-            proc = subprocess.Popen(cmd, stdout=open(logf, "wb"), stderr=subprocess.STDOUT)
+            proc = ControlPlane("--heartbeat-interval", str(args.interval), "--log-level", "warning",
+                                *args.server_arg, db=url_db, state_dir=tmp, binary=str(binary),
+                                log=tmp / f"server-{label}-{nodes}-{k}.log", append_log=False, ready_path="/healthz")
             procs.append(proc)
-            backends.append(port)
+            backends.append(proc.port)
             try:
-                wait_ready(f"http://127.0.0.1:{port}", lambda p=proc: p.poll() is None, logf, 120, path="/healthz")
-            except StackError as e:
+                proc.start(120)
+            except HarnessError as e:
                 print(e)
                 raise SystemExit(1) from None
         if args.processes > 1:  # several processes (as on several hosts) behind HAProxy
@@ -375,9 +367,7 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
             lb.terminate()
             lb.wait(timeout=30)
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=60)
+            proc.stop(60)
     import psycopg
     with psycopg.connect(url_db.replace("postgresql+psycopg", "postgresql")) as conn:
         rows, size = conn.execute("SELECT count(*), pg_total_relation_size('metric_samples') FROM metric_samples").fetchone()
@@ -385,9 +375,9 @@ def scenario(label, binary, url_db, args, nodes, tmp) -> dict:
         flaps = conn.execute("SELECT count(*) FROM events WHERE kind = 'node' AND result = 'down' AND ts BETWEEN %s AND %s",
                              (t0, t1)).fetchone()[0]
     return {"sample_rows": rows, "sample_bytes": size,"label": label, "nodes": nodes, "wall": wall, "ok": len(res.hb_lat), "errors": res.hb_err,
-            "p50": pct(res.hb_lat, 50), "p99": pct(res.hb_lat, 99), "max": max(res.hb_lat, default=0.0),
-            "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 50),
-            "rd_p99": pct(res.rd_lat, 99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "up_each": up_each, "flaps": flaps, "samples": samples,
+            "p50": pct(res.hb_lat, 0.50), "p99": pct(res.hb_lat, 0.99), "max": max(res.hb_lat, default=0.0),
+            "reads": len(res.rd_lat), "read_errors": res.rd_err, "rd_p50": pct(res.rd_lat, 0.50),
+            "rd_p99": pct(res.rd_lat, 0.99), "cpu": cpu / wall, "gen_cpu": me / wall, "up": up, "up_each": up_each, "flaps": flaps, "samples": samples,
             "stream_bps": res.stream_bytes / wall / max(1, args.streams), "load": os.getloadavg()[0],
             "lag": lag, "lb_cpu": lbcpu / wall, "interval": interval, "start_interval": start_interval}
 

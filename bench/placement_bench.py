@@ -1,6 +1,6 @@
 """Benchmark: 2LS layer 1 (a script, not a test).
 
-    .venv/bin/python core/benchmarks/placement_bench.py [--jobs 10000] [--files 50000] [--nodes 16]
+    .venv/bin/python bench/placement_bench.py [--jobs 10000] [--files 50000] [--nodes 16]
         [--small 40] [--plot docs/img/placement_gap.png] [--json out.json]
 
 1. Placement speed: a generated layered workflow (``synthetic_workflow``: 10 stages,

@@ -1,7 +1,7 @@
 """Metadata store throughput on a local Redis Cluster (a script that prints a table).
 
-    uv run python dht/benchmarks/meta_bench.py            # starts its own 3+3 cluster
-    uv run python dht/benchmarks/meta_bench.py --nodes 127.0.0.1:7000 -n 5000
+    uv run python bench/meta_bench.py            # starts its own 3+3 cluster
+    uv run python bench/meta_bench.py --nodes 127.0.0.1:7000 -n 5000
 
 Rows:
 * the ceiling: ``redis-benchmark --cluster -c 50 -n 200000 -t set,get`` (C, 50 connections);
@@ -25,14 +25,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
 from hycache_dht.local_store import LocalStore
-from hycache_dht.localcluster import LocalRedisCluster, find_free_base
 from hycache_dht.meta import EntryMeta, Op, dir_meta
 from hycache_dht.redis_store import RedisClusterStore
+from hycache_harness import start_redis_cluster, timed
 
 META = EntryMeta("file", 0o100644, 1000, 1000, 4096, 1, 2, 3, primary="node-1",
                  replicas=["node-2"], tier="fast")
@@ -44,12 +43,6 @@ def row(section: str, what: str, ops: int, seconds: float) -> None:
     rate = ops / seconds
     rows.append((section, what, rate))
     print(f"  {what:<58} {rate:>10,.0f} ops/s", flush=True)
-
-
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    t0 = time.perf_counter()
-    n = fn()
-    return n, time.perf_counter() - t0
 
 
 # -- the ceiling --------------------------------------------------------------------------
@@ -245,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes = [(h, int(p)) for h, p in (x.rsplit(":", 1) for x in a.nodes.split(","))]
     else:
         tmp = tempfile.TemporaryDirectory(prefix="hycache-bench-")
-        cluster = LocalRedisCluster(Path(tmp.name), find_free_base(6)).start()
+        cluster = start_redis_cluster(Path(tmp.name))
         nodes = cluster.nodes
         print(f"started a local cluster on {nodes[0][0]}:{nodes[0][1]}..{nodes[-1][1]}")
     load = [os.getloadavg()[0]]

@@ -1,6 +1,6 @@
 """Benchmark: layer-1 placement on real WfCommons instances (a script, not a test).
 
-    .venv/bin/python core/benchmarks/instances_bench.py INSTANCE.json... [--slack 0.1]
+    .venv/bin/python bench/instances_bench.py INSTANCE.json... [--slack 0.1]
         [--exact-jobs 60] [--exact-time-limit 30] [--synthetic 10000] [--json out.json]
 
 For each instance (a WfFormat file, unchanged), on N = its recorded machine count (at
