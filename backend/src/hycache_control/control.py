@@ -14,12 +14,16 @@ from .jsonfast import dumps
 from .nodefeed import NodeFeed
 from .services.actions import ActionService
 from .services.bus import Bus, Leader
+from .services.cluster_state import ClusterState
 from .services.events import EventService
+from .services.jobs import JobService
 from .services.manifests import ManifestService
 from .services.metrics import MetricsService, MetricsWriter
 from .services.namespace import NamespaceService
 from .services.nodes import NodeService
 from .services.policies import PolicyService
+from .services.release import ReleaseGate
+from .services.replan import ReleasePlanner
 from .services.tokens import TokenService
 from .settings import Settings
 from .views import SORT_KEYS, node_view, summary_point
@@ -65,8 +69,12 @@ class Control:
         self.nodes.leader = lambda: self.leader.is_leader
         self.nodes.shared = self.bus.others
         self.policies = PolicyService(self.db, self.events, self.bus)
-        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
-        self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
+        gate = ReleaseGate()
+        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus,
+                                     gate=gate.gate, retry=gate.retry)
+        cluster = ClusterState(self.namespace, self.nodes)
+        self.manifests = ManifestService(self.db, cluster, self.actions, self.events, self.bus)
+        self.jobs = JobService(self.db, self.actions, ReleasePlanner(self.db, cluster, self.actions))
         self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
         self._summary: tuple[float, dict[str, Any]] | None = None
