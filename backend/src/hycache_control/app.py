@@ -15,13 +15,12 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from . import schemas as S
-from .api import plans, routes, stream
+from .api import errors, plans, routes, stream
 from .api.deps import auth_error
 from .control import Control
 from .loopwatch import LoopWatch
 from .middleware import Audit, BodyLimit
 from .prometheus import make_registry, render
-from .services.errors import ServiceError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -94,9 +93,7 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
                        routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
     app.add_middleware(Audit, control_getter=lambda: holder["control"])
 
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError):
-        return JSONResponse({"detail": exc.detail()}, status_code=exc.status)
+    errors.install(app)
 
     @app.get("/healthz", response_model=S.Health, tags=["health"], operation_id="healthz")
     def healthz():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Scope = Literal["admin", "read", "node"]
 NodeState = Literal["up", "degraded", "down"]
@@ -21,11 +22,30 @@ NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 T = TypeVar("T")
 
 
+#: what no name in the namespace holds: a control character (C0, DEL) or a lone UTF-16
+#: surrogate (no UTF-8 encodes it: neither the DHT, the database nor a JSON answer could)
+_BAD_CHAR = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def check_name(value: str) -> str:
+    """A file name as a manifest or a placement gives it (relative names are under /): no
+    NUL, control character or lone surrogate."""
+    bad = _BAD_CHAR.search(value)
+    if bad is not None:
+        c = bad.group()
+        if c == "\x00":
+            raise ValueError("path must not contain NUL")
+        if "\ud800" <= c <= "\udfff":
+            raise ValueError(f"path must not contain a lone UTF-16 surrogate (U+{ord(c):04X})")
+        raise ValueError(f"path must not contain a control character (U+{ord(c):04X})")
+    return value
+
+
 def check_path(value: str) -> str:
     """An absolute path inside the namespace: ``/``-rooted, no ``..``/``.`` component, no
-    NUL, at most MAX_PATH bytes.  A trailing ``/`` (but the root's) is dropped."""
-    if "\x00" in value:
-        raise ValueError("path must not contain NUL")
+    NUL, control character or lone surrogate, at most MAX_PATH bytes.  A trailing ``/``
+    (but the root's) is dropped."""
+    check_name(value)
     if len(value.encode("utf-8", "surrogateescape")) > MAX_PATH:
         raise ValueError(f"path is longer than {MAX_PATH} bytes")
     if not value.startswith("/"):
@@ -437,7 +457,8 @@ class ErrorOut(BaseModel):
 class PlacementRequest(BaseModel):
     """A ready job: the namespace paths it reads (and, optionally, its fast-tier footprint)."""
 
-    inputs: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(max_length=100_000)
+    inputs: list[Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(check_name)]] = Field(
+        max_length=100_000)
     footprint: int | None = Field(None, ge=0, description="bytes it needs on the fast tier (default: its inputs)")
     nodes: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None, max_length=10_000, description="candidate node ids (default: the live nodes)")

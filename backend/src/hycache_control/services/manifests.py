@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob
+from ..schemas import check_name
 from .actions import ActionService, item_view
 from .bus import Bus
 from .cluster_state import ClusterState
@@ -66,6 +67,19 @@ def _stdout_to_stderr():
             os.close(saved)
 
 
+def _bad_names(wf: Workflow) -> list[dict[str, Any]]:
+    """The parser's kind of errors for the file names no namespace path can hold."""
+    out = []
+    for job in wf.jobs:
+        for kind in ("inputs", "outputs"):
+            for k, name in enumerate(getattr(job, kind)):
+                try:
+                    check_name(name)
+                except ValueError as e:
+                    out.append({"loc": ["jobs", job.id, kind, k], "msg": str(e)})
+    return out
+
+
 class ManifestService:
     def __init__(self, db: Database, cluster: ClusterState, actions: ActionService, events: EventService,
                  bus: Bus | None = None) -> None:
@@ -93,6 +107,9 @@ class ManifestService:
             wf = parse_workflow(document, source="body")
         except WorkflowError as e:
             raise ManifestInvalid(e.format, e.errors) from None
+        bad = _bad_names(wf)
+        if bad:
+            raise ManifestInvalid(wf.format, bad)
         nodes = self.cluster.target_nodes(nodes, ("query", "nodes"), "the manifest")
         result = self._place(wf, nodes, solver=solver, slack=slack, plans=plans, prefetch_first=prefetch_first,
                              release=release)
