@@ -233,22 +233,7 @@ class ActionService:
                 return []
         now = time.time()
         with self.db.session() as s:
-            # open items in id order, a page at a time, until MAX_DELIVERY are deliverable
-            # (plan steps held for their job's turn do not block the ones after them)
-            rows, verdict, after_id, seen = [], {}, 0, 0
-            while len(rows) < MAX_DELIVERY:
-                page = list(s.execute(select(ActionItem, Action.action).join(Action)
-                                      .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
-                                             ActionItem.id > after_id)
-                                      .order_by(ActionItem.id).limit(PAGE)))
-                if not page:
-                    break
-                seen += len(page)
-                after_id = page[-1][0].id
-                plan_items = [item for item, _ in page if item.job is not None]
-                v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
-                verdict.update(v)
-                rows.extend(r for r in page if v.get(r[0].id) != "hold")
+            rows, verdict, seen = self._open_items(s, node)
             if not seen:
                 with self._lock:
                     self._pending_nodes.discard(node)
@@ -290,6 +275,26 @@ class ActionService:
                 out.append(d)
         self.publish(changed)
         return out
+
+    def _open_items(self, s: Session, node: str) -> tuple[list, dict[int, str], int]:
+        """The node's open items in id order, a page at a time, until MAX_DELIVERY are
+        deliverable (plan steps held for their job's turn do not block the ones after
+        them): (rows not held, the gate's verdict of each plan step, items read)."""
+        rows, verdict, after_id, seen = [], {}, 0, 0
+        while len(rows) < MAX_DELIVERY:
+            page = list(s.execute(select(ActionItem, Action.action).join(Action)
+                                  .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
+                                         ActionItem.id > after_id)
+                                  .order_by(ActionItem.id).limit(PAGE)))
+            if not page:
+                break
+            seen += len(page)
+            after_id = page[-1][0].id
+            plan_items = [item for item, _ in page if item.job is not None]
+            v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
+            verdict.update(v)
+            rows.extend(r for r in page if v.get(r[0].id) != "hold")
+        return rows, verdict, seen
 
     def report(self, node: str, results: list) -> list[int]:
         """Take the results a node reports; the ids it may stop reporting."""
