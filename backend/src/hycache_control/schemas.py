@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .services.paths import MAX_PATH, check_name
 
 Scope = Literal["admin", "read", "node"]
 NodeState = Literal["up", "degraded", "down"]
@@ -14,46 +15,10 @@ ItemState = Literal["pending", "delivered", "done", "failed"]
 ActionState = Literal["pending", "running", "done", "failed"]
 EventKind = Literal["audit", "node", "action", "policy", "cluster"]
 
-#: the longest path the API accepts (bytes of UTF-8), as Linux's PATH_MAX
-MAX_PATH = 4096
 MAX_PATHS_PER_ACTION = 1000
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 
 T = TypeVar("T")
-
-
-#: what no name in the namespace holds: a control character (C0, DEL) or a lone UTF-16
-#: surrogate (no UTF-8 encodes it: neither the DHT, the database nor a JSON answer could)
-_BAD_CHAR = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
-
-
-def check_name(value: str) -> str:
-    """A file name as a manifest or a placement gives it (relative names are under /): no
-    NUL, control character or lone surrogate."""
-    bad = _BAD_CHAR.search(value)
-    if bad is not None:
-        c = bad.group()
-        if c == "\x00":
-            raise ValueError("path must not contain NUL")
-        if "\ud800" <= c <= "\udfff":
-            raise ValueError(f"path must not contain a lone UTF-16 surrogate (U+{ord(c):04X})")
-        raise ValueError(f"path must not contain a control character (U+{ord(c):04X})")
-    return value
-
-
-def check_path(value: str) -> str:
-    """An absolute path inside the namespace: ``/``-rooted, no ``..``/``.`` component, no
-    NUL, control character or lone surrogate, at most MAX_PATH bytes.  A trailing ``/``
-    (but the root's) is dropped."""
-    check_name(value)
-    if len(value.encode("utf-8", "surrogateescape")) > MAX_PATH:
-        raise ValueError(f"path is longer than {MAX_PATH} bytes")
-    if not value.startswith("/"):
-        raise ValueError("path must be absolute (start with /)")
-    parts = [p for p in value.split("/") if p]
-    if any(p in (".", "..") for p in parts):
-        raise ValueError("path must not contain . or .. components")
-    return "/" + "/".join(parts)
 
 
 class Page(BaseModel, Generic[T]):

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import schemas as S
 from ..jsonfast import dumps
-from ..schemas import check_path
+from ..services.paths import check_path
 from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth_error
 
 router = APIRouter(prefix="/api/v1")

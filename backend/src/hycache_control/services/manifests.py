@@ -26,12 +26,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob
-from ..schemas import check_name
 from .actions import ActionService, item_view
 from .bus import Bus
 from .cluster_state import ClusterState
 from .errors import Invalid, NotFound, ServiceError
 from .events import EventService
+from .paths import check_name
 from .steps import STEP_STATES, ns_path, step_item, writers
 
 _stdout_lock = threading.Lock()
