@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -44,9 +45,17 @@ SETTINGS_ENV = "HYCACHE_CONTROL_SERVE_SETTINGS"
 
 def app_from_env() -> FastAPI:
     """The app of one worker process of ``serve --workers N`` (uvicorn's factory): the
-    parent validated the settings and migrated the database."""
+    parent validated the settings and migrated the database.  A failure here is a start-up
+    failure (uvicorn's status 3, which stops the parent; cli.py exits non-zero), not a
+    worker to start again and again."""
     import json
-    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
+
+    from uvicorn.config import STARTUP_FAILURE
+    try:
+        return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
+    except Exception:
+        log.exception("worker start-up failed")
+        sys.exit(STARTUP_FAILURE)
 
 
 def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True,
