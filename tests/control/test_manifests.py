@@ -451,7 +451,7 @@ def test_a_step_skipped_by_its_jobs_start_during_a_delivery_is_not_sent(api: Api
     def gate_then_start(s, items):
         verdict = gate(s, items)
         if not started:  # the job starts after the delivery read its steps, before it wrote
-            started.append(api.control.manifests.job_event(mid, a_first, "start", "test"))
+            started.append(api.control.jobs.job_event(mid, a_first, "start", "test"))
         return verdict
 
     actions.gate = gate_then_start

@@ -15,10 +15,11 @@ from hycache_control import schemas as S
 from hycache_control.api import routes
 from hycache_control.app import create_app
 from hycache_control.control import Control
+from hycache_control.services.accounting import summarise
 from hycache_control.services.nodes import LiveNode
 from hycache_control.services.tokens import TokenService
 from hycache_control.settings import load_settings
-from hycache_control.views import node_view, summarise
+from hycache_control.views import node_view
 from sqlalchemy import event
 
 BACKGROUND_THREADS = ("metrics-writer", "monitor", "bus")  # batches, ticks, notifications
@@ -383,7 +384,7 @@ def test_the_stream_sends_what_changed(plane):
 def test_kept_rate_totals_never_read_below_zero():
     """Adding and taking away float rates leaves a residue; a sum of rates that are all >= 0
     must never read negative (seen: -3.6e-12 B/s on the demo's summary)."""
-    from hycache_control.views import SUMMED_RATES, Totals
+    from hycache_control.services.accounting import SUMMED_RATES, Totals
 
     t = Totals()
     zero = tuple(0.0 for _ in SUMMED_RATES)

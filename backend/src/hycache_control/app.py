@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -15,13 +16,12 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from . import schemas as S
-from .api import plans, routes, stream
+from .api import errors, plans, routes, stream
 from .api.deps import auth_error
 from .control import Control
 from .loopwatch import LoopWatch
 from .middleware import Audit, BodyLimit
 from .prometheus import make_registry, render
-from .services.errors import ServiceError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,16 +45,42 @@ SETTINGS_ENV = "HYCACHE_CONTROL_SERVE_SETTINGS"
 
 def app_from_env() -> FastAPI:
     """The app of one worker process of ``serve --workers N`` (uvicorn's factory): the
-    parent validated the settings and migrated the database."""
+    parent validated the settings and migrated the database.  A failure here is a start-up
+    failure (uvicorn's status 3, which stops the parent; cli.py exits non-zero), not a
+    worker to start again and again."""
     import json
-    return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
+
+    from uvicorn.config import STARTUP_FAILURE
+    try:
+        return create_app(Settings.model_validate(json.loads(os.environ[SETTINGS_ENV])), migrate=False, tune_gc=True)
+    except Exception:
+        log.exception("worker start-up failed")
+        sys.exit(STARTUP_FAILURE)
 
 
 def create_app(settings: Settings, control: Control | None = None, *, migrate: bool = True,
                tune_gc: bool = False) -> FastAPI:
     """``tune_gc``: the process serves only this app (``serve``): tune its garbage collector
-    (below); not in a process that runs other things too (the tests)."""
+    (see :func:`_lifespan`); not in a process that runs other things too (the tests)."""
     holder: dict = {"control": control}
+    app = FastAPI(title="HyCache control plane", version=__version__,
+                  lifespan=_lifespan(settings, holder, migrate=migrate, tune_gc=tune_gc),
+                  description="REST API of the HyCache control plane (docs/control-plane.md).")
+    app.include_router(routes.router)
+    app.include_router(stream.router)
+    app.include_router(plans.router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
+                       routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
+    app.add_middleware(Audit, control_getter=lambda: holder["control"])
+    errors.install(app)
+    _health_routes(app, settings)
+    _ui_route(app, settings.ui_dir or REPO_UI)
+    return app
+
+
+def _lifespan(settings: Settings, holder: dict, *, migrate: bool, tune_gc: bool):
+    """The app's life: its Control made (unless given) and started, the loop watched, and
+    everything stopped at the end."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -69,9 +95,8 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
         # counts) and whose live data is big: what was loaded so far (modules, the stored
         # node table) lives as long as the process, out of the collector's sight, so a full
         # collection no longer walks it; and collections are rarer (a full one walks every
-        # node's status: ~20 ms per 1,000 nodes).  Untuned, full collections took 170-240 ms
-        # every few seconds at 1,000 heartbeats/s: the heartbeats' tail (docs/scaling.md).
-        # HYCACHE_CONTROL_GC_TUNE=0 runs with Python's defaults (to measure the difference).
+        # node's status; docs/scaling.md).  HYCACHE_CONTROL_GC_TUNE=0 runs with Python's
+        # defaults (to measure the difference).
         if tune_gc and os.environ.get("HYCACHE_CONTROL_GC_TUNE", "1") != "0":
             gc.collect()
             gc.freeze()
@@ -85,19 +110,10 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
             watch.uninstall_gc()
             await run_in_threadpool(c.stop)
 
-    app = FastAPI(title="HyCache control plane", version=__version__, lifespan=lifespan,
-                  description="REST API of the HyCache control plane (docs/control-plane.md).")
-    app.include_router(routes.router)
-    app.include_router(stream.router)
-    app.include_router(plans.router)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
-                       routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
-    app.add_middleware(Audit, control_getter=lambda: holder["control"])
+    return lifespan
 
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError):
-        return JSONResponse({"detail": exc.detail()}, status_code=exc.status)
 
+def _health_routes(app: FastAPI, settings: Settings) -> None:
     @app.get("/healthz", response_model=S.Health, tags=["health"], operation_id="healthz")
     def healthz():
         return {"status": "ok"}
@@ -125,7 +141,9 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
                 raise auth_error(403, "GET /metrics needs a read or admin token", "forbidden")
         return Response(render(request.app.state.registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    ui_dir = settings.ui_dir or REPO_UI
+
+def _ui_route(app: FastAPI, ui_dir: Path) -> None:
+    """The dashboard at / (its index for any path it does not hold: the client routes)."""
 
     @app.get("/{full_path:path}", include_in_schema=False)
     def ui(full_path: str):
@@ -139,5 +157,3 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
             if candidate.is_file() and candidate.is_relative_to(ui_dir.resolve()):
                 return FileResponse(candidate)
         return FileResponse(index)
-
-    return app

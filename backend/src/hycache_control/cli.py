@@ -27,7 +27,16 @@ def _common(p: argparse.ArgumentParser, *, db_required: bool = False) -> None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hycache-control", description="HyCache control plane (docs/control-plane.md)")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    _serve_parser(sub)
+    _admin_parsers(sub)
+    _run_parser(sub)
+    _client_parsers(sub)
+    o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
+    o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    return ap
 
+
+def _serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="run the API server (uvicorn)")
     _common(s)
     s.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
@@ -48,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, metavar="N",
                    help="server processes sharing the port (default 1; more need PostgreSQL)")
 
+
+def _admin_parsers(sub) -> None:
     d = sub.add_parser("db", help="database maintenance")
     dsub = d.add_subparsers(dest="db_cmd", required=True)
     u = dsub.add_parser("upgrade", help="apply every Alembic migration")
@@ -65,7 +76,6 @@ def parser() -> argparse.ArgumentParser:
     tr = tsub.add_parser("revoke", help="revoke a token by id")
     _common(tr)
     tr.add_argument("id", type=int)
-
     dm = sub.add_parser("demo", help="the whole product on this machine: Redis Cluster, control plane, agents, "
                                      "a light workload; runs until Ctrl-C")
     dm.add_argument("--agents", type=int, default=2, help="number of agents (default 2)")
@@ -74,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     dm.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: at Ctrl-C)")
     dm.add_argument("--dir", help="working directory (default: a new temporary directory)")
 
+
+def _run_parser(sub) -> None:
     r = sub.add_parser("run", help="run a workflow manifest on the cluster through the nodes' mounts",
                        description="Submit MANIFEST, then run each job on its placed node as real reads and "
                                    "writes (sizes × --scale) through that node's mount, reporting start/finish.")
@@ -95,6 +107,8 @@ def parser() -> argparse.ArgumentParser:
                         "(default: the runner reports each job's reads done) or when it starts")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
 
+
+def _client_parsers(sub) -> None:
     pj = sub.add_parser("place", help="ask the control plane where a job that reads PATH... should run now",
                         description="POST /api/v1/placements: prints the chosen node (and, with --mount, its "
                                     "mount point on this machine); PATHs are namespace paths, or paths under a --mount.")
@@ -118,10 +132,6 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--mount", action="append", required=True, metavar="NODE=MOUNTPOINT",
                     help="a node and its mount on this machine (repeat for every node to use)")
     sb.add_argument("--log-dir", metavar="DIR", help="where each job's output goes (default: the system's temp dir)")
-
-    o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
-    o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
-    return ap
 
 
 def _place(args: argparse.Namespace) -> int:
@@ -184,15 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.cmd == "openapi":
-        from .app import create_app
-        doc = json.dumps(create_app(Settings.model_construct(**Settings.model_construct().model_dump())).openapi(),
-                         indent=2, sort_keys=False)
-        if args.output:
-            with open(args.output, "w") as f:
-                f.write(doc + "\n")
-        else:
-            print(doc)
-        return 0
+        return _openapi(args)
     if args.cmd == "serve":
         return _serve(args)
     if args.cmd == "demo":
@@ -201,7 +203,6 @@ def _run(args: argparse.Namespace) -> int:
         from .demo import run_demo
         return run_demo(agents=args.agents, fast_capacity=args.fast_capacity, file_size=args.file_size,
                         duration=args.duration, workdir=args.dir)
-
     if args.cmd == "run":
         from .runner import main as run_main
         return run_main(args)
@@ -218,40 +219,57 @@ def _run(args: argparse.Namespace) -> int:
         print(f"database {db.engine.url.render_as_string(hide_password=True)} is at the latest revision", file=sys.stderr)
         return 0
     if args.cmd == "token":
-        from .db import Database
-        from .services.tokens import TokenService
-        s = _settings(args)
-        db = Database(s.db_url)
-        db.upgrade()
-        tokens = TokenService(db)
-        if args.token_cmd == "create":
-            if args.scope == "node" and not args.node_id:
-                return _die("--node-id is required for --scope node")
-            if args.scope != "node" and args.node_id:
-                return _die("--node-id is only for --scope node")
-            name = args.name or (f"node-{args.node_id}" if args.scope == "node" else args.scope)
-            row, secret = tokens.create(name, args.scope, args.node_id)
-            print(f"created token {row.id} ({row.scope}{', node ' + row.node_id if row.node_id else ''}, "
-                  f"name {row.name!r}); it is shown once:", file=sys.stderr)
-            print(secret)
-            return 0
-        if args.token_cmd == "list":
-            rows, _ = tokens.list(limit=10**9)
-            for r in rows:
-                print(json.dumps({"id": r.id, "name": r.name, "scope": r.scope, "node_id": r.node_id,
-                                  "created_at": r.created_at, "last_used_at": r.last_used_at,
-                                  "revoked_at": r.revoked_at}))
-            return 0
-        if args.token_cmd == "revoke":
-            from .services.errors import Conflict, NotFound
-            try:
-                r = tokens.revoke(args.id)
-            except NotFound:
-                return _die(f"id: no token {args.id}")
-            except Conflict as e:
-                return _die(e.msg)
-            print(f"revoked token {r.id} ({r.name}) at {time.ctime(r.revoked_at)}", file=sys.stderr)
-            return 0
+        return _token(args)
+    return 2
+
+
+def _openapi(args: argparse.Namespace) -> int:
+    from .app import create_app
+    doc = json.dumps(create_app(Settings.model_construct(**Settings.model_construct().model_dump())).openapi(),
+                     indent=2, sort_keys=False)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(doc + "\n")
+    else:
+        print(doc)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .db import Database
+    from .services.tokens import TokenService
+    s = _settings(args)
+    db = Database(s.db_url)
+    db.upgrade()
+    tokens = TokenService(db)
+    if args.token_cmd == "create":
+        if args.scope == "node" and not args.node_id:
+            return _die("--node-id is required for --scope node")
+        if args.scope != "node" and args.node_id:
+            return _die("--node-id is only for --scope node")
+        name = args.name or (f"node-{args.node_id}" if args.scope == "node" else args.scope)
+        row, secret = tokens.create(name, args.scope, args.node_id)
+        print(f"created token {row.id} ({row.scope}{', node ' + row.node_id if row.node_id else ''}, "
+              f"name {row.name!r}); it is shown once:", file=sys.stderr)
+        print(secret)
+        return 0
+    if args.token_cmd == "list":
+        rows, _ = tokens.list(limit=10**9)
+        for r in rows:
+            print(json.dumps({"id": r.id, "name": r.name, "scope": r.scope, "node_id": r.node_id,
+                              "created_at": r.created_at, "last_used_at": r.last_used_at,
+                              "revoked_at": r.revoked_at}))
+        return 0
+    if args.token_cmd == "revoke":
+        from .services.errors import Conflict, NotFound
+        try:
+            r = tokens.revoke(args.id)
+        except NotFound:
+            return _die(f"id: no token {args.id}")
+        except Conflict as e:
+            return _die(e.msg)
+        print(f"revoked token {r.id} ({r.name}) at {time.ctime(r.revoked_at)}", file=sys.stderr)
+        return 0
     return 2
 
 
@@ -281,26 +299,46 @@ def _serve(args: argparse.Namespace) -> int:
     # uvloop and httptools: the event loop and HTTP parser in C (h11 and the pure-Python
     # loop cost more CPU per heartbeat, docs/scaling.md)
     # keep-alive: an idle connection is kept longer than the agents' heartbeat interval and
-    # than a load balancer's idle pool, so the client side closes it first.  With uvicorn's
-    # 5 s default an agent on a 10 s interval (10,000 nodes) found its connection closed by
-    # the server as it sent the next heartbeat ("closed mid-answer", docs/scaling.md).
+    # than a load balancer's idle pool, so the client side closes it first (docs/scaling.md)
     common = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level, access_log=s.log_level == "debug",
                   loop="uvloop", http="httptools", timeout_keep_alive=KEEP_ALIVE_SECONDS)
     if s.workers == 1:
+        # a start-up failure (the app's lifespan, the bind) ends uvicorn.run with SystemExit(3)
         uvicorn.run(create_app(s, tune_gc=True), **common)
         return 0
+    return _serve_workers(s, common)
+
+
+def _serve_workers(s: Settings, common: dict) -> int:
+    """``serve --workers N``: N processes on one socket under uvicorn's supervisor.  A
+    worker that fails at start-up stops them all, and the parent exits non-zero (uvicorn's
+    own run() returns normally then, and systemd's Restart=on-failure would not restart it)."""
     import os
+
+    import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
 
     from .app import SETTINGS_ENV
     from .db import Database
     db = Database(s.db_url)
-    if db.dialect != "postgresql":
-        return _die("--workers above 1 needs PostgreSQL (--db postgresql+psycopg://...): the processes share "
-                    "pending actions, liveness and events through it")
-    db.upgrade()  # once, before the workers start
-    db.close()
+    try:
+        if db.dialect != "postgresql":
+            return _die("--workers above 1 needs PostgreSQL (--db postgresql+psycopg://...): the processes share "
+                        "pending actions, liveness and events through it")
+        db.upgrade()  # once, before the workers start
+    except SQLAlchemyError as e:
+        return _die(f"database {s.db_url.split('@')[-1]}: {e}")
+    finally:
+        db.close()
     os.environ[SETTINGS_ENV] = s.model_dump_json()
-    uvicorn.run("hycache_control.app:app_from_env", factory=True, workers=s.workers, **common)
+    config = uvicorn.Config("hycache_control.app:app_from_env", factory=True, workers=s.workers, **common)
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    failed = [p.pid for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
+    if failed:
+        return _die(f"worker process {', '.join(map(str, failed))} failed to start (its log above says why)")
     return 0
 
 

@@ -12,17 +12,22 @@ from typing import Any
 from .db import Database
 from .jsonfast import dumps
 from .nodefeed import NodeFeed
+from .services.accounting import summary_point
 from .services.actions import ActionService
 from .services.bus import Bus, Leader
+from .services.cluster_state import ClusterState
 from .services.events import EventService
+from .services.jobs import JobService
 from .services.manifests import ManifestService
-from .services.metrics import MetricsService, MetricsWriter
+from .services.metrics import MetricsQueue, MetricsService, MetricsWriter
 from .services.namespace import NamespaceService
 from .services.nodes import NodeService
 from .services.policies import PolicyService
+from .services.release import ReleaseGate
+from .services.replan import ReleasePlanner
 from .services.tokens import TokenService
 from .settings import Settings
-from .views import SORT_KEYS, node_view, summary_point
+from .views import SORT_KEYS, node_view
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +59,22 @@ class Control:
                 return RedisClusterStore(settings.redis_seeds, namespace=settings.dht_namespace, op_timeout=5.0,
                                          username=redis_user, password=redis_password)
         self.namespace = NamespaceService(store_factory)
+        rows = MetricsQueue()
         self.nodes = NodeService(self.db, self.events, interval=settings.heartbeat_interval,
                                  down_after_missed=settings.down_after_missed, down_grace=settings.down_grace,
                                  max_rate=settings.max_heartbeats_per_second,
-                                 registry_reader=self.namespace.nodes if store_factory else None)
+                                 registry_reader=self.namespace.nodes if store_factory else None,
+                                 writer=rows, leader=lambda: self.leader.is_leader, shared=self.bus.others)
         self.metrics = MetricsService(self.db, settings.raw_retention_s, settings.minute_retention_s)
         self.writer = MetricsWriter(self.db, settings.flush_interval, self.nodes.sink,
-                                    also=[self.events.flush, self.tokens.flush], after=[self.nodes.share])
-        self.nodes.writer = self.writer
-        self.nodes.leader = lambda: self.leader.is_leader
-        self.nodes.shared = self.bus.others
+                                    also=[self.events.flush, self.tokens.flush], after=[self.nodes.share], rows=rows)
         self.policies = PolicyService(self.db, self.events, self.bus)
-        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus)
-        self.manifests = ManifestService(self.db, self.namespace, self.nodes, self.actions, self.events)
+        gate = ReleaseGate()
+        self.actions = ActionService(self.db, self.namespace, self.nodes, self.events, self.bus,
+                                     gate=gate.gate, retry=gate.retry)
+        cluster = ClusterState(self.namespace, self.nodes)
+        self.manifests = ManifestService(self.db, cluster, self.actions, self.events, self.bus)
+        self.jobs = JobService(self.db, self.actions, ReleasePlanner(self.db, cluster, self.actions))
         self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
         self._summary: tuple[float, dict[str, Any]] | None = None

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from hycache_core.workflow import HYCACHE, WFFORMAT_14, detect_format, parse_workflow
+from hycache_core.workflow import HYCACHE, WFFORMAT_14, Workflow, WorkflowJob, detect_format, parse_workflow
 
 CHUNK = 1 << 20
 FINAL = ("done", "failed", "skipped", "cancelled")
@@ -186,9 +186,43 @@ class Runner:
     def run(self, document: Any) -> dict[str, Any]:
         doc = scale_document(document, self.scale)
         wf = parse_workflow(doc, source="manifest")
-        written = {f for j in wf.jobs for f in j.outputs}
         nodes = list(self.mounts)
-        # 1. inputs no job writes: through a round-robin node's mount
+        created = self._create_inputs(wf, nodes)
+        if self.before_submit is not None:
+            self.before_submit()
+        before = self._wait_heartbeats_after(time.time())
+        m = self._call("POST", "/manifests", json=doc,
+                       params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack,
+                               "plans": "true" if self.plans else "false",
+                               **({"release": "start"} if self.release == "start" else {})})
+        self.log(f"manifest {m['id']}: {len(wf.jobs)} jobs placed ({self.solver}); "
+                 f"{m['transfer_bytes']['placed']} bytes to move between nodes")
+        jobs = _JobsRun(self, wf, m)
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=jobs.node_worker, args=(n,), name=f"run-{n}")
+                   for n in nodes if jobs.order[n]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        makespan = time.monotonic() - t0
+        if jobs.errors:
+            raise RunError("; ".join(jobs.errors))
+        final = self._wait_steps_final(m["id"])
+        after = self._wait_heartbeats_after(time.time())
+        return {"manifest_id": m["id"], "name": m["name"], "format": m["format"], "scale": self.scale,
+                "solver": self.solver, "compute_scale": self.compute_scale, "placement": m["placement"],
+                "transfer_bytes": m["transfer_bytes"],
+                "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
+                "jobs": {j.id: jobs.results[j.id] for j in wf.jobs}, "steps": final["steps"],
+                "failed_steps": [{k: i[k] for k in ("node", "job", "step", "plan_action", "path", "detail")}
+                                 for i in final["step_items"] if i["state"] == "failed"],
+                "counters": {n: {"before": before[n]["counters"], "after": after[n]["counters"]} for n in nodes}}
+
+    def _create_inputs(self, wf: Workflow, nodes: list[str]) -> dict[str, str]:
+        """The inputs no job writes, each written through a round-robin node's mount and
+        published; file → node."""
+        written = {f for j in wf.jobs for f in j.outputs}
         created: dict[str, str] = {}
         k = 0
         for job in wf.jobs:
@@ -203,130 +237,123 @@ class Runner:
                 created[f] = node
         for node in nodes:
             self.wait_published({f: wf.sizes[f] for f, n in created.items() if n == node}, node)
-        if self.before_submit is not None:
-            self.before_submit()
-        before = self._wait_heartbeats_after(time.time())
-        # 2. submit
-        m = self._call("POST", "/manifests", json=doc,
-                       params={"nodes": ",".join(nodes), "solver": self.solver, "slack": self.slack,
-                               "plans": "true" if self.plans else "false",
-                               **({"release": "start"} if self.release == "start" else {})})
-        mid = m["id"]
-        self.log(f"manifest {mid}: {len(wf.jobs)} jobs placed ({self.solver}); "
-                 f"{m['transfer_bytes']['placed']} bytes to move between nodes")
-        # 3. run
-        placement = m["placement"]
-        # the files a job on another node than their writer's reads: published before the finish
-        read_on: dict[str, set[str]] = {}
-        for j in wf.jobs:
-            for f in j.inputs:
-                read_on.setdefault(f, set()).add(placement[j.id])
-        order: dict[str, list[str]] = {n: [] for n in nodes}
-        for j in sorted(m["jobs"], key=lambda j: (j["node"], j["position"])):
-            order[j["node"]].append(j["id"])
-        done: dict[str, threading.Event] = {j.id: threading.Event() for j in wf.jobs}
-        results: dict[str, dict] = {}
-        errors: list[str] = []
-        t0 = time.monotonic()
+        return created
 
-        def prefetches(steps: list[dict]) -> dict[str, str]:
-            """The job's prefetch steps (from a start's or a job's answer): path → state."""
-            return {i["path"]: i["state"] for i in steps if i["plan_action"] == "prefetch"}
-
-        def wait_prefetch(job: str, path: str) -> str:
-            deadline = time.monotonic() + self.plan_wait
-            while True:
-                # the job and its steps only, not the whole manifest
-                state = prefetches(self._call("GET", f"/manifests/{mid}/jobs/{job}")["steps"]).get(path, "done")
-                if state in FINAL or time.monotonic() > deadline:
-                    return state
-                time.sleep(0.02)
-
-        def node_worker(node: str) -> None:
-            try:
-                for jid in order[node]:
-                    job = wf.job(jid)
-                    for p in job.parents:
-                        while not done[p].wait(0.5):
-                            if errors:
-                                return
-                    t_start = time.monotonic()
-                    started = self._call("POST", f"/manifests/{mid}/jobs/{jid}/start")
-                    start = time.monotonic()
-                    t_start = start - t_start
-                    # the job's steps as of its start, from the start's answer: a delivery marks a
-                    # step delivered only while it is still pending (one conditional UPDATE), so a
-                    # step the start skipped is never sent, and one it saw delivered is under way
-                    steps = prefetches(started.get("steps") or []) if self.plans else {}
-                    plan: dict[str, int] = {}
-                    for st in steps.values():
-                        plan[st] = plan.get(st, 0) + 1
-                    under_way = {f for f in job.inputs if steps.get("/" + f.lstrip("/")) in ("pending", "delivered")}
-                    rd, waited, t_read, opening = 0, 0.0, time.monotonic(), [0.0]
-                    for f in sorted(job.inputs, key=lambda f: f in under_way):  # stable: no prefetch under way first
-                        if f in under_way:
-                            w0 = time.monotonic()
-                            wait_prefetch(jid, "/" + f.lstrip("/"))
-                            waited += time.monotonic() - w0
-                        rd += _read(self.mounts[node] / f.lstrip("/"), opening)
-                    t_read = time.monotonic() - t_read - waited
-                    # the compute starts now; meanwhile the job reports that it has read its
-                    # inputs, which releases the next job's prefetches on this node (they
-                    # overlap this compute, not these reads)
-                    compute_end = time.monotonic() + (job.runtime * self.compute_scale
-                                                      if self.compute_scale > 0 and job.runtime else 0.0)
-                    if self.plans and self.release == "reads":
-                        self._call("POST", f"/manifests/{mid}/jobs/{jid}/reads-done")
-                    if (left := compute_end - time.monotonic()) > 0:
-                        time.sleep(left)
-                    t_write = time.monotonic()
-                    wr = sum(_write(self.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
-                    t_write = time.monotonic() - t_write
-                    secs = time.monotonic() - start
-                    t_pub = time.monotonic()
-                    self.wait_published({f: s for f, s in job.outputs.items() if read_on.get(f, set()) - {node}},
-                                        node)
-                    t_pub = time.monotonic() - t_pub
-                    t_finish = time.monotonic()
-                    self._call("POST", f"/manifests/{mid}/jobs/{jid}/finish")
-                    t_finish = time.monotonic() - t_finish
-                    results[jid] = {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
-                                    "started": start - t0, "plan_steps": plan, "prefetch_wait": waited,
-                                    # after ``seconds``: until its outputs were published, and its finish
-                                    "publish_seconds": t_pub, "finished": time.monotonic() - t0,
-                                    # the start's and the finish's requests (round trips)
-                                    "start_call_seconds": t_start, "finish_call_seconds": t_finish,
-                                    # where the job's time went: reading (its opens included, and
-                                    # of that the retries of a name not yet visible), writing
-                                    "read_seconds": t_read, "open_seconds": opening[0], "write_seconds": t_write}
-                    done[jid].set()
-            except Exception as e:  # reported, and the other workers stop
-                errors.append(f"node {node}: {e}")
-
-        threads = [threading.Thread(target=node_worker, args=(n,), name=f"run-{n}") for n in nodes if order[n]]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        makespan = time.monotonic() - t0
-        if errors:
-            raise RunError("; ".join(errors))
-        # the last after-steps (pin/unpin once a job finished) are carried out too
+    def _wait_steps_final(self, mid: int) -> dict[str, Any]:
+        """The manifest once its last after-steps (pin/unpin once a job finished) are carried
+        out too (or --plan-wait has passed)."""
         deadline = time.monotonic() + self.plan_wait
         while True:
             final = self._call("GET", f"/manifests/{mid}")
             if all(i["state"] in FINAL for i in final["step_items"]) or time.monotonic() > deadline:
-                break
+                return final
             time.sleep(0.1)
-        after = self._wait_heartbeats_after(time.time())
-        return {"manifest_id": mid, "name": m["name"], "format": m["format"], "scale": self.scale,
-                "solver": self.solver, "compute_scale": self.compute_scale, "placement": placement,
-                "transfer_bytes": m["transfer_bytes"],
-                "slow_tier_bytes": m["slow_tier_bytes"], "inputs_created": created, "makespan": makespan,
-                "jobs": {j.id: results[j.id] for j in wf.jobs}, "steps": final["steps"],
-                "failed_steps": [{k: i[k] for k in ("node", "job", "step", "plan_action", "path", "detail")}
-                                 for i in final["step_items"] if i["state"] == "failed"],
-                "counters": {n: {"before": before[n]["counters"], "after": after[n]["counters"]} for n in nodes}}
+
+
+def _prefetches(steps: list[dict]) -> dict[str, str]:
+    """The job's prefetch steps (from a start's or a job's answer): path → state."""
+    return {i["path"]: i["state"] for i in steps if i["plan_action"] == "prefetch"}
+
+
+class _JobsRun:
+    """One manifest's jobs run as its placement says: a thread per node runs that node's
+    jobs in plan order, each once its parents are done, reporting start, reads done and
+    finish."""
+
+    def __init__(self, runner: Runner, wf: Workflow, m: dict[str, Any]) -> None:
+        self.r = runner
+        self.wf = wf
+        self.mid = m["id"]
+        # the files a job on another node than their writer's reads: published before the finish
+        self.read_on: dict[str, set[str]] = {}
+        for j in wf.jobs:
+            for f in j.inputs:
+                self.read_on.setdefault(f, set()).add(m["placement"][j.id])
+        self.order: dict[str, list[str]] = {n: [] for n in runner.mounts}
+        for j in sorted(m["jobs"], key=lambda j: (j["node"], j["position"])):
+            self.order[j["node"]].append(j["id"])
+        self.done: dict[str, threading.Event] = {j.id: threading.Event() for j in wf.jobs}
+        self.results: dict[str, dict] = {}
+        self.errors: list[str] = []
+        self.t0 = time.monotonic()
+
+    def wait_prefetch(self, job: str, path: str) -> str:
+        deadline = time.monotonic() + self.r.plan_wait
+        while True:
+            # the job and its steps only, not the whole manifest
+            state = _prefetches(self.r._call("GET", f"/manifests/{self.mid}/jobs/{job}")["steps"]).get(path, "done")
+            if state in FINAL or time.monotonic() > deadline:
+                return state
+            time.sleep(0.02)
+
+    def node_worker(self, node: str) -> None:
+        try:
+            for jid in self.order[node]:
+                job = self.wf.job(jid)
+                for p in job.parents:
+                    while not self.done[p].wait(0.5):
+                        if self.errors:
+                            return
+                self.results[jid] = self.run_job(node, job)
+                self.done[jid].set()
+        except Exception as e:  # reported, and the other workers stop
+            self.errors.append(f"node {node}: {e}")
+
+    def _read_inputs(self, node: str, job: WorkflowJob, steps: dict[str, str]) -> tuple[int, float, float, float]:
+        """Read the job's inputs, the ones whose prefetch is under way last, each after its
+        prefetch ended: (bytes, seconds waiting for prefetches, seconds reading, of them opening)."""
+        under_way = {f for f in job.inputs if steps.get("/" + f.lstrip("/")) in ("pending", "delivered")}
+        rd, waited, t_read, opening = 0, 0.0, time.monotonic(), [0.0]
+        for f in sorted(job.inputs, key=lambda f: f in under_way):  # stable: no prefetch under way first
+            if f in under_way:
+                w0 = time.monotonic()
+                self.wait_prefetch(job.id, "/" + f.lstrip("/"))
+                waited += time.monotonic() - w0
+            rd += _read(self.r.mounts[node] / f.lstrip("/"), opening)
+        return rd, waited, time.monotonic() - t_read - waited, opening[0]
+
+    def run_job(self, node: str, job: WorkflowJob) -> dict[str, Any]:
+        r, url = self.r, f"/manifests/{self.mid}/jobs/{job.id}"
+        t_start = time.monotonic()
+        started = r._call("POST", f"{url}/start")
+        start = time.monotonic()
+        t_start = start - t_start
+        # the job's steps as of its start, from the start's answer: a delivery marks a
+        # step delivered only while it is still pending (one conditional UPDATE), so a
+        # step the start skipped is never sent, and one it saw delivered is under way
+        steps = _prefetches(started.get("steps") or []) if r.plans else {}
+        plan: dict[str, int] = {}
+        for st in steps.values():
+            plan[st] = plan.get(st, 0) + 1
+        rd, waited, t_read, t_open = self._read_inputs(node, job, steps)
+        # the compute starts now; meanwhile the job reports that it has read its
+        # inputs, which releases the next job's prefetches on this node (they
+        # overlap this compute, not these reads)
+        compute_end = time.monotonic() + (job.runtime * r.compute_scale
+                                          if r.compute_scale > 0 and job.runtime else 0.0)
+        if r.plans and r.release == "reads":
+            r._call("POST", f"{url}/reads-done")
+        if (left := compute_end - time.monotonic()) > 0:
+            time.sleep(left)
+        t_write = time.monotonic()
+        wr = sum(_write(r.mounts[node] / f.lstrip("/"), s) for f, s in job.outputs.items())
+        t_write = time.monotonic() - t_write
+        secs = time.monotonic() - start
+        t_pub = time.monotonic()
+        r.wait_published({f: s for f, s in job.outputs.items() if self.read_on.get(f, set()) - {node}}, node)
+        t_pub = time.monotonic() - t_pub
+        t_finish = time.monotonic()
+        r._call("POST", f"{url}/finish")
+        t_finish = time.monotonic() - t_finish
+        return {"node": node, "seconds": secs, "bytes_read": rd, "bytes_written": wr,
+                "started": start - self.t0, "plan_steps": plan, "prefetch_wait": waited,
+                # after ``seconds``: until its outputs were published, and its finish
+                "publish_seconds": t_pub, "finished": time.monotonic() - self.t0,
+                # the start's and the finish's requests (round trips)
+                "start_call_seconds": t_start, "finish_call_seconds": t_finish,
+                # where the job's time went: reading (its opens included, and
+                # of that the retries of a name not yet visible), writing
+                "read_seconds": t_read, "open_seconds": t_open, "write_seconds": t_write}
 
 
 def _c(counters: dict, *keys: str) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .services.paths import MAX_PATH, check_name
 
 Scope = Literal["admin", "read", "node"]
 NodeState = Literal["up", "degraded", "down"]
@@ -13,27 +15,10 @@ ItemState = Literal["pending", "delivered", "done", "failed"]
 ActionState = Literal["pending", "running", "done", "failed"]
 EventKind = Literal["audit", "node", "action", "policy", "cluster"]
 
-#: the longest path the API accepts (bytes of UTF-8), as Linux's PATH_MAX
-MAX_PATH = 4096
 MAX_PATHS_PER_ACTION = 1000
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 
 T = TypeVar("T")
-
-
-def check_path(value: str) -> str:
-    """An absolute path inside the namespace: ``/``-rooted, no ``..``/``.`` component, no
-    NUL, at most MAX_PATH bytes.  A trailing ``/`` (but the root's) is dropped."""
-    if "\x00" in value:
-        raise ValueError("path must not contain NUL")
-    if len(value.encode("utf-8", "surrogateescape")) > MAX_PATH:
-        raise ValueError(f"path is longer than {MAX_PATH} bytes")
-    if not value.startswith("/"):
-        raise ValueError("path must be absolute (start with /)")
-    parts = [p for p in value.split("/") if p]
-    if any(p in (".", "..") for p in parts):
-        raise ValueError("path must not contain . or .. components")
-    return "/" + "/".join(parts)
 
 
 class Page(BaseModel, Generic[T]):
@@ -437,7 +422,8 @@ class ErrorOut(BaseModel):
 class PlacementRequest(BaseModel):
     """A ready job: the namespace paths it reads (and, optionally, its fast-tier footprint)."""
 
-    inputs: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(max_length=100_000)
+    inputs: list[Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(check_name)]] = Field(
+        max_length=100_000)
     footprint: int | None = Field(None, ge=0, description="bytes it needs on the fast tier (default: its inputs)")
     nodes: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None, max_length=10_000, description="candidate node ids (default: the live nodes)")

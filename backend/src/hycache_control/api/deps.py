@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from ..control import Control
-from ..schemas import MAX_PATH, check_path
+from ..services.paths import MAX_PATH, check_path
 from ..services.tokens import Caller
 
 AUTH_LOC = ["header", "Authorization"]

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import schemas as S
 from ..jsonfast import dumps
-from ..schemas import check_path
+from ..services.paths import check_path
 from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth_error
 
 router = APIRouter(prefix="/api/v1")
@@ -360,12 +360,12 @@ def cancel_manifest(control: ControlDep, c: Admin, manifest_id: ManifestId) -> d
 
 def _job_event(control, c, manifest_id: int, job: str, what: str) -> dict:
     if c.scope == "node":
-        if c.node_id != control.manifests.job_node(manifest_id, job):
+        if c.node_id != control.jobs.job_node(manifest_id, job):
             raise auth_error(403, f"a node token may only report jobs placed on its node ({c.node_id})", "forbidden")
     elif c.scope != "admin":
         raise auth_error(403, f"a {c.scope} token may not report jobs (needs admin or the job's node token)",
                          "forbidden")
-    return control.manifests.job_event(manifest_id, job, what, c.name)
+    return control.jobs.job_event(manifest_id, job, what, c.name)
 
 
 @router.get("/manifests/{manifest_id}/jobs/{job}", responses=ERRORS_404, operation_id="getManifestJob",
@@ -373,7 +373,7 @@ def _job_event(control, c, manifest_id: int, job: str, what: str) -> dict:
 def get_manifest_job(control: ControlDep, _: Reader, manifest_id: ManifestId, job: JobId) -> dict:
     """One job of a manifest and its prefetch/evict steps' states (`steps`, as in the
     start's answer): what a runner polls while a prefetch is under way."""
-    return control.manifests.job(manifest_id, job)
+    return control.jobs.job(manifest_id, job)
 
 
 @router.post("/manifests/{manifest_id}/jobs/{job}/start", responses=ERRORS_409, operation_id="startJob",

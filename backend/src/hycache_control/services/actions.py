@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
 from ..models import Action, ActionItem
@@ -29,6 +29,10 @@ MAX_DELIVERY = 500
 #: items read per query while looking for deliverable ones
 PAGE = 2000
 FINAL = ("done", "failed", "skipped", "cancelled")
+#: ``gate(session, items) -> {item id: "release" | "hold" | "skip" | "skip-ready"}``
+Gate = Callable[[Session, list[ActionItem]], dict[int, str]]
+#: ``retry(session, item, detail) -> bool``: True when the failed step goes back to pending
+Retry = Callable[[Session, ActionItem, str], bool]
 #: the detail of a plan step that failed for room and waits to be delivered again (its
 #: second delivery carries ``attempt: 1``, which the agent applies although it saw the id)
 RETRY = "retry when the job before it has ended: "
@@ -61,7 +65,7 @@ def item_view(i: ActionItem) -> dict[str, Any]:
 
 class ActionService:
     def __init__(self, db: Database, namespace: NamespaceService, nodes: NodeService, events: EventService,
-                 bus: Bus | None = None) -> None:
+                 bus: Bus | None = None, *, gate: Gate | None = None, retry: Retry | None = None) -> None:
         self.db = db
         self.bus = bus
         self.namespace = namespace
@@ -72,13 +76,11 @@ class ActionService:
         self.updates: collections.deque[tuple[int, dict]] = collections.deque(maxlen=10_000)
         self._seq = itertools.count(1)
         self.last_update = 0
-        #: plan steps (items of a manifest's action) are released by this hook:
-        #: ``gate(session, items) -> {item id: "release" | "hold" | "skip" | "skip-ready"}``
-        #: (ManifestService; "skip-ready": its job can start now, it reads the file where it is)
-        self.gate = None
-        #: a plan step that failed may go back to pending, to be released again later:
-        #: ``retry(session, item, detail) -> bool`` (ManifestService)
-        self.retry = None
+        #: plan steps (items of a manifest's action) are released by this hook
+        #: (services/release.py; "skip-ready": its job can start now, it reads the file where it is)
+        self.gate = gate
+        #: a plan step that failed may go back to pending, to be released again later
+        self.retry = retry
         self._pending_nodes: set[str] = set()
         #: the push channel (GET /nodes/{id}/plan): a version per node, bumped by every wake,
         #: and the callbacks of the long-polls waiting for it (called from any thread)
@@ -99,7 +101,7 @@ class ActionService:
         with self._lock:
             self._pending_nodes.update(n for n in nodes if n)
 
-    def _publish(self, items: list[dict]) -> None:
+    def publish(self, items: list[dict]) -> None:
         self._publish_local(items)
         if self.bus is not None and self.bus.enabled and items:
             chunk: list[dict] = []
@@ -188,7 +190,7 @@ class ActionService:
             if it["state"] == "failed":
                 self.events.record("action", f"{action} {it['path']}", "failed", node=it["node"], actor=actor,
                                    detail=it["detail"])
-        self._publish(view["items"])
+        self.publish(view["items"])
         return view
 
     def wake(self, nodes) -> None:
@@ -231,22 +233,7 @@ class ActionService:
                 return []
         now = time.time()
         with self.db.session() as s:
-            # open items in id order, a page at a time, until MAX_DELIVERY are deliverable
-            # (plan steps held for their job's turn do not block the ones after them)
-            rows, verdict, after_id, seen = [], {}, 0, 0
-            while len(rows) < MAX_DELIVERY:
-                page = list(s.execute(select(ActionItem, Action.action).join(Action)
-                                      .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
-                                             ActionItem.id > after_id)
-                                      .order_by(ActionItem.id).limit(PAGE)))
-                if not page:
-                    break
-                seen += len(page)
-                after_id = page[-1][0].id
-                plan_items = [item for item, _ in page if item.job is not None]
-                v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
-                verdict.update(v)
-                rows.extend(r for r in page if v.get(r[0].id) != "hold")
+            rows, verdict, seen = self._open_items(s, node)
             if not seen:
                 with self._lock:
                     self._pending_nodes.discard(node)
@@ -286,8 +273,28 @@ class ActionService:
                     if (item.detail or "").startswith(RETRY):
                         d["attempt"] = 1
                 out.append(d)
-        self._publish(changed)
+        self.publish(changed)
         return out
+
+    def _open_items(self, s: Session, node: str) -> tuple[list, dict[int, str], int]:
+        """The node's open items in id order, a page at a time, until MAX_DELIVERY are
+        deliverable (plan steps held for their job's turn do not block the ones after
+        them): (rows not held, the gate's verdict of each plan step, items read)."""
+        rows, verdict, after_id, seen = [], {}, 0, 0
+        while len(rows) < MAX_DELIVERY:
+            page = list(s.execute(select(ActionItem, Action.action).join(Action)
+                                  .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
+                                         ActionItem.id > after_id)
+                                  .order_by(ActionItem.id).limit(PAGE)))
+            if not page:
+                break
+            seen += len(page)
+            after_id = page[-1][0].id
+            plan_items = [item for item, _ in page if item.job is not None]
+            v = self.gate(s, plan_items) if (plan_items and self.gate is not None) else {}
+            verdict.update(v)
+            rows.extend(r for r in page if v.get(r[0].id) != "hold")
+        return rows, verdict, seen
 
     def report(self, node: str, results: list) -> list[int]:
         """Take the results a node reports; the ids it may stop reporting."""
@@ -322,7 +329,7 @@ class ActionService:
                     failed.append((item.parent.action, item.path, r.detail))
         for action, path, detail in failed:
             self.events.record("action", f"{action} {path}", "failed", node=node, detail=detail)
-        self._publish(changed)
+        self.publish(changed)
         if again:
             self.wake(again)
         return acked

@@ -18,6 +18,7 @@ from sqlalchemy import delete, func, insert, select
 from ..db import Database
 from ..models import SAMPLE_FIELDS, MetricSample
 from .errors import Invalid
+from .status import dig
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +28,14 @@ MAX_SAMPLES = 20_000
 RATE_FIELDS = tuple(f for f in SAMPLE_FIELDS if f != "hit_ratio")
 
 
-def _get(d: dict | None, *path: str, default: Any = 0) -> Any:
-    for p in path:
-        if not isinstance(d, dict):
-            return default
-        d = d.get(p)
-    return default if d is None else d
-
-
 def gauges(status: dict | None) -> dict[str, float]:
     """The gauges of a sample, from the agent's status (``hycache-agent status --json``)."""
-    active = _get(status, "migrations", "active", default=[])
+    active = dig(status, "migrations", "active", default=[])
     return {
         "migrations_in_flight": float(len(active) if isinstance(active, list) else 0),
-        "dht_backlog": float(_get(status, "cluster", "backlog")),
-        "fast_used": float(_get(status, "tiers", "fast", "used")),
-        "slow_used": float(_get(status, "tiers", "slow", "used")),
+        "dht_backlog": float(dig(status, "cluster", "backlog")),
+        "fast_used": float(dig(status, "tiers", "fast", "used")),
+        "slow_used": float(dig(status, "tiers", "slow", "used")),
     }
 
 
@@ -55,7 +48,7 @@ def rates(prev: dict, prev_sent: float, cur: dict, cur_sent: float) -> dict[str,
         return None
 
     def delta(*path: str) -> float | None:
-        a, b = float(_get(cur, *path)), float(_get(prev, *path))
+        a, b = float(dig(cur, *path)), float(dig(prev, *path))
         return None if a < b else a - b
 
     pairs = {
@@ -94,18 +87,34 @@ def insert_samples(s, samples: list[dict]) -> None:
         s.execute(MetricSample.__table__.insert(), samples)
 
 
+class MetricsQueue:
+    """The samples and node rows waiting for the :class:`MetricsWriter` (a heartbeat costs
+    a queue put, not a commit)."""
+
+    def __init__(self) -> None:
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+
+    def sample(self, row: dict) -> None:
+        self.q.put(("sample", row))
+
+    def node(self, row: dict) -> None:
+        self.q.put(("node", row))
+
+
 class MetricsWriter:
-    """A thread that flushes queued samples and node rows in batches (one transaction per
-    ``flush_interval``): at 1,000 nodes a heartbeat costs a queue put, not a commit."""
+    """A thread that flushes queued samples and node rows (``rows``) in batches (one
+    transaction per ``flush_interval``)."""
 
     def __init__(self, db: Database, flush_interval: float, node_sink: Callable[[Any, list[dict]], None],
-                 also: list[Callable[[], None]] | None = None, after: list[Callable[[], None]] | None = None) -> None:
+                 also: list[Callable[[], None]] | None = None, after: list[Callable[[], None]] | None = None,
+                 rows: MetricsQueue | None = None) -> None:
         self.db = db
+        self.rows = rows if rows is not None else MetricsQueue()
         self.also = also or []  # other batched writes flushed by this thread (events, token use)
         self.after = after or []  # ... and after the samples and node rows (shared liveness)
         self.flush_interval = flush_interval
         self.node_sink = node_sink
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.q = self.rows.q
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-writer", daemon=True)
         self.flushed_samples = 0
@@ -115,10 +124,10 @@ class MetricsWriter:
         self._thread.start()
 
     def sample(self, row: dict) -> None:
-        self.q.put(("sample", row))
+        self.rows.sample(row)
 
     def node(self, row: dict) -> None:
-        self.q.put(("node", row))
+        self.rows.node(row)
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):

@@ -33,6 +33,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +43,10 @@ from sqlalchemy.orm import Session
 
 from ..db import Database
 from ..models import Node
-from ..views import Totals, contribution
+from .accounting import Totals, contribution
 from .events import EventService
-from .metrics import MetricsWriter, _get, gauges, rates
+from .metrics import MetricsQueue, gauges, rates
+from .status import dig
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,9 @@ class LiveNode:
 
 class NodeService:
     def __init__(self, db: Database, events: EventService, *, interval: float, down_after_missed: int = 3,
-                 down_grace: float = 2.0, max_rate: float = 1000.0, registry_reader=None) -> None:
+                 down_grace: float = 2.0, max_rate: float = 1000.0, registry_reader=None,
+                 writer: MetricsQueue | None = None, leader: Callable[[], bool] | None = None,
+                 shared: Callable[[], bool] | None = None) -> None:
         self.db = db
         self.events = events
         self.base_interval = interval
@@ -102,8 +106,10 @@ class NodeService:
         self.down_grace = down_grace
         self.max_rate = max_rate
         self._beating = 0
-        self.leader = lambda: True  # Control sets its Leader's view (services/bus.py)
-        self.shared = lambda: False  # do other processes take this cluster's heartbeats? (Control: its Bus)
+        #: does this process record the cluster's transitions? (its Leader's view, services/bus.py)
+        self.leader = leader or (lambda: True)
+        #: do other processes take this cluster's heartbeats? (its Bus)
+        self.shared = shared or (lambda: False)
         self._beaten: dict[str, float] = {}  # node -> last heartbeat, not yet shared
         self._seen_shared = 0.0
         self.registry_reader = registry_reader  # () -> {node_id: list_nodes entry}; raises if unreachable
@@ -114,7 +120,7 @@ class NodeService:
         self.heartbeats_received = 0
         self.dht_reachable: bool | None = None
         self.dht_error: str | None = None
-        self.writer: MetricsWriter | None = None
+        self.writer = writer  # samples and node rows for the metrics writer
         self.totals = Totals()  # the summary over every node, kept as nodes change (_account)
         self._due: list[tuple[float, str]] = []  # (when a node's state may change, node): the monitor's heap
         self._full_at = 0.0
@@ -243,7 +249,7 @@ class NodeService:
     # -- states -------------------------------------------------------------------------------
 
     def _link_degraded(self, n: LiveNode) -> bool:
-        return _get(n.status, "cluster", "state", default=None) == "degraded"
+        return dig(n.status, "cluster", "state", default=None) == "degraded"
 
     def _registry_alive(self, n: LiveNode, now: float) -> bool:
         from hycache_dht.registry import NODE_TTL_SECONDS
@@ -442,7 +448,7 @@ class NodeService:
             return list(self.live.values())
 
     def summary(self) -> dict[str, Any]:
-        """The summary over every node (views.Totals, kept as nodes change): O(1)."""
+        """The summary over every node (accounting.Totals, kept as nodes change): O(1)."""
         with self.lock:
             return self.totals.summary(self.interval)
 

@@ -1,0 +1,111 @@
+"""The cluster's summary (GET /nodes/summary, the stream's ``summary``, the history's
+points): what each node adds to it (:func:`contribution`) and the sums over every node
+(:class:`Totals`, kept by NodeService as nodes change)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .status import as_dict, as_int, as_num, dig
+
+if TYPE_CHECKING:
+    from .nodes import LiveNode
+
+SUMMED_RATES = ("fast_read_bps", "fast_write_bps", "slow_read_bps", "slow_write_bps", "remote_read_bps",
+                "metadata_ops_per_s", "migration_bps", "hits", "misses")
+
+
+TIERS = ("fast", "slow")
+TIER_FIELDS = ("capacity", "used", "files")
+STATES = ("up", "degraded", "down")
+
+
+def contribution(n: LiveNode) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
+    """What one node adds to the summary: its state, its tiers' capacity, use and files
+    (``TIERS`` x ``TIER_FIELDS``), and its rates (``SUMMED_RATES``; None for a down node or
+    one without a sample: a down node's last sample does not count)."""
+    st = as_dict(n.status)
+    tiers = []
+    for t in TIERS:
+        tv = (as_dict(dig(st, "tiers", t, default=None)) or {}) if st is not None else {}
+        tiers.extend(as_int(tv.get(f)) or 0 for f in TIER_FIELDS)
+    rates = tuple(as_num(n.rates.get(f)) for f in SUMMED_RATES) if n.rates and n.state != "down" else None
+    return n.state, tuple(tiers), rates
+
+
+class Totals:
+    """The summary's sums over every node, kept by adding and taking away each node's
+    :func:`contribution` when it changes (NodeService): reading the summary costs nothing
+    per node.  Integers are exact; the rates' float sums are rebuilt from scratch now and
+    then by the owner (:func:`summarise` is the same fold over a list)."""
+
+    __slots__ = ("nodes", "states", "tiers", "rates", "rated")
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.states = dict.fromkeys(STATES, 0)
+        self.tiers = [0] * (len(TIERS) * len(TIER_FIELDS))
+        self.rates = [0.0] * len(SUMMED_RATES)
+        self.rated = 0  # nodes whose rates count
+
+    def add(self, c: tuple | None, sign: int = 1) -> None:
+        if c is None:
+            return
+        state, tiers, rates = c
+        self.nodes += sign
+        self.states[state] = self.states.get(state, 0) + sign
+        for i, v in enumerate(tiers):
+            self.tiers[i] += sign * v
+        if rates is not None:
+            self.rated += sign
+            if self.rated == 0:  # nothing counts: no float residue of the additions and removals
+                self.rates = [0.0] * len(SUMMED_RATES)
+            else:
+                for i, v in enumerate(rates):
+                    self.rates[i] += sign * v
+
+    def rebuild_rates(self, contribs) -> None:
+        """The rates' sums again from every node's contribution (no float residue)."""
+        rates = [0.0] * len(SUMMED_RATES)
+        rated = 0
+        for c in contribs:
+            if c is not None and c[2] is not None:
+                rated += 1
+                for i, v in enumerate(c[2]):
+                    rates[i] += v
+        self.rates, self.rated = rates, rated
+
+    def summary(self, interval: float) -> dict[str, Any]:
+        k = len(TIER_FIELDS)
+        tiers = {t: dict(zip(TIER_FIELDS, self.tiers[j * k:(j + 1) * k], strict=True)) for j, t in enumerate(TIERS)}
+        # every contribution is >= 0, so a negative sum is only the float residue of adding
+        # and taking away (e.g. -3.6e-12 B/s once a node's rate went back to 0)
+        rates = {f: max(0.0, v) for f, v in zip(SUMMED_RATES, self.rates, strict=True)}
+        total = rates["hits"] + rates["misses"]
+        states = {s: self.states.get(s, 0) for s in STATES}
+        return {"nodes": self.nodes, **states, "interval": interval, "tiers": tiers, "rates": rates,
+                "hit_ratio": rates["hits"] / total if total > 0 else None, "ts": time.time()}
+
+
+def summarise(nodes: list[LiveNode], interval: float) -> dict[str, Any]:
+    """GET /nodes/summary (and the stream's ``summary``): counts by state, tiers and rates
+    summed over every node (a down node's last sample does not count toward the rates)."""
+    t = Totals()
+    for n in nodes:
+        t.add(contribution(n))
+    return t.summary(interval)
+
+
+def summary_point(s: dict[str, Any]) -> dict[str, Any]:
+    """A point of GET /summary/history (``SummaryPoint``) from a summary (``summarise``)."""
+    r, t = s["rates"], s["tiers"]
+
+    def pct(tier: str) -> float | None:
+        cap = t[tier]["capacity"]
+        return round(100.0 * t[tier]["used"] / cap, 3) if cap > 0 else None
+    return {"ts": s["ts"], "nodes": s["nodes"], "up": s["up"], "degraded": s["degraded"], "down": s["down"],
+            "fast_capacity": t["fast"]["capacity"], "fast_used": t["fast"]["used"], "fast_used_pct": pct("fast"),
+            "slow_capacity": t["slow"]["capacity"], "slow_used": t["slow"]["used"], "slow_used_pct": pct("slow"),
+            "read_bps": r["fast_read_bps"] + r["slow_read_bps"], "write_bps": r["fast_write_bps"] + r["slow_write_bps"],
+            "remote_read_bps": r["remote_read_bps"], "hit_ratio": s["hit_ratio"]}
