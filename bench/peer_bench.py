@@ -35,8 +35,10 @@ sys.path.insert(0, str(REPO / "tests" / "peer"))  # DirFiles (directory-backed P
 
 import trio  # noqa: E402
 from dirfiles import DirFiles  # noqa: E402
-from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret  # noqa: E402
-from hycache_agent.cluster.peer_client import PeerClient  # noqa: E402
+from hycache_agent.transport.auth import authorization, load_secret  # noqa: E402
+from hycache_agent.transport.client import PeerClient  # noqa: E402
+from hycache_agent.transport.server import PeerServer  # noqa: E402
+from hycache_agent.transport.wire import files_target  # noqa: E402
 from hycache_core.sizes import format_size, parse_size  # noqa: E402
 from loopwatch import loop_gaps  # noqa: E402
 

@@ -67,7 +67,8 @@ sys.path.insert(0, str(REPO / "core" / "src"))
 sys.path.insert(0, str(REPO / "dht" / "src"))
 sys.path.insert(0, str(REPO / "agent" / "src"))
 from fusemount import AGENT_BIN, Agent  # noqa: E402  (bench/fusemount.py: the one agent launcher)
-from hycache_agent.cluster.peer import authorization, files_target  # noqa: E402
+from hycache_agent.transport.auth import authorization  # noqa: E402
+from hycache_agent.transport.wire import files_target  # noqa: E402
 from hycache_core.sizes import parse_size  # noqa: E402
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base  # noqa: E402
 

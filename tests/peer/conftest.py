@@ -8,8 +8,8 @@ import os
 
 import pytest
 import trio
-from hycache_agent.cluster.peer import PeerServer
-from hycache_agent.cluster.peer_client import PeerClient
+from hycache_agent.transport.client import PeerClient
+from hycache_agent.transport.server import PeerServer
 
 from .dirfiles import DirFiles
 

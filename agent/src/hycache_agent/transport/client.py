@@ -1,4 +1,4 @@
-"""Client of the agent-to-agent data service (:mod:`hycache_agent.cluster.peer`).
+"""Client of the agent-to-agent data service (:mod:`hycache_agent.transport.server`).
 
 ``PeerClient`` wraps one ``httpx.AsyncClient`` (connection pool, keep-alive; httpx runs on
 trio through anyio) and signs every request with the cluster secret.  File I/O runs in
@@ -36,8 +36,9 @@ import httpcore
 import httpx
 import trio
 
-from hycache_agent.cluster import bulk
-from hycache_agent.cluster.peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
+from hycache_agent.transport import bulk
+from hycache_agent.transport.auth import authorization
+from hycache_agent.transport.wire import API, CHUNK, files_target, parse_addr, unquote_etag
 
 log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
@@ -124,7 +125,7 @@ def _transport(max_connections: int) -> httpx.AsyncHTTPTransport:
 
 # transport problems worth another attempt (not LocalProtocolError/UnsupportedProtocol: ours)
 RETRYABLE = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
-# the same for the raw bulk connections (cluster/bulk.py)
+# the same for the raw bulk connections (transport/bulk.py)
 RAW_RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                  h11.RemoteProtocolError)
 
@@ -193,7 +194,7 @@ class PeerClient:
         # file reads/writes of all transfers share these threads (see docs/peer.md: more
         # writer threads than cores starve the loop thread without adding throughput)
         self.limiter = trio.CapacityLimiter(io_threads)
-        # whole-file transfers (cluster/bulk.py): a thread each while its body moves in
+        # whole-file transfers (transport/bulk.py): a thread each while its body moves in
         # the kernel; they mostly wait on the socket, so more of them than io_threads
         self._bulk_limiter = trio.CapacityLimiter(bulk_threads)
         self._raw = bulk.Pool(connect_timeout)
@@ -290,7 +291,7 @@ class PeerClient:
     async def stat(self, peer_addr: Addr, path: bytes) -> tuple[int, str]:
         """HEAD: the file's (size, etag) on the peer."""
         async def handle(resp: httpx.Response) -> tuple[int, str]:
-            return int(resp.headers["content-length"]), _unquote_etag(resp.headers.get("etag", ""))
+            return int(resp.headers["content-length"]), unquote_etag(resp.headers.get("etag", ""))
         return await self._simple("HEAD", peer_addr, files_target(path), path, handle)
 
     async def _get_head(self, host: str, port: int, target: bytes,
@@ -347,7 +348,7 @@ class PeerClient:
 
     async def _range_get(self, addr: Addr, path: bytes, offset: int, length: int,
                          expect: str | None) -> tuple[bytes, str, int]:
-        """One range GET on a raw keep-alive connection (``cluster/bulk.py``, the same
+        """One range GET on a raw keep-alive connection (``transport/bulk.py``, the same
         connections as the whole-file fetches): the signed request, the head through h11,
         the body (at most ``length`` bytes: a block or a small file) read on the loop.
         ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
@@ -374,7 +375,7 @@ class PeerClient:
                     raise _Retry(f"HTTP 503 from {addr}")
                 if status not in (206, 416):
                     await self._raise_for(conn, resp, addr, path)
-                got = _unquote_etag(bulk.header(resp, b"etag") or "")
+                got = unquote_etag(bulk.header(resp, b"etag") or "")
                 if expect is not None and got != expect:
                     raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
                                       addr=str(addr), path=path)
@@ -448,7 +449,7 @@ class PeerClient:
                      expect: str | None, started: Callable[[int, str], None] | None = None, *,
                      first: int = 0, end: int | None = None) -> str:
         """The whole file (or with ``end``, bytes ``[first, end)``) into ``fd`` over a raw
-        connection (``cluster/bulk.py``): the head through h11, the body spliced from the
+        connection (``transport/bulk.py``): the head through h11, the body spliced from the
         socket into the file in worker threads.  A broken connection resumes with
         Range/If-Range from the bytes written."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
@@ -486,7 +487,7 @@ class PeerClient:
                                           addr=str(addr), path=path)
                     if status not in (200, 206):
                         await self._raise_for(conn, resp, addr, path)
-                    new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
+                    new_etag = unquote_etag(bulk.header(resp, b"etag") or "")
                     if (size is not None or end is not None) and status != 206:
                         # If-Range did not match: the peer sent the whole, newer file
                         raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
@@ -583,7 +584,7 @@ class PeerClient:
         """PUT the whole of ``src_blob`` as ``path``'s replica on the peer, with metadata
         headers (``X-HyCache-Version``, ``X-HyCache-Mode``, ...).  The body goes by
         ``sendfile`` from the blob (its page cache, right after a write) to a raw
-        connection (``cluster/bulk.py``).  Retried from the start on transport errors (a
+        connection (``transport/bulk.py``).  Retried from the start on transport errors (a
         replica push is idempotent).  Returns the peer's JSON answer."""
         src = os.fspath(src_blob)
         host, port = parse_addr(peer_addr, default_host="127.0.0.1")
