@@ -27,9 +27,9 @@ import os
 import random
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import h11
 import httpcore
@@ -38,36 +38,20 @@ import trio
 
 from hycache_agent.transport import bulk
 from hycache_agent.transport.auth import authorization
+from hycache_agent.transport.errors import (
+    PeerAuthError,
+    PeerChanged,
+    PeerError,
+    PeerNotFound,
+    PeerUnavailable,
+)
+from hycache_agent.transport.fetch import Fetch, Progress
 from hycache_agent.transport.wire import API, CHUNK, files_target, parse_addr, unquote_etag
 
 log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
-Progress = Callable[[int, int], None]  # (bytes written so far, total bytes)
-
-
-class PeerError(Exception):
-    def __init__(self, message: str, *, addr: str = "", path: bytes | None = None,
-                 status: int | None = None) -> None:
-        super().__init__(message)
-        self.addr = addr
-        self.path = path
-        self.status = status
-
-
-class PeerUnavailable(PeerError):
-    """The peer could not be reached, or kept dropping the transfer, after the retries."""
-
-
-class PeerNotFound(PeerError):
-    """404: the peer does not have the file."""
-
-
-class PeerAuthError(PeerError):
-    """401: the peer rejected our signature (wrong cluster secret, or clocks > 60 s apart)."""
-
-
-class PeerChanged(PeerError):
-    """The file's version (ETag) changed during the transfer, or is not the one expected."""
+T = TypeVar("T")
+__all__ = ["PeerAuthError", "PeerChanged", "PeerClient", "PeerError", "PeerNotFound", "PeerUnavailable"]
 
 
 # --------------------------------------------------------------------------- transport
@@ -132,6 +116,11 @@ RAW_RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, tr
 
 class _Retry(Exception):
     """A retryable answer (503) from the peer."""
+
+
+class _Again(Exception):
+    """Ask again at once, not counted as an attempt (a reused keep-alive connection that
+    the server had closed meanwhile)."""
 
 
 @dataclass
@@ -254,32 +243,57 @@ class PeerClient:
         return _error_for(resp.status_code, body, resp.headers.get("x-hycache-error"), resp.reason_phrase,
                           addr, path)
 
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]], retryable: tuple[type[BaseException], ...],
+                        fail: Callable[[BaseException, int], PeerError], *,
+                        progressed: Callable[[], bool] | None = None,
+                        retry_if: Callable[[BaseException], bool] | None = None) -> T:
+        """The one retry policy of the client: call ``attempt`` until it returns.  On a
+        ``retryable`` error (for which ``retry_if``, if given, is true) it is called again
+        after an exponential, jittered backoff, at most ``self.retries`` more times; then
+        ``fail(last error, attempts)`` is raised.  An attempt that made progress
+        (``progressed()``) starts the count again; :class:`_Again` (a reused keep-alive
+        connection the server had closed) asks again at once, uncounted."""
+        fails = 0
+        while True:
+            try:
+                return await attempt()
+            except _Again:
+                continue
+            except retryable as e:
+                if retry_if is not None and not retry_if(e):
+                    raise
+                if progressed is not None and progressed():
+                    fails = 0
+                if fails >= self.retries:
+                    raise fail(e, fails + 1) from e
+                await self._sleep_backoff(fails)
+                fails += 1
+
+    def _unavailable(self, addr: Addr, what: str, path: bytes | None) -> Callable[[BaseException, int], PeerError]:
+        def fail(e: BaseException, attempts: int) -> PeerError:
+            return PeerUnavailable(f"{addr}: {what}: {e!r} after {attempts} attempts", addr=str(addr), path=path)
+        return fail
+
     async def _simple(self, method: str, addr: Addr, target: str, path: bytes | None,
                       handle: Callable[[httpx.Response], Any], *, headers: dict[str, str] | None = None,
                       content_factory: Callable[[], Any] | None = None, sign: bool = True,
                       ok: tuple[int, ...] = (200,)) -> Any:
         """One request with retries on transport errors; ``handle(response)`` (async)
         turns a response whose status is in ``ok`` into the result."""
-        last: BaseException | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await self._sleep_backoff(attempt - 1)
+        async def attempt() -> Any:
+            content = content_factory() if content_factory else None
+            req = self._build(method, addr, target, headers, content, sign)
+            resp = await self._http.send(req, stream=True)
             try:
-                content = content_factory() if content_factory else None
-                req = self._build(method, addr, target, headers, content, sign)
-                resp = await self._http.send(req, stream=True)
-                try:
-                    if resp.status_code == 503:
-                        raise _Retry(f"HTTP 503 from {addr}")
-                    if resp.status_code not in ok:
-                        raise await self._error(resp, addr, path)
-                    return await handle(resp)
-                finally:
-                    await resp.aclose()
-            except (*RETRYABLE, _Retry) as e:
-                last = e
-        raise PeerUnavailable(f"{addr}: {method} {target}: {last!r} after {self.retries + 1} attempts",
-                              addr=str(addr), path=path) from last
+                if resp.status_code == 503:
+                    raise _Retry(f"HTTP 503 from {addr}")
+                if resp.status_code not in ok:
+                    raise await self._error(resp, addr, path)
+                return await handle(resp)
+            finally:
+                await resp.aclose()
+
+        return await self._retrying(attempt, (*RETRYABLE, _Retry), self._unavailable(addr, f"{method} {target}", path))
 
     # -------------------------------------------------------------- API
     async def health(self, peer_addr: Addr) -> dict[str, Any]:
@@ -354,55 +368,52 @@ class PeerClient:
         ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
         protocol's: status, Content-Range (its total), the ETag (``expect``: else
         PeerChanged) and the body's length against Content-Length (h11); TCP's checksum
-        covers the wire.  Retried on transport errors and 503, as :meth:`_simple`."""
+        covers the wire.  Retried on transport errors and 503 (:meth:`_retrying`)."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         rng = f"bytes={offset}-{offset + length - 1}"
-        last: BaseException | None = None
-        attempt = 0
-        while attempt <= self.retries:
-            conn: bulk.Conn | None = None
+
+        async def attempt() -> tuple[bytes, str, int]:
+            headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                       ("range", rng)]
+            head = await self._get_head(host, port, target, headers)
+            if head is None:
+                raise _Again
+            conn, resp = head
             reusable = False
             try:
-                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
-                           ("range", rng)]
-                head = await self._get_head(host, port, target, headers)
-                if head is None:
-                    continue
-                conn, resp = head
-                status = resp.status_code
-                if status == 503:
-                    raise _Retry(f"HTTP 503 from {addr}")
-                if status not in (206, 416):
-                    await self._raise_for(conn, resp, addr, path)
-                got = unquote_etag(bulk.header(resp, b"etag") or "")
-                if expect is not None and got != expect:
-                    raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
-                                      addr=str(addr), path=path)
-                total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
-                if status == 416:
-                    await bulk.read_small_body(conn, self.read_timeout)
-                    data, size = b"", int(total) if total.isdigit() else offset
-                else:
-                    if not total.isdigit():
-                        raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
-                                        addr=str(addr), path=path, status=status)
-                    data, size = await bulk.read_body(conn, self.read_timeout, length), int(total)
-                    self.stats.bytes_received += len(data)
+                data, got, size = await self._range_body(conn, resp, addr, path, offset, length, expect)
                 reusable = (conn.h.their_state is h11.DONE
                             and (bulk.header(resp, b"connection") or "").lower() != "close")
                 return data, got, size
-            except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                last = e
-                attempt += 1
-                if attempt <= self.retries:
-                    await self._sleep_backoff(attempt - 1)
             finally:
-                if conn is not None:
-                    with trio.CancelScope(shield=True):
-                        await self._raw.put(conn, reusable)
-        raise PeerUnavailable(f"{addr}: GET {target.decode()} ({rng}): {last!r} after {self.retries + 1} attempts",
-                              addr=str(addr), path=path) from last
+                with trio.CancelScope(shield=True):
+                    await self._raw.put(conn, reusable)
+
+        return await self._retrying(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+                                    self._unavailable(addr, f"GET {target.decode()} ({rng})", path))
+
+    async def _range_body(self, conn: bulk.Conn, resp: h11.Response, addr: Addr, path: bytes, offset: int,
+                          length: int, expect: str | None) -> tuple[bytes, str, int]:
+        """The checked answer to a range GET: ``(data, etag, total size)``."""
+        status = resp.status_code
+        if status == 503:
+            raise _Retry(f"HTTP 503 from {addr}")
+        if status not in (206, 416):
+            await self._raise_for(conn, resp, addr, path)
+        got = unquote_etag(bulk.header(resp, b"etag") or "")
+        if expect is not None and got != expect:
+            raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}", addr=str(addr), path=path)
+        total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
+        if status == 416:
+            await bulk.read_small_body(conn, self.read_timeout)
+            return b"", got, int(total) if total.isdigit() else offset
+        if not total.isdigit():
+            raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
+                            addr=str(addr), path=path, status=status)
+        data = await bulk.read_body(conn, self.read_timeout, length)
+        self.stats.bytes_received += len(data)
+        return data, got, int(total)
 
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
                             progress: Progress | None = None, *, etag: str | None = None,
@@ -451,130 +462,83 @@ class PeerClient:
         """The whole file (or with ``end``, bytes ``[first, end)``) into ``fd`` over a raw
         connection (``transport/bulk.py``): the head through h11, the body spliced from the
         socket into the file in worker threads.  A broken connection resumes with
-        Range/If-Range from the bytes written."""
+        Range/If-Range from the bytes written; the retries count attempts without progress."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
-        pipe: tuple[int, int] | None = None  # made when a body does not come whole with its head
-        size: int | None = None  # where the bytes wanted end (the file's size when whole)
-        total_seen: int | None = None  # the file's size per the first response (a part)
-        etag = expect
-        got = first  # bytes written, always a prefix of the span
-        fails = 0
-        local_error: OSError | None = None
+        f = Fetch(str(addr), path, fd, regular, progress, started, expect, first=first, end=end)
+
+        def fail(e: BaseException, attempts: int) -> PeerError:
+            return PeerUnavailable(f"{addr}: fetching {path!r}: {e!r} after {attempts} attempts without progress "
+                                   f"({f.got} of {f.size} bytes)", addr=str(addr), path=path)
+
         try:
-            while size is None or got < size:
-                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock()))]
-                if end is not None:  # a part: always a range, of this version once known
-                    headers.append(("range", f"bytes={got}-{end - 1}"))
-                    if size is not None:
-                        headers.append(("if-range", f'"{etag}"'))
-                elif size is not None:  # resuming
-                    headers += [("range", f"bytes={got}-"), ("if-range", f'"{etag}"')]
-                before = got
-                conn: bulk.Conn | None = None
-                reusable = False
-                try:
-                    head = await self._get_head(host, port, target, headers)
-                    if head is None:
-                        continue
-                    conn, resp = head
-                    status = resp.status_code
-                    if status == 503:
-                        raise _Retry(f"HTTP 503 from {addr}")
-                    if status == 416 and (size is not None or end is not None):
-                        raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
-                                          addr=str(addr), path=path)
-                    if status not in (200, 206):
-                        await self._raise_for(conn, resp, addr, path)
-                    new_etag = unquote_etag(bulk.header(resp, b"etag") or "")
-                    if (size is not None or end is not None) and status != 206:
-                        # If-Range did not match: the peer sent the whole, newer file
-                        raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
-                                          f"({etag!r} → {new_etag!r})", addr=str(addr), path=path)
-                    if etag is not None and new_etag != etag:
-                        raise PeerChanged(f"{addr} {path!r}: version {new_etag!r}, expected {etag!r}",
-                                          addr=str(addr), path=path)
-                    length = int(bulk.header(resp, b"content-length") or "-1")
-                    if status == 206 and end is not None:
-                        crange = bulk.header(resp, b"content-range") or ""
-                        cr_first, total = _content_range(crange)
-                        if cr_first != got or total < end or (total_seen is not None and total != total_seen) \
-                                or length != end - got:
-                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r} for "
-                                              f"[{got}, {end})", addr=str(addr), path=path)
-                        if size is None:
-                            size, total_seen = end, total
-                        else:
-                            self.stats.resumes += 1
-                    elif status == 206:
-                        crange = bulk.header(resp, b"content-range") or ""
-                        cr_first, total = _content_range(crange)
-                        if cr_first != got or (size is not None and total != size) or length != total - cr_first:
-                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r}",
-                                              addr=str(addr), path=path)
-                        if size is None:
-                            size = total
-                        else:
-                            self.stats.resumes += 1
-                    else:
-                        if length < 0:
-                            raise PeerError(f"{addr} {path!r}: no Content-Length", addr=str(addr), path=path)
-                        size = length
-                    etag = new_etag
-                    if started is not None:
-                        cb, started = started, None
-                        cb(size if total_seen is None else total_seen, etag)
-                    try:
-                        pieces, ended = bulk.buffered_body(conn)
-                        try:  # errors of the local file are not the peer's: raised as they are
-                            if pieces:  # (a small body comes whole with its head)
-                                got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
-                                    else await self._thread_bulk(bulk.write_all, fd, pieces)
-                                if progress is not None:
-                                    progress(got, size)
-                            r = bulk.Received()
-                            while got < size and not ended and r.error is None:
-                                if regular and pipe is None:
-                                    pipe = await trio.to_thread.run_sync(bulk.make_pipe)
-                                r = await self._thread_bulk(bulk.splice_in, conn.fd, fd, got,
-                                                            min(bulk.HOP, size - got), self.read_timeout, pipe)
-                                got += r.n
-                                if progress is not None:
-                                    progress(got, size)
-                        except OSError as e:
-                            local_error = e
-                            raise
-                        if r.error is not None:
-                            raise bulk.Broken(str(r.error)) from r.error
-                        if ended and got < size:
-                            raise bulk.Broken("short response")
-                        reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
-                    finally:
-                        self.stats.bytes_received += got - before
-                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                    if e is local_error:
-                        raise
-                    if got > before:  # progress: the retry budget starts again
-                        fails = 0
-                    if fails >= self.retries:
-                        raise PeerUnavailable(
-                            f"{addr}: fetching {path!r}: {e!r} after {fails + 1} attempts without progress "
-                            f"({got} of {size} bytes)", addr=str(addr), path=path) from e
-                    await self._sleep_backoff(fails)
-                    fails += 1
-                    continue
-                finally:
-                    if conn is not None:
-                        with trio.CancelScope(shield=True):
-                            await self._raw.put(conn, reusable)
+            await self._retrying(lambda: self._fetch_once(f, host, port, target),
+                                 (*RAW_RETRYABLE, bulk.Broken, _Retry), fail,
+                                 progressed=lambda: f.got > f.before, retry_if=lambda e: e is not f.local_error)
         finally:
-            if pipe is not None:
-                for p in pipe:
+            if f.pipe is not None:
+                for p in f.pipe:
                     os.close(p)
         if regular and end is None:
-            await trio.to_thread.run_sync(_truncate_regular, fd, size)
-        return etag
+            await trio.to_thread.run_sync(_truncate_regular, fd, f.size)
+        return f.etag
+
+    async def _fetch_once(self, f: Fetch, host: str, port: int, target: bytes) -> None:
+        """One request of a fetch: from ``f.got`` to the end of the span."""
+        headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                   *f.range_headers()]
+        f.before = f.got
+        head = await self._get_head(host, port, target, headers)
+        if head is None:
+            raise _Again
+        conn, resp = head
+        reusable = False
+        try:
+            status = resp.status_code
+            if status == 503:
+                raise _Retry(f"HTTP 503 from {f.addr}")
+            if status == 416 and f.known:
+                raise f.changed("the file shrank during the transfer")
+            if status not in (200, 206):
+                await self._raise_for(conn, resp, f.addr, f.path)
+            if f.accept(resp):
+                self.stats.resumes += 1
+            try:
+                await self._receive_body(f, conn)
+                reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
+            finally:
+                self.stats.bytes_received += f.got - f.before
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, reusable)
+
+    async def _receive_body(self, f: Fetch, conn: bulk.Conn) -> None:
+        """The response body into the file at ``f.got``: what came with the head, then the
+        rest spliced in (a broken or short body raises bulk.Broken)."""
+        pieces, ended = bulk.buffered_body(conn)
+        r = bulk.Received()
+        try:  # errors of the local file are not the peer's: raised as they are
+            if pieces:  # (a small body comes whole with its head)
+                f.got += await self._thread_bulk(_pwrite_all, f.fd, pieces, f.got) if f.regular \
+                    else await self._thread_bulk(bulk.write_all, f.fd, pieces)
+                if f.progress is not None:
+                    f.progress(f.got, f.size)
+            while f.got < f.size and not ended and r.error is None:
+                if f.regular and f.pipe is None:
+                    f.pipe = await trio.to_thread.run_sync(bulk.make_pipe)
+                r = await self._thread_bulk(bulk.splice_in, conn.fd, f.fd, f.got, min(bulk.HOP, f.size - f.got),
+                                            self.read_timeout, f.pipe)
+                f.got += r.n
+                if f.progress is not None:
+                    f.progress(f.got, f.size)
+        except OSError as e:
+            f.local_error = e
+            raise
+        if r.error is not None:
+            raise bulk.Broken(str(r.error)) from r.error
+        if ended and f.got < f.size:
+            raise bulk.Broken("short response")
 
     async def _thread_bulk(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
@@ -590,68 +554,64 @@ class PeerClient:
         host, port = parse_addr(peer_addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         fd, size = await trio.to_thread.run_sync(_open_src, src)
-        last: BaseException | None = None
+        extra = [(k.lower(), v) for k, v in (headers or {}).items()]
+
+        async def attempt() -> dict[str, Any]:
+            conn = await self._raw.get(host, port)
+            reusable = False
+            try:
+                self.stats.requests += 1
+                hdrs = [*extra, ("content-length", str(size)), ("content-type", "application/octet-stream"),
+                        ("authorization", authorization(self._secret, self.node_id, "PUT", target, self.clock()))]
+                answer, reusable = await self._push_once(conn, target, hdrs, fd, size, src, peer_addr, path)
+                return answer
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._raw.put(conn, reusable)
+
         try:
-            attempt = 0
-            while attempt <= self.retries:
-                conn: bulk.Conn | None = None
-                reusable = False
-                try:
-                    conn = await self._raw.get(host, port)
-                    self.stats.requests += 1
-                    hdrs = [(k.lower(), v) for k, v in (headers or {}).items()]
-                    hdrs += [("content-length", str(size)), ("content-type", "application/octet-stream"),
-                             ("authorization", authorization(self._secret, self.node_id, "PUT", target,
-                                                             self.clock()))]
-                    sent_error: BaseException | None = None
-                    pos = 0
-                    try:
-                        await bulk.send_head(conn, "PUT", target, hdrs)
-                        while pos < size:
-                            want = min(bulk.SEND_HOP, size - pos)
-                            n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
-                            pos += n
-                            self.stats.bytes_sent += n
-                            if n < want:
-                                raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
-                        conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
-                        conn.h.send(h11.EndOfMessage())
-                    except (*RAW_RETRYABLE, bulk.Broken) as e:
-                        if conn.reused and pos == 0:  # a keep-alive connection the server had closed
-                            await self._raw.put(conn, False)
-                            conn = None
-                            continue
-                        sent_error = e  # the peer may have answered early (401, 4xx): read it
-                    try:
-                        resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)
-                    except (*RAW_RETRYABLE, bulk.Broken):
-                        if sent_error is not None:
-                            raise sent_error from None
-                        raise
-                    body = await bulk.read_small_body(conn, self.read_timeout)
-                    if resp.status_code == 503:
-                        raise _Retry(f"HTTP 503 from {peer_addr}")
-                    if resp.status_code != 201:
-                        raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
-                                         resp.reason.decode("latin-1"), peer_addr, path)
-                    reusable = (sent_error is None and conn.h.our_state is h11.DONE
-                                and conn.h.their_state is h11.DONE
-                                and (bulk.header(resp, b"connection") or "").lower() != "close")
-                    return json.loads(body)
-                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                    last = e
-                    attempt += 1
-                    if attempt <= self.retries:
-                        await self._sleep_backoff(attempt - 1)
-                finally:
-                    if conn is not None:
-                        with trio.CancelScope(shield=True):
-                            await self._raw.put(conn, reusable)
+            return await self._retrying(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+                                        self._unavailable(peer_addr, f"PUT {target.decode()}", path))
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(os.close, fd)
-        raise PeerUnavailable(f"{peer_addr}: PUT {target.decode()}: {last!r} after {self.retries + 1} attempts",
-                              addr=str(peer_addr), path=path) from last
+
+    async def _push_once(self, conn: bulk.Conn, target: bytes, hdrs: list[tuple[str, str]], fd: int, size: int,
+                         src: str, peer_addr: Addr, path: bytes) -> tuple[dict[str, Any], bool]:
+        """One PUT of the blob on ``conn``: the peer's answer, and whether the connection
+        can be kept."""
+        sent_error: BaseException | None = None
+        pos = 0
+        try:
+            await bulk.send_head(conn, "PUT", target, hdrs)
+            while pos < size:
+                want = min(bulk.SEND_HOP, size - pos)
+                n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
+                pos += n
+                self.stats.bytes_sent += n
+                if n < want:
+                    raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
+            conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
+            conn.h.send(h11.EndOfMessage())
+        except (*RAW_RETRYABLE, bulk.Broken) as e:
+            if conn.reused and pos == 0:  # a keep-alive connection the server had closed
+                raise _Again from e
+            sent_error = e  # the peer may have answered early (401, 4xx): read it
+        try:
+            resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)
+        except (*RAW_RETRYABLE, bulk.Broken):
+            if sent_error is not None:
+                raise sent_error from None
+            raise
+        body = await bulk.read_small_body(conn, self.read_timeout)
+        if resp.status_code == 503:
+            raise _Retry(f"HTTP 503 from {peer_addr}")
+        if resp.status_code != 201:
+            raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
+                             resp.reason.decode("latin-1"), peer_addr, path)
+        reusable = (sent_error is None and conn.h.our_state is h11.DONE and conn.h.their_state is h11.DONE
+                    and (bulk.header(resp, b"connection") or "").lower() != "close")
+        return json.loads(body), reusable
 
 
 class _Sent:
@@ -675,16 +635,3 @@ def _error_for(status: int, body: bytes, header: str | None, reason: str, addr: 
     where = str(addr) if path is None else f"{addr} {path!r}"
     cls = {404: PeerNotFound, 401: PeerAuthError}.get(status, PeerError)
     return cls(f"{where}: HTTP {status}: {message}", addr=str(addr), path=path, status=status)
-
-
-def _content_range(value: str) -> tuple[int, int]:
-    """``bytes a-b/total`` → (a, total)."""
-    try:
-        unit, _, rest = value.strip().partition(" ")
-        span, _, total = rest.partition("/")
-        first, _, _ = span.partition("-")
-        if unit != "bytes":
-            raise ValueError
-        return int(first), int(total)
-    except ValueError:
-        raise PeerError(f"malformed Content-Range {value!r}") from None
