@@ -99,7 +99,7 @@ class ClusterLink:
         self.store_link.close()
 
     async def run(self, nursery: trio.Nursery) -> None:
-        self.tasks.nursery = nursery
+        self.tasks.start(nursery)
         nursery.start_soon(self.store_link.connect)
         nursery.start_soon(self.publisher.run)
         nursery.start_soon(self.registry.heartbeat)

@@ -62,6 +62,16 @@ class _Batch:
             self.latest[path] = len(self.run)
             self.run.append(Op.put(path, unpack_row_meta(meta), owners=owners))
 
+    def delete(self, path: bytes) -> None:
+        self.latest.pop(path, None)
+        self.run.append(Op.delete(path))
+
+    def message(self, path: bytes, target: bytes, packed: bytes) -> None:
+        """An inbox message: after the run before it, with the messages next to it."""
+        if self.run:
+            self.flush()
+        self.messages.append((path, target, packed))
+
     def rename(self, path: bytes, path2: bytes, meta: bytes | None) -> None:
         self.flush()
         try:
@@ -320,17 +330,14 @@ class Publisher:
         for _seq, op, path, path2, meta in rows:
             path = bytes(path)
             if op == "notify":
-                if batch.run:
-                    batch.flush()
-                batch.messages.append((path, bytes(path2), bytes(meta)))
+                batch.message(path, bytes(path2), bytes(meta))
                 continue
             if batch.messages:
                 batch.flush()
             if op == "put":
                 batch.put(path, bytes(meta), (me,) if path2 is None else (me, bytes(path2).decode()))
             elif op == "delete":
-                batch.latest.pop(path, None)
-                batch.run.append(Op.delete(path))
+                batch.delete(path)
             elif op == "acquire":
                 batch.run.append(Op.acquire(path, me, self.ownership.idle_seconds))
             elif op == "release":

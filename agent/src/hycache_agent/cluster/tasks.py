@@ -11,6 +11,10 @@ class Background:
     def __init__(self) -> None:
         self.nursery: trio.Nursery | None = None
 
+    def start(self, nursery: trio.Nursery) -> None:
+        """The link runs: tasks spawned from now on start in ``nursery``."""
+        self.nursery = nursery
+
     @property
     def running(self) -> bool:
         return self.nursery is not None
