@@ -24,12 +24,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import h11
 import httpcore
@@ -46,11 +45,11 @@ from hycache_agent.transport.errors import (
     PeerUnavailable,
 )
 from hycache_agent.transport.fetch import Fetch, Progress
+from hycache_agent.transport.retry import Again, Retry
 from hycache_agent.transport.wire import API, CHUNK, files_target, parse_addr, unquote_etag
 
 log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
-T = TypeVar("T")
 __all__ = ["PeerAuthError", "PeerChanged", "PeerClient", "PeerError", "PeerNotFound", "PeerUnavailable"]
 
 
@@ -118,9 +117,6 @@ class _Retry(Exception):
     """A retryable answer (503) from the peer."""
 
 
-class _Again(Exception):
-    """Ask again at once, not counted as an attempt (a reused keep-alive connection that
-    the server had closed meanwhile)."""
 
 
 @dataclass
@@ -136,18 +132,6 @@ class ClientStats:
 
 
 # blocking helpers, run in worker threads ---------------------------------------------------
-def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
-    total = sum(len(p) for p in pieces)
-    done = os.pwritev(fd, pieces, offset)
-    if done < total:
-        rest = memoryview(b"".join(pieces))[done:]
-        pos = offset + done
-        while rest:
-            k = os.pwrite(fd, rest, pos)
-            rest, pos = rest[k:], pos + k
-    return total
-
-
 def _truncate_regular(fd: int, size: int) -> None:
     if stat.S_ISREG(os.fstat(fd).st_mode):  # not e.g. /dev/null
         os.ftruncate(fd, size)
@@ -174,12 +158,11 @@ class PeerClient:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
         self._secret = secret
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
         self.chunk_size = chunk_size
         self.clock = clock
         self.stats = ClientStats()
+        # transport errors and 503 are retried (each request's attempts: _retry.run)
+        self._retry = Retry(retries, backoff, max_backoff, self.stats)
         # file reads/writes of all transfers share these threads (see docs/peer.md: more
         # writer threads than cores starve the loop thread without adding throughput)
         self.limiter = trio.CapacityLimiter(io_threads)
@@ -225,11 +208,6 @@ class PeerClient:
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    async def _sleep_backoff(self, attempt: int) -> None:
-        delay = min(self.max_backoff, self.backoff * (2 ** attempt))
-        self.stats.retries += 1
-        await trio.sleep(delay * (0.5 + random.random() / 2))
-
     async def _error(self, resp: httpx.Response, addr: Addr, path: bytes | None) -> PeerError:
         """The exception for a non-success response (reads at most 64 KiB of its body)."""
         body = b""
@@ -242,32 +220,6 @@ class PeerClient:
             pass
         return _error_for(resp.status_code, body, resp.headers.get("x-hycache-error"), resp.reason_phrase,
                           addr, path)
-
-    async def _retrying(self, attempt: Callable[[], Awaitable[T]], retryable: tuple[type[BaseException], ...],
-                        fail: Callable[[BaseException, int], PeerError], *,
-                        progressed: Callable[[], bool] | None = None,
-                        retry_if: Callable[[BaseException], bool] | None = None) -> T:
-        """The one retry policy of the client: call ``attempt`` until it returns.  On a
-        ``retryable`` error (for which ``retry_if``, if given, is true) it is called again
-        after an exponential, jittered backoff, at most ``self.retries`` more times; then
-        ``fail(last error, attempts)`` is raised.  An attempt that made progress
-        (``progressed()``) starts the count again; :class:`_Again` (a reused keep-alive
-        connection the server had closed) asks again at once, uncounted."""
-        fails = 0
-        while True:
-            try:
-                return await attempt()
-            except _Again:
-                continue
-            except retryable as e:
-                if retry_if is not None and not retry_if(e):
-                    raise
-                if progressed is not None and progressed():
-                    fails = 0
-                if fails >= self.retries:
-                    raise fail(e, fails + 1) from e
-                await self._sleep_backoff(fails)
-                fails += 1
 
     def _unavailable(self, addr: Addr, what: str, path: bytes | None) -> Callable[[BaseException, int], PeerError]:
         def fail(e: BaseException, attempts: int) -> PeerError:
@@ -293,7 +245,7 @@ class PeerClient:
             finally:
                 await resp.aclose()
 
-        return await self._retrying(attempt, (*RETRYABLE, _Retry), self._unavailable(addr, f"{method} {target}", path))
+        return await self._retry.run(attempt, (*RETRYABLE, _Retry), self._unavailable(addr, f"{method} {target}", path))
 
     # -------------------------------------------------------------- API
     async def health(self, peer_addr: Addr) -> dict[str, Any]:
@@ -368,7 +320,7 @@ class PeerClient:
         ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
         protocol's: status, Content-Range (its total), the ETag (``expect``: else
         PeerChanged) and the body's length against Content-Length (h11); TCP's checksum
-        covers the wire.  Retried on transport errors and 503 (:meth:`_retrying`)."""
+        covers the wire.  Retried on transport errors and 503 (:class:`Retry`)."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         rng = f"bytes={offset}-{offset + length - 1}"
@@ -378,7 +330,7 @@ class PeerClient:
                        ("range", rng)]
             head = await self._get_head(host, port, target, headers)
             if head is None:
-                raise _Again
+                raise Again
             conn, resp = head
             reusable = False
             try:
@@ -390,7 +342,7 @@ class PeerClient:
                 with trio.CancelScope(shield=True):
                     await self._raw.put(conn, reusable)
 
-        return await self._retrying(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+        return await self._retry.run(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
                                     self._unavailable(addr, f"GET {target.decode()} ({rng})", path))
 
     async def _range_body(self, conn: bulk.Conn, resp: h11.Response, addr: Addr, path: bytes, offset: int,
@@ -473,7 +425,7 @@ class PeerClient:
                                    f"({f.got} of {f.size} bytes)", addr=str(addr), path=path)
 
         try:
-            await self._retrying(lambda: self._fetch_once(f, host, port, target),
+            await self._retry.run(lambda: self._fetch_once(f, host, port, target),
                                  (*RAW_RETRYABLE, bulk.Broken, _Retry), fail,
                                  progressed=lambda: f.got > f.before, retry_if=lambda e: e is not f.local_error)
         finally:
@@ -491,7 +443,7 @@ class PeerClient:
         f.before = f.got
         head = await self._get_head(host, port, target, headers)
         if head is None:
-            raise _Again
+            raise Again
         conn, resp = head
         reusable = False
         try:
@@ -505,40 +457,13 @@ class PeerClient:
             if f.accept(resp):
                 self.stats.resumes += 1
             try:
-                await self._receive_body(f, conn)
+                await f.receive(conn, self._thread_bulk, self.read_timeout)
                 reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
             finally:
                 self.stats.bytes_received += f.got - f.before
         finally:
             with trio.CancelScope(shield=True):
                 await self._raw.put(conn, reusable)
-
-    async def _receive_body(self, f: Fetch, conn: bulk.Conn) -> None:
-        """The response body into the file at ``f.got``: what came with the head, then the
-        rest spliced in (a broken or short body raises bulk.Broken)."""
-        pieces, ended = bulk.buffered_body(conn)
-        r = bulk.Received()
-        try:  # errors of the local file are not the peer's: raised as they are
-            if pieces:  # (a small body comes whole with its head)
-                f.got += await self._thread_bulk(_pwrite_all, f.fd, pieces, f.got) if f.regular \
-                    else await self._thread_bulk(bulk.write_all, f.fd, pieces)
-                if f.progress is not None:
-                    f.progress(f.got, f.size)
-            while f.got < f.size and not ended and r.error is None:
-                if f.regular and f.pipe is None:
-                    f.pipe = await trio.to_thread.run_sync(bulk.make_pipe)
-                r = await self._thread_bulk(bulk.splice_in, conn.fd, f.fd, f.got, min(bulk.HOP, f.size - f.got),
-                                            self.read_timeout, f.pipe)
-                f.got += r.n
-                if f.progress is not None:
-                    f.progress(f.got, f.size)
-        except OSError as e:
-            f.local_error = e
-            raise
-        if r.error is not None:
-            raise bulk.Broken(str(r.error)) from r.error
-        if ended and f.got < f.size:
-            raise bulk.Broken("short response")
 
     async def _thread_bulk(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
@@ -570,7 +495,7 @@ class PeerClient:
                     await self._raw.put(conn, reusable)
 
         try:
-            return await self._retrying(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+            return await self._retry.run(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
                                         self._unavailable(peer_addr, f"PUT {target.decode()}", path))
         finally:
             with trio.CancelScope(shield=True):
@@ -595,7 +520,7 @@ class PeerClient:
             conn.h.send(h11.EndOfMessage())
         except (*RAW_RETRYABLE, bulk.Broken) as e:
             if conn.reused and pos == 0:  # a keep-alive connection the server had closed
-                raise _Again from e
+                raise Again from e
             sent_error = e  # the peer may have answered early (401, 4xx): read it
         try:
             resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)

@@ -4,10 +4,13 @@ head so a resumed transfer never splices two versions."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import h11
+import trio
 
 from hycache_agent.transport import bulk
 from hycache_agent.transport.errors import PeerChanged, PeerError
@@ -27,6 +30,19 @@ def content_range(value: str) -> tuple[int, int]:
         return int(first), int(total)
     except ValueError:
         raise PeerError(f"malformed Content-Range {value!r}") from None
+
+
+def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
+    total = sum(len(p) for p in pieces)
+    done = os.pwritev(fd, pieces, offset)
+    if done < total:
+        rest = memoryview(b"".join(pieces))[done:]
+        pos = offset + done
+        while rest:
+            k = os.pwrite(fd, rest, pos)
+            rest, pos = rest[k:], pos + k
+    return total
+
 
 
 @dataclass(eq=False)
@@ -115,3 +131,30 @@ class Fetch:
                 self.size = total
                 return False
         return True
+
+    async def receive(self, conn: bulk.Conn, thread: Callable[..., Awaitable[Any]], read_timeout: float) -> None:
+        """The response body into the file at ``self.got``: what came with the head, then the
+        rest spliced in (a broken or short body raises bulk.Broken)."""
+        pieces, ended = bulk.buffered_body(conn)
+        r = bulk.Received()
+        try:  # errors of the local file are not the peer's: raised as they are
+            if pieces:  # (a small body comes whole with its head)
+                self.got += await thread(_pwrite_all, self.fd, pieces, self.got) if self.regular \
+                    else await thread(bulk.write_all, self.fd, pieces)
+                if self.progress is not None:
+                    self.progress(self.got, self.size)
+            while self.got < self.size and not ended and r.error is None:
+                if self.regular and self.pipe is None:
+                    self.pipe = await trio.to_thread.run_sync(bulk.make_pipe)
+                r = await thread(bulk.splice_in, conn.fd, self.fd, self.got, min(bulk.HOP, self.size - self.got),
+                                 read_timeout, self.pipe)
+                self.got += r.n
+                if self.progress is not None:
+                    self.progress(self.got, self.size)
+        except OSError as e:
+            self.local_error = e
+            raise
+        if r.error is not None:
+            raise bulk.Broken(str(r.error)) from r.error
+        if ended and self.got < self.size:
+            raise bulk.Broken("short response")
