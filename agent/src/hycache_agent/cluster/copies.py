@@ -23,7 +23,7 @@ from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
 from hycache_agent.remote.copy import StreamCopy
 
-log = logging.getLogger("hycache_agent.cluster.dht_link")
+log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 
 class RemoteCopies:

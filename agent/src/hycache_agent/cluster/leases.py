@@ -18,7 +18,7 @@ from hycache_dht.meta import Op
 
 from hycache_agent.fs.namespace import FsError, Inode
 
-log = logging.getLogger("hycache_agent.cluster.ownership")
+log = logging.getLogger("hycache_agent.cluster.ownership")  # one log with the ownership protocol
 
 
 @dataclass

@@ -19,7 +19,7 @@ from hycache_agent.cluster.store_link import StoreLink
 from hycache_agent.fs.namespace import FsError
 from hycache_agent.fs.namespace import join_path as join
 
-log = logging.getLogger("hycache_agent.cluster.dht_link")
+log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 HEARTBEAT_SECONDS = 2.0
 

@@ -18,7 +18,7 @@ from hycache_agent.cluster.store_link import StoreLink
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
 
-log = logging.getLogger("hycache_agent.cluster.dht_link")
+log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 PUBLISH_BATCH = 512
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)

@@ -17,7 +17,7 @@ from hycache_agent.cluster.entries import LATER, REMOTE_INO_BASE, UNREACHABLE, R
 from hycache_agent.cluster.store_link import StoreLink
 from hycache_agent.fs.namespace import join_path as join
 
-log = logging.getLogger("hycache_agent.cluster.dht_link")
+log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 META_TTL_SECONDS = 1.0
 SMALL_DIR = 1024

@@ -15,7 +15,7 @@ from hycache_dht.meta import DHTError, DHTUnavailable, EntryMeta, MetaStore
 
 from hycache_agent.cluster.entries import UNREACHABLE
 
-log = logging.getLogger("hycache_agent.cluster.dht_link")
+log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 # After the mount comes up, questions to the store wait up to this long for the first
 # connection (a rebooted node whose Redis Cluster is still failing over), instead of
