@@ -8,7 +8,7 @@
 * **The global view** (:mod:`remote_view`): remote nodes, cached directory listings.
 * **Remote reads** (:mod:`copies`, and ``remote/``): whole copies on the fast tier, or
   HCCache (:class:`RemoteReader`).
-* **Serving peers** (:mod:`peer_files`): what the peer data service streams and keeps.
+* **Serving peers** (:mod:`local_files`): what the peer data service streams and keeps.
 * Ownership and leases, replicas, rebalance and invalidations, each its own class.
 
 The other parts, and the FUSE layer, reach these through the link.  Every store call
@@ -27,9 +27,9 @@ from hycache_dht.meta import EntryMeta, MetaStore
 from hycache_agent.cluster.copies import RemoteCopies
 from hycache_agent.cluster.entries import LATER, UNREACHABLE, RemoteNode
 from hycache_agent.cluster.invalidation import Invalidations
+from hycache_agent.cluster.local_files import LocalPeerFiles
 from hycache_agent.cluster.nodes import NodeRegistry
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
-from hycache_agent.cluster.peer_files import LocalPeerFiles
 from hycache_agent.cluster.publisher import Publisher
 from hycache_agent.cluster.rebalance import Rebalancer
 from hycache_agent.cluster.remote_view import META_TTL_SECONDS, RemoteView
