@@ -31,8 +31,10 @@ import time
 from pathlib import Path
 
 import trio
-from hycache_agent.cluster.peer import PeerServer, authorization, files_target, load_secret
-from hycache_agent.cluster.peer_client import PeerClient
+from hycache_agent.transport.auth import authorization, load_secret
+from hycache_agent.transport.client import PeerClient
+from hycache_agent.transport.server import PeerServer
+from hycache_agent.transport.wire import files_target
 from hycache_core.sizes import format_size, parse_size
 from hycache_harness.dirfiles import DirFiles
 from hycache_harness.loopwatch import loop_gaps

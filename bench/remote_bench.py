@@ -62,7 +62,8 @@ import threading
 import time
 from pathlib import Path
 
-from hycache_agent.cluster.peer import authorization, files_target
+from hycache_agent.transport.auth import authorization
+from hycache_agent.transport.wire import files_target
 from hycache_core.sizes import parse_size
 from hycache_harness import Agent, drop_caches, executable, redis_seeds, start_redis_cluster
 

@@ -58,7 +58,7 @@ from remote_bench import MODES, MiB, ready
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read
 # $HYCACHE_DEBUG_LOGGERS)
-STEP_LOGGERS = ",".join(["hycache_agent.cluster.peer", "hycache_agent.cluster.peer_client",
+STEP_LOGGERS = ",".join(["hycache_agent.transport.server", "hycache_agent.transport.client",
                          "hycache_agent.remote.copy"])
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 from clusterkit import free_port, redis_addr, start_agents, wait_published
-from hycache_agent.cluster import dht_link
+from hycache_agent.cluster import remote_view
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.link import ControlLink
 from hycache_agent.fs import tiers as T
@@ -175,7 +175,7 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
             # announcements of its changes (in /in one would make it list again at once).
             dl = await ops.lookup(ROOT_INO, b"later", ctx)
             assert dl.st_ino != 0
-            monkeypatch.setattr(dht_link, "META_TTL_SECONDS", 600.0)
+            monkeypatch.setattr(remote_view, "META_TTL_SECONDS", 600.0)
             # (no such name: a negative entry, inode 0, that the kernel keeps a while)
             assert (await ops.lookup(dl.st_ino, b"late.bin", ctx)).st_ino == 0  # lists /later: no late.bin yet
             late = os.urandom(100 * K)

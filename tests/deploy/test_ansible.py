@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 from hycache_agent.cli import build_parser
-from hycache_agent.cluster.peer import load_secret
 from hycache_agent.config import AgentConfig, load_config
 from hycache_agent.control.link import load_token
+from hycache_agent.transport.auth import load_secret
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"

@@ -239,7 +239,7 @@ def test_secret_files_are_generated_ignored_by_git_and_accepted_by_their_readers
     """The secrets are not in git: deploy/gen-secret.sh writes each where compose reads
     it, git ignores them, and their readers accept what the script writes (the agent's
     load_secret; 24+ random characters for the control plane's admin token)."""
-    from hycache_agent.cluster.peer import load_secret
+    from hycache_agent.transport.auth import load_secret
 
     rels = {name: PurePosixPath(os.path.normpath(spec["file"])) for name, spec in COMPOSE["secrets"].items()
             if name != "ca_bundle"}  # the build secret: an empty file in git unless HYCACHE_CA_BUNDLE is set

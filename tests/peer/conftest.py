@@ -8,8 +8,8 @@ import os
 
 import pytest
 import trio
-from hycache_agent.cluster.peer import PeerServer
-from hycache_agent.cluster.peer_client import PeerClient
+from hycache_agent.transport.client import PeerClient
+from hycache_agent.transport.server import PeerServer
 from hycache_harness.dirfiles import DirFiles
 
 SECRET = b"peer-tests-secret-0123456789abcdef"

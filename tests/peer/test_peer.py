@@ -10,11 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hycache_agent.cluster.peer import (
-    authorization,
-    files_target,
-)
-from hycache_agent.cluster.peer_client import (
+from hycache_agent.transport.auth import authorization
+from hycache_agent.transport.client import (
     PeerAuthError,
     PeerChanged,
     PeerClient,
@@ -22,6 +19,7 @@ from hycache_agent.cluster.peer_client import (
     PeerNotFound,
     PeerUnavailable,
 )
+from hycache_agent.transport.wire import files_target
 from hycache_harness.loopwatch import loop_gaps
 
 from .conftest import SECRET, ServerHandle, make_sparse, sha256_file, write_file
@@ -111,7 +109,7 @@ async def test_keep_alive_reuses_connections(server, client, files, tmp_path):
         await client.fetch_to_file(server.addr, b"/a", tmp_path / "a")
     await client.fetch_to_file(server.addr, b"/a", "/dev/null")  # not a regular file: no truncate
     # range requests and whole-file fetches share one raw keep-alive connection
-    # (cluster/bulk.py: a range body is read whole, a fetch's body spliced to its end)
+    # (transport/bulk.py: a range body is read whole, a fetch's body spliced to its end)
     assert server.server.stats.connections == 1
     assert server.server.stats.requests == 11
 

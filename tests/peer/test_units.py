@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from hycache_agent.cluster import peer
-from hycache_agent.cluster.peer import SecretFileError, load_secret, parse_addr, parse_range
+from hycache_agent.transport.auth import SecretFileError, load_secret
+from hycache_agent.transport.wire import RangeError, parse_addr, parse_range
 
 
 def test_parse_range_unit():
@@ -14,11 +14,11 @@ def test_parse_range_unit():
     assert parse_range("bytes=5-100", 10) == (5, 9)
     assert parse_range("bytes=-100", 10) == (0, 9)
     for bad, status in [("bytes=0-", 0), ("bytes=-0", 5), ("bytes=10-", 10)]:
-        with pytest.raises(peer.RangeError) as e:
+        with pytest.raises(RangeError) as e:
             parse_range(bad, status)
         assert e.value.status == 416
     for bad in ["items=0-1", "bytes=a-b", "bytes=-", "bytes 0-1", "bytes=1-2,3-4"]:
-        with pytest.raises(peer.RangeError) as e:
+        with pytest.raises(RangeError) as e:
             parse_range(bad, 100)
         assert e.value.status == 400
 

@@ -18,7 +18,7 @@ SUBCOMMANDS = ("mount", "status", "where", "pin", "unpin", "promote", "demote", 
 
 def _setup_logging(level: str) -> None:
     """``level`` for every logger; the loggers named in $HYCACHE_DEBUG_LOGGERS (comma-separated,
-    e.g. ``hycache_agent.cluster.peer``) at DEBUG whatever it is: one module's step timings
+    e.g. ``hycache_agent.transport.server``) at DEBUG whatever it is: one module's step timings
     without every module's DEBUG lines (bench/remote_probe.py --steps)."""
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -56,8 +56,9 @@ async def _watch_signals(nursery: trio.Nursery) -> None:
 def _make_cluster(engine: TieringEngine) -> None:
     """Join the global namespace: the metadata store, the peer client, the outbox hooks."""
     from hycache_agent.cluster.dht_link import ClusterLink
-    from hycache_agent.cluster.peer import load_secret, parse_addr
-    from hycache_agent.cluster.peer_client import PeerClient
+    from hycache_agent.transport.auth import load_secret
+    from hycache_agent.transport.client import PeerClient
+    from hycache_agent.transport.wire import parse_addr
 
     config = engine.config
     secret = load_secret(config.cluster_secret_file)
@@ -112,11 +113,13 @@ def _make_hccache(config):
 
 
 async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
-    from hycache_agent.cluster.peer import PeerServer, parse_addr
+    from hycache_agent.fs.tiers import remove_blob
+    from hycache_agent.transport.server import PeerServer
+    from hycache_agent.transport.wire import parse_addr
 
     cluster = engine.cluster
     server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret,
-                        metrics=lambda: _metrics(engine))
+                        metrics=lambda: _metrics(engine), remove_temp=remove_blob)
     host, port = parse_addr(engine.config.listen)
     await nursery.start(server.serve, host, port)
     await cluster.run(nursery)
@@ -146,8 +149,8 @@ async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
         if engine.cluster is not None:
             await _start_cluster(engine, nursery)
         if engine.config.metrics_listen:
-            from hycache_agent.cluster.peer import parse_addr
             from hycache_agent.metrics import MetricsServer
+            from hycache_agent.transport.wire import parse_addr
 
             host, port = parse_addr(engine.config.metrics_listen)
             await nursery.start(MetricsServer(engine).serve, host, port)
@@ -183,8 +186,8 @@ def redis_credentials(config: AgentConfig) -> tuple[str | None, str | None]:
     """The Redis ACL user and password (--redis-user, --redis-password-file)."""
     if config.redis_password_file is None:
         return config.redis_user, None
-    from hycache_agent.cluster.peer import SecretFileError
     from hycache_agent.secretfile import read_protected
+    from hycache_agent.transport.auth import SecretFileError
 
     data = read_protected(config.redis_password_file, what="Redis password file", error=SecretFileError,
                           forbidden=0o007, refusal="{what} {path} is accessible by other users (mode {mode}); run: "
@@ -201,7 +204,7 @@ def _check_redis_credentials(config: AgentConfig) -> None:
     from hycache_dht.cluster_client import check_credentials
     from hycache_dht.meta import DHTAuthError
 
-    from hycache_agent.cluster.peer import SecretFileError
+    from hycache_agent.transport.auth import SecretFileError
 
     try:
         user, password = redis_credentials(config)

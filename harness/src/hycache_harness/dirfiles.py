@@ -1,4 +1,4 @@
-"""A real :class:`hycache_agent.cluster.peer.PeerFiles` over a plain directory (the peer tests, bench/peer_bench.py).
+"""A real :class:`hycache_agent.transport.wire.PeerFiles` over a plain directory (tests, benchmark).
 
 Paths are namespace paths (bytes, ``/a/b``) below ``root``; ``..``, ``.`` and empty
 components are refused as unknown files, so nothing outside ``root`` is reachable.  The

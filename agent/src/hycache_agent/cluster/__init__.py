@@ -1,1 +1,1 @@
-"""The cluster seam: the DHT link (publication, global view), ownership and leases, replicas, rebalance, the peer data service and its client."""
+"""The cluster seam: the DHT link (publication, node registry, global view), ownership and leases, replicas, rebalance, invalidations."""

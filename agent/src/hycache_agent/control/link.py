@@ -85,7 +85,7 @@ class ControlLink:
     def __init__(self, engine: TieringEngine, url: str, token: str, *, node_id: str,
                  address: str | None, interval: float = 1.0, version: str | None = None,
                  push: bool = True) -> None:
-        from hycache_agent.cluster.peer import agent_version
+        from hycache_agent.transport.wire import agent_version
 
         self.engine = engine
         self.url = url.rstrip("/")

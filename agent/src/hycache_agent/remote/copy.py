@@ -32,9 +32,9 @@ import time
 
 import trio
 
-from hycache_agent.cluster import bulk
-from hycache_agent.cluster.peer_client import PeerChanged
 from hycache_agent.fs.namespace import FsError
+from hycache_agent.transport import bulk
+from hycache_agent.transport.client import PeerChanged
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ A read of a file another node holds is served from the agent's HCCache
   with an ``r-`` prefix: the same bytes.  A new DHT version learnt at lookup/refresh
   drops the path's entries.
 * Fetches of blocks and small files are range GETs on the peer client's raw keep-alive
-  connections (``cluster/bulk.py``, the same as the whole-file streams).  Cache inserts
+  connections (``transport/bulk.py``, the same as the whole-file streams).  Cache inserts
   (their content hash, for dedup) run in worker threads after the reply, off the read's
   path; the copies that assemble a multi-block reply run in worker threads; a small
   file's slice (at most one FUSE read) is taken on the loop.

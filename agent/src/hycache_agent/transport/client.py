@@ -1,4 +1,4 @@
-"""Client of the agent-to-agent data service (:mod:`hycache_agent.cluster.peer`).
+"""Client of the agent-to-agent data service (:mod:`hycache_agent.transport.server`).
 
 ``PeerClient`` wraps one ``httpx.AsyncClient`` (connection pool, keep-alive; httpx runs on
 trio through anyio) and signs every request with the cluster secret.  File I/O runs in
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import stat
 import time
 from collections.abc import Callable
@@ -36,37 +35,22 @@ import httpcore
 import httpx
 import trio
 
-from hycache_agent.cluster import bulk
-from hycache_agent.cluster.peer import API, CHUNK, _unquote_etag, authorization, files_target, parse_addr
+from hycache_agent.transport import bulk
+from hycache_agent.transport.auth import authorization
+from hycache_agent.transport.errors import (
+    PeerAuthError,
+    PeerChanged,
+    PeerError,
+    PeerNotFound,
+    PeerUnavailable,
+)
+from hycache_agent.transport.fetch import Fetch, Progress
+from hycache_agent.transport.retry import Again, Retry
+from hycache_agent.transport.wire import API, CHUNK, files_target, parse_addr, unquote_etag
 
 log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
-Progress = Callable[[int, int], None]  # (bytes written so far, total bytes)
-
-
-class PeerError(Exception):
-    def __init__(self, message: str, *, addr: str = "", path: bytes | None = None,
-                 status: int | None = None) -> None:
-        super().__init__(message)
-        self.addr = addr
-        self.path = path
-        self.status = status
-
-
-class PeerUnavailable(PeerError):
-    """The peer could not be reached, or kept dropping the transfer, after the retries."""
-
-
-class PeerNotFound(PeerError):
-    """404: the peer does not have the file."""
-
-
-class PeerAuthError(PeerError):
-    """401: the peer rejected our signature (wrong cluster secret, or clocks > 60 s apart)."""
-
-
-class PeerChanged(PeerError):
-    """The file's version (ETag) changed during the transfer, or is not the one expected."""
+__all__ = ["PeerAuthError", "PeerChanged", "PeerClient", "PeerError", "PeerNotFound", "PeerUnavailable"]
 
 
 # --------------------------------------------------------------------------- transport
@@ -124,13 +108,15 @@ def _transport(max_connections: int) -> httpx.AsyncHTTPTransport:
 
 # transport problems worth another attempt (not LocalProtocolError/UnsupportedProtocol: ours)
 RETRYABLE = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
-# the same for the raw bulk connections (cluster/bulk.py)
+# the same for the raw bulk connections (transport/bulk.py)
 RAW_RETRYABLE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                  h11.RemoteProtocolError)
 
 
 class _Retry(Exception):
     """A retryable answer (503) from the peer."""
+
+
 
 
 @dataclass
@@ -146,18 +132,6 @@ class ClientStats:
 
 
 # blocking helpers, run in worker threads ---------------------------------------------------
-def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> int:
-    total = sum(len(p) for p in pieces)
-    done = os.pwritev(fd, pieces, offset)
-    if done < total:
-        rest = memoryview(b"".join(pieces))[done:]
-        pos = offset + done
-        while rest:
-            k = os.pwrite(fd, rest, pos)
-            rest, pos = rest[k:], pos + k
-    return total
-
-
 def _truncate_regular(fd: int, size: int) -> None:
     if stat.S_ISREG(os.fstat(fd).st_mode):  # not e.g. /dev/null
         os.ftruncate(fd, size)
@@ -184,16 +158,15 @@ class PeerClient:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
         self._secret = secret
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
         self.chunk_size = chunk_size
         self.clock = clock
         self.stats = ClientStats()
+        # transport errors and 503 are retried (each request's attempts: _retry.run)
+        self._retry = Retry(retries, backoff, max_backoff, self.stats)
         # file reads/writes of all transfers share these threads (see docs/peer.md: more
         # writer threads than cores starve the loop thread without adding throughput)
         self.limiter = trio.CapacityLimiter(io_threads)
-        # whole-file transfers (cluster/bulk.py): a thread each while its body moves in
+        # whole-file transfers (transport/bulk.py): a thread each while its body moves in
         # the kernel; they mostly wait on the socket, so more of them than io_threads
         self._bulk_limiter = trio.CapacityLimiter(bulk_threads)
         self._raw = bulk.Pool(connect_timeout)
@@ -235,11 +208,6 @@ class PeerClient:
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    async def _sleep_backoff(self, attempt: int) -> None:
-        delay = min(self.max_backoff, self.backoff * (2 ** attempt))
-        self.stats.retries += 1
-        await trio.sleep(delay * (0.5 + random.random() / 2))
-
     async def _error(self, resp: httpx.Response, addr: Addr, path: bytes | None) -> PeerError:
         """The exception for a non-success response (reads at most 64 KiB of its body)."""
         body = b""
@@ -253,32 +221,31 @@ class PeerClient:
         return _error_for(resp.status_code, body, resp.headers.get("x-hycache-error"), resp.reason_phrase,
                           addr, path)
 
+    def _unavailable(self, addr: Addr, what: str, path: bytes | None) -> Callable[[BaseException, int], PeerError]:
+        def fail(e: BaseException, attempts: int) -> PeerError:
+            return PeerUnavailable(f"{addr}: {what}: {e!r} after {attempts} attempts", addr=str(addr), path=path)
+        return fail
+
     async def _simple(self, method: str, addr: Addr, target: str, path: bytes | None,
                       handle: Callable[[httpx.Response], Any], *, headers: dict[str, str] | None = None,
                       content_factory: Callable[[], Any] | None = None, sign: bool = True,
                       ok: tuple[int, ...] = (200,)) -> Any:
         """One request with retries on transport errors; ``handle(response)`` (async)
         turns a response whose status is in ``ok`` into the result."""
-        last: BaseException | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await self._sleep_backoff(attempt - 1)
+        async def attempt() -> Any:
+            content = content_factory() if content_factory else None
+            req = self._build(method, addr, target, headers, content, sign)
+            resp = await self._http.send(req, stream=True)
             try:
-                content = content_factory() if content_factory else None
-                req = self._build(method, addr, target, headers, content, sign)
-                resp = await self._http.send(req, stream=True)
-                try:
-                    if resp.status_code == 503:
-                        raise _Retry(f"HTTP 503 from {addr}")
-                    if resp.status_code not in ok:
-                        raise await self._error(resp, addr, path)
-                    return await handle(resp)
-                finally:
-                    await resp.aclose()
-            except (*RETRYABLE, _Retry) as e:
-                last = e
-        raise PeerUnavailable(f"{addr}: {method} {target}: {last!r} after {self.retries + 1} attempts",
-                              addr=str(addr), path=path) from last
+                if resp.status_code == 503:
+                    raise _Retry(f"HTTP 503 from {addr}")
+                if resp.status_code not in ok:
+                    raise await self._error(resp, addr, path)
+                return await handle(resp)
+            finally:
+                await resp.aclose()
+
+        return await self._retry.run(attempt, (*RETRYABLE, _Retry), self._unavailable(addr, f"{method} {target}", path))
 
     # -------------------------------------------------------------- API
     async def health(self, peer_addr: Addr) -> dict[str, Any]:
@@ -290,7 +257,7 @@ class PeerClient:
     async def stat(self, peer_addr: Addr, path: bytes) -> tuple[int, str]:
         """HEAD: the file's (size, etag) on the peer."""
         async def handle(resp: httpx.Response) -> tuple[int, str]:
-            return int(resp.headers["content-length"]), _unquote_etag(resp.headers.get("etag", ""))
+            return int(resp.headers["content-length"]), unquote_etag(resp.headers.get("etag", ""))
         return await self._simple("HEAD", peer_addr, files_target(path), path, handle)
 
     async def _get_head(self, host: str, port: int, target: bytes,
@@ -347,61 +314,58 @@ class PeerClient:
 
     async def _range_get(self, addr: Addr, path: bytes, offset: int, length: int,
                          expect: str | None) -> tuple[bytes, str, int]:
-        """One range GET on a raw keep-alive connection (``cluster/bulk.py``, the same
+        """One range GET on a raw keep-alive connection (``transport/bulk.py``, the same
         connections as the whole-file fetches): the signed request, the head through h11,
         the body (at most ``length`` bytes: a block or a small file) read on the loop.
         ``(data, etag, total size)``; 416 (past the end) is ``b""``.  The checks are the
         protocol's: status, Content-Range (its total), the ETag (``expect``: else
         PeerChanged) and the body's length against Content-Length (h11); TCP's checksum
-        covers the wire.  Retried on transport errors and 503, as :meth:`_simple`."""
+        covers the wire.  Retried on transport errors and 503 (:class:`Retry`)."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         rng = f"bytes={offset}-{offset + length - 1}"
-        last: BaseException | None = None
-        attempt = 0
-        while attempt <= self.retries:
-            conn: bulk.Conn | None = None
+
+        async def attempt() -> tuple[bytes, str, int]:
+            headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                       ("range", rng)]
+            head = await self._get_head(host, port, target, headers)
+            if head is None:
+                raise Again
+            conn, resp = head
             reusable = False
             try:
-                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
-                           ("range", rng)]
-                head = await self._get_head(host, port, target, headers)
-                if head is None:
-                    continue
-                conn, resp = head
-                status = resp.status_code
-                if status == 503:
-                    raise _Retry(f"HTTP 503 from {addr}")
-                if status not in (206, 416):
-                    await self._raise_for(conn, resp, addr, path)
-                got = _unquote_etag(bulk.header(resp, b"etag") or "")
-                if expect is not None and got != expect:
-                    raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}",
-                                      addr=str(addr), path=path)
-                total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
-                if status == 416:
-                    await bulk.read_small_body(conn, self.read_timeout)
-                    data, size = b"", int(total) if total.isdigit() else offset
-                else:
-                    if not total.isdigit():
-                        raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
-                                        addr=str(addr), path=path, status=status)
-                    data, size = await bulk.read_body(conn, self.read_timeout, length), int(total)
-                    self.stats.bytes_received += len(data)
+                data, got, size = await self._range_body(conn, resp, addr, path, offset, length, expect)
                 reusable = (conn.h.their_state is h11.DONE
                             and (bulk.header(resp, b"connection") or "").lower() != "close")
                 return data, got, size
-            except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                last = e
-                attempt += 1
-                if attempt <= self.retries:
-                    await self._sleep_backoff(attempt - 1)
             finally:
-                if conn is not None:
-                    with trio.CancelScope(shield=True):
-                        await self._raw.put(conn, reusable)
-        raise PeerUnavailable(f"{addr}: GET {target.decode()} ({rng}): {last!r} after {self.retries + 1} attempts",
-                              addr=str(addr), path=path) from last
+                with trio.CancelScope(shield=True):
+                    await self._raw.put(conn, reusable)
+
+        return await self._retry.run(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+                                    self._unavailable(addr, f"GET {target.decode()} ({rng})", path))
+
+    async def _range_body(self, conn: bulk.Conn, resp: h11.Response, addr: Addr, path: bytes, offset: int,
+                          length: int, expect: str | None) -> tuple[bytes, str, int]:
+        """The checked answer to a range GET: ``(data, etag, total size)``."""
+        status = resp.status_code
+        if status == 503:
+            raise _Retry(f"HTTP 503 from {addr}")
+        if status not in (206, 416):
+            await self._raise_for(conn, resp, addr, path)
+        got = unquote_etag(bulk.header(resp, b"etag") or "")
+        if expect is not None and got != expect:
+            raise PeerChanged(f"{addr} {path!r}: version {got!r}, expected {expect!r}", addr=str(addr), path=path)
+        total = (bulk.header(resp, b"content-range") or "").rpartition("/")[2]
+        if status == 416:
+            await bulk.read_small_body(conn, self.read_timeout)
+            return b"", got, int(total) if total.isdigit() else offset
+        if not total.isdigit():
+            raise PeerError(f"{addr} {path!r}: HTTP 206 without a total in Content-Range",
+                            addr=str(addr), path=path, status=status)
+        data = await bulk.read_body(conn, self.read_timeout, length)
+        self.stats.bytes_received += len(data)
+        return data, got, int(total)
 
     async def fetch_to_file(self, peer_addr: Addr, path: bytes, dest: int | str | os.PathLike[str],
                             progress: Progress | None = None, *, etag: str | None = None,
@@ -448,132 +412,58 @@ class PeerClient:
                      expect: str | None, started: Callable[[int, str], None] | None = None, *,
                      first: int = 0, end: int | None = None) -> str:
         """The whole file (or with ``end``, bytes ``[first, end)``) into ``fd`` over a raw
-        connection (``cluster/bulk.py``): the head through h11, the body spliced from the
+        connection (``transport/bulk.py``): the head through h11, the body spliced from the
         socket into the file in worker threads.  A broken connection resumes with
-        Range/If-Range from the bytes written."""
+        Range/If-Range from the bytes written; the retries count attempts without progress."""
         host, port = parse_addr(addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         regular = await trio.to_thread.run_sync(bulk.is_regular, fd)
-        pipe: tuple[int, int] | None = None  # made when a body does not come whole with its head
-        size: int | None = None  # where the bytes wanted end (the file's size when whole)
-        total_seen: int | None = None  # the file's size per the first response (a part)
-        etag = expect
-        got = first  # bytes written, always a prefix of the span
-        fails = 0
-        local_error: OSError | None = None
+        f = Fetch(str(addr), path, fd, regular, progress, started, expect, first=first, end=end)
+
+        def fail(e: BaseException, attempts: int) -> PeerError:
+            return PeerUnavailable(f"{addr}: fetching {path!r}: {e!r} after {attempts} attempts without progress "
+                                   f"({f.got} of {f.size} bytes)", addr=str(addr), path=path)
+
         try:
-            while size is None or got < size:
-                headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock()))]
-                if end is not None:  # a part: always a range, of this version once known
-                    headers.append(("range", f"bytes={got}-{end - 1}"))
-                    if size is not None:
-                        headers.append(("if-range", f'"{etag}"'))
-                elif size is not None:  # resuming
-                    headers += [("range", f"bytes={got}-"), ("if-range", f'"{etag}"')]
-                before = got
-                conn: bulk.Conn | None = None
-                reusable = False
-                try:
-                    head = await self._get_head(host, port, target, headers)
-                    if head is None:
-                        continue
-                    conn, resp = head
-                    status = resp.status_code
-                    if status == 503:
-                        raise _Retry(f"HTTP 503 from {addr}")
-                    if status == 416 and (size is not None or end is not None):
-                        raise PeerChanged(f"{addr} {path!r}: the file shrank during the transfer",
-                                          addr=str(addr), path=path)
-                    if status not in (200, 206):
-                        await self._raise_for(conn, resp, addr, path)
-                    new_etag = _unquote_etag(bulk.header(resp, b"etag") or "")
-                    if (size is not None or end is not None) and status != 206:
-                        # If-Range did not match: the peer sent the whole, newer file
-                        raise PeerChanged(f"{addr} {path!r}: changed during the transfer "
-                                          f"({etag!r} → {new_etag!r})", addr=str(addr), path=path)
-                    if etag is not None and new_etag != etag:
-                        raise PeerChanged(f"{addr} {path!r}: version {new_etag!r}, expected {etag!r}",
-                                          addr=str(addr), path=path)
-                    length = int(bulk.header(resp, b"content-length") or "-1")
-                    if status == 206 and end is not None:
-                        crange = bulk.header(resp, b"content-range") or ""
-                        cr_first, total = _content_range(crange)
-                        if cr_first != got or total < end or (total_seen is not None and total != total_seen) \
-                                or length != end - got:
-                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r} for "
-                                              f"[{got}, {end})", addr=str(addr), path=path)
-                        if size is None:
-                            size, total_seen = end, total
-                        else:
-                            self.stats.resumes += 1
-                    elif status == 206:
-                        crange = bulk.header(resp, b"content-range") or ""
-                        cr_first, total = _content_range(crange)
-                        if cr_first != got or (size is not None and total != size) or length != total - cr_first:
-                            raise PeerChanged(f"{addr} {path!r}: unexpected Content-Range {crange!r}",
-                                              addr=str(addr), path=path)
-                        if size is None:
-                            size = total
-                        else:
-                            self.stats.resumes += 1
-                    else:
-                        if length < 0:
-                            raise PeerError(f"{addr} {path!r}: no Content-Length", addr=str(addr), path=path)
-                        size = length
-                    etag = new_etag
-                    if started is not None:
-                        cb, started = started, None
-                        cb(size if total_seen is None else total_seen, etag)
-                    try:
-                        pieces, ended = bulk.buffered_body(conn)
-                        try:  # errors of the local file are not the peer's: raised as they are
-                            if pieces:  # (a small body comes whole with its head)
-                                got += await self._thread_bulk(_pwrite_all, fd, pieces, got) if regular \
-                                    else await self._thread_bulk(bulk.write_all, fd, pieces)
-                                if progress is not None:
-                                    progress(got, size)
-                            r = bulk.Received()
-                            while got < size and not ended and r.error is None:
-                                if regular and pipe is None:
-                                    pipe = await trio.to_thread.run_sync(bulk.make_pipe)
-                                r = await self._thread_bulk(bulk.splice_in, conn.fd, fd, got,
-                                                            min(bulk.HOP, size - got), self.read_timeout, pipe)
-                                got += r.n
-                                if progress is not None:
-                                    progress(got, size)
-                        except OSError as e:
-                            local_error = e
-                            raise
-                        if r.error is not None:
-                            raise bulk.Broken(str(r.error)) from r.error
-                        if ended and got < size:
-                            raise bulk.Broken("short response")
-                        reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
-                    finally:
-                        self.stats.bytes_received += got - before
-                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                    if e is local_error:
-                        raise
-                    if got > before:  # progress: the retry budget starts again
-                        fails = 0
-                    if fails >= self.retries:
-                        raise PeerUnavailable(
-                            f"{addr}: fetching {path!r}: {e!r} after {fails + 1} attempts without progress "
-                            f"({got} of {size} bytes)", addr=str(addr), path=path) from e
-                    await self._sleep_backoff(fails)
-                    fails += 1
-                    continue
-                finally:
-                    if conn is not None:
-                        with trio.CancelScope(shield=True):
-                            await self._raw.put(conn, reusable)
+            await self._retry.run(lambda: self._fetch_once(f, host, port, target),
+                                 (*RAW_RETRYABLE, bulk.Broken, _Retry), fail,
+                                 progressed=lambda: f.got > f.before, retry_if=lambda e: e is not f.local_error)
         finally:
-            if pipe is not None:
-                for p in pipe:
+            if f.pipe is not None:
+                for p in f.pipe:
                     os.close(p)
         if regular and end is None:
-            await trio.to_thread.run_sync(_truncate_regular, fd, size)
-        return etag
+            await trio.to_thread.run_sync(_truncate_regular, fd, f.size)
+        return f.etag
+
+    async def _fetch_once(self, f: Fetch, host: str, port: int, target: bytes) -> None:
+        """One request of a fetch: from ``f.got`` to the end of the span."""
+        headers = [("authorization", authorization(self._secret, self.node_id, "GET", target, self.clock())),
+                   *f.range_headers()]
+        f.before = f.got
+        head = await self._get_head(host, port, target, headers)
+        if head is None:
+            raise Again
+        conn, resp = head
+        reusable = False
+        try:
+            status = resp.status_code
+            if status == 503:
+                raise _Retry(f"HTTP 503 from {f.addr}")
+            if status == 416 and f.known:
+                raise f.changed("the file shrank during the transfer")
+            if status not in (200, 206):
+                await self._raise_for(conn, resp, f.addr, f.path)
+            if f.accept(resp):
+                self.stats.resumes += 1
+            try:
+                await f.receive(conn, self._thread_bulk, self.read_timeout)
+                reusable = (bulk.header(resp, b"connection") or "").lower() != "close"
+            finally:
+                self.stats.bytes_received += f.got - f.before
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._raw.put(conn, reusable)
 
     async def _thread_bulk(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
@@ -583,74 +473,70 @@ class PeerClient:
         """PUT the whole of ``src_blob`` as ``path``'s replica on the peer, with metadata
         headers (``X-HyCache-Version``, ``X-HyCache-Mode``, ...).  The body goes by
         ``sendfile`` from the blob (its page cache, right after a write) to a raw
-        connection (``cluster/bulk.py``).  Retried from the start on transport errors (a
+        connection (``transport/bulk.py``).  Retried from the start on transport errors (a
         replica push is idempotent).  Returns the peer's JSON answer."""
         src = os.fspath(src_blob)
         host, port = parse_addr(peer_addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         fd, size = await trio.to_thread.run_sync(_open_src, src)
-        last: BaseException | None = None
+        extra = [(k.lower(), v) for k, v in (headers or {}).items()]
+
+        async def attempt() -> dict[str, Any]:
+            conn = await self._raw.get(host, port)
+            reusable = False
+            try:
+                self.stats.requests += 1
+                hdrs = [*extra, ("content-length", str(size)), ("content-type", "application/octet-stream"),
+                        ("authorization", authorization(self._secret, self.node_id, "PUT", target, self.clock()))]
+                answer, reusable = await self._push_once(conn, target, hdrs, fd, size, src, peer_addr, path)
+                return answer
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._raw.put(conn, reusable)
+
         try:
-            attempt = 0
-            while attempt <= self.retries:
-                conn: bulk.Conn | None = None
-                reusable = False
-                try:
-                    conn = await self._raw.get(host, port)
-                    self.stats.requests += 1
-                    hdrs = [(k.lower(), v) for k, v in (headers or {}).items()]
-                    hdrs += [("content-length", str(size)), ("content-type", "application/octet-stream"),
-                             ("authorization", authorization(self._secret, self.node_id, "PUT", target,
-                                                             self.clock()))]
-                    sent_error: BaseException | None = None
-                    pos = 0
-                    try:
-                        await bulk.send_head(conn, "PUT", target, hdrs)
-                        while pos < size:
-                            want = min(bulk.SEND_HOP, size - pos)
-                            n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
-                            pos += n
-                            self.stats.bytes_sent += n
-                            if n < want:
-                                raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
-                        conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
-                        conn.h.send(h11.EndOfMessage())
-                    except (*RAW_RETRYABLE, bulk.Broken) as e:
-                        if conn.reused and pos == 0:  # a keep-alive connection the server had closed
-                            await self._raw.put(conn, False)
-                            conn = None
-                            continue
-                        sent_error = e  # the peer may have answered early (401, 4xx): read it
-                    try:
-                        resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)
-                    except (*RAW_RETRYABLE, bulk.Broken):
-                        if sent_error is not None:
-                            raise sent_error from None
-                        raise
-                    body = await bulk.read_small_body(conn, self.read_timeout)
-                    if resp.status_code == 503:
-                        raise _Retry(f"HTTP 503 from {peer_addr}")
-                    if resp.status_code != 201:
-                        raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
-                                         resp.reason.decode("latin-1"), peer_addr, path)
-                    reusable = (sent_error is None and conn.h.our_state is h11.DONE
-                                and conn.h.their_state is h11.DONE
-                                and (bulk.header(resp, b"connection") or "").lower() != "close")
-                    return json.loads(body)
-                except (*RAW_RETRYABLE, bulk.Broken, _Retry) as e:
-                    last = e
-                    attempt += 1
-                    if attempt <= self.retries:
-                        await self._sleep_backoff(attempt - 1)
-                finally:
-                    if conn is not None:
-                        with trio.CancelScope(shield=True):
-                            await self._raw.put(conn, reusable)
+            return await self._retry.run(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
+                                        self._unavailable(peer_addr, f"PUT {target.decode()}", path))
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(os.close, fd)
-        raise PeerUnavailable(f"{peer_addr}: PUT {target.decode()}: {last!r} after {self.retries + 1} attempts",
-                              addr=str(peer_addr), path=path) from last
+
+    async def _push_once(self, conn: bulk.Conn, target: bytes, hdrs: list[tuple[str, str]], fd: int, size: int,
+                         src: str, peer_addr: Addr, path: bytes) -> tuple[dict[str, Any], bool]:
+        """One PUT of the blob on ``conn``: the peer's answer, and whether the connection
+        can be kept."""
+        sent_error: BaseException | None = None
+        pos = 0
+        try:
+            await bulk.send_head(conn, "PUT", target, hdrs)
+            while pos < size:
+                want = min(bulk.SEND_HOP, size - pos)
+                n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
+                pos += n
+                self.stats.bytes_sent += n
+                if n < want:
+                    raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
+            conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
+            conn.h.send(h11.EndOfMessage())
+        except (*RAW_RETRYABLE, bulk.Broken) as e:
+            if conn.reused and pos == 0:  # a keep-alive connection the server had closed
+                raise Again from e
+            sent_error = e  # the peer may have answered early (401, 4xx): read it
+        try:
+            resp = await bulk.read_response(conn, self.read_timeout if sent_error is None else 1.0)
+        except (*RAW_RETRYABLE, bulk.Broken):
+            if sent_error is not None:
+                raise sent_error from None
+            raise
+        body = await bulk.read_small_body(conn, self.read_timeout)
+        if resp.status_code == 503:
+            raise _Retry(f"HTTP 503 from {peer_addr}")
+        if resp.status_code != 201:
+            raise _error_for(resp.status_code, body, bulk.header(resp, b"x-hycache-error"),
+                             resp.reason.decode("latin-1"), peer_addr, path)
+        reusable = (sent_error is None and conn.h.our_state is h11.DONE and conn.h.their_state is h11.DONE
+                    and (bulk.header(resp, b"connection") or "").lower() != "close")
+        return json.loads(body), reusable
 
 
 class _Sent:
@@ -674,16 +560,3 @@ def _error_for(status: int, body: bytes, header: str | None, reason: str, addr: 
     where = str(addr) if path is None else f"{addr} {path!r}"
     cls = {404: PeerNotFound, 401: PeerAuthError}.get(status, PeerError)
     return cls(f"{where}: HTTP {status}: {message}", addr=str(addr), path=path, status=status)
-
-
-def _content_range(value: str) -> tuple[int, int]:
-    """``bytes a-b/total`` → (a, total)."""
-    try:
-        unit, _, rest = value.strip().partition(" ")
-        span, _, total = rest.partition("/")
-        first, _, _ = span.partition("-")
-        if unit != "bytes":
-            raise ValueError
-        return int(first), int(total)
-    except ValueError:
-        raise PeerError(f"malformed Content-Range {value!r}") from None
