@@ -114,6 +114,53 @@ def _written_in_api(base_url: str, token: str, node: str, since: float) -> float
     return total
 
 
+def _print_up(console: Console, st: dict, mounts: dict[str, Path], state_file: Path) -> None:
+    base, admin, read = st["base_url"], st["admin_token"], st["read_token"]
+    t = Table(title="HyCache is up", show_header=False)
+    t.add_row("dashboard", f"{base}/")
+    t.add_row("API docs", f"{base}/docs")
+    t.add_row("admin token", admin)
+    t.add_row("read-only token", read)
+    for n, mnt in mounts.items():
+        t.add_row(f"node {n} mount", str(mnt))
+    t.add_row("state file", str(state_file))
+    console.print(t)
+    console.print("try:  [bold]curl -s -H 'Authorization: Bearer " + admin + f"' {base}/api/v1/nodes[/]",
+                  soft_wrap=True)
+    console.print(f"      [bold]ls {next(iter(mounts.values()))}[/]   (one namespace: every node's files)",
+                  soft_wrap=True)
+
+
+def _writes_reach_the_api(console: Console, base: str, read: str, node: str, started: float,
+                          stopping: threading.Event) -> bool:
+    """The workload must show in the API's metric history (heartbeats -> samples)."""
+    deadline = time.monotonic() + 30
+    seen = 0.0
+    while time.monotonic() < deadline and not stopping.is_set():
+        seen = _written_in_api(base, read, node, started - 5)
+        if seen > 0:
+            break
+        time.sleep(1)
+    if seen > 0:
+        console.print(f"[green]the control plane's metrics show node {node} writing "
+                      f"({format_size(int(seen))} so far)[/]")
+        return True
+    console.print(f"[red]no write throughput for node {node} reached the control plane in 30 s[/]")
+    return False
+
+
+def _print_summary(console: Console, base: str, read: str, rounds: int) -> None:
+    nodes = _get(base, read, "/api/v1/nodes")["items"]
+    summary = Table(title=f"after {rounds} workload rounds")
+    for col in ("node", "state", "fast used", "slow used", "hit ratio"):
+        summary.add_column(col)
+    for n in nodes:
+        hr = n.get("hit_ratio")
+        summary.add_row(n["id"], n["state"], format_size(n["tiers"]["fast"]["used"] or 0),
+                        format_size(n["tiers"]["slow"]["used"] or 0), "—" if hr is None else f"{hr:.2f}")
+    console.print(summary)
+
+
 def run_demo(*, agents: int = 2, fast_capacity: str = "16M", file_size: str = "1M",
              duration: float | None = None, workdir: str | None = None) -> int:
     console = Console()
@@ -131,56 +178,19 @@ def run_demo(*, agents: int = 2, fast_capacity: str = "16M", file_size: str = "1
     failed = False
     try:
         st = stack.start()
-        base, admin, read = st["base_url"], st["admin_token"], st["read_token"]
+        base, read = st["base_url"], st["read_token"]
         mounts = {n: Path(a["mountpoint"]) for n, a in st["agents"].items()}
         started = time.time()
         workload = Workload(mounts, parse_size(file_size))
         workload.start()
-
-        t = Table(title="HyCache is up", show_header=False)
-        t.add_row("dashboard", f"{base}/")
-        t.add_row("API docs", f"{base}/docs")
-        t.add_row("admin token", admin)
-        t.add_row("read-only token", read)
-        for n, mnt in mounts.items():
-            t.add_row(f"node {n} mount", str(mnt))
-        t.add_row("state file", str(stack.state_file))
-        console.print(t)
-        console.print("try:  [bold]curl -s -H 'Authorization: Bearer " + admin + f"' {base}/api/v1/nodes[/]",
-                      soft_wrap=True)
-        console.print(f"      [bold]ls {next(iter(mounts.values()))}[/]   (one namespace: every node's files)",
-                      soft_wrap=True)
-
-        # the workload must show in the API's metric history (heartbeats → samples)
-        first = next(iter(mounts))
-        deadline = time.monotonic() + 30
-        seen = 0.0
-        while time.monotonic() < deadline and not stopping.is_set():
-            seen = _written_in_api(base, read, first, started - 5)
-            if seen > 0:
-                break
-            time.sleep(1)
-        if seen > 0:
-            console.print(f"[green]the control plane's metrics show node {first} writing "
-                          f"({format_size(int(seen))} so far)[/]")
-        else:
-            failed = True
-            console.print(f"[red]no write throughput for node {first} reached the control plane in 30 s[/]")
-
+        _print_up(console, st, mounts, stack.state_file)
+        failed = not _writes_reach_the_api(console, base, read, next(iter(mounts)), started, stopping)
         if duration is None:
             console.print("[bold]running a light workload; press Ctrl-C to stop everything[/]")
         end = None if duration is None else time.monotonic() + duration
         while not stopping.is_set() and (end is None or time.monotonic() < end):
             stopping.wait(1.0)
-        nodes = _get(base, read, "/api/v1/nodes")["items"]
-        summary = Table(title=f"after {workload.rounds} workload rounds")
-        for col in ("node", "state", "fast used", "slow used", "hit ratio"):
-            summary.add_column(col)
-        for n in nodes:
-            hr = n.get("hit_ratio")
-            summary.add_row(n["id"], n["state"], format_size(n["tiers"]["fast"]["used"] or 0),
-                            format_size(n["tiers"]["slow"]["used"] or 0), "—" if hr is None else f"{hr:.2f}")
-        console.print(summary)
+        _print_summary(console, base, read, workload.rounds)
         if workload.errors:
             failed = True
             console.print(f"[red]workload errors: {workload.errors}[/]")
