@@ -156,7 +156,8 @@ class ClusterLink:
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
                  secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
                  replicas: int = 0, replica_mode: str = "async", rebalance_interval: float = 0.0,
-                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True) -> None:
+                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True,
+                 copies=None, on_invalidate=None) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self._store_factory = store_factory
@@ -186,6 +187,8 @@ class ClusterLink:
         self.known_nodes: dict[str, dict[str, Any]] = {}
         self.rebalancer = Rebalancer(self, interval=rebalance_interval, rounds=rebalance_rounds)
         self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
+        # the FUSE layer's: forget the kernel's entry (parent ino, name)
+        self.ownership.on_invalidate = on_invalidate
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
         self.replicator = Replicator(self, replicas, replica_mode)
         self.local_files = LocalPeerFiles(engine, self.replica_store)
@@ -193,9 +196,17 @@ class ClusterLink:
         self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
             if hccache is not None else None
         self.inval = Invalidations(self)  # remote entries kept valid by announced changes
-        self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
-        self.on_copy_dropped = None  # set by the FUSE layer: async (ino) when a copy is dropped
+        # the kernel's passthrough of whole copies (remote.backing.RemoteBackings, shared
+        # with the vfs layer): a copy written is registered ahead of the next open, a
+        # dropped one's registration goes
+        self._copies = copies
+        self.on_copy = self._park_copy if copies is not None else None  # async (ino, copy path)
+        self.on_copy_dropped = copies.forget if copies is not None else None  # async (ino)
         self.meta_ttl = META_TTL_SECONDS
+
+    async def _park_copy(self, ino: int, copy: str) -> None:
+        if ino in self.remote:  # (not forgotten by the kernel meanwhile)
+            await self._copies.park_copy(ino, copy)
 
     # ------------------------------------------------------------------ wiring
     def attach(self) -> None:

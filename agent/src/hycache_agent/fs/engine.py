@@ -8,12 +8,16 @@ defaults) as s3ql's ``Operations(block_cache, db, inode_cache)``:
   removal of freed inodes' blobs;
 * :mod:`~hycache_agent.fs.placement` — room on the fast tier, watermarks and the evictor,
   the policy's settings, pins, move requests, prefetch (Algorithms 1–3 of the papers);
-* :mod:`~hycache_agent.fs.migrations` — stage → copy → fsync → atomic switch → remove.
+* :mod:`~hycache_agent.fs.migrations` — stage → copy → fsync → atomic switch → remove;
+* :mod:`~hycache_agent.fs.recovery` — the redo log's replay and the recovery pass.
 
-The state they share stays here: the namespace, ``capacity``/``fast_used``, the policy
-queue, the files' locks and handles.  The request path keeps direct references to the
-parts' attributes it uses per request (the blob pool's list, the blob generations, the
-room check), so the split adds no call on it.
+The state they share is given to each part's constructor: the fast tier's accounting and
+policy queue (:class:`~hycache_agent.fs.space.Space`), the namespace, the files' locks and
+which files are held (:class:`~hycache_agent.fs.files.Files`); the handles stay here.  The
+request path keeps direct references to the parts' attributes it uses per request (the
+blob pool's list, the blob generations, the room check), so the split adds no call on it.
+The engine knows nothing of other nodes: a cluster link hooks into the namespace's journal
+(its events and outbox) and calls the engine, never the other way round.
 
 Placement follows Algorithms 1–3 of the HyCache papers, with an inode store instead of
 symlink stubs (see :mod:`hycache_agent.fs.tiers`):
@@ -51,12 +55,15 @@ from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.blobpool import BlobPool
 from hycache_agent.fs.counters import Census, Counters, IOStats
+from hycache_agent.fs.files import Files
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
-from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
+from hycache_agent.fs.namespace import FsError, Inode, Namespace, check_name, local_inode, now_ns
 from hycache_agent.fs.placement import Placement
+from hycache_agent.fs.recovery import recover, replay
 from hycache_agent.fs.redolog import RedoLog
+from hycache_agent.fs.space import Space
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +117,7 @@ class Handle:
 
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
-                 census: Census | None = None, blobs: BlobPool | None = None,
-                 placement: Placement | None = None, migrations: Migrations | None = None) -> None:
+                 census: Census | None = None, blobs: BlobPool | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
@@ -122,43 +128,64 @@ class TieringEngine:
         self.blobs = blobs if blobs is not None else BlobPool(self.tiers, self.passthrough)
         self._blob_pool = self.blobs.ready
         self.pooled_backings = self.blobs.pooled_backings
-        self.policy: OnlinePolicy = load_policy(config.policy)
+        self.space = Space(load_policy(config.policy))
+        self.files = Files()
+        self.backed = self.files.backed
         self.store: SQLiteStore | None = None
         self.ns: Namespace | None = None
-        self.capacity = 0
-        # logical bytes of fast-tier files, plus reservations of promotions, plus the local
-        # copies of other nodes' files under fast/remote-cache/ (remote_cache_used of it)
-        self.fast_used = 0
-        self.remote_cache_used = 0
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
-        self._locks: dict[int, trio.Lock] = {}
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
         self._commit_shortly = trio.Event()
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.census = census if census is not None else Census()
-        self.policy_version = 0  # the control plane's policy version applied (0: none)
-        self.device_capacity = 0
-        self.control = None  # control_link.ControlLink when linked to a control plane
-        self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
-        self.on_file_created = None  # (cluster) called with each regular file create_file makes
+        # (the cluster link's ownership, when the agent joins a global namespace) called
+        # with each regular file create_file makes, inside the create
+        self.on_file_created = None
         self.nursery: trio.Nursery | None = None
         self.started = time.time()
-        self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
-        self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
-        # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
-        self.placement = placement if placement is not None else Placement()
-        self.placement.attach(self)
-        # the write path asks these on every request that grows a file: direct references
-        self._room_for = self.placement.room_for
-        self._check_watermark = self.placement.check_watermark
         # moving files between the tiers; the read path uses its generations directly
-        self.migrations = migrations if migrations is not None else Migrations()
-        self.migrations.attach(self)
+        self.migrations = Migrations(self.tiers, self.files, self.space, self.blobs, self.counters,
+                                     self.passthrough)
         self.active = self.migrations.active
         self._blob_gens = self.migrations.blob_gens
         self.blob_gen = self.migrations.blob_gen  # (per passthrough open: no extra call)
+        # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
+        self.placement = Placement(config, self.files, self.space, self.migrations)
+        # the write path asks these on every request that grows a file: direct references
+        self._room_for = self.placement.room_for
+        self._check_watermark = self.placement.check_watermark
+
+    # the fast tier's accounting and policy queue (fs/space.py), as the other layers read it
+    @property
+    def fast_used(self) -> int:
+        return self.space.used
+
+    @property
+    def remote_cache_used(self) -> int:
+        return self.space.remote_cache_used
+
+    @property
+    def capacity(self) -> int:
+        return self.space.capacity
+
+    @capacity.setter
+    def capacity(self, nbytes: int) -> None:
+        self.space.capacity = nbytes
+
+    @property
+    def device_capacity(self) -> int:
+        return self.space.device_capacity
+
+    @property
+    def policy(self) -> OnlinePolicy:
+        return self.space.policy
+
+    @property
+    def policy_version(self) -> int:
+        """The control plane's policy version applied (0: none)."""
+        return self.placement.policy_version
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -168,35 +195,14 @@ class TieringEngine:
             tier.path.mkdir(parents=True, exist_ok=True)
             tier.prepare()
         self.store = SQLiteStore(self.config.state_dir / "meta.db")
-        self.ns = Namespace(lambda row: MetaJournal(self.store, row))
+        self.ns = self.files.ns = Namespace(lambda row: MetaJournal(self.store, row))
         snapshot = self.store.load()
         self.ns.load(snapshot, os.getuid(), os.getgid())
         redo = RedoLog(self.config.state_dir / "redo.log")
-        replayed = self._replay(redo, snapshot.counters.get("redo_upto", 0))
-        saved = self.placement.load_saved_policy()
-        if saved is not None:
-            self.config.policy = saved["policy"]
-            self.config.high_watermark = saved["high_watermark"]
-            self.config.low_watermark = saved["low_watermark"]
-            self.policy_version = saved["version"]
-            log.info("running the saved control-plane policy version %d: %s, watermarks %.2f/%.2f",
-                     self.policy_version, saved["policy"], saved["high_watermark"], saved["low_watermark"])
+        replayed = replay(self.ns, redo, snapshot.counters.get("redo_upto", 0))
+        self.placement.restore_saved_policy()
         report = self.recover()  # first: it fixes the sizes the capacity counts
-        fast_vfs = self.tiers[T.FAST].statvfs()
-        self.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
-        if self.config.fast_capacity:
-            self.capacity = self.config.fast_capacity
-        else:
-            # what the agent can really use: its own files plus the free space (another
-            # tenant's files on the same file system are not ours to count)
-            own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
-            self.capacity = min(self.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
-        self.policy = load_policy(self.config.policy, capacity=self.capacity)  # size-aware ones want it
-        resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
-                          key=lambda i: i.last_access)
-        for inode in resident:  # the policy queue in last-access order
-            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-        self.fast_used = sum(i.size for i in resident)
+        self._size_fast_tier()
         self.ns.journal.sync_blocking()
         redo.reset()  # (its records are committed now) from here on, names are logged
         self.ns.journal.redo = redo
@@ -204,78 +210,33 @@ class TieringEngine:
             report["redo_replayed"] = replayed
         return report
 
-    def _replay(self, redo: RedoLog, checkpoint: int) -> int:
-        """(start-up) The name changes a crash left only in the redo log, applied to the
-        loaded namespace before the recovery pass (which would take their blobs for
-        orphans); committed with the start-up's commit, the checkpoint with them."""
-        records = redo.pending(checkpoint)
-        if not records:
-            return 0
-        ns = self.ns
-        ns.events = []  # kept for the cluster link (attached later) to publish
-        try:
-            applied = ns.replay(records)
-        finally:
-            ns.replayed_events, ns.events = ns.events, None
-        ns.journal.counter("redo_upto", redo.last_seq)
-        log.warning("redo log: %d name changes after the last commit (%d applied)", len(records), applied)
-        return applied
+    def _size_fast_tier(self) -> None:
+        """(start-up) The fast tier's capacity and its policy queue, in last-access order."""
+        space = self.space
+        fast_vfs = self.tiers[T.FAST].statvfs()
+        space.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
+        if self.config.fast_capacity:
+            space.capacity = self.config.fast_capacity
+        else:
+            # what the agent can really use: its own files plus the free space (another
+            # tenant's files on the same file system are not ours to count)
+            own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
+            space.capacity = min(space.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
+        space.policy = load_policy(self.config.policy, capacity=space.capacity)  # size-aware ones want it
+        resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
+                          key=lambda i: i.last_access)
+        for inode in resident:
+            space.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+        space.used = sum(i.size for i in resident)
 
     def recover(self) -> dict[str, int]:
-        """Resolve what a crash left: staged copies, duplicate copies of a migrated file,
-        blobs of deleted inodes, nameless inodes; refresh sizes from the blobs."""
-        ns = self.ns
-        report = {"temp_removed": 0, "duplicates_removed": 0, "orphan_blobs_removed": 0,
-                  "orphan_inodes_removed": 0, "missing_blobs": 0, "sizes_fixed": 0}
-        referenced = {ino for entries in ns.children.values() for ino in entries.values()}
-        for inode in list(ns.inodes.values()):
-            if inode.ino != ROOT_INO and (inode.nlink <= 0 or inode.ino not in referenced):
-                ns.forget_inode(inode)
-                report["orphan_inodes_removed"] += 1
-        for tier in self.tiers.values():
-            for path, ino, temp in tier.scan():
-                inode = ns.inodes.get(ino) if ino is not None else None
-                if temp:
-                    T.remove_blob(path)
-                    report["temp_removed"] += 1
-                elif inode is None or not inode.is_reg:
-                    T.remove_blob(path)
-                    report["orphan_blobs_removed"] += 1
-                elif inode.tier != tier.name:
-                    # the switch committed (or never did) — the metadata names the copy to keep
-                    other = self.tiers[inode.tier] if inode.tier in self.tiers else None
-                    if other is not None and os.path.exists(other.blob(inode.ino)):
-                        T.remove_blob(path)
-                        report["duplicates_removed"] += 1
-                    else:  # only this copy exists: adopt it (never lose bytes)
-                        inode.tier = tier.name
-                        ns.journal.inode(inode.ino)
-        for inode in ns.inodes.values():
-            if not inode.is_reg:
-                continue
-            try:
-                st = os.stat(self.tiers[inode.tier].blob(inode.ino))
-            except (FileNotFoundError, KeyError):
-                log.error("inode %d (%r): its bytes are missing on every tier; recreated empty",
-                          inode.ino, ns.path_of(inode.ino))
-                inode.tier = T.FAST
-                T.create_blob(self.tiers[T.FAST].blob(inode.ino))
-                inode.size = 0
-                ns.journal.inode(inode.ino)
-                report["missing_blobs"] += 1
-                continue
-            if st.st_size != inode.size:
-                inode.size = st.st_size
-                ns.journal.inode(inode.ino)
-                report["sizes_fixed"] += 1
-        if any(report.values()):
-            log.warning("recovery: %s", report)
-        return report
+        """Resolve what a crash left (see :func:`hycache_agent.fs.recovery.recover`)."""
+        return recover(self.ns, self.tiers)
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the background tasks (evictor, periodic metadata flush)."""
         self.nursery = nursery
-        nursery.start_soon(self.placement.evictor)
+        await self.placement.run(nursery)
         nursery.start_soon(self._flusher)
         nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
         nursery.start_soon(self.blobs.reaper)
@@ -285,6 +246,7 @@ class TieringEngine:
 
     def close(self) -> None:
         self.nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        self.placement.stop()
         for lane in self.lanes:  # committed by sync_blocking() below
             lane.close()
         for h in self.handles.values():
@@ -302,15 +264,7 @@ class TieringEngine:
 
     # ------------------------------------------------------------------ helpers
     def lock(self, inode: Inode) -> trio.Lock:
-        lock = self._locks.get(inode.ino)
-        if lock is None:
-            lock = self._locks[inode.ino] = trio.Lock()
-        return lock
-
-    def is_locked(self, ino: int) -> bool:
-        """A writer (or a migration's switch) holds the file's lock now."""
-        lock = self._locks.get(ino)
-        return lock is not None and lock.locked()
+        return self.files.lock(inode)
 
     @property
     def backing_pool(self) -> Any:
@@ -321,6 +275,10 @@ class TieringEngine:
     def backing_pool(self, backings: Any) -> None:
         self.blobs.backing_pool = backings
         self.blobs.refill_soon()  # the blobs made before are registered by the next refill
+
+    def new_fh(self) -> int:
+        """A file handle number, unique among local and remote opens."""
+        return next(self._fh)
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
@@ -458,7 +416,7 @@ class TieringEngine:
         inode.size = size
         inode.atime_ns, inode.mtime_ns, inode.ctime_ns = attrs.atime_ns, attrs.mtime_ns, attrs.ctime_ns
         if tier == T.FAST:
-            self.fast_used += size
+            self.space.used += size
             self.policy.admit(inode.ino, size)
         self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
@@ -466,12 +424,10 @@ class TieringEngine:
     def held(self, inode: Inode) -> bool:
         """Open, or (passthrough) its blob still registered with the kernel: its final size
         is known only once the FUSE layer has dropped the backing (:meth:`backing_dropped`)."""
-        return bool(inode.open_count) or inode.ino in self.backed
+        return self.files.held(inode)
 
     def _now_free(self, inode: Inode) -> None:
-        ev = self._idle.pop(inode.ino, None)
-        if ev is not None:
-            ev.set()
+        self.files.now_free(inode)
         if self.passthrough["enabled"]:
             self._check_watermark()  # passthrough writes grew it behind the evictor's back
 
@@ -482,12 +438,6 @@ class TieringEngine:
         inode = self.ns.inodes.get(ino)
         if inode is not None and not self.held(inode):
             self._now_free(inode)
-
-    def idle_event(self, inode: Inode) -> trio.Event:
-        ev = self._idle.get(inode.ino)
-        if ev is None:
-            ev = self._idle[inode.ino] = trio.Event()
-        return ev
 
     async def open(self, inode: Inode, flags: int, uid: int, *, created: bool = False) -> int:
         """Open a local regular file.  ``created``: the open of create(2), not counted as
@@ -502,7 +452,7 @@ class TieringEngine:
             # the handle may get the blob as its backing file: an open arriving during a
             # migration waits for the switch (and before-open promotes while nobody holds it)
             if before_open and not inode.open_count and inode.migration is None:
-                await self.migrations.background_migration(inode, T.FAST, "promote")
+                await self.placement.background_migration(inode, T.FAST, "promote")
             while inode.migration is not None:
                 await inode.migration.done.wait()
             if self.ns.inodes.get(inode.ino) is not inode:
@@ -528,9 +478,9 @@ class TieringEngine:
             self.policy.touch(inode.ino, inode.size)
         elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
             if before_open:
-                await self.migrations.background_migration(inode, T.FAST, "promote")
+                await self.placement.background_migration(inode, T.FAST, "promote")
             else:  # with passthrough: once the last handle is released
-                self.migrations.start_migration(inode, T.FAST, "promote")
+                self.placement.start_migration(inode, T.FAST, "promote")
         return fh
 
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
@@ -540,7 +490,7 @@ class TieringEngine:
         ENOSPC when both tiers are full)."""
         if not self.passthrough["enabled"]:
             return False
-        if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
+        if writing and inode.tier == T.FAST and self.space.used >= self.space.capacity:
             return await self._room_for(1, inode)
         return True
 
@@ -549,14 +499,14 @@ class TieringEngine:
         if self.ns.inodes.get(inode.ino) is not inode:
             return
         if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
-            self.fast_used += size - inode.size
+            self.space.used += size - inode.size
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
         inode.data_gen += 1
         if inode.replicas:  # the copies on other nodes are stale now
             inode.replicas = []
         self.ns.journal.inode(inode.ino)
-        if self.cluster is not None:  # its publication to the other nodes
+        if self.ns.events is not None:  # other nodes learn the size from the commit: soon
             self.commit_shortly()
         # the evictor is woken by the last release (engine.release), once the file is free
 
@@ -593,11 +543,11 @@ class TieringEngine:
             reaped = spilled = False
             while True:
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
-                self.fast_used += reserve
+                self.space.used += reserve
                 try:
                     n = await self._io(h, os.pwrite, buf, off)
                 except OSError as exc:
-                    self.fast_used -= reserve
+                    self.space.used -= reserve
                     if exc.errno == errno.ENOSPC and not reaped:
                         reaped = True
                         if await self.blobs.reap_now():
@@ -607,14 +557,14 @@ class TieringEngine:
                         await self.migrations.spill(inode)  # the fast device itself is full
                         continue
                     raise FsError(exc.errno) from exc
-                self.fast_used -= reserve
+                self.space.used -= reserve
                 break
             c = self.io.tiers[inode.tier]  # the tier written (after a spill: the slow one)
             c.writes += 1
             c.write_bytes += n
             new_size = max(inode.size, off + n)
             if inode.tier == T.FAST:
-                self.fast_used += new_size - inode.size
+                self.space.used += new_size - inode.size
             inode.size = new_size
             inode.data_gen += 1
             if inode.replicas:  # the copies on other nodes are stale now
@@ -635,7 +585,7 @@ class TieringEngine:
             except OSError as exc:
                 raise FsError(exc.errno) from exc
             if inode.tier == T.FAST:
-                self.fast_used += size - inode.size
+                self.space.used += size - inode.size
             inode.size = size
             inode.data_gen += 1
             if inode.replicas:
@@ -683,14 +633,14 @@ class TieringEngine:
             return
         self.ns.forget_inode(inode)
         self.migrations.blob_leaving(inode.ino)
-        self._locks.pop(inode.ino, None)
+        self.files.locks.pop(inode.ino, None)
         self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:
             inode.migration.cancelled = True
         if inode.is_reg:
             if inode.tier == T.FAST:
-                self.fast_used -= inode.size
-            self.policy.remove(inode.ino)
+                self.space.used -= inode.size
+            self.space.policy.remove(inode.ino)
             self.blobs.doom(inode.ino)
 
     async def forget(self, ino: int, n: int) -> None:
@@ -739,37 +689,32 @@ class TieringEngine:
 
     # ------------------------------------------------------------------ remote copies
     def remote_copy_added(self, nbytes: int) -> None:
-        """A copy of another node's file landed in fast/remote-cache/: it takes fast-tier
-        room like any fast-tier file (the evictor makes room among local files)."""
-        self.fast_used += nbytes
-        self.remote_cache_used += nbytes
+        """A copy of another node's file landed in fast/remote-cache/ (fs/space.py)."""
+        self.space.remote_copy_added(nbytes)
         self._check_watermark()
 
     def remote_copy_removed(self, nbytes: int) -> None:
-        self.fast_used -= nbytes
-        self.remote_cache_used -= nbytes
+        self.space.remote_copy_removed(nbytes)
 
     def local_inode(self, path: str | bytes) -> Inode:
         """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
-        raw = os.fsencode(path)
-        if not raw.startswith(b"/") or b"\0" in raw:
-            raise FsError(errno.EINVAL, "the path must be absolute, without NUL")
-        return self.ns.resolve(raw)
+        return local_inode(self.ns, path)
 
     # ------------------------------------------------------------------ counters
     # (fs/counters.py: the counting and the report shapes)
     def counters_dict(self) -> dict[str, Any]:
         """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-        return C.counters_dict(self.io, self.counters, self.cluster)
+        return C.counters_dict(self.io, self.counters)
 
-    def file_info(self, inode: Inode) -> dict[str, Any]:
-        return C.file_info(inode, self.blob(inode) if inode.is_reg else None, str(self.config.root), self.cluster)
+    def file_info(self, inode: Inode, node_id: str | None = None) -> dict[str, Any]:
+        """``user.hycache.info`` (``node_id``: this node's, in a cluster)."""
+        return C.file_info(inode, self.blob(inode) if inode.is_reg else None, str(self.config.root), node_id)
 
     async def status(self, max_age: float = 0.0) -> dict[str, Any]:
-        """The agent's state (``hycache-agent status --json``), see :func:`counters.status`."""
+        """The file system's part of the agent's state, see :func:`counters.status`."""
         return await C.status(self, max_age)
 
     async def statfs(self) -> tuple[int, int, int, int]:
         """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
         slow = await trio.to_thread.run_sync(self.tiers[T.SLOW].statvfs)
-        return C.statfs(self.capacity, self.fast_used, slow, len(self.ns.inodes))
+        return C.statfs(self.space.capacity, self.space.used, slow, len(self.ns.inodes))

@@ -338,7 +338,7 @@ class Backings:
                 # Changed after the writers' last flush: through a shared mapping, whose
                 # stores the kernel's FUSE inode does not see (its own write(2)s update
                 # its size and invalidate its times).  The kernel keeps a local file's
-                # attributes for a while (fuse_ops.LOCAL_TIMEOUT): make it ask again.
+                # attributes for a while (fuse.operations.LOCAL_TIMEOUT): make it ask again.
                 self.lane.submit(invalidate_attrs, inode.ino)
 
     def release(self, inode: Inode) -> None:
