@@ -98,7 +98,7 @@ class ControlLink:
         self._status = status if status is not None else engine.status
         # a plan step's prefetch (default: of local files only) and, in a cluster, the
         # drop of this node's copy of a file another node holds (a demote of it)
-        self._prefetch_path = prefetch if prefetch is not None else engine.prefetch
+        self._prefetch_path = prefetch if prefetch is not None else engine.placement.prefetch
         self._drop_copy_of = drop_copy
         self.url = url.rstrip("/")
         self._token = token
@@ -313,14 +313,14 @@ class ControlLink:
         if version == self.engine.policy_version or version == self._bad_policy_version:
             return False
         try:
-            self.engine.apply_policy(name, high, low, version)
+            self.engine.placement.apply_policy(name, high, low, version)
         except PolicyError as exc:
             self._bad_policy_version = version
             self._policy_failed(version, str(exc))
             return False
         self.policy_error = None
         try:
-            await trio.to_thread.run_sync(self.engine.save_policy)
+            await trio.to_thread.run_sync(self.engine.placement.save_policy)
         except OSError as exc:  # applied, but not kept: say so, keep running it
             log.error("could not save the policy in %s: %s", self.engine.config.state_dir, exc)
         return True

@@ -42,9 +42,7 @@ import itertools
 import logging
 import os
 import stat
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -54,8 +52,10 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.blobpool import BlobPool
+from hycache_agent.fs.commits import Commits
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.files import Files
+from hycache_agent.fs.handles import O_ACCMODE, Handle, blob_io, read_cached
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
@@ -66,54 +66,6 @@ from hycache_agent.fs.redolog import RedoLog
 from hycache_agent.fs.space import Space
 
 log = logging.getLogger(__name__)
-
-O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
-_HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
-# a change that only other nodes wait for (a size at close, in a cluster), or a name the
-# redo log keeps safe meanwhile, is committed this soon, with whatever else is recorded
-# until then: one flusher round (a trio timer), one transaction, one outbox batch and one
-# lane callback per 20 ms of a stream of creates or removes (5 ms made the flusher's
-# timers 7 % of the loop thread's GIL samples during creates; docs/benchmarks.md, create17)
-COMMIT_SHORTLY_SECONDS = 0.02
-
-
-@dataclass(eq=False)
-class Handle:
-    inode: Inode
-    flags: int
-    uid: int
-    tier: str | None = None
-    fd: int = -1
-    blob_gen: int = -1  # the inode's blob generation when fd was opened
-    # Descriptors replaced after a migration stay open until release: a worker thread
-    # may still be reading through one, and a closed number could be reused at once.
-    stale_fds: list[int] = field(default_factory=list)
-    reopen_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def writable(self) -> bool:
-        return (self.flags & O_ACCMODE) != os.O_RDONLY
-
-    def fd_for(self, path: str, tier: str, gen: int) -> int:
-        """(worker thread) The descriptor for the blob at ``path``, opened on first use
-        and re-opened when the file moved to another tier or blob generation."""
-        with self.reopen_lock:
-            if self.fd < 0 or self.tier != tier or self.blob_gen != gen:
-                mode = os.O_RDWR if self.writable else os.O_RDONLY
-                fd = os.open(path, mode | os.O_CLOEXEC)
-                if self.fd >= 0:
-                    self.stale_fds.append(self.fd)
-                self.fd, self.tier, self.blob_gen = fd, tier, gen
-            return self.fd
-
-    def close_all(self) -> None:
-        """(worker thread, at release)"""
-        for fd in [self.fd, *self.stale_fds]:
-            if fd >= 0:
-                os.close(fd)
-        self.fd = -1
-        self.stale_fds = []
-
 
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
@@ -136,14 +88,16 @@ class TieringEngine:
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
-        self._commit_shortly = trio.Event()
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.census = census if census is not None else Census()
         # (the cluster link's ownership, when the agent joins a global namespace) called
         # with each regular file create_file makes, inside the create
         self.on_file_created = None
-        self.nursery: trio.Nursery | None = None
+        # background commits of what is recorded (fs/commits.py)
+        self.commits = Commits(self.files)
+        self.commit_soon = self.commits.commit_soon
+        self.commit_shortly = self.commits.commit_shortly
         self.started = time.time()
         # moving files between the tiers; the read path uses its generations directly
         self.migrations = Migrations(self.tiers, self.files, self.space, self.blobs, self.counters,
@@ -175,10 +129,6 @@ class TieringEngine:
         self.space.capacity = nbytes
 
     @property
-    def device_capacity(self) -> int:
-        return self.space.device_capacity
-
-    @property
     def policy(self) -> OnlinePolicy:
         return self.space.policy
 
@@ -202,7 +152,7 @@ class TieringEngine:
         replayed = replay(self.ns, redo, snapshot.counters.get("redo_upto", 0))
         self.placement.restore_saved_policy()
         report = self.recover()  # first: it fixes the sizes the capacity counts
-        self._size_fast_tier()
+        self.space.size_up(self.config, self.tiers[T.FAST].statvfs(), self.ns.inodes.values())
         self.ns.journal.sync_blocking()
         redo.reset()  # (its records are committed now) from here on, names are logged
         self.ns.journal.redo = redo
@@ -210,34 +160,14 @@ class TieringEngine:
             report["redo_replayed"] = replayed
         return report
 
-    def _size_fast_tier(self) -> None:
-        """(start-up) The fast tier's capacity and its policy queue, in last-access order."""
-        space = self.space
-        fast_vfs = self.tiers[T.FAST].statvfs()
-        space.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
-        if self.config.fast_capacity:
-            space.capacity = self.config.fast_capacity
-        else:
-            # what the agent can really use: its own files plus the free space (another
-            # tenant's files on the same file system are not ours to count)
-            own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
-            space.capacity = min(space.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
-        space.policy = load_policy(self.config.policy, capacity=space.capacity)  # size-aware ones want it
-        resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
-                          key=lambda i: i.last_access)
-        for inode in resident:
-            space.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-        space.used = sum(i.size for i in resident)
-
     def recover(self) -> dict[str, int]:
         """Resolve what a crash left (see :func:`hycache_agent.fs.recovery.recover`)."""
         return recover(self.ns, self.tiers)
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the background tasks (evictor, periodic metadata flush)."""
-        self.nursery = nursery
         await self.placement.run(nursery)
-        nursery.start_soon(self._flusher)
+        self.commits.run(nursery)
         nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
         nursery.start_soon(self.blobs.reaper)
         for lane in [self.ns.journal.lane, *self.lanes]:
@@ -245,7 +175,7 @@ class TieringEngine:
         self._check_watermark()
 
     def close(self) -> None:
-        self.nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        self.commits.stop()  # the event loop is gone: what the lanes' callbacks record is
         self.placement.stop()
         for lane in self.lanes:  # committed by sync_blocking() below
             lane.close()
@@ -268,13 +198,14 @@ class TieringEngine:
 
     @property
     def backing_pool(self) -> Any:
-        """The FUSE layer's Backings once the kernel accepted passthrough (it sets it)."""
+        """The FUSE layer's Backings once the kernel accepted passthrough (use_backings)."""
         return self.blobs.backing_pool
 
-    @backing_pool.setter
-    def backing_pool(self, backings: Any) -> None:
+    def use_backings(self, backings: Any) -> None:
+        """The kernel accepted passthrough: blobs are registered with ``backings`` (the
+        FUSE layer's) from now on; those made before, by the next refill."""
         self.blobs.backing_pool = backings
-        self.blobs.refill_soon()  # the blobs made before are registered by the next refill
+        self.blobs.refill_soon()
 
     def new_fh(self) -> int:
         """A file handle number, unique among local and remote opens."""
@@ -282,76 +213,6 @@ class TieringEngine:
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
-
-    def _read_cached(self, h: Handle, off: int, size: int) -> bytes | None:
-        """Read on the event loop thread only if the bytes are already in the page cache
-        (``RWF_NOWAIT`` fails with EAGAIN instead of waiting for the disk), so the loop
-        never blocks; None means "go to a worker thread"."""
-        inode = h.inode
-        if (not _HAVE_NOWAIT or h.fd < 0 or h.tier != inode.tier
-                or h.blob_gen != self._blob_gens.get(inode.ino, 0)):
-            return None
-        buf = bytearray(size)
-        try:
-            n = os.preadv(h.fd, [buf], off, os.RWF_NOWAIT)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                return None
-            raise
-        if n < size and off + n < inode.size:  # partly cached: a short reply would read as EOF
-            return None
-        return bytes(memoryview(buf)[:n])
-
-    async def _io(self, h: Handle, fn, *args):
-        """Run ``fn(fd, *args)`` in a worker thread on the handle's descriptor for the
-        blob that holds the file now: one thread hop, including a (re)open after a
-        migration moved the file.  Reads take no lock: a migration may switch and remove
-        the chosen blob before the worker opens it (ENOENT); then the current one serves."""
-        inode = h.inode
-        while True:
-            tier, gen = inode.tier, self._blob_gens.get(inode.ino, 0)
-            path = self.tiers[tier].blob(inode.ino)
-
-            def job(path=path, tier=tier, gen=gen):
-                return fn(h.fd_for(path, tier, gen), *args)
-
-            try:
-                return await trio.to_thread.run_sync(job)
-            except FileNotFoundError:
-                if (inode.tier, self._blob_gens.get(inode.ino, 0)) == (tier, gen):
-                    raise  # not moved meanwhile: a real ENOENT
-
-    async def _flusher(self) -> None:
-        while True:
-            with trio.move_on_after(1.0):  # what rides on no other commit (times, heat)
-                await self._commit_shortly.wait()
-            if self._commit_shortly.is_set():
-                self._commit_shortly = trio.Event()
-                await trio.sleep(COMMIT_SHORTLY_SECONDS)
-            self.ns.journal.commit_soon()
-
-    def commit_shortly(self) -> None:
-        """Commit what is recorded within COMMIT_SHORTLY_SECONDS: with a stream of
-        operations it rides on the next one's commit."""
-        self._commit_shortly.set()
-
-    def commit_soon(self) -> None:
-        """Commit what is recorded so far in the background: the caller answers the kernel
-        at once, and the commit overlaps with the application's next steps.  Names made
-        this way are durable within a commit's time; a writer's close waits for its file's
-        name (:meth:`flush`), fsync and fsyncdir for everything."""
-        if self.nursery is None:  # (not serving yet: the next sync takes it)
-            return
-        if self.ns.journal.logged_so_far():
-            # the names are safe in the redo log already: commit within
-            # COMMIT_SHORTLY_SECONDS, with the next operations' changes (one transaction,
-            # one hand-off to the journal's thread and one outbox batch for a burst of
-            # creates or removes, instead of one each)
-            self.commit_shortly()
-        else:
-            self.ns.journal.commit_soon()
 
     # ------------------------------------------------------------------ files
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
@@ -446,18 +307,7 @@ class TieringEngine:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
-        before_open = (self.config.promote_mode == "before-open" and self.config.promote_on_open
-                       and inode.tier != T.FAST and inode.size <= self.config.high_watermark * self.capacity)
-        if self.passthrough["enabled"]:
-            # the handle may get the blob as its backing file: an open arriving during a
-            # migration waits for the switch (and before-open promotes while nobody holds it)
-            if before_open and not inode.open_count and inode.migration is None:
-                await self.placement.background_migration(inode, T.FAST, "promote")
-            while inode.migration is not None:
-                await inode.migration.done.wait()
-            if self.ns.inodes.get(inode.ino) is not inode:
-                raise FsError(errno.ENOENT)
-            before_open = False
+        before_open = await self.placement.before_open(inode, self.passthrough["enabled"])
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:
@@ -467,20 +317,14 @@ class TieringEngine:
         except BaseException:
             inode.open_count -= 1
             raise
-        fh = next(self._fh)
+        fh = self.new_fh()
         self.handles[fh] = h
         self.ns.touch_access(inode)
         if not created and (flags & O_ACCMODE) != os.O_WRONLY:
             self.io.tiers[inode.tier].hits += 1
             if inode.tier != T.FAST:
                 self.io.misses += 1
-        if inode.tier == T.FAST:
-            self.policy.touch(inode.ino, inode.size)
-        elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
-            if before_open:
-                await self.placement.background_migration(inode, T.FAST, "promote")
-            else:  # with passthrough: once the last handle is released
-                self.placement.start_migration(inode, T.FAST, "promote")
+        await self.placement.opened(inode, before_open)
         return fh
 
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
@@ -514,9 +358,9 @@ class TieringEngine:
         h = self.handles[fh]
         inode = h.inode
         tier = inode.tier  # the tier that serves this read
-        data = self._read_cached(h, off, size)
+        data = read_cached(h, off, size, self._blob_gens.get(inode.ino, 0))
         if data is None:
-            data = await self._io(h, os.pread, size, off)
+            data = await blob_io(h, self.tiers, self._blob_gens, os.pread, size, off)
         c = self.io.tiers[tier]
         c.reads += 1
         c.read_bytes += len(data)
@@ -545,7 +389,7 @@ class TieringEngine:
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
                 self.space.used += reserve
                 try:
-                    n = await self._io(h, os.pwrite, buf, off)
+                    n = await blob_io(h, self.tiers, self._blob_gens, os.pwrite, buf, off)
                 except OSError as exc:
                     self.space.used -= reserve
                     if exc.errno == errno.ENOSPC and not reaped:
@@ -611,7 +455,7 @@ class TieringEngine:
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
-        await self._io(h, os.fdatasync if datasync else os.fsync)
+        await blob_io(h, self.tiers, self._blob_gens, os.fdatasync if datasync else os.fsync)
         await self.ns.journal.sync(durable=True)
 
     async def release(self, fh: int) -> None:
@@ -669,23 +513,11 @@ class TieringEngine:
     def eviction_candidates(self, exclude: Inode | None = None):
         return self.placement.eviction_candidates(exclude)
 
-    def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
-        self.placement.apply_policy(policy, high, low, version)
-
-    def save_policy(self) -> None:
-        self.placement.save_policy()
-
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:
         await self.placement.set_pinned(inode, pinned)
 
-    def request_move(self, inode: Inode, tier: str) -> bool:
-        return self.placement.request_move(inode, tier)
-
     async def move(self, inode: Inode, tier: str) -> str | None:
         return await self.placement.move(inode, tier)
-
-    async def prefetch(self, path: str | bytes) -> str:
-        return await self.placement.prefetch(path)
 
     # ------------------------------------------------------------------ remote copies
     def remote_copy_added(self, nbytes: int) -> None:

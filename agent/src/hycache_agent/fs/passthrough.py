@@ -213,7 +213,7 @@ class Backings:
                                 "(the writeback cache is off for this mount)")
             return
         state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
-        self.engine.backing_pool = self
+        self.engine.use_backings(self)
 
     async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.

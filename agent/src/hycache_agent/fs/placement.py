@@ -287,6 +287,37 @@ class Placement:
             self.staged.pop(inode.ino, None)  # the plan (or a user) demotes it: no longer staged
         return await self.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
 
+    # ------------------------------------------------------------------ opens
+    def _promotes_on_open(self, inode: Inode) -> bool:
+        return (self.config.promote_on_open and inode.tier != T.FAST
+                and inode.size <= self.config.high_watermark * self.space.capacity)
+
+    async def before_open(self, inode: Inode, passthrough: bool) -> bool:
+        """Before a local file's open: whether its promotion is to be waited for by the
+        open (``promote_mode`` before-open).  With ``passthrough`` the handle may get the
+        blob as its backing file: an open arriving during a migration waits for the
+        switch (and before-open promotes first, while nobody holds the file)."""
+        before = self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
+        if not passthrough:
+            return before
+        if before and not inode.open_count and inode.migration is None:
+            await self.background_migration(inode, T.FAST, "promote")
+        while inode.migration is not None:
+            await inode.migration.done.wait()
+        if not self.files.live(inode):
+            raise FsError(errno.ENOENT)
+        return False
+
+    async def opened(self, inode: Inode, before_open: bool) -> None:
+        """A local file was opened: it is used now (the policy queue), or promoted."""
+        if inode.tier == T.FAST:
+            self.space.policy.touch(inode.ino, inode.size)
+        elif self._promotes_on_open(inode):
+            if before_open:
+                await self.background_migration(inode, T.FAST, "promote")
+            else:  # with passthrough: once the last handle is released
+                self.start_migration(inode, T.FAST, "promote")
+
     # ------------------------------------------------------------------ moving in the background
     def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
         """Start a migration in the background (promotion on open, xattr/CLI requests)."""

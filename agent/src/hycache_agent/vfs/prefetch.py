@@ -25,7 +25,7 @@ class Prefetcher:
         ENOSPC: no room, …) with the reason as its second argument."""
         raw = os.fsencode(path)
         try:
-            return await self.engine.prefetch(raw)
+            return await self.engine.placement.prefetch(raw)
         except FsError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR) or self.cluster is None:
                 raise

@@ -75,7 +75,7 @@ class Xattrs:
 
     async def _set(self, node: Inode, name: bytes, value: bytes) -> None:
         if name == XATTR_TIER:
-            self.engine.request_move(node, value.strip().decode(errors="replace"))
+            self.engine.placement.request_move(node, value.strip().decode(errors="replace"))
             return
         if name == XATTR_PINNED:
             flag = value.strip()
