@@ -98,7 +98,7 @@ class ControlLink:
         self._status = status if status is not None else engine.status
         # a plan step's prefetch (default: of local files only) and, in a cluster, the
         # drop of this node's copy of a file another node holds (a demote of it)
-        self._prefetch_path = prefetch if prefetch is not None else engine.placement.prefetch
+        self._prefetch_path = prefetch
         self._drop_copy_of = drop_copy
         self.url = url.rstrip("/")
         self._token = token
@@ -291,7 +291,8 @@ class ControlLink:
         fetched into the remote cache if another node holds it)."""
         log.info("control plane action %s: prefetch %s", aid, path)
         try:
-            detail = await self._prefetch_path(path)
+            prefetch = self._prefetch_path or self.engine.placement.prefetch
+            detail = await prefetch(path)
         except FsError as exc:
             why = exc.args[1] if len(exc.args) > 1 else os.strerror(exc.errno)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):

@@ -87,7 +87,10 @@ class TieringEngine:
         self.ns: Namespace | None = None
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
-        self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
+        # worker threads whose callbacks come back drained (lane.py): the one where the
+        # last release of a file drops its backing registration (fs/passthrough.py)
+        self.backings_lane = Lane("backings")
+        self.lanes: list[Lane] = [self.backings_lane]
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.census = census if census is not None else Census()

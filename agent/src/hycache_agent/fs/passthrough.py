@@ -32,7 +32,6 @@ import trio
 
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.namespace import Inode
 
 log = logging.getLogger(__name__)
@@ -146,8 +145,7 @@ class Backings:
         self.max_parked = parked_limit()
         self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
-        self.lane = Lane("backings")
-        engine.lanes.append(self.lane)
+        self.lane = engine.backings_lane
 
     # -- the engine's blob pool registers blobs ahead of their create (worker thread) ----
     @staticmethod
