@@ -22,8 +22,10 @@ import pyfuse3
 import trio
 from hycache_agent.config import AgentConfig
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.fuse_ops import HyCacheOperations
 from hycache_agent.fs.namespace import ROOT_INO
+from hycache_agent.fs.passthrough import Backings
+from hycache_agent.fuse.operations import HyCacheOperations
+from hycache_agent.vfs.layer import Vfs
 
 from .invariants import check_invariants, check_persisted, settle
 
@@ -65,7 +67,7 @@ class Fields:
 class Harness:
     def __init__(self, engine: TieringEngine, report: dict[str, int]) -> None:
         self.engine = engine
-        self.ops = HyCacheOperations(engine)
+        self.ops = HyCacheOperations(Vfs(engine, Backings(engine)))
         self.ns = engine.ns
         self.report = report
         self.ctx = Ctx()

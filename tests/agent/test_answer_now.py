@@ -8,8 +8,8 @@ from __future__ import annotations
 import errno as E
 
 import pyfuse3
-from hycache_agent.fs.fuse_ops import NEGATIVE_TIMEOUT
 from hycache_agent.fs.namespace import ROOT_INO
+from hycache_agent.vfs.names import NEGATIVE_TIMEOUT
 
 from .harness import run_engine
 

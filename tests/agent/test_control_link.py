@@ -100,20 +100,19 @@ def test_heartbeat_carries_status_counters_and_pending_results(tmp_path):
     async def body(h):
         e = h.engine
         link = link_for(e)
-        e.control = link
         await h.write_file(b"f", b"a" * 1000)
-        hb = link.build_heartbeat(await e.status())
+        hb = link.build_heartbeat(await link.agent_status())
         assert hb["node_id"] == "n1" and hb["seq"] == 1 and hb["address"] is None
         assert hb["boot_id"] == link.boot_id and len(hb["boot_id"]) == 36
         assert hb["counters"] == e.counters_dict() and hb["counters"]["fast"]["write_bytes"] == 1000
         assert hb["status"]["control"]["url"] == "http://control.invalid:8000"
         assert hb["status"]["control"]["state"] == "connecting"
         assert hb["policy_version"] == 0 and hb["action_results"] == []
-        assert link.build_heartbeat(await e.status())["seq"] == 2
+        assert link.build_heartbeat(await link.agent_status())["seq"] == 2
         json.dumps(hb)  # serializable as is
         # a control plane that never acknowledges: each heartbeat stays bounded, oldest first
         link.pending = {i: {"id": i, "state": "done", "detail": "fast", "tier": "fast"} for i in range(1500)}
-        results = link.build_heartbeat(await e.status())["action_results"]
+        results = link.build_heartbeat(await link.agent_status())["action_results"]
         assert [r["id"] for r in results] == list(range(1000))
         assert link_for(e).boot_id != link.boot_id
         return True
@@ -177,10 +176,10 @@ def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_
         await h.check()
 
         # the results ride on every heartbeat until the control plane acknowledges them
-        hb = link.build_heartbeat(await e.status())
+        hb = link.build_heartbeat(await link.agent_status())
         assert sorted(x["id"] for x in hb["action_results"]) == [1, 2, 3, 4, 5]
         await answer(link, acked_results=[1, 2, 3])
-        assert sorted(x["id"] for x in link.build_heartbeat(await e.status())["action_results"]) == [4, 5]
+        assert sorted(x["id"] for x in link.build_heartbeat(await link.agent_status())["action_results"]) == [4, 5]
 
         # unpin, then the old pin delivered again: applied once only, the file stays unpinned
         await answer(link, actions=[{"id": 6, "action": "unpin", "path": "/d/f"},
@@ -211,7 +210,7 @@ def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_
         await answer(link, actions=[{"id": 10, "action": "prefetch", "path": "/d/gone", "manifest_id": 1,
                                      "job": "j", "step": 2}])
         first = link.pending[10]
-        hb = link.build_heartbeat(await e.status())
+        hb = link.build_heartbeat(await link.agent_status())
         sent = {r["id"]: r for r in hb["action_results"]}
         assert sent[10] is first and first["state"] == "failed"
         await h.write_file(b"gone", b"g" * K, parent=d)
@@ -220,7 +219,7 @@ def test_actions_apply_through_the_engine_once_and_results_stay_until_acked(tmp_
         assert link.pending[10]["state"] == "done"
         await answer(link, acked_results=[10], sent=sent)
         assert link.pending[10]["state"] == "done"  # kept: the next heartbeat reports it
-        await answer(link, acked_results=[10], sent={r["id"]: r for r in link.build_heartbeat(await e.status())
+        await answer(link, acked_results=[10], sent={r["id"]: r for r in link.build_heartbeat(await link.agent_status())
                                                      ["action_results"]})
         assert 10 not in link.pending
         # the fast tier's census carries its pinned bytes (layer 2 plans around them)
@@ -264,7 +263,7 @@ def test_policy_from_the_answer_applies_live_and_is_kept_across_restarts(tmp_pat
         assert sorted(e.policy.eviction_order()) == sorted(inos)  # every fast file re-admitted
         saved = json.loads((e.config.state_dir / POLICY_FILE).read_text())
         assert saved == {"version": 3, "policy": "lfu", "high_watermark": 0.8, "low_watermark": 0.6}
-        hb = link.build_heartbeat(await e.status())
+        hb = link.build_heartbeat(await link.agent_status())
         assert hb["policy_version"] == 3 and hb["status"]["policy"] == "lfu"
 
         # back to LRU: the queue is rebuilt in recency order
@@ -276,8 +275,7 @@ def test_policy_from_the_answer_applies_live_and_is_kept_across_restarts(tmp_pat
                     {"version": 6, "policy": "no-such-policy", "high_watermark": 0.9, "low_watermark": 0.5}):
             await answer(link, policy=bad)
             assert e.policy_version == 4 and e.policy.name == "lru" and link.policy_error
-        e.control = link
-        assert "unknown policy 'no-such-policy'" in (await e.status())["control"]["policy_error"]
+        assert "unknown policy 'no-such-policy'" in (await link.agent_status())["control"]["policy_error"]
 
         # a lower high mark starts the evictor at once; the pinned file stays
         await answer(link, policy={"version": 7, "policy": "lru", "high_watermark": 0.3, "low_watermark": 0.2})

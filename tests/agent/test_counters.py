@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-from types import SimpleNamespace
 
 import trio
 from hycache_agent.fs import counters as C
@@ -28,7 +27,7 @@ def test_counters_dict_has_the_heartbeat_shape_and_sums_migration_bytes():
     io.metadata_ops += 5
     counters.migrations_done = 2
     counters.bytes_promoted, counters.bytes_demoted = 10, 20
-    d = C.counters_dict(io, counters, None)
+    d = C.counters_dict(io, counters)
     assert d == {
         "fast": {"read_bytes": 100, "write_bytes": 0, "reads": 2, "writes": 0, "hits": 0},
         "slow": {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "hits": 1},
@@ -36,8 +35,7 @@ def test_counters_dict_has_the_heartbeat_shape_and_sums_migration_bytes():
         "misses": 1, "metadata_ops": 5, "migrations": 2, "migration_bytes": 30,
     }
     # in a cluster the fetches are the link's counters
-    cluster = SimpleNamespace(status=SimpleNamespace(remote_fetches=4, remote_bytes=4096))
-    assert C.counters_dict(io, counters, cluster)["remote"] == {
+    assert C.counters_dict(io, counters, (4, 4096))["remote"] == {
         "read_bytes": 7, "fetches": 4, "fetch_bytes": 4096, "opens": 3}
 
 
@@ -48,7 +46,7 @@ def test_file_info_names_the_type_and_the_blob_of_regular_files_only():
     assert info == {"ino": 5, "type": "file", "tier": "slow", "size": 123, "pinned": True, "hits": 4,
                     "open": 1, "agent_root": "/root", "blob": "/x/slow/data/05/5"}
     f.replicas = ["b"]
-    info = C.file_info(f, "/b", "/root", SimpleNamespace(node_id="a"))
+    info = C.file_info(f, "/b", "/root", "a")
     assert info["primary"] == "a" and info["replicas"] == ["b"]
     assert C.file_info(_inode(2, stat.S_IFDIR | 0o755), None, "/r", None)["type"] == "dir"
     link = C.file_info(_inode(3, stat.S_IFLNK | 0o777), None, "/r", None)

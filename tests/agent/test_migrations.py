@@ -39,7 +39,7 @@ def test_a_migration_copies_switches_and_removes_both_ways(tmp_path):
         assert e.fast_used == 0 and ino not in e.policy
         assert e.counters.bytes_demoted == 300 * K and e.counters.migrations_done == 1
         assert not await m.migrate(inode, T.SLOW, reason="demote")  # already there: nothing to do
-        assert await m.move_now(inode, T.FAST, "promote") is None
+        assert await e.placement.move_now(inode, T.FAST, "promote") is None
         assert inode.tier == T.FAST and m.blob_gen(ino) == 2 and ino in e.policy
         assert e.fast_used == 300 * K and e.counters.promotions == 1 and e.counters.bytes_promoted == 300 * K
         assert await h.read_file(ino) == payload and not _temps(h)
@@ -106,7 +106,7 @@ def test_a_failed_copy_leaves_the_file_where_it_was(tmp_path, monkeypatch, err):
             with pytest.raises(OSError):
                 await m.migrate(inode, T.SLOW, reason="demote")
         assert e.counters.migrations_failed == 1
-        why = await m.move_now(inode, T.SLOW, "demote")  # a requested move says why
+        why = await e.placement.move_now(inode, T.SLOW, "demote")  # a requested move says why
         assert why is not None and (err == E.ENOSPC or why.startswith("migration failed"))
         monkeypatch.setattr(T, "copy_blob", real_copy)
         assert inode.tier == T.FAST and not _temps(h) and ino not in m.active
@@ -129,13 +129,13 @@ def test_move_now_waits_for_a_migration_in_flight_the_other_way(tmp_path, monkey
         ino = await h.write_file(b"f", data(100 * K, 3))
         inode = h.ns.get(ino)
         monkeypatch.setattr(T, "copy_blob", held_copy)
-        assert m.start_migration(inode, T.SLOW, "demote")
+        assert e.placement.start_migration(inode, T.SLOW, "demote")
         await trio.to_thread.run_sync(started.wait, 30)
-        assert m.start_migration(inode, T.SLOW, "demote")  # already on its way: no second one
+        assert e.placement.start_migration(inode, T.SLOW, "demote")  # already on its way: no second one
         back = []
 
         async def promote():
-            back.append(await m.move_now(inode, T.FAST, "promote"))
+            back.append(await e.placement.move_now(inode, T.FAST, "promote"))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(promote)

@@ -12,7 +12,7 @@ import os
 import pytest
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
-from hycache_agent.fs.placement import POLICY_FILE, Placement, PolicyError, validate_policy
+from hycache_agent.fs.placement import POLICY_FILE, PolicyError, load_saved_policy, validate_policy
 
 from .harness import engine_config, run_engine
 from .invariants import settle
@@ -97,11 +97,10 @@ def test_policy_settings_are_validated_applied_saved_and_loaded(tmp_path):
     run_engine(tmp_path, body, fast_capacity=M)
     saved = json.loads((tmp_path / "state" / POLICY_FILE).read_text())
     assert saved == {"version": 4, "policy": "lfu", "high_watermark": 0.8, "low_watermark": 0.6}
-    p = Placement()
-    p.attach(type("E", (), {"config": engine_config(tmp_path)})())
-    assert p.load_saved_policy() == saved
+    state_dir = engine_config(tmp_path).state_dir
+    assert load_saved_policy(state_dir) == saved
     (tmp_path / "state" / POLICY_FILE).write_text('{"version": 5, "policy": "nope"}')
-    assert p.load_saved_policy() is None  # a broken file is ignored (logged), not fatal
+    assert load_saved_policy(state_dir) is None  # a broken file is ignored (logged), not fatal
 
 
 def test_moves_refuse_what_can_never_fit_and_pins_persist(tmp_path):

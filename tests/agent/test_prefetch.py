@@ -39,10 +39,10 @@ def test_prefetch_promotes_a_slow_local_file_and_reports_the_plan_step(tmp_path)
         assert link.pending[41]["step"] == 4 and link.pending[41]["job"] == "stage2-a"
 
         # results (with their plan fields) are re-sent until acknowledged
-        hb = link.build_heartbeat(await e.status())
+        hb = link.build_heartbeat(await link.agent_status())
         assert {r["id"]: r.get("manifest_id") for r in hb["action_results"]} == {40: 7, 41: 7}
         await answer(link, acked_results=[40])
-        assert [r["id"] for r in link.build_heartbeat(await e.status())["action_results"]] == [41]
+        assert [r["id"] for r in link.build_heartbeat(await link.agent_status())["action_results"]] == [41]
         # an action that is not a plan step has no plan fields
         await answer(link, actions=[{"id": 42, "action": "demote", "path": "/in/x.dat"}])
         assert link.pending[42] == {"id": 42, "state": "done", "detail": "slow", "tier": "slow"}

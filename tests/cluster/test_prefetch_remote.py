@@ -21,9 +21,8 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.control.link import ControlLink
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.fuse_ops import HyCacheOperations
 from hycache_agent.fs.namespace import ROOT_INO
-from hycache_agent.mount import _make_cluster, _start_cluster
+from hycache_agent.mount import build_agent, control_link, start_cluster
 
 pytestmark = pytest.mark.mount
 
@@ -64,15 +63,15 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
                          cluster_secret_file=secret_file, rebalance_interval=0)
     engine = TieringEngine(config)
     engine.start()
-    _make_cluster(engine)
+    agent = build_agent(config, engine)
     ctx = Ctx()
 
     async def main():
         async with trio.open_nursery() as nursery:
             await engine.run(nursery)
-            await _start_cluster(engine, nursery)
-            cluster, ops = engine.cluster, HyCacheOperations(engine)
-            link = ControlLink(engine, "http://control.invalid:8000", "t0ken", node_id="b", address=None)
+            await start_cluster(agent.cluster, agent.status, nursery)
+            cluster, ops = agent.cluster, agent.ops
+            link = control_link(engine, cluster, "http://control.invalid:8000", "t0ken", node_id="b", address=None)
             with trio.fail_after(60):
                 while cluster.status.state != "ok" or "a" not in cluster.known_nodes:
                     await trio.sleep(0.1)
@@ -195,4 +194,4 @@ def test_prefetch_of_a_remote_file_fetches_once_and_the_jobs_open_is_a_hit(
         trio.run(main)
     finally:
         engine.close()
-        engine.cluster.close()
+        agent.cluster.close()

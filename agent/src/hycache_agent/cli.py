@@ -33,7 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`hycache-agent ROOT MOUNTPOINT` is short for `hycache-agent mount ROOT MOUNTPOINT`.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    m = _mount_parser(sub)
+    _cluster_options(m.add_argument_group("global namespace (several nodes)"))
+    _control_options(m.add_argument_group("control plane and monitoring"))
+    _hccache_options(m.add_argument_group("HCCache: memory cache of remote reads (paper 002)"))
+    _kernel_options(m)
+    _file_commands(sub)
+    d = sub.add_parser("demo", help="mount a demo over a temporary root and show files moving between tiers")
+    d.add_argument("--keep", action="store_true", help="leave the mount up until Ctrl-C")
+    d.add_argument("--root", type=Path, help="demo root (default: a new temporary directory)")
+    d.add_argument("--no-cluster", dest="cluster", action="store_false",
+                   help="only the single-node part (no local Redis Cluster, no second agent)")
+    return p
 
+
+def _mount_parser(sub) -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="mount ROOT/fast + ROOT/slow at MOUNTPOINT (foreground)",
                        description="Mount the tiering file system and serve it until SIGTERM/SIGINT or "
                                    "`fusermount3 -u MOUNTPOINT`; exits 0 after a clean unmount.")
@@ -57,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
-    g = m.add_argument_group("global namespace (several nodes)")
+    return m
+
+
+def _cluster_options(g) -> None:
     g.add_argument("--redis", help="Redis Cluster nodes HOST:PORT[,HOST:PORT...] holding the global namespace")
     g.add_argument("--meta-store", type=Path, help="a SQLite metadata store shared by agents on one host (instead of Redis)")
     g.add_argument("--dht-namespace", help="key prefix in Redis Cluster (default hc)")
@@ -79,14 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between checks for a hot fast tier to hand files to cold nodes (default 30; 0: off)")
     g.add_argument("--rebalance-rounds", type=int,
                    help="consecutive hot checks before files are handed over (default 3)")
-    c = m.add_argument_group("control plane and monitoring")
+
+
+def _control_options(c) -> None:
     c.add_argument("--control-plane", metavar="URL",
                    help="send heartbeats to this control plane and apply its actions and policies")
     c.add_argument("--control-token-file", type=Path, metavar="FILE",
                    help="this node's control-plane token (mode 0600, owned by the agent's user)")
     c.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus GET /metrics here (a cluster agent also serves it on --listen)")
-    h = m.add_argument_group("HCCache: memory cache of remote reads (paper 002)")
+
+
+def _hccache_options(h) -> None:
     h.add_argument("--hccache-size", help="memory for the cache, K/M/G suffixes; 0 turns it off (default 256M)")
     h.add_argument("--hccache-mode", choices=("hybrid", "block"),
                    help="hybrid: small files are one entry (default); block: everything by blocks (baseline)")
@@ -94,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--hccache-block-size", help="block size of larger files and of range requests (default 128K)")
     h.add_argument("--no-hccache-second-level", dest="hccache_second_level", action="store_false", default=None,
                    help="do not keep fast-tier copies of small remote files behind the memory cache")
+
+
+def _kernel_options(m) -> None:
     m.add_argument("--no-writeback-cache", dest="writeback_cache", action="store_false", default=None,
                    help="send every write(2) to the agent instead of letting the kernel batch them")
     m.add_argument("--passthrough", choices=("auto", "on", "off"),
@@ -106,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "waiting for each answer in turn then does not pay the wake-up of a sleeping "
                         "thread, tens of microseconds on a VM whose idle vCPUs halt")
 
+
+def _file_commands(sub) -> None:
+    """status, where and the per-file controls of a running agent."""
     s = sub.add_parser("status", help="tiers, usage, file counts, policy, migrations of a running agent")
     s.add_argument("root", type=Path, help="the agent's ROOT (or its mount point)")
     s.add_argument("--json", action="store_true")
@@ -122,13 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("paths", type=Path, nargs="+")
         c.add_argument("--no-wait", action="store_true", help="start the migration and return")
         c.add_argument("--timeout", type=float, default=3600.0)
-
-    d = sub.add_parser("demo", help="mount a demo over a temporary root and show files moving between tiers")
-    d.add_argument("--keep", action="store_true", help="leave the mount up until Ctrl-C")
-    d.add_argument("--root", type=Path, help="demo root (default: a new temporary directory)")
-    d.add_argument("--no-cluster", dest="cluster", action="store_false",
-                   help="only the single-node part (no local Redis Cluster, no second agent)")
-    return p
 
 
 # ---------------------------------------------------------------- per-file controls

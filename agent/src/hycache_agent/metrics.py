@@ -10,6 +10,7 @@ peer service (standalone) can serve it on ``--metrics-listen HOST:PORT``
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import h11
@@ -27,7 +28,7 @@ DHT_STATES = ("connecting", "ok", "degraded")
 
 
 class SnapshotCollector:
-    """Metric families from one status dict (``await engine.status()``)."""
+    """Metric families from one status dict (the agent's status, vfs/status.py)."""
 
     def __init__(self, status: dict[str, Any], node_id: str | None) -> None:
         self.status = status
@@ -35,104 +36,121 @@ class SnapshotCollector:
 
     def collect(self):
         st = self.status
-        c = st["counters"]
-        tiers = ("fast", "slow")
-
-        def per_tier(cls, name, doc, key, source=None):
-            fam = cls(name, doc, labels=["tier"])
-            for t in tiers:
-                fam.add_metric([t], (c if source is None else source)[t][key])
-            return fam
-
-        yield per_tier(CounterMetricFamily, "hycache_read_bytes", "Bytes read by the tier that served them", "read_bytes")
-        yield per_tier(CounterMetricFamily, "hycache_write_bytes", "Bytes written to each tier", "write_bytes")
-        yield per_tier(CounterMetricFamily, "hycache_reads", "Read requests served by each tier", "reads")
-        yield per_tier(CounterMetricFamily, "hycache_writes", "Write requests to each tier", "writes")
-        yield per_tier(CounterMetricFamily, "hycache_tier_opens",
-                       "Opens for reading whose bytes were on each tier", "hits")
-        yield CounterMetricFamily("hycache_hits", "Opens for reading whose bytes were on the fast tier",
-                                  value=c["fast"]["hits"])
-        yield CounterMetricFamily("hycache_misses",
-                                  "Opens for reading whose bytes were on the slow tier or another node",
-                                  value=c["misses"])
-        yield CounterMetricFamily("hycache_remote_read_bytes", "Bytes read from files held by other nodes",
-                                  value=c["remote"]["read_bytes"])
-        yield CounterMetricFamily("hycache_remote_fetches", "Files fetched from other nodes",
-                                  value=c["remote"]["fetches"])
-        yield CounterMetricFamily("hycache_remote_fetch_bytes", "Bytes fetched from other nodes",
-                                  value=c["remote"]["fetch_bytes"])
-        yield CounterMetricFamily("hycache_metadata_ops", "FUSE metadata operations", value=c["metadata_ops"])
-        yield CounterMetricFamily("hycache_migrations", "Migrations between tiers completed", value=c["migrations"])
-        yield CounterMetricFamily("hycache_migration_bytes", "Bytes moved by completed migrations",
-                                  value=c["migration_bytes"])
-        mig = st["migrations"]
-        for key, doc in (("evictions", "Evictions to the slow tier"), ("promotions", "Promotions to the fast tier"),
-                         ("spills", "Files spilled to the slow tier while written"),
-                         ("migrations_failed", "Migrations that failed"),
-                         ("migrations_abandoned", "Migrations abandoned (file changed or deleted)")):
-            name = key if key.startswith("migrations_") else f"migration_{key}"
-            yield CounterMetricFamily(f"hycache_{name}", doc, value=mig[key])
-        yield GaugeMetricFamily("hycache_migrations_in_flight", "Migrations running now", value=len(mig["active"]))
-
-        yield per_tier(GaugeMetricFamily, "hycache_capacity_bytes", "Bytes of the tier the agent may use",
-                       "capacity", st["tiers"])
-        yield per_tier(GaugeMetricFamily, "hycache_device_capacity_bytes", "Size of the tier's file system",
-                       "device_capacity", st["tiers"])
-        yield per_tier(GaugeMetricFamily, "hycache_device_free_bytes", "Free bytes of the tier's file system",
-                       "device_free", st["tiers"])
-        yield per_tier(GaugeMetricFamily, "hycache_used_bytes", "Bytes of files on the tier", "used", st["tiers"])
-        yield per_tier(GaugeMetricFamily, "hycache_files", "Files on the tier", "files", st["tiers"])
-        wm = GaugeMetricFamily("hycache_watermark_ratio", "Eviction watermarks (fraction of capacity)",
-                               labels=["mark"])
-        wm.add_metric(["high"], st["watermarks"]["high"])
-        wm.add_metric(["low"], st["watermarks"]["low"])
-        yield wm
-        yield GaugeMetricFamily("hycache_policy_version", "Control-plane policy version applied (0: none)",
-                                value=st.get("policy_version", 0))
-        yield GaugeMetricFamily("hycache_open_handles", "Open file handles", value=st["open_handles"])
-        yield GaugeMetricFamily("hycache_uptime_seconds", "Seconds since the agent started",
-                                value=st["uptime_seconds"])
+        yield from _io_families(st["counters"])
+        yield from _migration_families(st["migrations"])
+        yield from _space_families(st)
         info = InfoMetricFamily("hycache_agent", "The agent's node id and eviction policy")
         info.add_metric([], {"node": self.node_id, "policy": st["policy"]})
         yield info
-
-        cluster = st.get("cluster")
-        backlog = GaugeMetricFamily("hycache_dht_backlog", "Metadata changes not yet published to the DHT",
-                                    value=cluster["backlog"] if cluster else 0)
-        yield backlog
-        if cluster:
-            state = GaugeMetricFamily("hycache_dht_state", "Link to the global namespace (1 = current state)",
-                                      labels=["state"])
-            for s in DHT_STATES:
-                state.add_metric([s], 1.0 if cluster["state"] == s else 0.0)
-            yield state
-        control = st.get("control")
-        if control:
-            state = GaugeMetricFamily("hycache_control_link_state", "Link to the control plane (1 = current state)",
-                                      labels=["state"])
-            for s in LINK_STATES:
-                state.add_metric([s], 1.0 if control["state"] == s else 0.0)
-            yield state
-            yield CounterMetricFamily("hycache_control_heartbeats", "Heartbeats sent to the control plane",
-                                      value=control["heartbeats_sent"])
+        yield from _link_families(st.get("cluster"), st.get("control"))
         hc = st.get("hccache")
         if hc:  # the memory cache of remote reads (docs/hccache.md)
-            yield CounterMetricFamily("hycache_hccache_lookups", "HCCache lookups", value=hc["lookups"])
-            yield CounterMetricFamily("hycache_hccache_hits", "HCCache lookups answered from memory", value=hc["hits"])
-            yield CounterMetricFamily("hycache_hccache_requested_bytes", "Bytes asked of HCCache",
-                                      value=hc["bytes_requested"])
-            yield CounterMetricFamily("hycache_hccache_hit_bytes", "Bytes HCCache answered from memory",
-                                      value=hc["bytes_hit"])
-            yield CounterMetricFamily("hycache_hccache_evictions", "HCCache entries evicted", value=hc["evictions"])
-            yield GaugeMetricFamily("hycache_hccache_memory_bytes", "Bytes HCCache holds", value=hc["memory_bytes"])
-            yield GaugeMetricFamily("hycache_hccache_limit_bytes", "HCCache's memory bound", value=hc["limit_bytes"])
-            yield GaugeMetricFamily("hycache_hccache_dedup_saved_bytes", "Bytes content addressing saved",
-                                    value=hc["dedup_saved_bytes"])
-            for key, doc in (("abd", "Average block distance (paper 002)"),
-                             ("ecdal", "Efficiency of cache data access latency, ECDAL (paper 002)"),
-                             ("ecdab", "Efficiency of cache data access bandwidth, ECDAB (paper 002)")):
-                if hc.get(key) is not None:
-                    yield GaugeMetricFamily(f"hycache_hccache_{key}", doc, value=hc[key])
+            yield from _hccache_families(hc)
+
+
+def _per_tier(cls, name: str, doc: str, key: str, source: dict[str, Any]):
+    fam = cls(name, doc, labels=["tier"])
+    for t in ("fast", "slow"):
+        fam.add_metric([t], source[t][key])
+    return fam
+
+
+def _io_families(c: dict[str, Any]):
+    """The cumulative counters (the heartbeat's ``counters``)."""
+    yield _per_tier(CounterMetricFamily, "hycache_read_bytes", "Bytes read by the tier that served them",
+                    "read_bytes", c)
+    yield _per_tier(CounterMetricFamily, "hycache_write_bytes", "Bytes written to each tier", "write_bytes", c)
+    yield _per_tier(CounterMetricFamily, "hycache_reads", "Read requests served by each tier", "reads", c)
+    yield _per_tier(CounterMetricFamily, "hycache_writes", "Write requests to each tier", "writes", c)
+    yield _per_tier(CounterMetricFamily, "hycache_tier_opens",
+                    "Opens for reading whose bytes were on each tier", "hits", c)
+    yield CounterMetricFamily("hycache_hits", "Opens for reading whose bytes were on the fast tier",
+                              value=c["fast"]["hits"])
+    yield CounterMetricFamily("hycache_misses",
+                              "Opens for reading whose bytes were on the slow tier or another node",
+                              value=c["misses"])
+    yield CounterMetricFamily("hycache_remote_read_bytes", "Bytes read from files held by other nodes",
+                              value=c["remote"]["read_bytes"])
+    yield CounterMetricFamily("hycache_remote_fetches", "Files fetched from other nodes",
+                              value=c["remote"]["fetches"])
+    yield CounterMetricFamily("hycache_remote_fetch_bytes", "Bytes fetched from other nodes",
+                              value=c["remote"]["fetch_bytes"])
+    yield CounterMetricFamily("hycache_metadata_ops", "FUSE metadata operations", value=c["metadata_ops"])
+    yield CounterMetricFamily("hycache_migrations", "Migrations between tiers completed", value=c["migrations"])
+    yield CounterMetricFamily("hycache_migration_bytes", "Bytes moved by completed migrations",
+                              value=c["migration_bytes"])
+
+
+def _migration_families(mig: dict[str, Any]):
+    for key, doc in (("evictions", "Evictions to the slow tier"), ("promotions", "Promotions to the fast tier"),
+                     ("spills", "Files spilled to the slow tier while written"),
+                     ("migrations_failed", "Migrations that failed"),
+                     ("migrations_abandoned", "Migrations abandoned (file changed or deleted)")):
+        name = key if key.startswith("migrations_") else f"migration_{key}"
+        yield CounterMetricFamily(f"hycache_{name}", doc, value=mig[key])
+    yield GaugeMetricFamily("hycache_migrations_in_flight", "Migrations running now", value=len(mig["active"]))
+
+
+def _space_families(st: dict[str, Any]):
+    """The tiers' room, the watermarks and the agent's gauges."""
+    tiers = st["tiers"]
+    yield _per_tier(GaugeMetricFamily, "hycache_capacity_bytes", "Bytes of the tier the agent may use",
+                    "capacity", tiers)
+    yield _per_tier(GaugeMetricFamily, "hycache_device_capacity_bytes", "Size of the tier's file system",
+                    "device_capacity", tiers)
+    yield _per_tier(GaugeMetricFamily, "hycache_device_free_bytes", "Free bytes of the tier's file system",
+                    "device_free", tiers)
+    yield _per_tier(GaugeMetricFamily, "hycache_used_bytes", "Bytes of files on the tier", "used", tiers)
+    yield _per_tier(GaugeMetricFamily, "hycache_files", "Files on the tier", "files", tiers)
+    wm = GaugeMetricFamily("hycache_watermark_ratio", "Eviction watermarks (fraction of capacity)",
+                           labels=["mark"])
+    wm.add_metric(["high"], st["watermarks"]["high"])
+    wm.add_metric(["low"], st["watermarks"]["low"])
+    yield wm
+    yield GaugeMetricFamily("hycache_policy_version", "Control-plane policy version applied (0: none)",
+                            value=st.get("policy_version", 0))
+    yield GaugeMetricFamily("hycache_open_handles", "Open file handles", value=st["open_handles"])
+    yield GaugeMetricFamily("hycache_uptime_seconds", "Seconds since the agent started",
+                            value=st["uptime_seconds"])
+
+
+def _link_families(cluster: dict[str, Any] | None, control: dict[str, Any] | None):
+    """The links to the global namespace and to the control plane."""
+    yield GaugeMetricFamily("hycache_dht_backlog", "Metadata changes not yet published to the DHT",
+                            value=cluster["backlog"] if cluster else 0)
+    if cluster:
+        state = GaugeMetricFamily("hycache_dht_state", "Link to the global namespace (1 = current state)",
+                                  labels=["state"])
+        for s in DHT_STATES:
+            state.add_metric([s], 1.0 if cluster["state"] == s else 0.0)
+        yield state
+    if control:
+        state = GaugeMetricFamily("hycache_control_link_state", "Link to the control plane (1 = current state)",
+                                  labels=["state"])
+        for s in LINK_STATES:
+            state.add_metric([s], 1.0 if control["state"] == s else 0.0)
+        yield state
+        yield CounterMetricFamily("hycache_control_heartbeats", "Heartbeats sent to the control plane",
+                                  value=control["heartbeats_sent"])
+
+
+def _hccache_families(hc: dict[str, Any]):
+    yield CounterMetricFamily("hycache_hccache_lookups", "HCCache lookups", value=hc["lookups"])
+    yield CounterMetricFamily("hycache_hccache_hits", "HCCache lookups answered from memory", value=hc["hits"])
+    yield CounterMetricFamily("hycache_hccache_requested_bytes", "Bytes asked of HCCache",
+                              value=hc["bytes_requested"])
+    yield CounterMetricFamily("hycache_hccache_hit_bytes", "Bytes HCCache answered from memory",
+                              value=hc["bytes_hit"])
+    yield CounterMetricFamily("hycache_hccache_evictions", "HCCache entries evicted", value=hc["evictions"])
+    yield GaugeMetricFamily("hycache_hccache_memory_bytes", "Bytes HCCache holds", value=hc["memory_bytes"])
+    yield GaugeMetricFamily("hycache_hccache_limit_bytes", "HCCache's memory bound", value=hc["limit_bytes"])
+    yield GaugeMetricFamily("hycache_hccache_dedup_saved_bytes", "Bytes content addressing saved",
+                            value=hc["dedup_saved_bytes"])
+    for key, doc in (("abd", "Average block distance (paper 002)"),
+                     ("ecdal", "Efficiency of cache data access latency, ECDAL (paper 002)"),
+                     ("ecdab", "Efficiency of cache data access bandwidth, ECDAB (paper 002)")):
+        if hc.get(key) is not None:
+            yield GaugeMetricFamily(f"hycache_hccache_{key}", doc, value=hc[key])
 
 
 def render_snapshot(status: dict[str, Any], node_id: str | None) -> bytes:
@@ -142,22 +160,23 @@ def render_snapshot(status: dict[str, Any], node_id: str | None) -> bytes:
     return generate_latest(registry)
 
 
-async def render(engine) -> bytes:
-    """The agent's metrics: the snapshot on the loop thread, the text in a worker thread."""
-    status = await engine.status(max_age=SCRAPE_MAX_AGE)
-    node_id = engine.cluster.node_id if engine.cluster is not None else engine.config.node_id
+async def render(status: Callable[[float], Awaitable[dict[str, Any]]], node_id: str | None) -> bytes:
+    """The agent's metrics: the snapshot of ``await status(max_age)`` (the agent's
+    status, hycache_agent.vfs.status) on the loop thread, the text in a worker thread."""
+    snapshot = await status(SCRAPE_MAX_AGE)
     if node_id is None:
         import socket
 
         node_id = socket.gethostname()
-    return await trio.to_thread.run_sync(render_snapshot, status, node_id)
+    return await trio.to_thread.run_sync(render_snapshot, snapshot, node_id)
 
 
 class MetricsServer:
     """A minimal HTTP/1.1 server for ``GET /metrics`` only (standalone agents)."""
 
-    def __init__(self, engine) -> None:
-        self.engine = engine
+    def __init__(self, status: Callable[[float], Awaitable[dict[str, Any]]], node_id: str | None) -> None:
+        self.status = status
+        self.node_id = node_id
         self.address: tuple[str, int] | None = None
 
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -185,7 +204,7 @@ class MetricsServer:
                 elif path != b"/metrics":
                     status, body, ctype = 404, b"not found: try /metrics\n", "text/plain"
                 else:
-                    status, body, ctype = 200, await render(self.engine), CONTENT_TYPE
+                    status, body, ctype = 200, await render(self.status, self.node_id), CONTENT_TYPE
                 head = h11.Response(status_code=status, headers=[("content-type", ctype),
                                                                   ("content-length", str(len(body)))])
                 out = conn.send(head)

@@ -1,13 +1,20 @@
-"""Running a mount: start-up, the trio main loop, clean shutdown on signals/unmount."""
+"""Running a mount: start-up, the trio main loop, clean shutdown on signals/unmount.
+
+The one place that builds the agent (:func:`build_agent`): the engine, the cluster link,
+the control link, the vfs layer and the FUSE adapter, each given its collaborators by its
+constructor; :func:`serve` runs them.
+"""
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
 import re
 import resource
 import signal
+from dataclasses import dataclass
 
 import pyfuse3
 import trio
@@ -16,7 +23,11 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.fuse_ops import HyCacheOperations
+from hycache_agent.fuse.operations import HyCacheOperations, invalidate_entry
+from hycache_agent.remote.backing import RemoteBackings
+from hycache_agent.vfs.layer import Vfs
+from hycache_agent.vfs.prefetch import Prefetcher
+from hycache_agent.vfs.status import AgentStatus
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +64,40 @@ async def _watch_signals(nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
-def _make_cluster(engine: TieringEngine) -> None:
+@dataclass
+class Agent:
+    """What a mount runs, as :func:`build_agent` made it."""
+
+    config: AgentConfig
+    engine: TieringEngine
+    ops: HyCacheOperations
+    status: AgentStatus
+    cluster: object | None = None  # cluster.dht_link.ClusterLink when in a global namespace
+    control: object | None = None  # control.link.ControlLink when linked to a control plane
+
+
+def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = None) -> Agent:
+    """The agent over a started ``engine``: the cluster link (in a global namespace), the
+    control link (``token``: this node's control-plane token), the vfs layer and the FUSE
+    adapter.  Nothing runs yet (:func:`serve`)."""
+    backings = passthrough.Backings(engine)
+    copies = RemoteBackings(engine)  # the kernel's passthrough of whole remote copies
+    cluster = None
+    if config.clustered:
+        cluster = make_cluster(engine, copies, on_invalidate=functools.partial(invalidate_entry, backings.lane))
+    control = None
+    if token is not None:
+        import socket
+
+        control = control_link(engine, cluster, config.control_plane, token,
+                               node_id=config.node_id or socket.gethostname(),
+                               address=cluster.advertise if cluster is not None else None)
+    vfs = Vfs(engine, backings, cluster, copies)
+    ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine))
+    return Agent(config, engine, ops, AgentStatus(engine, cluster, control), cluster, control)
+
+
+def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on_invalidate=None):
     """Join the global namespace: the metadata store, the peer client, the outbox hooks."""
     from hycache_agent.cluster.dht_link import ClusterLink
     from hycache_agent.transport.auth import load_secret
@@ -62,6 +106,22 @@ def _make_cluster(engine: TieringEngine) -> None:
 
     config = engine.config
     secret = load_secret(config.cluster_secret_file)
+    host, port = parse_addr(config.listen)
+    advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+    cluster = ClusterLink(engine, _store_factory(config), node_id=config.node_id, advertise=advertise,
+                          peer_client=PeerClient(config.node_id, secret), secret=secret,
+                          lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
+                          replicas=config.replicas, replica_mode=config.replica_mode,
+                          rebalance_interval=config.rebalance_interval,
+                          rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config),
+                          hccache_second_level=config.hccache_second_level,
+                          copies=copies, on_invalidate=on_invalidate)
+    cluster.attach()
+    return cluster
+
+
+def _store_factory(config: AgentConfig):
+    """How the cluster link connects to the metadata store (Redis Cluster, or a local one)."""
     if config.redis is not None:
         from hycache_dht.redis_store import RedisClusterStore
 
@@ -78,23 +138,17 @@ def _make_cluster(engine: TieringEngine) -> None:
 
         def factory():
             return LocalStore(path)
-
-    host, port = parse_addr(config.listen)
-    advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-    engine.cluster = ClusterLink(engine, factory, node_id=config.node_id, advertise=advertise,
-                                 peer_client=PeerClient(config.node_id, secret), secret=secret,
-                                 lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
-                                 replicas=config.replicas, replica_mode=config.replica_mode,
-                                 rebalance_interval=config.rebalance_interval,
-                                 rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config),
-                                 hccache_second_level=config.hccache_second_level)
-    engine.cluster.attach()
+    return factory
 
 
-async def _metrics(engine: TieringEngine) -> tuple[bytes, str]:
-    from hycache_agent.metrics import CONTENT_TYPE, render
+def control_link(engine: TieringEngine, cluster, url: str, token: str, *, node_id: str, address: str | None):
+    """The link to the control plane: heartbeats with the agent's status, plan steps'
+    prefetches (of other nodes' files too, in a cluster), demotes of remote copies."""
+    from hycache_agent.control.link import ControlLink
 
-    return await render(engine), CONTENT_TYPE
+    return ControlLink(engine, url, token, node_id=node_id, address=address,
+                       status=AgentStatus(engine, cluster), prefetch=Prefetcher(engine, cluster).prefetch,
+                       drop_copy=cluster.drop_copy if cluster is not None else None)
 
 
 def _make_hccache(config):
@@ -112,53 +166,58 @@ def _make_hccache(config):
                    block_size=config.hccache_block_size, hash_fn=hash_fn)
 
 
-async def _start_cluster(engine: TieringEngine, nursery: trio.Nursery) -> None:
+async def start_cluster(cluster, status: AgentStatus, nursery: trio.Nursery) -> None:
+    """The peer service (which answers /metrics too) and the cluster link's tasks."""
     from hycache_agent.fs.tiers import remove_blob
+    from hycache_agent.metrics import CONTENT_TYPE, render
     from hycache_agent.transport.server import PeerServer
     from hycache_agent.transport.wire import parse_addr
 
-    cluster = engine.cluster
-    server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret,
-                        metrics=lambda: _metrics(engine), remove_temp=remove_blob)
-    host, port = parse_addr(engine.config.listen)
+    async def metrics() -> tuple[bytes, str]:
+        return await render(status, status.node_id), CONTENT_TYPE
+
+    server = PeerServer(cluster.local_files, node_id=cluster.node_id, secret=cluster.secret, metrics=metrics,
+                        remove_temp=remove_blob)
+    host, port = parse_addr(cluster.engine.config.listen)
     await nursery.start(server.serve, host, port)
     await cluster.run(nursery)
 
 
-def _choose_passthrough(config: AgentConfig, engine: TieringEngine, ops: HyCacheOperations) -> None:
-    """Ask for kernel passthrough at INIT when this host allows it; the registration
-    itself is probed once the kernel has answered (HyCacheOperations.init)."""
+def _choose_passthrough(config: AgentConfig, engine: TieringEngine) -> bool:
+    """Whether to ask for kernel passthrough at INIT (when this host allows it); the
+    registration itself is probed once the kernel has answered (HyCacheOperations.init)."""
     if config.passthrough == "off":
         engine.passthrough.update(enabled=False, reason="off (--passthrough off)")
-        return
+        return False
     why_not = passthrough.supported()
     if why_not is not None:
         if config.passthrough == "on":
             raise SystemExit(f"hycache-agent: --passthrough on: {why_not}")
         engine.passthrough.update(enabled=False, reason=why_not)
-        return
-    ops.enable_passthrough = True
+        return False
     engine.passthrough.update(enabled=False, reason="asked for at INIT; not probed yet")
+    return True
 
 
-async def _serve(engine: TieringEngine, ops: HyCacheOperations) -> None:
+async def serve(agent: Agent) -> None:
+    engine, config = agent.engine, agent.config
     async with trio.open_nursery() as nursery:
-        ops.nursery = nursery
-        await nursery.start(ControlServer(engine, socket_path(engine.config.state_dir)).serve)
+        agent.ops.start(nursery)
+        await nursery.start(ControlServer(agent.status, socket_path(config.state_dir)).serve)
         await engine.run(nursery)
-        if engine.cluster is not None:
-            await _start_cluster(engine, nursery)
-        if engine.config.metrics_listen:
+        if agent.cluster is not None:
+            await start_cluster(agent.cluster, agent.status, nursery)
+        if config.metrics_listen:
             from hycache_agent.metrics import MetricsServer
             from hycache_agent.transport.wire import parse_addr
 
-            host, port = parse_addr(engine.config.metrics_listen)
-            await nursery.start(MetricsServer(engine).serve, host, port)
-        if engine.control is not None:
-            await nursery.start(engine.control.run)
+            host, port = parse_addr(config.metrics_listen)
+            await nursery.start(MetricsServer(agent.status, agent.status.node_id).serve, host, port)
+        if agent.control is not None:
+            await nursery.start(agent.control.run)
         nursery.start_soon(_watch_signals, nursery)
-        log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", engine.config.mountpoint,
-                 engine.config.fast_dir, engine.capacity, engine.config.slow_dir, engine.policy.name)
+        log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", config.mountpoint,
+                 config.fast_dir, engine.capacity, config.slow_dir, engine.policy.name)
         try:
             await pyfuse3.main()
         finally:
@@ -276,8 +335,8 @@ def _reserve_fd_table() -> None:
         log.debug("descriptor table not reserved: %s", exc)
 
 
-def run_mount(config: AgentConfig) -> int:
-    """Mount, serve until unmounted or signalled, return the exit status."""
+def _check_start(config: AgentConfig) -> str | None:
+    """Refuse a start that cannot work, with a clear message; the control-plane token."""
     mountpoint = config.mountpoint
     if not mountpoint.is_dir():
         raise SystemExit(f"hycache-agent: mount point {mountpoint} is not a directory")
@@ -293,29 +352,25 @@ def run_mount(config: AgentConfig) -> int:
             raise SystemExit(f"hycache-agent: {exc}") from None
     if config.redis is not None:
         _check_redis_credentials(config)
+    return token
+
+
+def run_mount(config: AgentConfig) -> int:
+    """Mount, serve until unmounted or signalled, return the exit status."""
+    mountpoint = config.mountpoint
+    token = _check_start(config)
     _reserve_fd_table()
     engine = TieringEngine(config)
     report = engine.start()
-    if config.clustered:
-        _make_cluster(engine)
-    if token is not None:
-        import socket
-
-        from hycache_agent.control.link import ControlLink
-
-        engine.control = ControlLink(engine, config.control_plane, token,
-                                     node_id=config.node_id or socket.gethostname(),
-                                     address=engine.cluster.advertise if engine.cluster is not None else None)
+    agent = build_agent(config, engine, token)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
-    ops = HyCacheOperations(engine)
-    _choose_passthrough(config, engine, ops)
-    pyfuse3.init(ops, str(mountpoint), mount_options(config))
+    pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
     if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
         pyfuse3.set_loop_spin(int(config.loop_spin_us * 1000))
     _settle_gc()
     unmounted_by_kernel = False
     try:
-        trio.run(_serve, engine, ops)
+        trio.run(serve, agent)
     except BaseException:
         log.exception("agent failed; unmounting")
         raise
@@ -326,7 +381,7 @@ def run_mount(config: AgentConfig) -> int:
         unmounted_by_kernel = not is_mounted(mountpoint)
         pyfuse3.close(unmount=not unmounted_by_kernel)
         engine.close()
-        if engine.cluster is not None:
-            engine.cluster.close()
+        if agent.cluster is not None:
+            agent.cluster.close()
     log.info("unmounted %s", mountpoint)
     return 0

@@ -51,7 +51,8 @@ class ClusterLink:
     def __init__(self, engine, store_factory, *, node_id: str, advertise: str, peer_client,
                  secret: bytes, lease_seconds: float = 10.0, lease_wait: float = 30.0,
                  replicas: int = 0, replica_mode: str = "async", rebalance_interval: float = 0.0,
-                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True) -> None:
+                 rebalance_rounds: int = 3, hccache=None, hccache_second_level: bool = True,
+                 copies=None, on_invalidate=None) -> None:
         self.engine = engine
         self.secret = secret  # for the peer service this node runs
         self.node_id = node_id
@@ -64,6 +65,8 @@ class ClusterLink:
         self.status = self.store_link.status
         self.registry = NodeRegistry(self.store_link, node_id=node_id, advertise=advertise, load=self.rebalancer.load)
         self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
+        # the FUSE layer's: forget the kernel's entry (parent ino, name)
+        self.ownership.on_invalidate = on_invalidate
         self.publisher = Publisher(engine, self.store_link, self.ownership, node_id=node_id)
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
         self.replicator = Replicator(self, replicas, replica_mode)
@@ -79,9 +82,17 @@ class ClusterLink:
         self.copies = RemoteCopies(engine, self.view, status=self.status, peers=peer_client,
                                    address_of=self.registry.address_of, reader=self.reader,
                                    cache_dir=self.cache_dir, tasks=self.tasks, copy_dropped=self._copy_dropped)
-        self.on_copy = None  # set by the FUSE layer: async (ino, copy path) when a whole copy is written
-        self.on_copy_dropped = None  # set by the FUSE layer: async (ino) when a copy is dropped
+        # the kernel's passthrough of whole copies (remote.backing.RemoteBackings, shared
+        # with the vfs layer): a copy written is registered ahead of the next open, a
+        # dropped one's registration goes
+        self._backings = copies
+        self.on_copy = self._park_copy if copies is not None else None  # async (ino, copy path)
+        self.on_copy_dropped = copies.forget if copies is not None else None  # async (ino)
         self.meta_ttl = META_TTL_SECONDS
+
+    async def _park_copy(self, ino: int, copy: str) -> None:
+        if ino in self.remote:  # (not forgotten by the kernel meanwhile)
+            await self._backings.park_copy(ino, copy)
 
     # ------------------------------------------------------------------ lifecycle
     def attach(self) -> None:

@@ -16,6 +16,9 @@ The link never touches the data path: a control plane that is down, slow or refu
 token costs a logged warning per state change and a back-off, nothing else.  The pieces
 that decide (building a heartbeat, handling an answer) are methods that tests call
 directly with a real engine; :meth:`ControlLink.run` only adds the HTTP round trips.
+What it needs is given to its constructor (mount.py): the engine, the agent's status
+(the heartbeat's, without this link's own part, which it adds), the prefetch of a plan
+step and, in a cluster, the link's ``drop_copy``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -84,10 +88,18 @@ class ControlLink:
 
     def __init__(self, engine: TieringEngine, url: str, token: str, *, node_id: str,
                  address: str | None, interval: float = 1.0, version: str | None = None,
-                 push: bool = True) -> None:
+                 push: bool = True, status: Callable[..., Awaitable[dict[str, Any]]] | None = None,
+                 prefetch: Callable[[str], Awaitable[str]] | None = None,
+                 drop_copy: Callable[[bytes], Awaitable[int | None]] | None = None) -> None:
         from hycache_agent.transport.wire import agent_version
 
         self.engine = engine
+        # the agent's status without this link's part (default: the engine's alone)
+        self._status = status if status is not None else engine.status
+        # a plan step's prefetch (default: of local files only) and, in a cluster, the
+        # drop of this node's copy of a file another node holds (a demote of it)
+        self._prefetch_path = prefetch
+        self._drop_copy_of = drop_copy
         self.url = url.rstrip("/")
         self._token = token
         self.node_id = node_id
@@ -134,6 +146,12 @@ class ControlLink:
                 "push": self.push_state, "pushed_actions": self.pushed_actions}
 
     # ------------------------------------------------------------------ heartbeat
+    async def agent_status(self, max_age: float = 0.0) -> dict[str, Any]:
+        """The agent's status with this link's part: the heartbeat's ``status``."""
+        st = await self._status(max_age)
+        st["control"] = self.status_dict()
+        return st
+
     def build_heartbeat(self, status: dict[str, Any]) -> dict[str, Any]:
         """The next heartbeat's body from a status dict (``await engine.status()``)."""
         self.seq += 1
@@ -235,7 +253,7 @@ class ControlLink:
         try:
             inode = engine.local_inode(path)
         except FsError as exc:
-            if kind == "demote" and exc.errno == errno.ENOENT and engine.cluster is not None:
+            if kind == "demote" and exc.errno == errno.ENOENT and self._drop_copy_of is not None:
                 return await self._drop_copy(aid, path)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return {"id": aid, "state": "failed", "detail": f"no such file on this node: {path}"}
@@ -262,7 +280,7 @@ class ControlLink:
         """``demote`` of a file another node holds: this node's copy of it (a prefetch's, or
         a read's) leaves the fast tier, unless it is in use."""
         log.info("control plane action %s: demote %s (a remote copy)", aid, path)
-        freed = await self.engine.cluster.drop_copy(os.fsencode(path))
+        freed = await self._drop_copy_of(os.fsencode(path))
         if freed is None:
             return {"id": aid, "state": "failed", "detail": f"{path}: the remote copy is in use", "tier": "fast"}
         return {"id": aid, "state": "done", "detail": f"remote copy dropped ({freed} bytes)" if freed
@@ -273,7 +291,8 @@ class ControlLink:
         fetched into the remote cache if another node holds it)."""
         log.info("control plane action %s: prefetch %s", aid, path)
         try:
-            detail = await self.engine.prefetch(path)
+            prefetch = self._prefetch_path or self.engine.placement.prefetch
+            detail = await prefetch(path)
         except FsError as exc:
             why = exc.args[1] if len(exc.args) > 1 else os.strerror(exc.errno)
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -295,14 +314,14 @@ class ControlLink:
         if version == self.engine.policy_version or version == self._bad_policy_version:
             return False
         try:
-            self.engine.apply_policy(name, high, low, version)
+            self.engine.placement.apply_policy(name, high, low, version)
         except PolicyError as exc:
             self._bad_policy_version = version
             self._policy_failed(version, str(exc))
             return False
         self.policy_error = None
         try:
-            await trio.to_thread.run_sync(self.engine.save_policy)
+            await trio.to_thread.run_sync(self.engine.placement.save_policy)
         except OSError as exc:  # applied, but not kept: say so, keep running it
             log.error("could not save the policy in %s: %s", self.engine.config.state_dir, exc)
         return True
@@ -330,7 +349,7 @@ class ControlLink:
         """One round trip; returns the delay before the next one."""
         import httpx
 
-        hb = self.build_heartbeat(await self.engine.status(max_age=STATUS_MAX_AGE))
+        hb = self.build_heartbeat(await self.agent_status(max_age=STATUS_MAX_AGE))
         self.heartbeats_sent += 1
         try:
             resp = await client.post(self.heartbeat_url, json=hb)

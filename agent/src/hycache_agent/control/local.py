@@ -11,12 +11,11 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import trio
-
-from hycache_agent.fs.engine import TieringEngine
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +27,10 @@ def socket_path(state_dir: Path) -> Path:
 
 
 class ControlServer:
-    def __init__(self, engine: TieringEngine, path: Path) -> None:
-        self.engine = engine
+    """``status``: the agent's status, ``await status()`` (hycache_agent.vfs.status)."""
+
+    def __init__(self, status: Callable[[], Awaitable[dict[str, Any]]], path: Path) -> None:
+        self.status = status
         self.path = path
 
     async def serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -71,7 +72,7 @@ class ControlServer:
     async def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "status":
-            return await self.engine.status()
+            return await self.status()
         raise ValueError(f"unknown control op {op!r}")
 
 

@@ -65,12 +65,11 @@ class IOStats:
         self.misses = self.remote_read_bytes = self.remote_opens = self.metadata_ops = 0
 
 
-def counters_dict(io: IOStats, counters: Counters, cluster: Any) -> dict[str, Any]:
-    """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-    remote = {"read_bytes": io.remote_read_bytes, "fetches": 0, "fetch_bytes": 0, "opens": io.remote_opens}
-    if cluster is not None:
-        remote["fetches"] = cluster.status.remote_fetches
-        remote["fetch_bytes"] = cluster.status.remote_bytes
+def counters_dict(io: IOStats, counters: Counters, fetched: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+    """Cumulative counters since start, shaped as the heartbeat's ``counters``.
+    ``fetched``: (fetches, bytes) of other nodes' files, in a cluster (the link counts them)."""
+    remote = {"read_bytes": io.remote_read_bytes, "fetches": fetched[0], "fetch_bytes": fetched[1],
+              "opens": io.remote_opens}
     return {
         T.FAST: io.tiers[T.FAST].as_dict(),
         T.SLOW: io.tiers[T.SLOW].as_dict(),
@@ -82,8 +81,9 @@ def counters_dict(io: IOStats, counters: Counters, cluster: Any) -> dict[str, An
     }
 
 
-def file_info(inode: Inode, blob: str | None, agent_root: str, cluster: Any) -> dict[str, Any]:
-    """``user.hycache.info`` of a local inode (``blob``: its blob's path if regular)."""
+def file_info(inode: Inode, blob: str | None, agent_root: str, node_id: str | None) -> dict[str, Any]:
+    """``user.hycache.info`` of a local inode (``blob``: its blob's path if regular;
+    ``node_id``: this node's, in a cluster, where it is the file's primary)."""
     info: dict[str, Any] = {
         "ino": inode.ino,
         "type": "dir" if inode.is_dir else "file" if inode.is_reg else "symlink" if stat.S_ISLNK(inode.mode) else "special",
@@ -92,8 +92,8 @@ def file_info(inode: Inode, blob: str | None, agent_root: str, cluster: Any) -> 
     }
     if inode.is_reg:
         info["blob"] = blob
-        if cluster is not None:
-            info["primary"] = cluster.node_id
+        if node_id is not None:
+            info["primary"] = node_id
             info["replicas"] = list(inode.replicas)
     if inode.migration is not None:
         info["migration"] = inode.migration.as_dict()
@@ -180,7 +180,9 @@ def moving(engine: Any) -> dict[str, Any]:
 
 
 async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
-    """The agent's state (``hycache-agent status --json``) of a running ``engine``.
+    """The file system's part of the agent's state (``hycache-agent status --json``) of a
+    running ``engine``; ``cluster``, ``control`` and ``hccache`` are None here (a standalone
+    agent's answer) and filled in by the layers that know them (hycache_agent.vfs.status).
     ``max_age`` > 0: the file and directory counts may be that many seconds old (see
     :meth:`Census.count`)."""
     fast_vfs, slow_vfs = await trio.to_thread.run_sync(tier_vfs, engine.tiers)
@@ -196,8 +198,8 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "tiers": {
             T.FAST: {"path": str(engine.tiers[T.FAST].path), "capacity": engine.capacity,
                      "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
-                     "used": engine.fast_used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
-                     "remote_cache_bytes": engine.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
+                     "used": engine.space.used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                     "remote_cache_bytes": engine.space.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
                      **moving(engine), "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
             T.SLOW: {"path": str(engine.tiers[T.SLOW].path),
                      "capacity": slow_vfs.f_blocks * slow_vfs.f_frsize,
@@ -213,9 +215,9 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "request_loop": request_loop(engine.config.loop_spin_us),
         "passthrough": dict(engine.passthrough),
         "migrations": {**engine.counters.__dict__, "active": [m.as_dict() for m in engine.active.values()]},
-        "cluster": None if engine.cluster is None else engine.cluster.status_dict(),
-        "control": None if engine.control is None else engine.control.status_dict(),
-        "hccache": None if engine.cluster is None or engine.cluster.reader is None else engine.cluster.reader.status(),
+        "cluster": None,
+        "control": None,
+        "hccache": None,
         "metadata": {"commits": engine.ns.journal.commits, "pending": engine.ns.journal.pending,
                      "error": None if engine.ns.journal.failed is None else str(engine.ns.journal.failed)},
     }

@@ -8,12 +8,16 @@ defaults) as s3ql's ``Operations(block_cache, db, inode_cache)``:
   removal of freed inodes' blobs;
 * :mod:`~hycache_agent.fs.placement` — room on the fast tier, watermarks and the evictor,
   the policy's settings, pins, move requests, prefetch (Algorithms 1–3 of the papers);
-* :mod:`~hycache_agent.fs.migrations` — stage → copy → fsync → atomic switch → remove.
+* :mod:`~hycache_agent.fs.migrations` — stage → copy → fsync → atomic switch → remove;
+* :mod:`~hycache_agent.fs.recovery` — the redo log's replay and the recovery pass.
 
-The state they share stays here: the namespace, ``capacity``/``fast_used``, the policy
-queue, the files' locks and handles.  The request path keeps direct references to the
-parts' attributes it uses per request (the blob pool's list, the blob generations, the
-room check), so the split adds no call on it.
+The state they share is given to each part's constructor: the fast tier's accounting and
+policy queue (:class:`~hycache_agent.fs.space.Space`), the namespace, the files' locks and
+which files are held (:class:`~hycache_agent.fs.files.Files`); the handles stay here.  The
+request path keeps direct references to the parts' attributes it uses per request (the
+blob pool's list, the blob generations, the room check), so the split adds no call on it.
+The engine knows nothing of other nodes: a cluster link hooks into the namespace's journal
+(its events and outbox) and calls the engine, never the other way round.
 
 Placement follows Algorithms 1–3 of the HyCache papers, with an inode store instead of
 symlink stubs (see :mod:`hycache_agent.fs.tiers`):
@@ -38,9 +42,7 @@ import itertools
 import logging
 import os
 import stat
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -50,68 +52,24 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.fs import counters as C
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.blobpool import BlobPool
+from hycache_agent.fs.commits import Commits
 from hycache_agent.fs.counters import Census, Counters, IOStats
+from hycache_agent.fs.files import Files
+from hycache_agent.fs.handles import O_ACCMODE, Handle, blob_io, read_cached
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
-from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode, Namespace, check_name, now_ns
+from hycache_agent.fs.namespace import FsError, Inode, Namespace, check_name, local_inode, now_ns
 from hycache_agent.fs.placement import Placement
+from hycache_agent.fs.recovery import recover, replay
 from hycache_agent.fs.redolog import RedoLog
+from hycache_agent.fs.space import Space
 
 log = logging.getLogger(__name__)
 
-O_ACCMODE = os.O_RDONLY | os.O_WRONLY | os.O_RDWR
-_HAVE_NOWAIT = hasattr(os, "RWF_NOWAIT") and hasattr(os, "preadv")
-# a change that only other nodes wait for (a size at close, in a cluster), or a name the
-# redo log keeps safe meanwhile, is committed this soon, with whatever else is recorded
-# until then: one flusher round (a trio timer), one transaction, one outbox batch and one
-# lane callback per 20 ms of a stream of creates or removes (5 ms made the flusher's
-# timers 7 % of the loop thread's GIL samples during creates; docs/benchmarks.md, create17)
-COMMIT_SHORTLY_SECONDS = 0.02
-
-
-@dataclass(eq=False)
-class Handle:
-    inode: Inode
-    flags: int
-    uid: int
-    tier: str | None = None
-    fd: int = -1
-    blob_gen: int = -1  # the inode's blob generation when fd was opened
-    # Descriptors replaced after a migration stay open until release: a worker thread
-    # may still be reading through one, and a closed number could be reused at once.
-    stale_fds: list[int] = field(default_factory=list)
-    reopen_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def writable(self) -> bool:
-        return (self.flags & O_ACCMODE) != os.O_RDONLY
-
-    def fd_for(self, path: str, tier: str, gen: int) -> int:
-        """(worker thread) The descriptor for the blob at ``path``, opened on first use
-        and re-opened when the file moved to another tier or blob generation."""
-        with self.reopen_lock:
-            if self.fd < 0 or self.tier != tier or self.blob_gen != gen:
-                mode = os.O_RDWR if self.writable else os.O_RDONLY
-                fd = os.open(path, mode | os.O_CLOEXEC)
-                if self.fd >= 0:
-                    self.stale_fds.append(self.fd)
-                self.fd, self.tier, self.blob_gen = fd, tier, gen
-            return self.fd
-
-    def close_all(self) -> None:
-        """(worker thread, at release)"""
-        for fd in [self.fd, *self.stale_fds]:
-            if fd >= 0:
-                os.close(fd)
-        self.fd = -1
-        self.stale_fds = []
-
-
 class TieringEngine:
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
-                 census: Census | None = None, blobs: BlobPool | None = None,
-                 placement: Placement | None = None, migrations: Migrations | None = None) -> None:
+                 census: Census | None = None, blobs: BlobPool | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
@@ -122,43 +80,65 @@ class TieringEngine:
         self.blobs = blobs if blobs is not None else BlobPool(self.tiers, self.passthrough)
         self._blob_pool = self.blobs.ready
         self.pooled_backings = self.blobs.pooled_backings
-        self.policy: OnlinePolicy = load_policy(config.policy)
+        self.space = Space(load_policy(config.policy))
+        self.files = Files()
+        self.backed = self.files.backed
         self.store: SQLiteStore | None = None
         self.ns: Namespace | None = None
-        self.capacity = 0
-        # logical bytes of fast-tier files, plus reservations of promotions, plus the local
-        # copies of other nodes' files under fast/remote-cache/ (remote_cache_used of it)
-        self.fast_used = 0
-        self.remote_cache_used = 0
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
-        self._locks: dict[int, trio.Lock] = {}
-        self.lanes: list[Lane] = []  # worker threads whose callbacks come back drained (lane.py)
-        self._commit_shortly = trio.Event()
+        # worker threads whose callbacks come back drained (lane.py): the one where the
+        # last release of a file drops its backing registration (fs/passthrough.py)
+        self.backings_lane = Lane("backings")
+        self.lanes: list[Lane] = [self.backings_lane]
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.census = census if census is not None else Census()
-        self.policy_version = 0  # the control plane's policy version applied (0: none)
-        self.device_capacity = 0
-        self.control = None  # control_link.ControlLink when linked to a control plane
-        self.cluster = None  # cluster.ClusterLink when the agent joins a global namespace
-        self.on_file_created = None  # (cluster) called with each regular file create_file makes
-        self.nursery: trio.Nursery | None = None
+        # (the cluster link's ownership, when the agent joins a global namespace) called
+        # with each regular file create_file makes, inside the create
+        self.on_file_created = None
+        # background commits of what is recorded (fs/commits.py)
+        self.commits = Commits(self.files)
+        self.commit_soon = self.commits.commit_soon
+        self.commit_shortly = self.commits.commit_shortly
         self.started = time.time()
-        self._idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
-        self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)
-        # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
-        self.placement = placement if placement is not None else Placement()
-        self.placement.attach(self)
-        # the write path asks these on every request that grows a file: direct references
-        self._room_for = self.placement.room_for
-        self._check_watermark = self.placement.check_watermark
         # moving files between the tiers; the read path uses its generations directly
-        self.migrations = migrations if migrations is not None else Migrations()
-        self.migrations.attach(self)
+        self.migrations = Migrations(self.tiers, self.files, self.space, self.blobs, self.counters,
+                                     self.passthrough)
         self.active = self.migrations.active
         self._blob_gens = self.migrations.blob_gens
         self.blob_gen = self.migrations.blob_gen  # (per passthrough open: no extra call)
+        # room, watermarks, the evictor, the policy's settings, pins, moves, prefetch
+        self.placement = Placement(config, self.files, self.space, self.migrations)
+        # the write path asks these on every request that grows a file: direct references
+        self._room_for = self.placement.room_for
+        self._check_watermark = self.placement.check_watermark
+
+    # the fast tier's accounting and policy queue (fs/space.py), as the other layers read it
+    @property
+    def fast_used(self) -> int:
+        return self.space.used
+
+    @property
+    def remote_cache_used(self) -> int:
+        return self.space.remote_cache_used
+
+    @property
+    def capacity(self) -> int:
+        return self.space.capacity
+
+    @capacity.setter
+    def capacity(self, nbytes: int) -> None:
+        self.space.capacity = nbytes
+
+    @property
+    def policy(self) -> OnlinePolicy:
+        return self.space.policy
+
+    @property
+    def policy_version(self) -> int:
+        """The control plane's policy version applied (0: none)."""
+        return self.placement.policy_version
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> dict[str, int]:
@@ -168,35 +148,14 @@ class TieringEngine:
             tier.path.mkdir(parents=True, exist_ok=True)
             tier.prepare()
         self.store = SQLiteStore(self.config.state_dir / "meta.db")
-        self.ns = Namespace(lambda row: MetaJournal(self.store, row))
+        self.ns = self.files.ns = Namespace(lambda row: MetaJournal(self.store, row))
         snapshot = self.store.load()
         self.ns.load(snapshot, os.getuid(), os.getgid())
         redo = RedoLog(self.config.state_dir / "redo.log")
-        replayed = self._replay(redo, snapshot.counters.get("redo_upto", 0))
-        saved = self.placement.load_saved_policy()
-        if saved is not None:
-            self.config.policy = saved["policy"]
-            self.config.high_watermark = saved["high_watermark"]
-            self.config.low_watermark = saved["low_watermark"]
-            self.policy_version = saved["version"]
-            log.info("running the saved control-plane policy version %d: %s, watermarks %.2f/%.2f",
-                     self.policy_version, saved["policy"], saved["high_watermark"], saved["low_watermark"])
+        replayed = replay(self.ns, redo, snapshot.counters.get("redo_upto", 0))
+        self.placement.restore_saved_policy()
         report = self.recover()  # first: it fixes the sizes the capacity counts
-        fast_vfs = self.tiers[T.FAST].statvfs()
-        self.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
-        if self.config.fast_capacity:
-            self.capacity = self.config.fast_capacity
-        else:
-            # what the agent can really use: its own files plus the free space (another
-            # tenant's files on the same file system are not ours to count)
-            own = sum(i.size for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST)
-            self.capacity = min(self.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
-        self.policy = load_policy(self.config.policy, capacity=self.capacity)  # size-aware ones want it
-        resident = sorted((i for i in self.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
-                          key=lambda i: i.last_access)
-        for inode in resident:  # the policy queue in last-access order
-            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
-        self.fast_used = sum(i.size for i in resident)
+        self.space.size_up(self.config, self.tiers[T.FAST].statvfs(), self.ns.inodes.values())
         self.ns.journal.sync_blocking()
         redo.reset()  # (its records are committed now) from here on, names are logged
         self.ns.journal.redo = redo
@@ -204,79 +163,14 @@ class TieringEngine:
             report["redo_replayed"] = replayed
         return report
 
-    def _replay(self, redo: RedoLog, checkpoint: int) -> int:
-        """(start-up) The name changes a crash left only in the redo log, applied to the
-        loaded namespace before the recovery pass (which would take their blobs for
-        orphans); committed with the start-up's commit, the checkpoint with them."""
-        records = redo.pending(checkpoint)
-        if not records:
-            return 0
-        ns = self.ns
-        ns.events = []  # kept for the cluster link (attached later) to publish
-        try:
-            applied = ns.replay(records)
-        finally:
-            ns.replayed_events, ns.events = ns.events, None
-        ns.journal.counter("redo_upto", redo.last_seq)
-        log.warning("redo log: %d name changes after the last commit (%d applied)", len(records), applied)
-        return applied
-
     def recover(self) -> dict[str, int]:
-        """Resolve what a crash left: staged copies, duplicate copies of a migrated file,
-        blobs of deleted inodes, nameless inodes; refresh sizes from the blobs."""
-        ns = self.ns
-        report = {"temp_removed": 0, "duplicates_removed": 0, "orphan_blobs_removed": 0,
-                  "orphan_inodes_removed": 0, "missing_blobs": 0, "sizes_fixed": 0}
-        referenced = {ino for entries in ns.children.values() for ino in entries.values()}
-        for inode in list(ns.inodes.values()):
-            if inode.ino != ROOT_INO and (inode.nlink <= 0 or inode.ino not in referenced):
-                ns.forget_inode(inode)
-                report["orphan_inodes_removed"] += 1
-        for tier in self.tiers.values():
-            for path, ino, temp in tier.scan():
-                inode = ns.inodes.get(ino) if ino is not None else None
-                if temp:
-                    T.remove_blob(path)
-                    report["temp_removed"] += 1
-                elif inode is None or not inode.is_reg:
-                    T.remove_blob(path)
-                    report["orphan_blobs_removed"] += 1
-                elif inode.tier != tier.name:
-                    # the switch committed (or never did) — the metadata names the copy to keep
-                    other = self.tiers[inode.tier] if inode.tier in self.tiers else None
-                    if other is not None and os.path.exists(other.blob(inode.ino)):
-                        T.remove_blob(path)
-                        report["duplicates_removed"] += 1
-                    else:  # only this copy exists: adopt it (never lose bytes)
-                        inode.tier = tier.name
-                        ns.journal.inode(inode.ino)
-        for inode in ns.inodes.values():
-            if not inode.is_reg:
-                continue
-            try:
-                st = os.stat(self.tiers[inode.tier].blob(inode.ino))
-            except (FileNotFoundError, KeyError):
-                log.error("inode %d (%r): its bytes are missing on every tier; recreated empty",
-                          inode.ino, ns.path_of(inode.ino))
-                inode.tier = T.FAST
-                T.create_blob(self.tiers[T.FAST].blob(inode.ino))
-                inode.size = 0
-                ns.journal.inode(inode.ino)
-                report["missing_blobs"] += 1
-                continue
-            if st.st_size != inode.size:
-                inode.size = st.st_size
-                ns.journal.inode(inode.ino)
-                report["sizes_fixed"] += 1
-        if any(report.values()):
-            log.warning("recovery: %s", report)
-        return report
+        """Resolve what a crash left (see :func:`hycache_agent.fs.recovery.recover`)."""
+        return recover(self.ns, self.tiers)
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the background tasks (evictor, periodic metadata flush)."""
-        self.nursery = nursery
-        nursery.start_soon(self.placement.evictor)
-        nursery.start_soon(self._flusher)
+        await self.placement.run(nursery)
+        self.commits.run(nursery)
         nursery.start_soon(self.blobs.filler, self.ns.allocate_ino)
         nursery.start_soon(self.blobs.reaper)
         for lane in [self.ns.journal.lane, *self.lanes]:
@@ -284,7 +178,8 @@ class TieringEngine:
         self._check_watermark()
 
     def close(self) -> None:
-        self.nursery = None  # the event loop is gone: what the lanes' callbacks record is
+        self.commits.stop()  # the event loop is gone: what the lanes' callbacks record is
+        self.placement.stop()
         for lane in self.lanes:  # committed by sync_blocking() below
             lane.close()
         for h in self.handles.values():
@@ -302,98 +197,25 @@ class TieringEngine:
 
     # ------------------------------------------------------------------ helpers
     def lock(self, inode: Inode) -> trio.Lock:
-        lock = self._locks.get(inode.ino)
-        if lock is None:
-            lock = self._locks[inode.ino] = trio.Lock()
-        return lock
-
-    def is_locked(self, ino: int) -> bool:
-        """A writer (or a migration's switch) holds the file's lock now."""
-        lock = self._locks.get(ino)
-        return lock is not None and lock.locked()
+        return self.files.lock(inode)
 
     @property
     def backing_pool(self) -> Any:
-        """The FUSE layer's Backings once the kernel accepted passthrough (it sets it)."""
+        """The FUSE layer's Backings once the kernel accepted passthrough (use_backings)."""
         return self.blobs.backing_pool
 
-    @backing_pool.setter
-    def backing_pool(self, backings: Any) -> None:
+    def use_backings(self, backings: Any) -> None:
+        """The kernel accepted passthrough: blobs are registered with ``backings`` (the
+        FUSE layer's) from now on; those made before, by the next refill."""
         self.blobs.backing_pool = backings
-        self.blobs.refill_soon()  # the blobs made before are registered by the next refill
+        self.blobs.refill_soon()
+
+    def new_fh(self) -> int:
+        """A file handle number, unique among local and remote opens."""
+        return next(self._fh)
 
     def blob(self, inode: Inode) -> str:
         return self.tiers[inode.tier].blob(inode.ino)
-
-    def _read_cached(self, h: Handle, off: int, size: int) -> bytes | None:
-        """Read on the event loop thread only if the bytes are already in the page cache
-        (``RWF_NOWAIT`` fails with EAGAIN instead of waiting for the disk), so the loop
-        never blocks; None means "go to a worker thread"."""
-        inode = h.inode
-        if (not _HAVE_NOWAIT or h.fd < 0 or h.tier != inode.tier
-                or h.blob_gen != self._blob_gens.get(inode.ino, 0)):
-            return None
-        buf = bytearray(size)
-        try:
-            n = os.preadv(h.fd, [buf], off, os.RWF_NOWAIT)
-        except (BlockingIOError, InterruptedError):
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                return None
-            raise
-        if n < size and off + n < inode.size:  # partly cached: a short reply would read as EOF
-            return None
-        return bytes(memoryview(buf)[:n])
-
-    async def _io(self, h: Handle, fn, *args):
-        """Run ``fn(fd, *args)`` in a worker thread on the handle's descriptor for the
-        blob that holds the file now: one thread hop, including a (re)open after a
-        migration moved the file.  Reads take no lock: a migration may switch and remove
-        the chosen blob before the worker opens it (ENOENT); then the current one serves."""
-        inode = h.inode
-        while True:
-            tier, gen = inode.tier, self._blob_gens.get(inode.ino, 0)
-            path = self.tiers[tier].blob(inode.ino)
-
-            def job(path=path, tier=tier, gen=gen):
-                return fn(h.fd_for(path, tier, gen), *args)
-
-            try:
-                return await trio.to_thread.run_sync(job)
-            except FileNotFoundError:
-                if (inode.tier, self._blob_gens.get(inode.ino, 0)) == (tier, gen):
-                    raise  # not moved meanwhile: a real ENOENT
-
-    async def _flusher(self) -> None:
-        while True:
-            with trio.move_on_after(1.0):  # what rides on no other commit (times, heat)
-                await self._commit_shortly.wait()
-            if self._commit_shortly.is_set():
-                self._commit_shortly = trio.Event()
-                await trio.sleep(COMMIT_SHORTLY_SECONDS)
-            self.ns.journal.commit_soon()
-
-    def commit_shortly(self) -> None:
-        """Commit what is recorded within COMMIT_SHORTLY_SECONDS: with a stream of
-        operations it rides on the next one's commit."""
-        self._commit_shortly.set()
-
-    def commit_soon(self) -> None:
-        """Commit what is recorded so far in the background: the caller answers the kernel
-        at once, and the commit overlaps with the application's next steps.  Names made
-        this way are durable within a commit's time; a writer's close waits for its file's
-        name (:meth:`flush`), fsync and fsyncdir for everything."""
-        if self.nursery is None:  # (not serving yet: the next sync takes it)
-            return
-        if self.ns.journal.logged_so_far():
-            # the names are safe in the redo log already: commit within
-            # COMMIT_SHORTLY_SECONDS, with the next operations' changes (one transaction,
-            # one hand-off to the journal's thread and one outbox batch for a burst of
-            # creates or removes, instead of one each)
-            self.commit_shortly()
-        else:
-            self.ns.journal.commit_soon()
 
     # ------------------------------------------------------------------ files
     async def create_file(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
@@ -458,7 +280,7 @@ class TieringEngine:
         inode.size = size
         inode.atime_ns, inode.mtime_ns, inode.ctime_ns = attrs.atime_ns, attrs.mtime_ns, attrs.ctime_ns
         if tier == T.FAST:
-            self.fast_used += size
+            self.space.used += size
             self.policy.admit(inode.ino, size)
         self._check_watermark()  # too big for the fast tier: the evictor moves it once closed
         return inode
@@ -466,12 +288,10 @@ class TieringEngine:
     def held(self, inode: Inode) -> bool:
         """Open, or (passthrough) its blob still registered with the kernel: its final size
         is known only once the FUSE layer has dropped the backing (:meth:`backing_dropped`)."""
-        return bool(inode.open_count) or inode.ino in self.backed
+        return self.files.held(inode)
 
     def _now_free(self, inode: Inode) -> None:
-        ev = self._idle.pop(inode.ino, None)
-        if ev is not None:
-            ev.set()
+        self.files.now_free(inode)
         if self.passthrough["enabled"]:
             self._check_watermark()  # passthrough writes grew it behind the evictor's back
 
@@ -483,12 +303,6 @@ class TieringEngine:
         if inode is not None and not self.held(inode):
             self._now_free(inode)
 
-    def idle_event(self, inode: Inode) -> trio.Event:
-        ev = self._idle.get(inode.ino)
-        if ev is None:
-            ev = self._idle[inode.ino] = trio.Event()
-        return ev
-
     async def open(self, inode: Inode, flags: int, uid: int, *, created: bool = False) -> int:
         """Open a local regular file.  ``created``: the open of create(2), not counted as
         a hit or a miss."""
@@ -496,18 +310,7 @@ class TieringEngine:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
-        before_open = (self.config.promote_mode == "before-open" and self.config.promote_on_open
-                       and inode.tier != T.FAST and inode.size <= self.config.high_watermark * self.capacity)
-        if self.passthrough["enabled"]:
-            # the handle may get the blob as its backing file: an open arriving during a
-            # migration waits for the switch (and before-open promotes while nobody holds it)
-            if before_open and not inode.open_count and inode.migration is None:
-                await self.migrations.background_migration(inode, T.FAST, "promote")
-            while inode.migration is not None:
-                await inode.migration.done.wait()
-            if self.ns.inodes.get(inode.ino) is not inode:
-                raise FsError(errno.ENOENT)
-            before_open = False
+        before_open = await self.placement.before_open(inode, self.passthrough["enabled"])
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:
@@ -517,20 +320,14 @@ class TieringEngine:
         except BaseException:
             inode.open_count -= 1
             raise
-        fh = next(self._fh)
+        fh = self.new_fh()
         self.handles[fh] = h
         self.ns.touch_access(inode)
         if not created and (flags & O_ACCMODE) != os.O_WRONLY:
             self.io.tiers[inode.tier].hits += 1
             if inode.tier != T.FAST:
                 self.io.misses += 1
-        if inode.tier == T.FAST:
-            self.policy.touch(inode.ino, inode.size)
-        elif self.config.promote_on_open and inode.size <= self.config.high_watermark * self.capacity:
-            if before_open:
-                await self.migrations.background_migration(inode, T.FAST, "promote")
-            else:  # with passthrough: once the last handle is released
-                self.migrations.start_migration(inode, T.FAST, "promote")
+        await self.placement.opened(inode, before_open)
         return fh
 
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
@@ -540,7 +337,7 @@ class TieringEngine:
         ENOSPC when both tiers are full)."""
         if not self.passthrough["enabled"]:
             return False
-        if writing and inode.tier == T.FAST and self.fast_used >= self.capacity:
+        if writing and inode.tier == T.FAST and self.space.used >= self.space.capacity:
             return await self._room_for(1, inode)
         return True
 
@@ -549,14 +346,14 @@ class TieringEngine:
         if self.ns.inodes.get(inode.ino) is not inode:
             return
         if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
-            self.fast_used += size - inode.size
+            self.space.used += size - inode.size
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
         inode.data_gen += 1
         if inode.replicas:  # the copies on other nodes are stale now
             inode.replicas = []
         self.ns.journal.inode(inode.ino)
-        if self.cluster is not None:  # its publication to the other nodes
+        if self.ns.events is not None:  # other nodes learn the size from the commit: soon
             self.commit_shortly()
         # the evictor is woken by the last release (engine.release), once the file is free
 
@@ -564,9 +361,9 @@ class TieringEngine:
         h = self.handles[fh]
         inode = h.inode
         tier = inode.tier  # the tier that serves this read
-        data = self._read_cached(h, off, size)
+        data = read_cached(h, off, size, self._blob_gens.get(inode.ino, 0))
         if data is None:
-            data = await self._io(h, os.pread, size, off)
+            data = await blob_io(h, self.tiers, self._blob_gens, os.pread, size, off)
         c = self.io.tiers[tier]
         c.reads += 1
         c.read_bytes += len(data)
@@ -593,11 +390,11 @@ class TieringEngine:
             reaped = spilled = False
             while True:
                 reserve = max(0, end - inode.size) if inode.tier == T.FAST else 0
-                self.fast_used += reserve
+                self.space.used += reserve
                 try:
-                    n = await self._io(h, os.pwrite, buf, off)
+                    n = await blob_io(h, self.tiers, self._blob_gens, os.pwrite, buf, off)
                 except OSError as exc:
-                    self.fast_used -= reserve
+                    self.space.used -= reserve
                     if exc.errno == errno.ENOSPC and not reaped:
                         reaped = True
                         if await self.blobs.reap_now():
@@ -607,14 +404,14 @@ class TieringEngine:
                         await self.migrations.spill(inode)  # the fast device itself is full
                         continue
                     raise FsError(exc.errno) from exc
-                self.fast_used -= reserve
+                self.space.used -= reserve
                 break
             c = self.io.tiers[inode.tier]  # the tier written (after a spill: the slow one)
             c.writes += 1
             c.write_bytes += n
             new_size = max(inode.size, off + n)
             if inode.tier == T.FAST:
-                self.fast_used += new_size - inode.size
+                self.space.used += new_size - inode.size
             inode.size = new_size
             inode.data_gen += 1
             if inode.replicas:  # the copies on other nodes are stale now
@@ -635,7 +432,7 @@ class TieringEngine:
             except OSError as exc:
                 raise FsError(exc.errno) from exc
             if inode.tier == T.FAST:
-                self.fast_used += size - inode.size
+                self.space.used += size - inode.size
             inode.size = size
             inode.data_gen += 1
             if inode.replicas:
@@ -661,7 +458,7 @@ class TieringEngine:
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
-        await self._io(h, os.fdatasync if datasync else os.fsync)
+        await blob_io(h, self.tiers, self._blob_gens, os.fdatasync if datasync else os.fsync)
         await self.ns.journal.sync(durable=True)
 
     async def release(self, fh: int) -> None:
@@ -683,14 +480,14 @@ class TieringEngine:
             return
         self.ns.forget_inode(inode)
         self.migrations.blob_leaving(inode.ino)
-        self._locks.pop(inode.ino, None)
+        self.files.locks.pop(inode.ino, None)
         self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:
             inode.migration.cancelled = True
         if inode.is_reg:
             if inode.tier == T.FAST:
-                self.fast_used -= inode.size
-            self.policy.remove(inode.ino)
+                self.space.used -= inode.size
+            self.space.policy.remove(inode.ino)
             self.blobs.doom(inode.ino)
 
     async def forget(self, ino: int, n: int) -> None:
@@ -719,57 +516,40 @@ class TieringEngine:
     def eviction_candidates(self, exclude: Inode | None = None):
         return self.placement.eviction_candidates(exclude)
 
-    def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
-        self.placement.apply_policy(policy, high, low, version)
-
-    def save_policy(self) -> None:
-        self.placement.save_policy()
-
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:
         await self.placement.set_pinned(inode, pinned)
-
-    def request_move(self, inode: Inode, tier: str) -> bool:
-        return self.placement.request_move(inode, tier)
 
     async def move(self, inode: Inode, tier: str) -> str | None:
         return await self.placement.move(inode, tier)
 
-    async def prefetch(self, path: str | bytes) -> str:
-        return await self.placement.prefetch(path)
-
     # ------------------------------------------------------------------ remote copies
     def remote_copy_added(self, nbytes: int) -> None:
-        """A copy of another node's file landed in fast/remote-cache/: it takes fast-tier
-        room like any fast-tier file (the evictor makes room among local files)."""
-        self.fast_used += nbytes
-        self.remote_cache_used += nbytes
+        """A copy of another node's file landed in fast/remote-cache/ (fs/space.py)."""
+        self.space.remote_copy_added(nbytes)
         self._check_watermark()
 
     def remote_copy_removed(self, nbytes: int) -> None:
-        self.fast_used -= nbytes
-        self.remote_cache_used -= nbytes
+        self.space.remote_copy_removed(nbytes)
 
     def local_inode(self, path: str | bytes) -> Inode:
         """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
-        raw = os.fsencode(path)
-        if not raw.startswith(b"/") or b"\0" in raw:
-            raise FsError(errno.EINVAL, "the path must be absolute, without NUL")
-        return self.ns.resolve(raw)
+        return local_inode(self.ns, path)
 
     # ------------------------------------------------------------------ counters
     # (fs/counters.py: the counting and the report shapes)
     def counters_dict(self) -> dict[str, Any]:
         """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-        return C.counters_dict(self.io, self.counters, self.cluster)
+        return C.counters_dict(self.io, self.counters)
 
-    def file_info(self, inode: Inode) -> dict[str, Any]:
-        return C.file_info(inode, self.blob(inode) if inode.is_reg else None, str(self.config.root), self.cluster)
+    def file_info(self, inode: Inode, node_id: str | None = None) -> dict[str, Any]:
+        """``user.hycache.info`` (``node_id``: this node's, in a cluster)."""
+        return C.file_info(inode, self.blob(inode) if inode.is_reg else None, str(self.config.root), node_id)
 
     async def status(self, max_age: float = 0.0) -> dict[str, Any]:
-        """The agent's state (``hycache-agent status --json``), see :func:`counters.status`."""
+        """The file system's part of the agent's state, see :func:`counters.status`."""
         return await C.status(self, max_age)
 
     async def statfs(self) -> tuple[int, int, int, int]:
         """(total bytes, free bytes, total inodes, free inodes) of the whole mount."""
         slow = await trio.to_thread.run_sync(self.tiers[T.SLOW].statvfs)
-        return C.statfs(self.capacity, self.fast_used, slow, len(self.ns.inodes))
+        return C.statfs(self.space.capacity, self.space.used, slow, len(self.ns.inodes))

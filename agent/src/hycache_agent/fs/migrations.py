@@ -10,8 +10,9 @@ Each switch bumps the inode's *blob generation* (:attr:`Migrations.blob_gens`): 
 descriptor opened on another generation is stale, even if the tier's name matches again
 (slow→fast→slow).  The engine's read and write path reads that dict directly.
 
-What to move is decided by :mod:`hycache_agent.fs.placement`; this module moves.  It works
-on the engine's namespace, accounting and policy queue (:meth:`Migrations.attach`).
+What to move, and when, is decided by :mod:`hycache_agent.fs.placement`; this module
+moves.  It works on the files' state (:mod:`~hycache_agent.fs.files`) and the fast tier's
+accounting and policy queue (:mod:`~hycache_agent.fs.space`), given to its constructor.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import errno
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from hycache_core.sizes import format_size
 
 from hycache_agent.fs import tiers as T
+from hycache_agent.fs.blobpool import BlobPool
+from hycache_agent.fs.counters import Counters
+from hycache_agent.fs.files import Files
 from hycache_agent.fs.namespace import FsError, Inode
-
-if TYPE_CHECKING:
-    from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.space import Space
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +64,19 @@ class Migration:
 
 
 class Migrations:
-    def __init__(self) -> None:
-        self.engine: TieringEngine | None = None
+    def __init__(self, tiers: dict[str, T.Tier], files: Files, space: Space, blobs: BlobPool,
+                 counters: Counters, passthrough: dict[str, Any]) -> None:
+        self.tiers = tiers
+        self.files = files
+        self.space = space
+        self.blobs = blobs
+        self.counters = counters
+        self.passthrough = passthrough
+        self.backed = files.backed
         self.active: dict[int, Migration] = {}
         # bumped by every tier switch: a handle's fd is stale when its generation differs,
         # even if the tier *name* matches again (slow→fast→slow)
         self.blob_gens: dict[int, int] = {}
-
-    def attach(self, engine: TieringEngine) -> None:
-        self.engine = engine
-        self.tiers = engine.tiers
-        self.counters = engine.counters
-        self.passthrough = engine.passthrough
-        self.backed = engine.backed
 
     def blob_gen(self, ino: int) -> int:
         """Bumped by every tier switch of the inode: its blob is another file then."""
@@ -83,7 +85,7 @@ class Migrations:
     def blob_leaving(self, ino: int) -> None:
         """The inode's blob is about to move or go: the FUSE layer drops the registration
         it may have kept for it after the last release (passthrough.Backings.parked)."""
-        backings = self.engine.blobs.backing_pool
+        backings = self.blobs.backing_pool
         if backings is not None:
             backings.forget_parked(ino)
 
@@ -91,11 +93,10 @@ class Migrations:
     async def migrate(self, inode: Inode, dst: str, *, reason: str, locked: bool = False) -> bool:
         """Move a regular file's bytes to tier ``dst``.  Returns True if it moved.
 
-        ``locked``: the caller holds the inode's lock (a spill from inside a write)."""
+        ``locked``: the caller holds the inode's lock (a spill from inside a write).  An
+        eviction's caller checks, right before the call, that the file is still evictable."""
         if (not inode.is_reg or inode.tier == dst or inode.migration is not None
-                or self.engine.ns.inodes.get(inode.ino) is not inode):  # deleted since it was chosen
-            return False
-        if reason == "evict" and not self.engine.placement.evictable(inode):  # opened since it was chosen
+                or not self.files.live(inode)):  # deleted since it was chosen
             return False
         if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
             return False  # the kernel writes the blob itself: it must not move under an open
@@ -108,7 +109,7 @@ class Migrations:
         reserved = 0
         if dst == T.FAST:
             reserved = inode.size
-            self.engine.fast_used += reserved
+            self.space.used += reserved
         gen = inode.data_gen
         temp = dst_tier.temp_blob(inode.ino)
         moved = False
@@ -130,7 +131,7 @@ class Migrations:
                 self.counters.migrations_abandoned += 1
             return moved
         except OSError as exc:
-            if mig.cancelled or self.engine.ns.inodes.get(inode.ino) is not inode:
+            if mig.cancelled or not self.files.live(inode):
                 # deleted under the copy (maybe_free removed its blobs): nothing to move
                 self.counters.migrations_abandoned += 1
                 return False
@@ -148,13 +149,13 @@ class Migrations:
             inode.migration = None
             self.active.pop(inode.ino, None)
             mig.done.set()
-            self.engine.fast_used -= reserved
+            self.space.used -= reserved
 
     async def _acquire_for_switch(self, inode: Inode, mig: Migration) -> trio.Lock | None:
         """Take the file's lock for the switch.  An eviction never waits for a writer;
         other migrations wait, but give up when cancelled (a spill of the same file
         cancels a promotion while it holds the lock, so a blocking wait could deadlock)."""
-        lock = self.engine.lock(inode)
+        lock = self.files.lock(inode)
         while True:
             try:
                 lock.acquire_nowait()
@@ -166,12 +167,12 @@ class Migrations:
 
     async def _switch(self, inode: Inode, mig: Migration, gen: int, temp: str) -> bool:
         """The atomic switch: called with the inode lock held."""
-        if inode.data_gen != gen or mig.cancelled or self.engine.ns.inodes.get(inode.ino) is not inode:
+        if inode.data_gen != gen or mig.cancelled or not self.files.live(inode):
             return False
         src_blob = self.tiers[mig.src].blob(inode.ino)
         dst_blob = self.tiers[mig.dst].blob(inode.ino)
         await trio.to_thread.run_sync(T.commit_blob, temp, dst_blob)
-        if mig.cancelled or self.engine.ns.inodes.get(inode.ino) is not inode:
+        if mig.cancelled or not self.files.live(inode):
             # deleted during the rename: maybe_free() may have run before the new name existed
             await trio.to_thread.run_sync(T.remove_blob, dst_blob)
             return False
@@ -180,21 +181,21 @@ class Migrations:
         inode.tier = mig.dst
         self.blob_gens[inode.ino] = self.blob_gens.get(inode.ino, 0) + 1  # open fds are stale
         if mig.dst == T.FAST:
-            self.engine.fast_used += inode.size
+            self.space.used += inode.size
             # admitted as the most recently used: persist that, so a restart (which
             # re-admits in last-access order) rebuilds the same queue
-            self.engine.ns.access_seq += 1
-            inode.last_access = self.engine.ns.access_seq
-            self.engine.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+            self.files.ns.access_seq += 1
+            inode.last_access = self.files.ns.access_seq
+            self.space.policy.admit(inode.ino, inode.size, max(1, inode.hits))
             self.counters.bytes_promoted += inode.size
         else:
-            self.engine.fast_used -= inode.size
-            self.engine.policy.remove(inode.ino)
+            self.space.used -= inode.size
+            self.space.policy.remove(inode.ino)
             self.counters.bytes_demoted += inode.size
-        self.engine.ns.journal.inode(inode.ino)
+        self.files.ns.journal.inode(inode.ino)
         # from here the metadata (or, if the commit fails, the recovery pass, which keeps
         # the copy the metadata names) decides; both copies are complete
-        await self.engine.ns.journal.sync()
+        await self.files.ns.journal.sync()
         await trio.to_thread.run_sync(T.remove_blob, src_blob)
         self.counters.migrations_done += 1
         if mig.reason == "evict":
@@ -206,55 +207,6 @@ class Migrations:
         log.debug("migrated inode %d %s→%s (%s, %s)", inode.ino, mig.src, mig.dst, mig.reason,
                   format_size(inode.size))
         return True
-
-    def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
-        """Start a migration in the background (promotion on open, xattr/CLI requests)."""
-        if not inode.is_reg or self.engine.nursery is None:
-            return False
-        if inode.migration is not None:
-            if inode.migration.dst == dst:
-                return True  # already on its way
-        elif inode.tier == dst:
-            return False
-        self.engine.nursery.start_soon(self.background_migration, inode, dst, reason)
-        return True
-
-    async def background_migration(self, inode: Inode, dst: str, reason: str) -> None:
-        try:
-            await self.move_now(inode, dst, reason)
-        except Exception:
-            log.exception("background migration of inode %d failed", inode.ino)
-
-    async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
-        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
-        # a migration in flight the other way (e.g. the tail of a demotion when the
-        # file is opened again) finishes first; then this one decides afresh
-        while inode.migration is not None or self.passthrough["enabled"] and self.engine.held(inode):
-            if inode.migration is not None:
-                await inode.migration.done.wait()
-            else:  # passthrough: the blob moves only once the last handle is gone
-                await self.engine.idle_event(inode).wait()
-            if self.engine.ns.inodes.get(inode.ino) is not inode:
-                return "the file was deleted"
-        if self.engine.ns.inodes.get(inode.ino) is not inode:
-            return "the file was deleted"
-        if inode.tier == dst:
-            return None
-        if dst == T.FAST and not await self.engine.placement.room_for(inode.size, inode, wait_leaving=True):
-            log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
-                     format_size(inode.size))
-            return f"no room on the fast tier for {format_size(inode.size)}"
-        try:
-            moved = await self.migrate(inode, dst, reason=reason)
-        except OSError as exc:
-            return f"migration failed: {exc}"
-        self.engine.placement.check_watermark()
-        if moved or inode.tier == dst:
-            return None
-        if inode.tier != dst and inode.migration is not None and inode.migration.dst == dst:
-            await inode.migration.done.wait()  # another request moved it meanwhile
-            return None if inode.tier == dst else "the file changed during the copy"
-        return "no room on the " + dst + " tier, or the file changed during the copy"
 
     async def spill(self, inode: Inode) -> None:
         """Move the file being written to the slow tier (caller holds its lock)."""
@@ -271,5 +223,5 @@ class Migrations:
                 await inode.migration.done.wait()
             if inode.tier == T.SLOW or await self.migrate(inode, T.SLOW, reason="spill", locked=True):
                 return
-            await self.engine.blobs.reap_now()  # the slow device may still hold deleted files' bytes
+            await self.blobs.reap_now()  # the slow device may still hold deleted files' bytes
         raise FsError(errno.ENOSPC)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import stat
 import time
 from dataclasses import dataclass, field
@@ -461,3 +462,11 @@ class Namespace:
         """Drop an inode that has no name, no open handle and no kernel reference."""
         self.inodes.pop(inode.ino, None)
         self.journal.inode(inode.ino)  # row() is None now: deleted in the next commit
+
+
+def local_inode(ns: Namespace, path: str | bytes) -> Inode:
+    """The inode this node holds at an absolute path of the mount (FsError ENOENT)."""
+    raw = os.fsencode(path)
+    if not raw.startswith(b"/") or b"\0" in raw:
+        raise FsError(errno.EINVAL, "the path must be absolute, without NUL")
+    return ns.resolve(raw)

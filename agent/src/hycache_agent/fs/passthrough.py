@@ -32,7 +32,6 @@ import trio
 
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
-from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.namespace import Inode
 
 log = logging.getLogger(__name__)
@@ -146,8 +145,7 @@ class Backings:
         self.max_parked = parked_limit()
         self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
-        self.lane = Lane("backings")
-        engine.lanes.append(self.lane)
+        self.lane = engine.backings_lane
 
     # -- the engine's blob pool registers blobs ahead of their create (worker thread) ----
     @staticmethod
@@ -213,7 +211,7 @@ class Backings:
                                 "(the writeback cache is off for this mount)")
             return
         state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
-        self.engine.backing_pool = self
+        self.engine.use_backings(self)
 
     async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.
@@ -338,7 +336,7 @@ class Backings:
                 # Changed after the writers' last flush: through a shared mapping, whose
                 # stores the kernel's FUSE inode does not see (its own write(2)s update
                 # its size and invalidate its times).  The kernel keeps a local file's
-                # attributes for a while (fuse_ops.LOCAL_TIMEOUT): make it ask again.
+                # attributes for a while (fuse.operations.LOCAL_TIMEOUT): make it ask again.
                 self.lane.submit(invalidate_attrs, inode.ino)
 
     def release(self, inode: Inode) -> None:

@@ -2,10 +2,9 @@
 eviction policy's settings and their persistence, pins and move requests, prefetch.
 
 Placement decides; :mod:`hycache_agent.fs.migrations` moves.  The state it decides over is
-the engine's and shared with the file operations: the fast tier's accounting
-(``capacity``, ``fast_used``), the policy queue (``policy``: opens touch it, creates and
-migrations admit, deletions remove), the namespace and the files' locks.
-:meth:`Placement.attach` gives it the engine it works for.
+shared with the file operations and given to its constructor: the fast tier's accounting
+and policy queue (:mod:`~hycache_agent.fs.space`), the namespace and the files' locks
+(:mod:`~hycache_agent.fs.files`).
 
 * A write that does not fit first evicts closed, unpinned files in policy order
   (:meth:`Placement.room_for`, Algorithm 1 lines 2–5); if that is not enough the file
@@ -26,17 +25,18 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from hycache_core.policies import load_policy
 from hycache_core.sizes import format_size
 
+from hycache_agent.config import AgentConfig
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.namespace import FsError, Inode
-
-if TYPE_CHECKING:
-    from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.files import Files
+from hycache_agent.fs.migrations import Migrations
+from hycache_agent.fs.namespace import FsError, Inode, local_inode
+from hycache_agent.fs.space import Space
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,29 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     T.fsync_dir(str(path))
 
 
+def load_saved_policy(state_dir: Path) -> dict[str, Any] | None:
+    """(blocking, at start) The policy last applied from the control plane, if any."""
+    path = state_dir / POLICY_FILE
+    try:
+        saved = json.loads(path.read_text())
+        validate_policy(saved["policy"], saved["high_watermark"], saved["low_watermark"])
+        saved["version"] = int(saved["version"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        log.error("ignoring the saved policy %s: %s", path, exc)
+        return None
+    return saved
+
+
 class Placement:
-    def __init__(self) -> None:
-        self.engine: TieringEngine | None = None
+    def __init__(self, config: AgentConfig, files: Files, space: Space, migrations: Migrations) -> None:
+        self.config = config
+        self.files = files
+        self.space = space
+        self.migrations = migrations
+        self.policy_version = 0  # the control plane's policy version applied (0: none)
+        self._nursery: trio.Nursery | None = None  # background moves (run)
         self._evict_wakeup = trio.Event()
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
@@ -86,18 +106,22 @@ class Placement:
         # or PLAN_HOLD_S after it was staged or last opened, so its jobs find it there
         self.staged: dict[int, tuple[int, float]] = {}
 
-    def attach(self, engine: TieringEngine) -> None:
-        self.engine = engine
-        self.config = engine.config
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Serve: the evictor, and background moves in ``nursery``."""
+        self._nursery = nursery
+        nursery.start_soon(self.evictor)
+
+    def stop(self) -> None:
+        self._nursery = None
 
     # ------------------------------------------------------------------ room and watermarks
     def evictable(self, inode: Inode | None) -> bool:
         """May the evictor move this file now?  Not if pinned, open, being migrated or
         locked by a writer (checked again when a chosen victim's turn comes)."""
-        e = self.engine
-        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not e.held(inode)
-                and inode.migration is None and e.ns.inodes.get(inode.ino) is inode
-                and not e.is_locked(inode.ino) and not self.is_staged(inode))
+        f = self.files
+        return (inode is not None and inode.tier == T.FAST and not inode.pinned and not f.held(inode)
+                and inode.migration is None and f.live(inode)
+                and not f.is_locked(inode.ino) and not self.is_staged(inode))
 
     def stage(self, inode: Inode) -> None:
         """A plan's prefetch put (or found) ``inode`` on the fast tier: keep it there until
@@ -120,9 +144,9 @@ class Placement:
         return True
 
     def eviction_candidates(self, exclude: Inode | None = None):
-        e = self.engine
-        for ino in e.policy.eviction_order():
-            inode = e.ns.inodes.get(ino)
+        inodes = self.files.ns.inodes
+        for ino in self.space.policy.eviction_order():
+            inode = inodes.get(ino)
             if inode is not exclude and self.evictable(inode):
                 yield inode
 
@@ -132,27 +156,34 @@ class Placement:
         ``wait_leaving`` (promotions and prefetches, never writes): files already being
         moved off the fast tier still take their room until their switch; when that room
         is what is missing, wait for those moves instead of evicting more or failing."""
-        e = self.engine
-        if e.fast_used + nbytes <= e.capacity:
+        space = self.space
+        if space.fits(nbytes):
             return True
-        if nbytes > e.capacity:
+        if nbytes > space.capacity:
             return False
         if wait_leaving:
-            leaving = [m for m in e.active.values() if m.src == T.FAST and m.dst != T.FAST]
+            leaving = [m for m in self.migrations.active.values() if m.src == T.FAST and m.dst != T.FAST]
             for m in leaving:
-                if e.fast_used + nbytes <= e.capacity:
+                if space.fits(nbytes):
                     break
                 await m.done.wait()
-            if e.fast_used + nbytes <= e.capacity:
+            if space.fits(nbytes):
                 return True
         for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
-            if e.fast_used + nbytes <= e.capacity:
+            if space.fits(nbytes):
                 break
-            await e.migrations.migrate(victim, T.SLOW, reason="evict")
-        return e.fast_used + nbytes <= e.capacity
+            await self._evict(victim)
+        return space.fits(nbytes)
+
+    async def _evict(self, victim: Inode) -> bool:
+        """Move a chosen victim to the slow tier, if it is still evictable (it may have
+        been opened since it was chosen)."""
+        if not self.evictable(victim):
+            return False
+        return await self.migrations.migrate(victim, T.SLOW, reason="evict")
 
     def check_watermark(self) -> None:
-        if self.engine.fast_used > self.config.high_watermark * self.engine.capacity:
+        if self.space.used > self.config.high_watermark * self.space.capacity:
             self._evict_wakeup.set()
 
     def eviction_pending(self) -> bool:
@@ -160,18 +191,18 @@ class Placement:
         return self._evict_wakeup.is_set()
 
     async def evictor(self) -> None:
-        e = self.engine
+        space = self.space
         while True:
             await self._evict_wakeup.wait()
             self._evict_wakeup = trio.Event()
-            target = self.config.low_watermark * e.capacity
+            target = self.config.low_watermark * space.capacity
             failures = 0
-            while e.fast_used > target:
+            while space.used > target:
                 victim = next(self.eviction_candidates(), None)
                 if victim is None:
                     break
                 try:
-                    moved = await e.migrations.migrate(victim, T.SLOW, reason="evict")
+                    moved = await self._evict(victim)
                 except OSError as exc:  # the slow tier failed (EIO, vanished): keep serving
                     log.error("eviction of inode %d failed: %s", victim.ino, exc)
                     moved = False
@@ -182,47 +213,44 @@ class Placement:
                     await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
 
     # ------------------------------------------------------------------ policy
-    def load_saved_policy(self) -> dict[str, Any] | None:
-        """(blocking, at start) The policy last applied from the control plane, if any."""
-        path = self.config.state_dir / POLICY_FILE
-        try:
-            saved = json.loads(path.read_text())
-            validate_policy(saved["policy"], saved["high_watermark"], saved["low_watermark"])
-            saved["version"] = int(saved["version"])
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            log.error("ignoring the saved policy %s: %s", path, exc)
-            return None
-        return saved
+    def restore_saved_policy(self) -> None:
+        """(blocking, at start) Run the policy last applied from the control plane, if any."""
+        saved = load_saved_policy(self.config.state_dir)
+        if saved is None:
+            return
+        self.config.policy = saved["policy"]
+        self.config.high_watermark = saved["high_watermark"]
+        self.config.low_watermark = saved["low_watermark"]
+        self.policy_version = saved["version"]
+        log.info("running the saved control-plane policy version %d: %s, watermarks %.2f/%.2f",
+                 self.policy_version, saved["policy"], saved["high_watermark"], saved["low_watermark"])
 
     def apply_policy(self, policy: str, high: float, low: float, version: int | None = None) -> None:
         """Swap the eviction policy and the watermarks of the running engine (PolicyError
         if invalid; nothing changes then).  The fast tier's files are re-admitted in their
         recency order; pinned files stay pinned (the evictor skips them whatever the
         policy); the evictor runs if the fast tier is above the new high mark."""
-        e = self.engine
+        space = self.space
         validate_policy(policy, high, low)
-        if policy != e.policy.name:
-            new = load_policy(policy, capacity=e.capacity)
-            resident = sorted((i for i in e.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
+        if policy != space.policy.name:
+            new = load_policy(policy, capacity=space.capacity)
+            resident = sorted((i for i in self.files.ns.inodes.values() if i.is_reg and i.tier == T.FAST),
                               key=lambda i: i.last_access)
             for inode in resident:
-                new.admit(inode.ino, inode.size, max(1, inode.hits, e.policy.hits(inode.ino)))
-            e.policy = new
+                new.admit(inode.ino, inode.size, max(1, inode.hits, space.policy.hits(inode.ino)))
+            space.policy = new
             self.config.policy = policy
         self.config.high_watermark = float(high)
         self.config.low_watermark = float(low)
         if version is not None:
-            e.policy_version = version
+            self.policy_version = version
         log.info("policy %s, watermarks %.2f/%.2f applied (version %s)", policy, high, low, version)
         self.check_watermark()
 
     def save_policy(self) -> None:
         """(blocking) Keep the applied policy in the state directory for the next start."""
-        e = self.engine
         write_json_atomic(self.config.state_dir / POLICY_FILE, {
-            "version": e.policy_version, "policy": e.policy.name,
+            "version": self.policy_version, "policy": self.space.policy.name,
             "high_watermark": self.config.high_watermark, "low_watermark": self.config.low_watermark})
 
     # ------------------------------------------------------------------ pins and moves
@@ -232,49 +260,123 @@ class Placement:
         inode.pinned = pinned
         if not pinned:  # a plan's unpin: it no longer counts on the file (staged or pinned)
             self.staged.pop(inode.ino, None)
-        self.engine.ns.journal.inode(inode.ino)
+        self.files.ns.journal.inode(inode.ino)
 
     async def set_pinned(self, inode: Inode, pinned: bool) -> None:
         """Pin (never evict) or unpin a file, durably."""
         self.pin(inode, pinned)
-        await self.engine.ns.journal.sync()
+        await self.files.ns.journal.sync()
 
     def _check_move(self, inode: Inode, tier: str) -> None:
         if tier not in T.TIER_NAMES:
             raise FsError(errno.EINVAL, f"no tier named {tier!r}")
         if not inode.is_reg:
             raise FsError(errno.EINVAL, "not a regular file")
-        if tier == T.FAST and inode.size > self.engine.capacity:
+        if tier == T.FAST and inode.size > self.space.capacity:
             raise FsError(errno.ENOSPC, f"{format_size(inode.size)} is larger than the fast tier")
 
     def request_move(self, inode: Inode, tier: str) -> bool:
         """Start moving a file to ``tier`` in the background (FsError if it cannot go)."""
         self._check_move(inode, tier)
-        return self.engine.migrations.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
+        return self.start_migration(inode, tier, "promote" if tier == T.FAST else "demote")
 
     async def move(self, inode: Inode, tier: str) -> str | None:
         """Move a file to ``tier`` and wait: None when it is there, else the reason."""
         self._check_move(inode, tier)
         if tier != T.FAST:
             self.staged.pop(inode.ino, None)  # the plan (or a user) demotes it: no longer staged
-        return await self.engine.migrations.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
+        return await self.move_now(inode, tier, "promote" if tier == T.FAST else "demote")
+
+    # ------------------------------------------------------------------ opens
+    def _promotes_on_open(self, inode: Inode) -> bool:
+        return (self.config.promote_on_open and inode.tier != T.FAST
+                and inode.size <= self.config.high_watermark * self.space.capacity)
+
+    async def before_open(self, inode: Inode, passthrough: bool) -> bool:
+        """Before a local file's open: whether its promotion is to be waited for by the
+        open (``promote_mode`` before-open).  With ``passthrough`` the handle may get the
+        blob as its backing file: an open arriving during a migration waits for the
+        switch (and before-open promotes first, while nobody holds the file)."""
+        before = self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
+        if not passthrough:
+            return before
+        if before and not inode.open_count and inode.migration is None:
+            await self.background_migration(inode, T.FAST, "promote")
+        while inode.migration is not None:
+            await inode.migration.done.wait()
+        if not self.files.live(inode):
+            raise FsError(errno.ENOENT)
+        return False
+
+    async def opened(self, inode: Inode, before_open: bool) -> None:
+        """A local file was opened: it is used now (the policy queue), or promoted."""
+        if inode.tier == T.FAST:
+            self.space.policy.touch(inode.ino, inode.size)
+        elif self._promotes_on_open(inode):
+            if before_open:
+                await self.background_migration(inode, T.FAST, "promote")
+            else:  # with passthrough: once the last handle is released
+                self.start_migration(inode, T.FAST, "promote")
+
+    # ------------------------------------------------------------------ moving in the background
+    def start_migration(self, inode: Inode, dst: str, reason: str) -> bool:
+        """Start a migration in the background (promotion on open, xattr/CLI requests)."""
+        if not inode.is_reg or self._nursery is None:
+            return False
+        if inode.migration is not None:
+            if inode.migration.dst == dst:
+                return True  # already on its way
+        elif inode.tier == dst:
+            return False
+        self._nursery.start_soon(self.background_migration, inode, dst, reason)
+        return True
+
+    async def background_migration(self, inode: Inode, dst: str, reason: str) -> None:
+        try:
+            await self.move_now(inode, dst, reason)
+        except Exception:
+            log.exception("background migration of inode %d failed", inode.ino)
+
+    async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
+        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
+        # a migration in flight the other way (e.g. the tail of a demotion when the
+        # file is opened again) finishes first; then this one decides afresh
+        while inode.migration is not None or self.migrations.passthrough["enabled"] and self.files.held(inode):
+            if inode.migration is not None:
+                await inode.migration.done.wait()
+            else:  # passthrough: the blob moves only once the last handle is gone
+                await self.files.idle_event(inode).wait()
+            if not self.files.live(inode):
+                return "the file was deleted"
+        if not self.files.live(inode):
+            return "the file was deleted"
+        if inode.tier == dst:
+            return None
+        if dst == T.FAST and not await self.room_for(inode.size, inode, wait_leaving=True):
+            log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
+                     format_size(inode.size))
+            return f"no room on the fast tier for {format_size(inode.size)}"
+        try:
+            moved = await self.migrations.migrate(inode, dst, reason=reason)
+        except OSError as exc:
+            return f"migration failed: {exc}"
+        self.check_watermark()
+        if moved or inode.tier == dst:
+            return None
+        if inode.tier != dst and inode.migration is not None and inode.migration.dst == dst:
+            await inode.migration.done.wait()  # another request moved it meanwhile
+            return None if inode.tier == dst else "the file changed during the copy"
+        return "no room on the " + dst + " tier, or the file changed during the copy"
 
     # ------------------------------------------------------------------ prefetch
     async def prefetch(self, path: str | bytes) -> str:
-        """Bring a file's bytes onto this node's fast tier ahead of the job that reads it
-        (a plan step of the 2-layer scheduling).  A local file on the slow tier is promoted
-        (waited for); a file whose primary is another node is fetched into this node's
-        remote cache on the fast tier, where a later open finds it (a fast-tier hit).  Room
-        is made like for a promotion (closed, unpinned files are evicted) and never beyond
-        the capacity.  Returns what was done; raises FsError (ENOENT: no such file, ENOSPC:
-        no room, …) with the reason as its second argument."""
-        raw = os.fsencode(path)
-        try:
-            inode = self.engine.local_inode(raw)
-        except FsError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR) or self.engine.cluster is None:
-                raise
-            return await self._prefetch_remote(raw)
+        """Bring a local file's bytes onto the fast tier ahead of the job that reads it (a
+        plan step of the 2-layer scheduling): a file on the slow tier is promoted (waited
+        for).  Room is made like for a promotion (closed, unpinned files are evicted) and
+        never beyond the capacity.  Returns what was done; raises FsError (ENOENT: no such
+        file here, ENOSPC: no room, …) with the reason as its second argument.  A file
+        another node holds is fetched by the layer above (:mod:`hycache_agent.vfs.prefetch`)."""
+        inode = local_inode(self.files.ns, path)
         if not inode.is_reg:
             raise FsError(errno.EINVAL, "not a regular file")
         if inode.tier == T.FAST:
@@ -285,34 +387,3 @@ class Placement:
             raise FsError(errno.ENOSPC, why)
         self.stage(inode)
         return T.FAST
-
-    async def _prefetch_remote(self, raw: bytes) -> str:
-        e = self.engine
-        cluster = e.cluster
-        meta = await cluster.query("get", raw, missing=None)
-        if meta is cluster.UNREACHABLE:
-            raise FsError(errno.EIO, "the metadata store is unreachable")
-        if meta is None or (meta.primary == cluster.node_id and meta.kind != "dir"):
-            raise FsError(errno.ENOENT, "no such file")
-        if meta.kind != "file":
-            raise FsError(errno.EINVAL, "not a regular file")
-        node = cluster.remote_node(raw, meta)
-        async with cluster.fetch_lock(raw):
-            if cluster.has_copy(node):
-                return "already fast (remote copy)"
-            size = node.meta.size
-            if size > e.capacity:
-                raise FsError(errno.ENOSPC, f"{format_size(size)} is larger than the fast tier")
-            if not await self.room_for(size, None, wait_leaving=True):
-                raise FsError(errno.ENOSPC, f"no room for {format_size(size)} on the fast tier "
-                                            f"({format_size(e.fast_used)} of {format_size(e.capacity)} "
-                                            "used by pinned, open or moving files)")
-            e.fast_used += size  # reserved while fetching (the copy is counted once there)
-            self.fetching[raw] = self.fetching.get(raw, 0) + size
-            try:
-                await cluster.fetch_locked(node)
-            finally:
-                e.fast_used -= size
-                if (left := self.fetching.pop(raw, 0) - size) > 0:
-                    self.fetching[raw] = left
-        return f"fast (fetched {format_size(node.cache_size)} from {meta.primary})"

@@ -1,0 +1,60 @@
+"""The fast tier's accounting and its eviction queue, shared by the file operations
+(:mod:`~hycache_agent.fs.engine`), the placement decisions
+(:mod:`~hycache_agent.fs.placement`) and the moves (:mod:`~hycache_agent.fs.migrations`).
+
+``used`` counts the logical bytes of fast-tier files, plus the reservations of promotions
+and prefetches, plus the local copies of other nodes' files under fast/remote-cache/
+(``remote_cache_used`` of it).  ``policy`` orders the fast tier's files for eviction: opens
+touch it, creates and promotions admit, deletions and demotions remove; applying a new
+policy replaces it (every part reads it here, never a copy).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from hycache_core.policies import OnlinePolicy, load_policy
+
+from hycache_agent.config import AgentConfig
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.namespace import Inode
+
+
+class Space:
+    def __init__(self, policy: OnlinePolicy) -> None:
+        self.policy = policy
+        self.capacity = 0  # the fast tier's bytes the agent may use (set at start-up)
+        self.device_capacity = 0
+        self.used = 0
+        self.remote_cache_used = 0
+
+    def size_up(self, config: AgentConfig, fast_vfs: os.statvfs_result, inodes: Iterable[Inode]) -> None:
+        """(start-up) The capacity, the policy queue in last-access order and the bytes
+        used, from the loaded (and recovered) files."""
+        self.device_capacity = fast_vfs.f_blocks * fast_vfs.f_frsize
+        resident = sorted((i for i in inodes if i.is_reg and i.tier == T.FAST), key=lambda i: i.last_access)
+        if config.fast_capacity:
+            self.capacity = config.fast_capacity
+        else:
+            # what the agent can really use: its own files plus the free space (another
+            # tenant's files on the same file system are not ours to count)
+            own = sum(i.size for i in resident)
+            self.capacity = min(self.device_capacity, own + fast_vfs.f_bavail * fast_vfs.f_frsize)
+        self.policy = load_policy(config.policy, capacity=self.capacity)  # size-aware ones want it
+        for inode in resident:
+            self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
+        self.used = sum(i.size for i in resident)
+
+    def fits(self, nbytes: int) -> bool:
+        return self.used + nbytes <= self.capacity
+
+    def remote_copy_added(self, nbytes: int) -> None:
+        """A copy of another node's file landed in fast/remote-cache/: it takes fast-tier
+        room like any fast-tier file (the evictor makes room among local files)."""
+        self.used += nbytes
+        self.remote_cache_used += nbytes
+
+    def remote_copy_removed(self, nbytes: int) -> None:
+        self.used -= nbytes
+        self.remote_cache_used -= nbytes

@@ -1,0 +1,1 @@
+"""The FUSE adapter: kernel requests in, vfs calls, replies and errnos out."""

@@ -1,0 +1,388 @@
+"""The FUSE adapter (pyfuse3 ``Operations``): translates kernel requests into calls of the
+vfs layer (:mod:`hycache_agent.vfs`), its answers into replies, and errors into errnos
+(the only place errno is chosen).  Nothing is decided here."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from hycache_agent.fs.lane import Lane
+from hycache_agent.fs.namespace import FsError, Inode
+from hycache_agent.fs.passthrough import invalidate_attrs
+from hycache_agent.vfs.layer import Vfs
+from hycache_agent.vfs.names import MISSING
+from hycache_agent.vfs.opens import Opened
+
+log = logging.getLogger(__name__)
+
+# How long the kernel may keep the entries and attributes of what this node holds (its
+# local inodes): every change to them goes through this mount, whose replies update the
+# kernel, except those the agent makes itself, which it invalidates (pyfuse3.invalidate_*):
+# a name another node removes, renames or takes over (cluster/ownership.py), a blob
+# changed through a mapping after its writers' last flush (passthrough.Backings).  Files
+# held by other nodes keep the short timeouts (another node may change them: no longer
+# than the agent's own view).
+LOCAL_TIMEOUT = 60.0
+
+# FOPEN_NOFLUSH (pyfuse3 patched here, agent/patches): the close(2) of a handle opened for
+# reading sends no FLUSH, which the kernel waits for and the agent has nothing to do for
+# (flush matters for writers only: their size and name at close).
+HAS_NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+
+def errno_of(exc: Exception, where: str) -> int:
+    """The errno a request that failed with ``exc`` is answered with (the only place
+    errno is mapped; :func:`errno_edge` and :func:`answer_now` use it)."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc.errno
+    if isinstance(exc, (FsError, OSError)):
+        code = exc.errno or errno.EIO
+        if code == errno.EIO:  # always worth a line: something failed underneath
+            log.warning("%s: EIO (%s)", where, exc)
+        return code
+    log.error("internal error in %s", where, exc_info=exc)
+    return errno.EIO
+
+
+def errno_edge(fn: Callable, *, metadata: bool = False) -> Callable:
+    """Turn engine and OS errors into FUSE replies.
+    ``metadata``: the operation counts as a metadata op in the engine's counters."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        if metadata:
+            args[0].io.metadata_ops += 1
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:
+            raise pyfuse3.FUSEError(errno_of(exc, fn.__name__)) from None
+
+    return wrapper
+
+
+def metadata_op(fn: Callable) -> Callable:
+    """:func:`errno_edge` for a metadata operation (lookup, getattr, mkdir, rename…)."""
+    return errno_edge(fn, metadata=True)
+
+
+def answer_now(fn: Callable) -> Callable:
+    """The edge of a synchronous answer (``lookup_now``, ``getattr_now``,
+    ``getxattr_now``: the patched pyfuse3 calls them from the request's callback, before
+    it makes a coroutine).  ``fn`` returns the reply, an errno (int) or None when the
+    answer needs I/O or another thread: then pyfuse3 runs the coroutine (the ``async``
+    handler of the same name), which counts the request itself, so this one counts only
+    what it answers.  Errors are mapped by :func:`errno_of` and answered as errnos (no
+    exception crosses into pyfuse3's callback).  Metadata ops all."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args):
+        try:
+            reply = fn(self, *args)
+        except Exception as exc:
+            reply = errno_of(exc, fn.__name__)
+        if reply is not None:
+            self.io.metadata_ops += 1
+        return reply
+
+    return wrapper
+
+
+def invalidate_entry(lane: Lane, parent: int, name: bytes) -> None:
+    """Another node removed, renamed or took over a name here: the kernel forgets the
+    name and the directory's attributes (kept for LOCAL_TIMEOUT).  Given to the cluster
+    link (mount.py)."""
+    try:
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+    except Exception:
+        return
+    lane.submit(invalidate_attrs, parent)
+
+
+class HyCacheOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = True
+
+    def __init__(self, vfs: Vfs, *, attr_timeout: float = 1.0, passthrough: bool = False) -> None:
+        super().__init__()
+        engine = vfs.engine
+        self.vfs = vfs
+        self.engine = engine
+        self.io = engine.io
+        self.ns = engine.ns
+        self.names, self.xattrs, self.opens = vfs.names, vfs.xattrs, vfs.opens
+        # The kernel's writeback cache turns many small writes into few large ones (read
+        # by pyfuse3 when the kernel sends INIT).
+        self.enable_writeback_cache = engine.config.writeback_cache
+        # Passthrough is asked for at INIT when the host allows it (mount.py decides); the
+        # patched pyfuse3 then leaves the writeback cache off (the kernel refuses both).
+        self.enable_passthrough = passthrough
+        self.max_backing_stack_depth = 1  # tiers may sit on overlayfs (containers)
+        # The agent clears set-user/group-ID bits itself (engine._kill_suid on write and
+        # truncate): with FUSE_HANDLE_KILLPRIV_V2 the kernel marks the super block NOSEC and
+        # stops sending GETXATTR security.capability before every write (docs/agent.md).
+        self.enable_killpriv_v2 = True
+        self.attr_timeout = attr_timeout  # what other nodes hold (directories; files: 0)
+        self.local_timeout = LOCAL_TIMEOUT
+        self._nursery: trio.Nursery | None = None
+        self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
+        self._next_dir_fh = 1
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Before the session runs: the nursery of the tasks a request starts."""
+        self._nursery = nursery
+
+    def init(self) -> None:
+        """pyfuse3 calls this while answering INIT: a backing file can be registered only
+        after the reply, so the probe runs as a task."""
+        if self.enable_passthrough and self._nursery is not None:
+            self._nursery.start_soon(self._probe_passthrough)
+
+    async def _probe_passthrough(self) -> None:
+        self.vfs.backings.probe()
+        state = self.engine.passthrough
+        log.info("passthrough: %s (%s)", "on" if state["enabled"] else "off", state["reason"])
+        if not state["enabled"] and self.engine.config.passthrough == "on":
+            log.error("--passthrough on, but %s: stopping", state["reason"])
+            pyfuse3.terminate()
+
+    # -- attributes ------------------------------------------------------------------
+    def _stat(self, ino: int, src, nlink: int, attr_timeout: float,
+              entry_timeout: float | None = None) -> pyfuse3.EntryAttributes:
+        """Attributes from a local Inode or a remote EntryMeta (same field names)."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.generation = 0
+        a.entry_timeout = self.attr_timeout if entry_timeout is None else entry_timeout
+        a.attr_timeout = attr_timeout
+        a.st_mode, a.st_nlink, a.st_uid, a.st_gid, a.st_rdev = src.mode, nlink, src.uid, src.gid, src.rdev
+        a.st_size = src.size
+        a.st_blksize = 4096
+        a.st_blocks = (src.size + 511) // 512
+        a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = src.atime_ns, src.mtime_ns, src.ctime_ns
+        return a
+
+    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
+        """A local inode's attributes, kept by the kernel for LOCAL_TIMEOUT."""
+        return self._stat(inode.ino, inode, inode.nlink, self.local_timeout, self.local_timeout)
+
+    def _remote_attrs(self, node) -> pyfuse3.EntryAttributes:
+        if node.is_dir:
+            return self._stat(node.ino, node.meta, 2, self.attr_timeout)
+        lease = self.names.remote_lease(node)
+        return self._stat(node.ino, node.meta, 1, lease, lease or None)
+
+    def _node_attrs(self, ino: int, node) -> pyfuse3.EntryAttributes:
+        """The attributes of what the vfs answered for kernel inode ``ino``."""
+        if isinstance(node, Inode):
+            return self._attrs(node) if node.ino == ino else self._stat(ino, node, node.nlink, self.attr_timeout)
+        if node.local is not None and node.local.nlink > 0:  # a remote file taken over
+            return self._stat(ino, node.local, node.local.nlink, self.attr_timeout)
+        return self._remote_attrs(node)
+
+    def _entry(self, node) -> pyfuse3.EntryAttributes:
+        """A lookup's reply: the kernel holds one more reference to the node; "no such
+        name" is a reply with inode 0, kept as a negative dentry for a while."""
+        if node is MISSING:
+            a = pyfuse3.EntryAttributes()
+            a.st_ino = 0
+            a.entry_timeout = self.names.negative_timeout()
+            return a
+        node.lookups += 1
+        return self._attrs(node) if isinstance(node, Inode) else self._remote_attrs(node)
+
+    # -- lookups (lookup, getattr and getxattr first try to answer from memory) --------
+    @answer_now
+    def lookup_now(self, parent_inode, name):
+        node = self.names.lookup_now(parent_inode, name)
+        return None if node is None else self._entry(node)
+
+    @metadata_op
+    async def lookup(self, parent_inode, name, ctx=None):
+        return self._entry(await self.names.lookup(parent_inode, name))
+
+    @errno_edge
+    async def forget(self, inode_list):
+        for ino, n in inode_list:
+            await self.names.forget(ino, n)
+
+    @answer_now
+    def getattr_now(self, inode):
+        node = self.names.getattr_now(inode)
+        return None if node is None else self._node_attrs(inode, node)
+
+    @metadata_op
+    async def getattr(self, inode, ctx=None):
+        return self._node_attrs(inode, await self.names.getattr(inode))
+
+    @metadata_op
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        async with self.vfs.view.writable(inode, truncate=fields.update_size and attr.st_size == 0) as (node, leased):
+            await self.names.setattr(node, attr, fields, ctx.uid, leased)
+            return self._node_attrs(inode, node)
+
+    # -- names -----------------------------------------------------------------------
+    @metadata_op
+    async def readlink(self, inode, ctx):
+        return self.names.readlink(inode)
+
+    @metadata_op
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        return self._entry(await self.names.mknod(parent_inode, name, mode, rdev, ctx.uid, ctx.gid))
+
+    @metadata_op
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return self._entry(await self.names.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
+
+    @metadata_op
+    async def symlink(self, parent_inode, name, target, ctx):
+        return self._entry(await self.names.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+
+    @metadata_op
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        return self._entry(await self.names.link(inode, new_parent_inode, new_name))
+
+    @metadata_op
+    async def unlink(self, parent_inode, name, ctx):
+        await self.names.remove(parent_inode, name, rmdir=False)
+
+    @metadata_op
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.names.remove(parent_inode, name, rmdir=True)
+
+    @metadata_op
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        await self.names.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    # -- directories -----------------------------------------------------------------
+    @metadata_op
+    async def opendir(self, inode, ctx):
+        listing = await self.names.listing(inode)
+        fh = self._next_dir_fh
+        self._next_dir_fh += 1
+        self._dir_handles[fh] = listing
+        return fh
+
+    @metadata_op
+    async def readdir(self, fh, start_id, token):
+        listing = self._dir_handles[fh]
+        backings = self.vfs.backings
+        for i in range(start_id, len(listing)):
+            name, ino = listing[i]
+            node = self.ns.inodes.get(ino)
+            if node is None:
+                remote = self.vfs.view.remote(ino)
+                if remote is None:  # removed since opendir
+                    continue
+                if not pyfuse3.readdir_reply(token, name, self._remote_attrs(remote), i + 1):
+                    break
+                if name not in (b".", b".."):
+                    remote.lookups += 1
+                continue
+            if ino in backings.by_ino:
+                await backings.refresh(node)
+            if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
+                break
+            if name not in (b".", b".."):
+                node.lookups += 1
+
+    @metadata_op
+    async def releasedir(self, fh):
+        self._dir_handles.pop(fh, None)
+
+    @errno_edge
+    async def fsyncdir(self, fh, datasync):
+        await self.ns.journal.sync(durable=True)
+
+    # -- files -----------------------------------------------------------------------
+    def _file_info(self, opened: Opened) -> pyfuse3.FileInfo:
+        fi = pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache, direct_io=False)
+        if opened.backing_id:
+            fi.backing_id = opened.backing_id
+        if HAS_NOFLUSH and opened.nothing_at_close:
+            fi.noflush = True
+        return fi
+
+    @metadata_op
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        opened, node = await self.opens.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
+        return self._file_info(opened), self._entry(node)
+
+    @errno_edge
+    async def open(self, inode, flags, ctx):
+        return self._file_info(await self.opens.open(inode, flags, ctx.uid, ctx.pid))
+
+    @errno_edge
+    async def read(self, fh, off, size):
+        return await self.opens.read(fh, off, size)
+
+    @errno_edge
+    async def write(self, fh, off, buf):
+        return await self.engine.write(fh, off, buf)
+
+    @errno_edge
+    async def flush(self, fh):
+        await self.opens.flush(fh)
+
+    @errno_edge
+    async def release(self, fh):
+        await self.opens.release(fh)
+
+    @errno_edge
+    async def fsync(self, fh, datasync):
+        await self.opens.fsync(fh, datasync)
+
+    # -- file system -----------------------------------------------------------------
+    @metadata_op
+    async def statfs(self, ctx):
+        total, free, files, ffree = await self.engine.statfs()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = total // 4096
+        s.f_bfree = s.f_bavail = free // 4096
+        s.f_files = files
+        s.f_ffree = s.f_favail = ffree
+        s.f_namemax = 255
+        return s
+
+    @metadata_op
+    async def access(self, inode, mode, ctx):
+        node = self.ns.get(inode)
+        if ctx.uid == 0:
+            return not (mode & os.X_OK) or node.is_dir or bool(node.mode & 0o111)
+        if ctx.uid == node.uid:
+            bits = (node.mode >> 6) & 7
+        elif ctx.gid == node.gid or node.gid in pyfuse3.get_sup_groups(ctx.pid):
+            bits = (node.mode >> 3) & 7
+        else:
+            bits = node.mode & 7
+        return (mode & bits) == mode
+
+    # -- extended attributes (user.hycache.* are the agent's controls) -----------------
+    @answer_now
+    def getxattr_now(self, inode, name):
+        return self.xattrs.get_now(inode, name)
+
+    @metadata_op
+    async def getxattr(self, inode, name, ctx):
+        return await self.xattrs.get(inode, name)
+
+    @metadata_op
+    async def setxattr(self, inode, name, value, ctx):
+        await self.xattrs.set(inode, name, value)
+
+    @metadata_op
+    async def listxattr(self, inode, ctx):
+        return self.xattrs.names(inode)
+
+    @metadata_op
+    async def removexattr(self, inode, name, ctx):
+        await self.xattrs.remove(inode, name)

@@ -1,0 +1,229 @@
+"""Open files, local or held by other nodes: the write lease a local writer holds, a
+remote file read where it is (HCCache) or from a whole copy on this node's fast tier, the
+kernel's passthrough of a blob or copy, and what close and fsync wait for (replicas)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+import trio
+
+from hycache_agent.fs import tiers as T
+from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.namespace import FsError, Inode
+from hycache_agent.fs.passthrough import Backings
+from hycache_agent.remote.backing import RemoteBackings
+from hycache_agent.vfs.view import View
+
+
+@dataclass
+class Opened:
+    """An open's answer: the handle, the backing id given to the kernel (0: the agent
+    serves its reads and writes), whether close(2) has nothing to wait for, whether the
+    kernel may keep the file's pages from an earlier open."""
+
+    fh: int
+    backing_id: int = 0
+    nothing_at_close: bool = False
+    keep_cache: bool = False
+
+
+class Opens:
+    def __init__(self, engine: TieringEngine, view: View, backings: Backings,
+                 remote_backings: RemoteBackings) -> None:
+        self.engine = engine
+        self.ns = engine.ns
+        self.view = view
+        self.cluster = view.cluster
+        self.own = view.own
+        self.backings = backings
+        self.remote_backings = remote_backings
+        self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd or HCCache handle, backing id)
+        self._leased: dict[int, int] = {}  # fh -> ino of a write handle holding the write lease
+        self._backed: dict[int, Inode] = {}  # fh -> inode of a handle answered with a backing id
+
+    # -- opening ---------------------------------------------------------------------
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int, gid: int
+                     ) -> tuple[Opened, Inode]:
+        parent = await self.view.local_dir(parent)
+        node = await self.engine.create_file(parent, name, stat.S_IFREG | stat.S_IMODE(mode), uid, gid)
+        fh = await self.engine.open(node, flags & ~os.O_TRUNC, uid, created=True)
+        if self.own is not None:  # the lease create_file registered: no store round trip
+            await self.own.lease_for_write(node)
+            self._leased[fh] = node.ino
+        try:
+            opened = await self._local_open(fh, node, True)
+        except BaseException:
+            if self._leased.pop(fh, None) is not None:
+                await self.own.write_done(node.ino)
+            raise
+        return opened, node
+
+    async def open(self, ino: int, flags: int, uid: int, pid: int) -> Opened:
+        writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        nonblocking = bool(flags & os.O_NONBLOCK)
+        local = self.view.local(ino)
+        if ino not in self.ns.inodes and self.cluster is not None:
+            remote = self.view.remote(ino)
+            if remote is None:
+                raise FsError(errno.ENOENT)
+            if local is None and not writing:
+                return await self._open_remote(remote, pid)
+            if local is None:  # writes are always local: this node becomes the file's primary
+                await self.own.take_over(remote, truncate=bool(flags & os.O_TRUNC), nonblocking=nonblocking)
+            # The kernel knows this name as the remote inode, whose size it keeps to itself
+            # (writeback cache): ESTALE makes it walk the path again with LOOKUP_REVAL, find
+            # the local inode and open that (the lease stays held for the retried open).
+            raise FsError(errno.ESTALE)
+        if local is None:
+            raise FsError(errno.ENOENT)
+        leased = writing and self.own is not None and local.is_reg
+        if leased:
+            await self.own.lease_for_write(local, nonblocking)
+        try:
+            fh = await self.engine.open(local, flags, uid)
+        except BaseException:
+            if leased:
+                await self.own.write_done(local.ino)
+            raise
+        if leased:
+            self._leased[fh] = local.ino
+        return await self._local_open(fh, local, writing)
+
+    async def _local_open(self, fh: int, node: Inode, writing: bool) -> Opened:
+        """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
+        EIO to both together)."""
+
+        async def wanted() -> bool:  # set-ID files are written through the agent, which clears the bits
+            return not node.mode & (stat.S_ISUID | stat.S_ISGID) and await self.engine.passthrough_for(node, writing)
+
+        try:
+            bid = await self.backings.open(node, wanted)
+        except BaseException:
+            await self.engine.release(fh)
+            raise
+        if bid:
+            self._backed[fh] = node
+        quiet = not writing or bool(bid and self._nothing_at_close(node))
+        return Opened(fh, bid, quiet, keep_cache=not bid and self.engine.config.kernel_cache)
+
+    def _nothing_at_close(self, node: Inode) -> bool:
+        """A writer through passthrough whose close(2) has nothing to wait for: its name
+        is safe from an agent crash already (in the redo log since its create), and no
+        replica waits for the final bytes.  The kernel then sends no FLUSH (FOPEN_NOFLUSH):
+        the size it wrote is taken at RELEASE, which the kernel sends after close(2) has
+        returned, as it takes a reader's."""
+        if not self.ns.journal.is_durable(node.name_seq):
+            return False
+        return self.cluster is None or self.cluster.replicator.count == 0
+
+    async def _open_remote(self, remote, pid: int) -> Opened:
+        await self.cluster.refresh(remote)
+        if remote.meta.kind != "file":
+            raise FsError(errno.EISDIR if remote.is_dir else errno.ENXIO)
+        reader = self.cluster.reader
+        if reader is not None and remote.superseded:  # a newer version is a new inode: looked up again
+            raise FsError(errno.ESTALE)
+        # a copy of this version already on this node's fast tier (prefetched by a plan, or
+        # kept from an earlier read) is read from there without a fetch: a fast-tier hit;
+        # otherwise a miss, read through HCCache (blocks/objects on demand, remote/reader.py)
+        # or, with HCCache off, fetched whole to the fast tier first (a large file HCCache
+        # reads whole too, reader.wants_copy); a whole copy is then read by the kernel itself
+        # (passthrough, remote/backing.py)
+        hit = self.cluster.has_copy(remote)
+        copy = None
+        if reader is not None and not hit and not reader.wants_copy(remote):
+            fd = reader.open(remote, pid)
+        else:  # the whole copy (streamed in first if needed, remote/copy.py)
+            copy = await self.cluster.stream_remote(remote)
+        bid = await self.remote_backings.open(remote.ino, copy)
+        if copy is not None and not bid:
+            try:
+                fd = await trio.to_thread.run_sync(os.open, copy, os.O_RDONLY | os.O_CLOEXEC)
+            except BaseException:
+                await self.remote_backings.release(remote.ino, 0)
+                raise
+        elif bid:
+            fd = None
+        fh = self.engine.new_fh()
+        io = self.engine.io
+        io.remote_opens += 1
+        if hit:
+            io.tiers[T.FAST].hits += 1
+        else:
+            io.misses += 1
+        remote.open_count += 1
+        self._remote_handles[fh] = (remote, fd, bid)
+        # the bytes may differ from the last version the kernel cached: no keep_cache;
+        # read-only: nothing to do at close
+        return Opened(fh, bid, nothing_at_close=True)
+
+    # -- I/O and closing -------------------------------------------------------------
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        remote = self._remote_handles.get(fh)
+        if remote is None:
+            return await self.engine.read(fh, off, size)
+        if remote[1] is None:  # passthrough: the kernel reads the copy (a straggler read)
+            data = await trio.to_thread.run_sync(os.pread, self.remote_backings.by_ino[remote[0].ino].fd,
+                                                 size, off)
+        elif not isinstance(remote[1], int):  # an HCCache handle
+            data = await remote[1].read(off, size)
+        else:
+            data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
+        self.engine.io.remote_read_bytes += len(data)
+        return data
+
+    async def flush(self, fh: int) -> None:
+        if fh in self._remote_handles:
+            return
+        h = self.engine.handles[fh]
+        if h.writable and fh in self._backed:
+            # the size the kernel wrote counts at close: in the fast tier's accounting (the
+            # next writer's room), on the other nodes, and in replicas (the final bytes)
+            await self.backings.refresh(h.inode)
+        await self.engine.flush(fh)
+        if h.writable and self.cluster is not None and self.cluster.replicator.count > 0:
+            await self.cluster.replicator.closed(h.inode)
+
+    async def release(self, fh: int) -> None:
+        remote = self._remote_handles.pop(fh, None)
+        if remote is not None:
+            node, fd, bid = remote
+            node.open_count -= 1
+            if isinstance(fd, int):
+                await trio.to_thread.run_sync(os.close, fd)
+            elif fd is not None:
+                fd.close()
+            await self.remote_backings.release(node.ino, bid)
+            return
+        # the handle first (flush already took the size): a file released just now is
+        # evictable at once; then the backing id (a last refresh for writes through a
+        # mapping after close, which aborts a migration that started meanwhile)
+        node = self._backed.pop(fh, None)
+        if node is None:
+            self.backings.served_closed(self.engine.handles[fh].inode.ino)
+        await self.engine.release(fh)
+        if node is not None:
+            self.backings.release(node)
+        ino = self._leased.pop(fh, None)
+        if ino is not None:
+            await self.own.write_done(ino)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        h = self.engine.handles.get(fh)
+        rep = self.cluster.replicator if self.cluster is not None else None
+        if (rep is None or rep.mode != "sync" or rep.count == 0 or h is None or not h.writable
+                or fh in self._remote_handles or h.inode.open_count != 1):
+            await self.engine.fsync(fh, datasync)
+            return
+
+        async def current() -> None:  # what the kernel wrote through passthrough
+            if fh in self._backed:
+                await self.backings.refresh(h.inode)
+
+        # sync replicas: the push runs beside the local fsync (replicas.Replicator.synced)
+        await current()
+        await rep.synced(h.inode, lambda: self.engine.fsync(fh, datasync), current)
