@@ -108,11 +108,13 @@ class Writers:
 
 
 class Probes:
-    """GET /api/v1/nodes through the published port, 4 times a second: (time, ok)."""
+    """GET /api/v1/nodes through the published port, 4 times a second: (time, ok), and
+    agent-2's (time, state, boot_id) as the answers show it."""
 
     def __init__(self, stack: Stack):
         self.stack = stack
         self.seen: list[tuple[float, bool]] = []
+        self.agent_2: list[tuple[float, str, str | None]] = []
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -120,8 +122,13 @@ class Probes:
         while not self.stopping.is_set():
             t = time.monotonic()
             try:
-                ok = self.stack.api("/api/v1/nodes", timeout=5).status_code == 200
-            except httpx.HTTPError:
+                r = self.stack.api("/api/v1/nodes", timeout=5)
+                ok = r.status_code == 200
+                if ok:
+                    n = next((n for n in r.json()["items"] if n["id"] == "agent-2"), None)
+                    if n is not None:
+                        self.agent_2.append((t, n["state"], n.get("boot_id")))
+            except (httpx.HTTPError, ValueError):
                 ok = False
             self.seen.append((t, ok))
             time.sleep(0.25)
@@ -316,16 +323,32 @@ def test_a_killed_part_comes_back_by_itself_and_nothing_is_lost(stack, chaos, pa
     # the whole cluster is whole again: every agent up
     wait_for(lambda: all(stack.states().get(a) == "up" for a in AGENTS), 60, "agent-1..3 up after the part")
     if part == "agent-2":
-        # the API says what happened: agent-2 left `up` (degraded, then down once the DHT
-        # registry entry aged out) and came back up, in the node events
+        api_says_what_happened(stack, probes, t0, boot, since)
+    if part.startswith("redis"):
+        roles = redis_roles(stack)
+        print(f"Redis after the part: masters {sorted(n for n in REDIS if roles[n] == 'master')}, "
+              f"{service} is a {roles[service]}")
+
+
+def api_says_what_happened(stack: Stack, probes: Probes, t0: float, boot: str | None, since: int) -> None:
+    """agent-2 in the API after its crash: a new boot_id, and every state it was seen in
+    other than `up` (degraded, then down once its DHT registry entry aged out) is in the
+    node events, followed by `up`."""
+    after = [(t - t0, state, b) for t, state, b in probes.agent_2 if t >= t0]
+    gone = [state for _, state, b in after if state != "up"]
+    reboot = next((t for t, state, b in after if b != boot and state == "up"), None)
+    assert reboot is not None, after[-5:]
+    events = stack.api("/api/v1/events", params={"kind": "node", "node": "agent-2", "since_id": since,
+                                                 "limit": 100}).json()["items"]
+    print(f"agent-2 in the API: up with a new boot_id {reboot:.1f} s after the SIGKILL; states seen "
+          f"{sorted(set(gone)) or 'only up'}; node events: {[e['detail'] for e in events] or 'none'}")
+    if gone:
         def told():
-            items = stack.api("/api/v1/events", params={"kind": "node", "node": "agent-2", "since_id": since,
-                                                        "limit": 100}).json()["items"]
-            results = [e["result"] for e in items]
-            first_gone = next((i for i, r in enumerate(results) if r in ("down", "degraded")), None)
-            return first_gone is not None and "up" in results[first_gone:] and results
-        seen = wait_for(told, 60, "agent-2's node events: down (or degraded), then up")
-        print(f"agent-2 node events: {' -> '.join(seen)}")
+            results = [e["result"] for e in stack.api("/api/v1/events", params={
+                "kind": "node", "node": "agent-2", "since_id": since, "limit": 100}).json()["items"]]
+            first = next((i for i, r in enumerate(results) if r in gone), None)
+            return first is not None and "up" in results[first:] and results
+        wait_for(told, 60, f"agent-2's node events: {sorted(set(gone))}, then up")
 
 
 def test_the_workflow_lost_nothing_and_ran_nothing_twice(stack, chaos):
