@@ -286,6 +286,23 @@ def _back(stack: Stack, part: str, service: str, restarts: int, boot: str | None
     return api_answers(stack)
 
 
+def kill(stack: Stack, part: str, service: str) -> float:
+    """SIGKILL to the service's main process (a hung Redis master: SIGSTOP until its
+    replica is promoted, then SIGKILL); the time the outage began."""
+    pid = stack.main_pid(service)
+    t0 = time.monotonic()
+    if part == "redis master hung":
+        replica = replica_of(stack, service)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: is_master(stack, replica), 60, f"{replica} promoted while {service} hangs", interval=1)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    return t0
+
+
 def _job(stack: Stack, mid: int, job: str, what: str) -> dict:
     def done():
         r = stack.api(f"/api/v1/manifests/{mid}/jobs/{job}/{what}", "POST", timeout=15)
@@ -310,18 +327,7 @@ def test_a_killed_part_comes_back_by_itself_and_nothing_is_lost(stack, chaos, pa
     probes = Probes(stack).start()
     try:
         time.sleep(SETTLE)
-        pid = stack.main_pid(service)
-        t0 = time.monotonic()
-        if part == "redis master hung":
-            replica = replica_of(stack, service)
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                wait_for(lambda: is_master(stack, replica), 60, f"{replica} promoted while {service} hangs",
-                         interval=1)
-            finally:
-                os.kill(pid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        t0 = kill(stack, part, service)
         try:
             wait_for(lambda: _back(stack, part, service, restarts, boot), BOUNDS[part],
                      f"{part} ({service}) back by itself", interval=1)
