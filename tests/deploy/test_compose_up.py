@@ -27,6 +27,7 @@ from the defaults, so a demo running here is left alone). Where Docker cannot ru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -133,17 +134,28 @@ class Stack:
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.decode().strip()
 
-    def agent_pid(self, service: str) -> int:
-        """The host pid of the agent process: the child of the container's init (tini)."""
-        init = int(subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", self.container(service)],
-                                  check=True, capture_output=True, text=True).stdout)
+    def inspect(self, service: str) -> dict:
+        """`docker inspect` of the service's container (State, RestartCount, HostConfig, ...)."""
+        out = subprocess.run(["docker", "inspect", self.container(service)], check=True, capture_output=True,
+                             text=True, timeout=60).stdout
+        return json.loads(out)[0]
+
+    def main_pid(self, service: str) -> int:
+        """The host pid of the service's main process: the container's first process, or
+        with `init: true` the one child of its init (tini)."""
+        info = self.inspect(service)
+        init = int(info["State"]["Pid"])
+        if not info["HostConfig"].get("Init"):
+            return init
         children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
         (pid,) = children
         return int(pid)
 
 
-@pytest.fixture(scope="module")
-def stack():
+@contextlib.contextmanager
+def running_stack():
+    """`docker compose up -d --build --wait` in a project of its own; `down -v` after,
+    also when a test failed. Skips where Docker cannot run."""
     if shutil.which("docker") is None and not Path("/usr/bin/apt-get").exists():
         pytest.skip("no docker CLI and no apt-get to install Docker Engine")
     prep = subprocess.run(["bash", str(REPO / "deploy" / "local-images.sh")], cwd=REPO,
@@ -165,6 +177,12 @@ def stack():
         yield s
     finally:
         s.down()
+
+
+@pytest.fixture(scope="module")
+def stack():
+    with running_stack() as s:
+        yield s
 
 
 def test_every_service_is_healthy(stack):
@@ -275,7 +293,7 @@ def test_a_crashed_agent_comes_back_by_itself_with_its_files(stack, written):
     boot = stack.nodes()["agent-2"].get("boot_id")
     restarts = int(subprocess.run(["docker", "inspect", "-f", "{{.RestartCount}}", stack.container("agent-2")],
                                   check=True, capture_output=True, text=True).stdout)
-    os.kill(stack.agent_pid("agent-2"), 9)
+    os.kill(stack.main_pid("agent-2"), 9)
     t0 = time.monotonic()
     wait_for(lambda: stack.states().get("agent-2") == "down" or stack.nodes()["agent-2"].get("boot_id") != boot,
              DOWN_BOUND + 30, "agent-2 down (or already back with a new boot) in the API")
