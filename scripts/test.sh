@@ -12,6 +12,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 bootstrapped
 start=$SECONDS
 rc=0
+# the code's shape first (seconds): ruff, the import-linter layer contracts, mypy
+bash scripts/lint.sh || rc=$?
 "$UV" run --frozen --all-packages pytest "$@" || rc=$?
 # The whole suite ran with the agent's default (--passthrough auto: on where the kernel and
 # privileges allow). Without arguments, the FUSE data-path suites run once more with
