@@ -323,8 +323,9 @@ class EventPage(Page[EventOut]):
 
 # -- heartbeats (the agents' link) ----------------------------------------------------------
 
+# The counters' defaults are given by keyword, Field(default=0): a type checker reads a
+# positional default as none (and Counters' default_factory=TierCounters as a bad call).
 class TierCounters(BaseModel):
-    # (the defaults by keyword: type checkers see a positional one as no default)
     model_config = ConfigDict(extra="allow")
     read_bytes: int = Field(default=0, ge=0)
     write_bytes: int = Field(default=0, ge=0)

@@ -26,10 +26,10 @@ NodeId = Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")]
 # FastAPI's `responses`: status code -> OpenAPI response fields
 Responses = dict[int | str, dict[str, Any]]
 ERRORS: Responses = {400: {"model": S.ErrorOut, "description": "the body is not JSON"},
-          401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
-          403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
-          413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
-          422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
+                     401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
+                     403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
+                     413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
+                     422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
 ERRORS_404: Responses = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
 NOT_MODIFIED: Responses = {304: {"description": "not modified (If-None-Match matched the ETag)"}}
 

@@ -131,8 +131,8 @@ class ManifestService:
         # layer 2 starts from each node's real fast tier: the workflow's files already there
         # (the DHT's tier and pin) and the pinned bytes the heartbeat reports
         kw: dict[str, Any] = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
-                  census=census, fast_status=self.cluster.fast_status(nodes),
-                  first_reads_in_place=not prefetch_first, release=release)
+                                  census=census, fast_status=self.cluster.fast_status(nodes),
+                                  first_reads_in_place=not prefetch_first, release=release)
         try:
             if solver == "exact":
                 with _stdout_to_stderr():

@@ -44,7 +44,8 @@ class _Snapshot:
     located: dict[str, str]
     wf: Workflow
     rows: dict[str, tuple[str, int, str, float | None]]  # job → (node, position, state, reads_done_at)
-    items: list[tuple[str | None, str | None, str, str]]  # the node's before-steps delivered or done: (job, action, path, state)
+    #: the node's before-steps delivered or done: (job, action, path, state)
+    items: list[tuple[str | None, str | None, str, str]]
 
 
 class ReleasePlanner:
