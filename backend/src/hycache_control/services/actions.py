@@ -289,7 +289,7 @@ class ActionService:
             page = list(s.execute(select(ActionItem, Action.action).join(Action)
                                   .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
                                          ActionItem.id > after_id)
-                                  .order_by(ActionItem.id).limit(PAGE)).tuples())
+                                  .order_by(ActionItem.id).limit(PAGE)))
             if not page:
                 break
             seen += len(page)

@@ -386,7 +386,7 @@ class NodeService:
             return 0
         with self.db.session() as s:
             rows = s.execute(select(Node.id, Node.last_heartbeat, Node.boot_id)
-                             .where(Node.last_heartbeat > self._seen_shared - 2.0)).tuples().all()
+                             .where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
             with self.lock:  # the whole rows of nodes new here or on another boot than here
                 wanted = [k for k, _, boot in rows
                           if k not in self.live or (boot is not None and boot != self.live[k].boot_id)]
