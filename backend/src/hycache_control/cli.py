@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -300,8 +301,9 @@ def _serve(args: argparse.Namespace) -> int:
     # loop cost more CPU per heartbeat, docs/scaling.md)
     # keep-alive: an idle connection is kept longer than the agents' heartbeat interval and
     # than a load balancer's idle pool, so the client side closes it first (docs/scaling.md)
-    common = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level, access_log=s.log_level == "debug",
-                  loop="uvloop", http="httptools", timeout_keep_alive=KEEP_ALIVE_SECONDS)
+    common: dict[str, Any] = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level,
+                                  access_log=s.log_level == "debug", loop="uvloop", http="httptools",
+                                  timeout_keep_alive=KEEP_ALIVE_SECONDS)
     if s.workers == 1:
         # a start-up failure (the app's lifespan, the bind) ends uvicorn.run with SystemExit(3)
         uvicorn.run(create_app(s, tune_gc=True), **common)

@@ -7,7 +7,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .db import Database
 from .jsonfast import dumps
@@ -28,6 +28,11 @@ from .services.replan import ReleasePlanner
 from .services.tokens import TokenService
 from .settings import Settings
 from .views import SORT_KEYS, node_view
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from hycache_dht.redis_store import RedisClusterStore
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +55,15 @@ class Control:
         self.bus = Bus(self.db)
         self.leader = Leader(self.db)
         self.events = EventService(self.db, self.bus)
-        store_factory = None
+        store_factory: Callable[[], RedisClusterStore] | None = None
         if settings.redis_seeds:
             redis_user, redis_password = settings.redis_user, settings.redis_password
 
-            def store_factory():
+            def redis_store() -> RedisClusterStore:
                 from hycache_dht.redis_store import RedisClusterStore
                 return RedisClusterStore(settings.redis_seeds, namespace=settings.dht_namespace, op_timeout=5.0,
                                          username=redis_user, password=redis_password)
+            store_factory = redis_store
         self.namespace = NamespaceService(store_factory)
         rows = MetricsQueue()
         self.nodes = NodeService(self.db, self.events, interval=settings.heartbeat_interval,

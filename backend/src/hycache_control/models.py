@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 class Base(DeclarativeBase):
     pass
+
+
+def table_of(cls: type[Base]) -> Table:
+    """The Table a class maps, for Core statements (declarative types ``__table__`` as any
+    FromClause; every class here maps a Table)."""
+    t = cls.__table__
+    if not isinstance(t, Table):
+        raise TypeError(f"{cls.__name__} does not map a Table")
+    return t
 
 
 class Token(Base):

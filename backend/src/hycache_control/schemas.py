@@ -323,20 +323,22 @@ class EventPage(Page[EventOut]):
 
 # -- heartbeats (the agents' link) ----------------------------------------------------------
 
+# The counters' defaults are given by keyword, Field(default=0): a type checker reads a
+# positional default as none (and Counters' default_factory=TierCounters as a bad call).
 class TierCounters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    read_bytes: int = Field(0, ge=0)
-    write_bytes: int = Field(0, ge=0)
-    reads: int = Field(0, ge=0)
-    writes: int = Field(0, ge=0)
-    hits: int = Field(0, ge=0)
+    read_bytes: int = Field(default=0, ge=0)
+    write_bytes: int = Field(default=0, ge=0)
+    reads: int = Field(default=0, ge=0)
+    writes: int = Field(default=0, ge=0)
+    hits: int = Field(default=0, ge=0)
 
 
 class RemoteCounters(BaseModel):
     model_config = ConfigDict(extra="allow")
-    read_bytes: int = Field(0, ge=0)
-    fetches: int = Field(0, ge=0)
-    fetch_bytes: int = Field(0, ge=0)
+    read_bytes: int = Field(default=0, ge=0)
+    fetches: int = Field(default=0, ge=0)
+    fetch_bytes: int = Field(default=0, ge=0)
 
 
 class Counters(BaseModel):
@@ -344,10 +346,10 @@ class Counters(BaseModel):
     fast: TierCounters = Field(default_factory=TierCounters)
     slow: TierCounters = Field(default_factory=TierCounters)
     remote: RemoteCounters = Field(default_factory=RemoteCounters)
-    misses: int = Field(0, ge=0)
-    metadata_ops: int = Field(0, ge=0)
-    migrations: int = Field(0, ge=0)
-    migration_bytes: int = Field(0, ge=0)
+    misses: int = Field(default=0, ge=0)
+    metadata_ops: int = Field(default=0, ge=0)
+    migrations: int = Field(default=0, ge=0)
+    migration_bytes: int = Field(default=0, ge=0)
 
 
 class ActionResult(BaseModel):

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from hycache_dht.localcluster import LocalRedisCluster
@@ -159,7 +160,7 @@ class Stack:
                       secret=secret, namespace=self.namespace, listen=f"{HOST}:{free_port()}", log_level=None,
                       agent_bin=executable("hycache-agent"), cwd=base, append_log=True,
                       fast_capacity=self.fast_capacity, control_plane=base_url, control_token_file=tok)
-        entry = {"node_id": node, "root": str(root), "mountpoint": str(agent.mnt), "argv": agent.argv,
+        entry: dict[str, Any] = {"node_id": node, "root": str(root), "mountpoint": str(agent.mnt), "argv": agent.argv,
                  "log": str(agent.logfile), "pid": None}
         self.state["agents"][node] = entry
         entry["pid"] = start_agent(entry)

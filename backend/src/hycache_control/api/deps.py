@@ -49,9 +49,8 @@ async def caller(request: Request, control: ControlDep,
     secret = _secret(request)
     if secret is None:
         raise auth_error(401, "missing bearer token (Authorization: Bearer <token>)", "missing_token")
-    c = control.tokens.cached(secret)
-    if c is False:
-        c = await run_in_threadpool(control.tokens.authenticate, secret)
+    known = control.tokens.cached(secret)
+    c = await run_in_threadpool(control.tokens.authenticate, secret) if known is False else known
     if c is None:
         raise auth_error(401, "unknown or revoked token", "invalid_token")
     request.state.actor = c.name

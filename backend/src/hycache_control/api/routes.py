@@ -7,7 +7,7 @@ import hashlib
 import re
 import time
 from datetime import UTC
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -23,13 +23,15 @@ from .deps import Admin, CallerDep, ControlDep, PagingDep, PathDep, Reader, auth
 router = APIRouter(prefix="/api/v1")
 
 NodeId = Annotated[str, Path(pattern=S.NODE_ID_PATTERN, description="node id")]
-ERRORS = {400: {"model": S.ErrorOut, "description": "the body is not JSON"},
-          401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
-          403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
-          413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
-          422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
-ERRORS_404 = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
-NOT_MODIFIED = {304: {"description": "not modified (If-None-Match matched the ETag)"}}
+# FastAPI's `responses`: status code -> OpenAPI response fields
+Responses = dict[int | str, dict[str, Any]]
+ERRORS: Responses = {400: {"model": S.ErrorOut, "description": "the body is not JSON"},
+                     401: {"model": S.ErrorOut, "description": "no, unknown or revoked token"},
+                     403: {"model": S.ErrorOut, "description": "the token's scope does not allow this"},
+                     413: {"model": S.ErrorOut, "description": "the request body is larger than the bound"},
+                     422: {"model": S.ErrorOut, "description": "invalid input (detail names the field)"}}
+ERRORS_404: Responses = {**ERRORS, 404: {"model": S.ErrorOut, "description": "not found"}}
+NOT_MODIFIED: Responses = {304: {"description": "not modified (If-None-Match matched the ETag)"}}
 
 
 def _etag_response(body: dict, if_none_match: str | None) -> Response:
@@ -50,7 +52,8 @@ def _not_found(loc: list, msg: str) -> HTTPException:
 
 @router.get("/whoami", response_model=S.WhoAmI, responses=ERRORS, operation_id="whoami", tags=["tokens"])
 def whoami(c: CallerDep) -> S.WhoAmI:
-    return S.WhoAmI(name=c.name, scope=c.scope, node_id=c.node_id)
+    # the token table holds only the scopes create() admits; pydantic checks it again
+    return S.WhoAmI(name=c.name, scope=cast(S.Scope, c.scope), node_id=c.node_id)
 
 
 @router.get("/tokens", response_model=S.Page[S.TokenOut], responses=ERRORS, operation_id="listTokens", tags=["tokens"])

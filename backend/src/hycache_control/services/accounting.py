@@ -26,7 +26,7 @@ def contribution(n: LiveNode) -> tuple[str, tuple[int, ...], tuple[float, ...] |
     (``TIERS`` x ``TIER_FIELDS``), and its rates (``SUMMED_RATES``; None for a down node or
     one without a sample: a down node's last sample does not count)."""
     st = as_dict(n.status)
-    tiers = []
+    tiers: list[int] = []
     for t in TIERS:
         tv = (as_dict(dig(st, "tiers", t, default=None)) or {}) if st is not None else {}
         tiers.extend(as_int(tv.get(f)) or 0 for f in TIER_FIELDS)

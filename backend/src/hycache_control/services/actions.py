@@ -4,6 +4,7 @@ until it reports a result."""
 
 from __future__ import annotations
 
+import builtins
 import collections
 import itertools
 import json
@@ -225,7 +226,7 @@ class ActionService:
         with self._lock:
             return node in self._pending_nodes
 
-    def deliver(self, node: str) -> list[dict[str, Any]]:
+    def deliver(self, node: str) -> builtins.list[dict[str, Any]]:
         """Items for ``node`` (pending or delivered without a result yet: re-sent until the
         agent reports, so a restart of either side loses none)."""
         with self._lock:
@@ -247,7 +248,8 @@ class ActionService:
             still = set(s.scalars(update(ActionItem).where(ActionItem.id.in_(sendable), ActionItem.state == "pending")
                                   .values(state="delivered", updated_at=now).returning(ActionItem.id)
                                   .execution_options(synchronize_session=False))) if sendable else set()
-            changed, out = [], []
+            changed: builtins.list[dict[str, Any]] = []
+            out: builtins.list[dict[str, Any]] = []
             for item, action in rows:
                 if len(out) >= MAX_DELIVERY:
                     break
@@ -276,11 +278,13 @@ class ActionService:
         self.publish(changed)
         return out
 
-    def _open_items(self, s: Session, node: str) -> tuple[list, dict[int, str], int]:
+    def _open_items(self, s: Session, node: str) -> tuple[builtins.list[tuple[ActionItem, str]], dict[int, str], int]:
         """The node's open items in id order, a page at a time, until MAX_DELIVERY are
         deliverable (plan steps held for their job's turn do not block the ones after
         them): (rows not held, the gate's verdict of each plan step, items read)."""
-        rows, verdict, after_id, seen = [], {}, 0, 0
+        rows: builtins.list[tuple[ActionItem, str]] = []
+        verdict: dict[int, str] = {}
+        after_id, seen = 0, 0
         while len(rows) < MAX_DELIVERY:
             page = list(s.execute(select(ActionItem, Action.action).join(Action)
                                   .where(ActionItem.node == node, ActionItem.state.in_(("pending", "delivered")),
@@ -296,7 +300,7 @@ class ActionService:
             rows.extend(r for r in page if v.get(r[0].id) != "hold")
         return rows, verdict, seen
 
-    def report(self, node: str, results: list) -> list[int]:
+    def report(self, node: str, results: builtins.list) -> builtins.list[int]:
         """Take the results a node reports; the ids it may stop reporting."""
         if not results:
             return []

@@ -26,11 +26,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
 from ..db import Database
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ HELLO_PERIOD = 2.0
 PEER_TIMEOUT = 3 * HELLO_PERIOD
 
 
-def own_connection(db: Database):
+def own_connection(db: Database) -> psycopg.Connection[Any]:
     """A psycopg connection outside the pool (autocommit), for what lives as long as the
     process: the listener, the leader's lock."""
     import psycopg
@@ -159,7 +162,7 @@ class Leader:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._conn = None
+        self._conn: psycopg.Connection[Any] | None = None
         self.is_leader = db.dialect != "postgresql"
         self.pid = os.getpid()
 
@@ -173,8 +176,10 @@ class Leader:
             if self.is_leader:
                 self._conn.execute("SELECT 1")  # the connection (and so the lock) is still there
             else:
-                self.is_leader = bool(self._conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                                         (LEADER_LOCK,)).fetchone()[0])
+                row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK,)).fetchone()
+                if row is None:
+                    raise RuntimeError("pg_try_advisory_lock returned no row")
+                self.is_leader = bool(row[0])
                 if self.is_leader:
                     log.info("this process (pid %d) leads the cluster's once-only work", self.pid)
         except Exception as e:

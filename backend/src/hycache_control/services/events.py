@@ -6,6 +6,7 @@ ids on the bus (services/bus.py) so every process's stream sees them at once."""
 
 from __future__ import annotations
 
+import builtins
 import threading
 import time
 
@@ -105,7 +106,7 @@ class EventService:
                                   .limit(limit).offset(offset)))
         return rows, total
 
-    def after(self, event_id: int, limit: int = 500) -> list[Event]:
+    def after(self, event_id: int, limit: int = 500) -> builtins.list[Event]:
         """Events with an id above ``event_id``, oldest first (the stream's replay)."""
         with self.db.session() as s:
             return list(s.scalars(select(Event).where(Event.id > event_id).order_by(Event.id).limit(limit)))

@@ -130,9 +130,9 @@ class ManifestService:
         locations, census = self.cluster.locations(wf.sizes)
         # layer 2 starts from each node's real fast tier: the workflow's files already there
         # (the DHT's tier and pin) and the pinned bytes the heartbeat reports
-        kw = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
-                  census=census, fast_status=self.cluster.fast_status(nodes),
-                  first_reads_in_place=not prefetch_first, release=release)
+        kw: dict[str, Any] = dict(solver=solver, slack=slack, capacity=capacity, locations=locations, plans=plans,
+                                  census=census, fast_status=self.cluster.fast_status(nodes),
+                                  first_reads_in_place=not prefetch_first, release=release)
         try:
             if solver == "exact":
                 with _stdout_to_stderr():
@@ -235,6 +235,8 @@ class ManifestService:
                                .options(selectinload(ActionItem.parent)).order_by(ActionItem.node, ActionItem.step)))
         summary: dict[str, dict[str, int]] = {n: {"total": 0, **{k: 0 for k in STEP_STATES}} for n in r["plans"]}
         for it in items:
+            if it.node is None:
+                raise ValueError(f"plan step {it.id} of manifest {m.id} names no node")
             c = summary.setdefault(it.node, {"total": 0, **{k: 0 for k in STEP_STATES}})
             c["total"] += 1
             c["pending" if it.state in ("pending", "delivered") else it.state] += 1

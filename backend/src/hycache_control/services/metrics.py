@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 
 from ..db import Database
-from ..models import SAMPLE_FIELDS, MetricSample
+from ..models import SAMPLE_FIELDS, MetricSample, table_of
 from .errors import Invalid
 from .status import dig
 
@@ -39,7 +39,7 @@ def gauges(status: dict | None) -> dict[str, float]:
     }
 
 
-def rates(prev: dict, prev_sent: float, cur: dict, cur_sent: float) -> dict[str, float] | None:
+def rates(prev: dict, prev_sent: float, cur: dict, cur_sent: float) -> dict[str, float | None] | None:
     """Per-second rates between two counter snapshots of ONE boot; None when they cannot
     be compared (no time passed, or a counter went backwards: the agent restarted without
     a new boot id, so nothing is invented)."""
@@ -65,8 +65,7 @@ def rates(prev: dict, prev_sent: float, cur: dict, cur_sent: float) -> dict[str,
             return None
         out[name] = d / dt
     total = out["hits"] + out["misses"]
-    out["hit_ratio"] = out["hits"] / total if total > 0 else None
-    return out
+    return {**out, "hit_ratio": out["hits"] / total if total > 0 else None}
 
 
 SAMPLE_COLUMNS = ("node_id", "ts", "resolution", *SAMPLE_FIELDS)
@@ -84,7 +83,7 @@ def insert_samples(s, samples: list[dict]) -> None:
                 cp.write_row([r.get(c, 0.0 if c in SAMPLE_FIELDS and c != "hit_ratio" else None)
                               for c in SAMPLE_COLUMNS])
     else:
-        s.execute(MetricSample.__table__.insert(), samples)
+        s.execute(table_of(MetricSample).insert(), samples)
 
 
 class MetricsQueue:
@@ -260,7 +259,7 @@ def _bucket(samples: list[dict], since: float, step: float) -> list[dict]:
     out = []
     for k in sorted(groups):
         g = groups[k]
-        row = {"ts": since + k * step}
+        row: dict[str, float | None] = {"ts": since + k * step}
         for f in SAMPLE_FIELDS:
             row[f] = _mean([x[f] for x in g])
             if row[f] is None and f != "hit_ratio":

@@ -42,7 +42,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from ..db import Database
-from ..models import Node
+from ..models import Node, table_of
 from .accounting import Totals, contribution
 from .events import EventService
 from .metrics import MetricsQueue, gauges, rates
@@ -92,6 +92,13 @@ class LiveNode:
     def row(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in NODE_COLUMNS}
 
+    def baseline(self, boot_id: str) -> tuple[dict[str, Any], float] | None:
+        """The counters of boot ``boot_id`` last heard and when they were sent, or None
+        (another boot, or none heard yet)."""
+        if self.boot_id != boot_id or self.counters is None or self.sent_at is None:
+            return None
+        return self.counters, self.sent_at
+
 
 class NodeService:
     def __init__(self, db: Database, events: EventService, *, interval: float, down_after_missed: int = 3,
@@ -125,12 +132,12 @@ class NodeService:
         self._due: list[tuple[float, str]] = []  # (when a node's state may change, node): the monitor's heap
         self._full_at = 0.0
         with db.session() as s:
-            for n in s.scalars(select(Node)):
-                self.live[n.id] = LiveNode(
-                    id=n.id, first_seen=n.first_seen, state=n.state, state_since=n.state_since, address=n.address,
-                    version=n.version, boot_id=n.boot_id, seq=n.seq, sent_at=n.sent_at,
-                    last_heartbeat=n.last_heartbeat, heartbeats=n.heartbeats, status=n.status, counters=n.counters,
-                    updated_at=n.updated_at, persisted=True)
+            for r in s.scalars(select(Node)):
+                self.live[r.id] = LiveNode(
+                    id=r.id, first_seen=r.first_seen, state=r.state, state_since=r.state_since, address=r.address,
+                    version=r.version, boot_id=r.boot_id, seq=r.seq, sent_at=r.sent_at,
+                    last_heartbeat=r.last_heartbeat, heartbeats=r.heartbeats, status=r.status, counters=r.counters,
+                    updated_at=r.updated_at, persisted=True)
         # the agents that were beating keep the interval they were handed: start from the
         # interval their number implies, so the restart grace covers their next beat
         self.changed = set(self.live)  # the stream's first snapshot has the stored nodes too
@@ -147,7 +154,7 @@ class NodeService:
     # -- persistence (called by the metrics writer inside its transaction) ---------------------
 
     def sink(self, s: Session, rows: list[dict]) -> None:
-        t = Node.__table__  # Core, not the ORM's bulk path (a third of the cost)
+        t = table_of(Node)  # Core, not the ORM's bulk path
         ins = (postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert)(t)
         stmt = ins.on_conflict_do_update(index_elements=[t.c.id],
                                          set_={c: ins.excluded[c] for c in NODE_COLUMNS if c != "id"})
@@ -208,10 +215,10 @@ class NodeService:
             # a new boot (a node's first heartbeat, or its agent restarted): the row goes out
             # at once, so that the other processes show the boot the node runs now
             new_boot = n.boot_id != hb.boot_id
-            same_boot = n.boot_id == hb.boot_id and n.counters is not None and n.sent_at is not None
-            if not (same_boot and hb.seq <= n.seq):  # else: a replayed heartbeat, keep the baseline
-                if same_boot:
-                    r = rates(n.counters, n.sent_at, counters, hb.sent_at)
+            baseline = n.baseline(hb.boot_id)
+            if not (baseline is not None and hb.seq <= n.seq):  # else: a replayed heartbeat, keep the baseline
+                if baseline is not None:
+                    r = rates(*baseline, counters, hb.sent_at)
                     if r is not None:
                         sample = {"node_id": n.id, "ts": now, "resolution": 1, **r, **gauges(hb.status)}
                 n.counters, n.sent_at, n.seq, n.boot_id = counters, hb.sent_at, hb.seq, hb.boot_id
@@ -356,7 +363,7 @@ class NodeService:
         if not beaten:
             return
         from sqlalchemy import bindparam, update
-        t = Node.__table__
+        t = table_of(Node)
         try:
             with self.db.session() as s:
                 s.execute(update(t).where(t.c.id == bindparam("b_id")).where(t.c.last_heartbeat < bindparam("b_lh"))
@@ -377,9 +384,9 @@ class NodeService:
         last heartbeat it heard itself, and the API's answer depended on which one served it)."""
         if not self.shared():
             return 0
-        cols = [Node.id, Node.last_heartbeat, Node.boot_id]
         with self.db.session() as s:
-            rows = s.execute(select(*cols).where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
+            rows = s.execute(select(Node.id, Node.last_heartbeat, Node.boot_id)
+                             .where(Node.last_heartbeat > self._seen_shared - 2.0)).all()
             with self.lock:  # the whole rows of nodes new here or on another boot than here
                 wanted = [k for k, _, boot in rows
                           if k not in self.live or (boot is not None and boot != self.live[k].boot_id)]
@@ -409,22 +416,22 @@ class NodeService:
                     self._beating += 1
                 self._schedule(ln)
             for node_id, lh, _ in rows:
+                if lh is None:  # never: NULL fails the query's comparison
+                    continue
                 self._seen_shared = max(self._seen_shared, lh)
-                n = self.live.get(node_id)
-                if n is not None and (n.last_heartbeat is None or lh > n.last_heartbeat):
-                    n.last_heartbeat = lh
+                live = self.live.get(node_id)
+                if live is not None and (live.last_heartbeat is None or lh > live.last_heartbeat):
+                    live.last_heartbeat = lh
                     self.changed.add(node_id)
                     # the other process handed the node its interval (both count the same
-                    # cluster): the window follows it, never an older, shorter one handed
-                    # here (nodes fell down in this process's view at 10,000 nodes: the
-                    # interval kept from a warm-up beat, 1-3 s, against beats every 10 s)
-                    n.interval = max(n.interval or 0.0, self.interval)
-                    if not n.beating and self._fresh(n, now):
-                        n.beating = True
+                    # cluster): the window follows it, never an older, shorter one handed here
+                    live.interval = max(live.interval or 0.0, self.interval)
+                    if not live.beating and self._fresh(live, now):
+                        live.beating = True
                         self._beating += 1
-                    self._schedule(n)
-                    if n.state != "up":  # back (or still degraded): its state at the next tick
-                        self._schedule(n, now)
+                    self._schedule(live)
+                    if live.state != "up":  # back (or still degraded): its state at the next tick
+                        self._schedule(live, now)
                     moved += 1
         return moved
 

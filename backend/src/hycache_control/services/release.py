@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from ..models import ActionItem, Manifest, ManifestJob
 from .actions import RETRY
-from .steps import BEFORE
+from .steps import BEFORE, manifest_of
 
 #: a position past any job's
 _NONE = 1 << 30
@@ -78,12 +78,12 @@ class ReleaseGate:
     def gate(self, s: Session, items: list[ActionItem]) -> dict[int, str]:
         """release | hold | skip | skip-ready for each plan step (the module docstring says
         when; "skip-ready": its job can start now, it reads the file where it is)."""
-        view = _Turns(s, {i.parent.manifest_id for i in items})
+        view = _Turns(s, {manifest_of(i) for i in items})
         return {it.id: self._verdict(view, it) for it in items}
 
     def _verdict(self, t: _Turns, it: ActionItem) -> str:
-        mid = it.parent.manifest_id
-        j = t.jobs.get((mid, it.job))
+        mid = manifest_of(it)
+        j = t.jobs.get((mid, it.job)) if it.job is not None else None
         if mid in t.cancelled and it.state == "pending":
             return "hold"
         if j is None:

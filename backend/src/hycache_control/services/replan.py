@@ -20,10 +20,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from ..db import Database
-from ..models import Action, ActionItem, Manifest, ManifestJob
+from ..models import Action, ActionItem, ManifestJob
 from .actions import ActionService
 from .cluster_state import ClusterState
-from .steps import BEFORE, job_row, ns_path, step_item, writers
+from .steps import BEFORE, job_row, ns_path, step_item, step_of, writers
 
 log = logging.getLogger(__name__)
 #: a plan made at a release looks this many of the node's jobs ahead (and back, for the
@@ -44,7 +44,8 @@ class _Snapshot:
     located: dict[str, str]
     wf: Workflow
     rows: dict[str, tuple[str, int, str, float | None]]  # job → (node, position, state, reads_done_at)
-    items: list[tuple[str, str, str, str]]  # the node's before-steps delivered or done: (job, action, path, state)
+    #: the node's before-steps delivered or done: (job, action, path, state)
+    items: list[tuple[str | None, str | None, str, str]]
 
 
 class ReleasePlanner:
@@ -104,18 +105,19 @@ class ReleasePlanner:
         job's node, or None when they were no longer all pending (as they are)."""
         now = time.time()
         action = s.scalar(select(Action).where(Action.manifest_id == manifest_id))
+        if action is None:
+            raise RuntimeError(f"manifest {manifest_id} has no plan steps")
         mine = list(s.scalars(select(ActionItem).where(ActionItem.action_id == action.id, ActionItem.job == job,
                                                        ActionItem.plan_action.in_(BEFORE))
                               .order_by(ActionItem.step)))
         if any(i.state != "pending" for i in mine):
             return None  # (a start skipped them meanwhile, or a delivery raced): as they are
-        m = s.get(Manifest, manifest_id)
-        writer = writers(self._workflow(manifest_id, m.document))
-        node = s.scalar(select(ManifestJob.node).where(ManifestJob.manifest_id == manifest_id,
-                                                       ManifestJob.job == job))
+        j = job_row(s, manifest_id, job)
+        writer = writers(self._workflow(manifest_id, j.manifest.document))
+        node = j.node
         if [(i.plan_action, i.path) for i in mine] == [(st["action"], ns_path(st["path"])) for st in steps]:
             return node
-        numbers = [i.step for i in mine]
+        numbers = [step_of(i) for i in mine]
         top = s.scalar(select(func.max(ActionItem.step)).where(ActionItem.action_id == action.id,
                                                                ActionItem.node == node)) or 0
         while len(numbers) < len(steps):
@@ -188,7 +190,7 @@ class ReleasePlanner:
         one), the local moves its delivered steps have under way, and the outputs its jobs
         wrote and have not published yet.  Returns the bytes of those remote copies."""
         wf, node = snap.wf, snap.node
-        position = {name: p for name, (n, p, _, _) in snap.rows.items() if n == node}
+        position: dict[str | None, int] = {name: p for name, (n, p, _, _) in snap.rows.items() if n == node}
         last: dict[str, tuple[int, int, bool]] = {}
 
         def seen(f: str, key: tuple[int, int], present: bool) -> None:

@@ -39,6 +39,21 @@ def after_job(writer: dict[str, str], st: dict[str, Any]) -> str | None:
     return w if w != st["job"] else None
 
 
+def manifest_of(it: ActionItem) -> int:
+    """The manifest whose plan step ``it`` is (a plan step's action always names one)."""
+    mid = it.parent.manifest_id
+    if mid is None:
+        raise ValueError(f"action item {it.id} is not a manifest's plan step")
+    return mid
+
+
+def step_of(it: ActionItem) -> int:
+    """The number of plan step ``it`` on its node (a plan step always has one)."""
+    if it.step is None:
+        raise ValueError(f"action item {it.id} is not a manifest's plan step")
+    return it.step
+
+
 def step_item(st: dict[str, Any], *, node: str, step: int, writer: dict[str, str], now: float,
               state: str = "pending", detail: str | None = None, job: str | None = None,
               **kw: Any) -> ActionItem:

@@ -7,6 +7,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -140,7 +141,7 @@ class TokenService:
             self._unknown = {h: t for h, t in self._unknown.items() if t > now and h not in table}
             self._loaded_at = now
 
-    def cached(self, secret: str) -> Caller | None | bool:
+    def cached(self, secret: str) -> Caller | None | Literal[False]:
         """The caller from the in-memory table (no I/O): a Caller, None (unknown or revoked),
         or False when only the database can tell (call :meth:`authenticate` in a thread)."""
         h = hash_secret(secret)
