@@ -316,6 +316,21 @@ def test_policy_put_delivered_applied(api: Api):
     assert {e["action"] for e in ev} == {"policy set", "policy applied"}
 
 
+def test_an_agent_restarted_within_the_down_bound_leaves_an_event(api: Api):
+    """A new boot before the node was ever declared down: no state transition, but the
+    restart is in /events (the first boot is not a restart)."""
+    api.beat("r", boot_id="first", seq=1)
+    api.beat("r", boot_id="first", seq=2)
+    api.beat("r", boot_id="second", seq=1)
+
+    def restarts():
+        ev = api.get("/api/v1/events?kind=node&node=r").json()["items"]
+        return [e for e in ev if e["action"] == "restarted"] or None
+    (ev,) = wait_for(restarts, what="r's restart in /events")
+    assert ev["result"] == "up" and ev["detail"] == "boot first -> second", ev
+    assert api.get("/api/v1/nodes/r").json()["boot_id"] == "second"
+
+
 # -- metrics --------------------------------------------------------------------------------
 
 def test_metric_rates_from_counters_boot_change_and_gap(api: Api):

@@ -370,9 +370,9 @@ def test_a_killed_part_comes_back_by_itself_and_nothing_is_lost(stack, chaos, pa
 
 
 def api_says_what_happened(stack: Stack, probes: Probes, t0: float, boot: str | None, since: int) -> None:
-    """agent-2 in the API after its crash: a new boot_id, and every state it was seen in
-    other than `up` (degraded, then down once its DHT registry entry aged out) is in the
-    node events, followed by `up`."""
+    """agent-2 in the API after its crash: a new boot_id, a `restarted` node event naming
+    the old and the new boot, and every state it was seen in other than `up` (degraded,
+    then down once its DHT registry entry aged out) in the node events, followed by `up`."""
     after = [(t - t0, state, b) for t, state, b in probes.agent_2 if t >= t0]
     gone = [state for _, state, b in after if state != "up"]
     reboot = next((t for t, state, b in after if b != boot and state == "up"), None)
@@ -381,6 +381,11 @@ def api_says_what_happened(stack: Stack, probes: Probes, t0: float, boot: str | 
                                                  "limit": 100}).json()["items"]
     print(f"agent-2 in the API: up with a new boot_id {reboot:.1f} s after the SIGKILL; states seen "
           f"{sorted(set(gone)) or 'only up'}; node events: {[e['detail'] for e in events] or 'none'}")
+    def restarted():
+        return [e for e in stack.api("/api/v1/events", params={
+            "kind": "node", "node": "agent-2", "since_id": since, "limit": 100}).json()["items"]
+            if e["action"] == "restarted" and e["detail"].startswith(f"boot {boot} -> ")] or None
+    wait_for(restarted, 60, "agent-2's restart in /api/v1/events")
     if gone:
         def told():
             results = [e["result"] for e in stack.api("/api/v1/events", params={

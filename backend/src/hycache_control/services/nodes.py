@@ -215,6 +215,7 @@ class NodeService:
             # a new boot (a node's first heartbeat, or its agent restarted): the row goes out
             # at once, so that the other processes show the boot the node runs now
             new_boot = n.boot_id != hb.boot_id
+            restarted = (n.boot_id, hb.boot_id) if new_boot and n.boot_id is not None else None
             baseline = n.baseline(hb.boot_id)
             if not (baseline is not None and hb.seq <= n.seq):  # else: a replayed heartbeat, keep the baseline
                 if baseline is not None:
@@ -251,6 +252,8 @@ class NodeService:
                 self.writer.node(row)
         if transition:
             self._announce(*transition)
+        if restarted is not None:
+            self._restarted(n.id, *restarted)
         return n.interval
 
     # -- states -------------------------------------------------------------------------------
@@ -279,6 +282,14 @@ class NodeService:
         self.changed.add(n.id)
         self._account(n)
         return n.id, old, new
+
+    def _restarted(self, node: str, old_boot: str, new_boot: str) -> None:
+        """A node's agent runs a new boot: recorded by the process that heard it first (an
+        agent back within the down bound never shows as down, so this is its only trace)."""
+        try:
+            self.events.record_later("node", "restarted", "up", node=node, detail=f"boot {old_boot} -> {new_boot}")
+        except Exception as e:
+            log.warning("could not record the restart of %s: %s", node, e)
 
     def _announce(self, node: str, old: str, new: str) -> None:
         if not self.leader():  # several processes: one records the cluster's transitions
