@@ -43,6 +43,9 @@ def test_remote_reads_count_as_misses_remote_bytes_and_fetches(hycache_mount, re
     wait_for(lambda: (b.mountpoint / "shared.bin").exists(), what="a's file on b")
     before = counters(b)
     assert (b.mountpoint / "shared.bin").read_bytes() == payload
+    # a name never looked up: a request the kernel cannot answer from its caches (the read
+    # above may need none: the entry and attributes are cached since the wait's lookup)
+    assert not (b.mountpoint / f"absent-{os.urandom(4).hex()}").exists()
     c = counters(b)
     assert c["misses"] == before["misses"] + 1 and c["remote"]["opens"] == before["remote"]["opens"] + 1
     assert c["remote"]["read_bytes"] == before["remote"]["read_bytes"] + 100 * K
