@@ -127,8 +127,10 @@ def run_cluster_demo(console: Console, base: Path, agent: list[str]) -> bool:
         console.print(_cluster_table({"a": a, "b": b}, "after b's append"))
 
         console.print("[bold]7.[/] kill -9 of node a: its files had a replica on b, so nothing is lost")
-        agents["a"].proc.kill()
-        agents["a"].proc.wait()
+        proc = agents["a"].proc
+        assert proc is not None, "node a's agent was started"
+        proc.kill()
+        proc.wait()
         survived = all((b / n).read_bytes() == blob for n, blob in data.items())
         console.print("[green]every file still reads correctly on b[/]" if survived
                       else "[red]a file was lost with node a[/]")
@@ -183,6 +185,7 @@ def run_demo(keep: bool = False, root: Path | None = None, cluster: bool = True)
             bad.append("cluster demo")
         if keep:
             console.print(f"[bold]The mount stays up at {mnt}; press Ctrl-C to unmount.[/]")
+            assert daemon.proc is not None, "the agent was started"
             try:
                 daemon.proc.wait()
             except KeyboardInterrupt:

@@ -15,6 +15,7 @@ import re
 import resource
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -28,6 +29,10 @@ from hycache_agent.remote.backing import RemoteBackings
 from hycache_agent.vfs.layer import Vfs
 from hycache_agent.vfs.prefetch import Prefetcher
 from hycache_agent.vfs.status import AgentStatus
+
+if TYPE_CHECKING:  # (imported when a mount needs them: see make_cluster, control_link)
+    from hycache_agent.cluster.dht_link import ClusterLink
+    from hycache_agent.control.link import ControlLink
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +64,9 @@ async def _watch_signals(nursery: trio.Nursery) -> None:
     # Requests in flight get SHUTDOWN_GRACE seconds to finish; then everything is
     # cancelled so that a stuck request can never keep the agent from exiting.
     await trio.sleep(SHUTDOWN_GRACE)
+    root = trio.lowlevel.current_root_task()  # (None only outside trio.run)
     log.warning("requests still running %.0f s after the signal; cancelling them:\n%s", SHUTDOWN_GRACE,
-                "\n".join(_task_tree(trio.lowlevel.current_root_task())))
+                "\n".join(_task_tree(root) if root is not None else []))
     nursery.cancel_scope.cancel()
 
 
@@ -72,8 +78,8 @@ class Agent:
     engine: TieringEngine
     ops: HyCacheOperations
     status: AgentStatus
-    cluster: object | None = None  # cluster.dht_link.ClusterLink when in a global namespace
-    control: object | None = None  # control.link.ControlLink when linked to a control plane
+    cluster: ClusterLink | None = None  # when in a global namespace
+    control: ControlLink | None = None  # when linked to a control plane
 
 
 def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = None) -> Agent:
@@ -88,6 +94,8 @@ def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = 
     control = None
     if token is not None:
         import socket
+
+        assert config.control_plane is not None, "a token comes with the control plane's URL"
 
         control = control_link(engine, cluster, config.control_plane, token,
                                node_id=config.node_id or socket.gethostname(),
@@ -105,6 +113,8 @@ def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on
     from hycache_agent.transport.wire import parse_addr
 
     config = engine.config
+    if config.node_id is None or config.cluster_secret_file is None:
+        raise ValueError("joining a cluster needs node_id and cluster_secret_file (set by AgentConfig's checks)")
     secret = load_secret(config.cluster_secret_file)
     host, port = parse_addr(config.listen)
     advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
@@ -346,6 +356,7 @@ def _check_start(config: AgentConfig) -> str | None:
     if config.control_plane is not None:
         from hycache_agent.control.link import TokenFileError, load_token
 
+        assert config.control_token_file is not None, "AgentConfig: control_plane comes with control_token_file"
         try:
             token = load_token(config.control_token_file)
         except TokenFileError as exc:

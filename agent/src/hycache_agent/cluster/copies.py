@@ -91,6 +91,7 @@ class RemoteCopies:
             raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
         await self.view.refresh(node)
         if self.has_copy(node):
+            assert node.cache_blob is not None, "has_copy: the copy's blob is known"
             return node.cache_blob
         key = (node.path, node.meta.version)
         sc = self._streams.get(key)
@@ -101,13 +102,14 @@ class RemoteCopies:
             self.tasks.spawn(sc.run)
         await sc.wait()
         if self.has_copy(node):
+            assert node.cache_blob is not None, "has_copy: the copy's blob is known"
             return node.cache_blob
         return await self.open_remote(node)  # (the node moved on meanwhile: a plain fetch)
 
     def stream_done(self, sc: StreamCopy, etag: str, holder: str, seconds: float) -> None:
         """A stream copy is whole: it becomes the node's copy (counted in the fast tier's
         use) if the node still wants this version, else it goes."""
-        node = sc.node
+        node: RemoteNode = sc.node
         if self._streams.get((node.path, sc.version)) is sc:
             del self._streams[(node.path, sc.version)]
         self.status.remote_fetches += 1

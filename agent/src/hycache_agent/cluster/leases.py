@@ -271,24 +271,24 @@ class WriteLeases:
             return
         moved = []
         for (ino, path), ok in zip(held, results):
-            entry = self.leases.get(ino)
-            if entry is None:
+            kept = self.leases.get(ino)
+            if kept is None:
                 continue
             if isinstance(ok, FileNotFoundError):
                 now_path = self.ns.path_of(ino)
                 if now_path is not None and now_path != path:
-                    entry.path = now_path
+                    kept.path = now_path
                     moved.append((ino, now_path))
                     continue
-            self._renewed(ino, entry, path, ok, t0)
+            self._renewed(ino, kept, path, ok, t0)
         if moved:
             results = await self.link.query(renew, moved, missing=None)
             if results is self.link.UNREACHABLE or results is None:
                 return
             for (ino, path), ok in zip(moved, results):
-                entry = self.leases.get(ino)
-                if entry is not None:
-                    self._renewed(ino, entry, path, ok, t0)
+                kept = self.leases.get(ino)
+                if kept is not None:
+                    self._renewed(ino, kept, path, ok, t0)
 
     def _renewed(self, ino: int, entry: Lease, path: bytes, ok, t0: float) -> None:
         if ok is True:  # the store's lease is now this long (also a create's longer one)

@@ -55,7 +55,7 @@ class _Batch:
         if i is not None:
             # a newer put of a path already in this run (a create, then its size at
             # close): one put with the newest metadata, at the first one's place
-            owners = tuple(dict.fromkeys(self.run[i].owners + owners))
+            owners = tuple(dict.fromkeys((self.run[i].owners or ()) + owners))
             self.run[i] = Op.put(path, unpack_row_meta(meta), owners=owners)
             self.status.coalesced += 1
         else:

@@ -100,7 +100,7 @@ class Rebalancer:
                 break
             if not inode.size or inode.size > budget:
                 continue
-            node = max(room, key=room.get)
+            node = max(room, key=room.__getitem__)
             if room[node] < inode.size:
                 continue
             path = self.engine.ns.path_of(inode.ino)

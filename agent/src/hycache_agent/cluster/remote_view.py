@@ -103,15 +103,16 @@ class RemoteView:
     async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
         """A name not held locally: ask the global namespace."""
         found = self.lookup_now(parent_ino, name)
-        if found is not LATER:
+        if found is None or isinstance(found, RemoteNode):  # (else LATER: the store is asked)
             return found
         parent = self.path_of(parent_ino)
+        assert parent is not None, "lookup_now answers LATER only under a known path"
         path = join(parent, name)
         read_at = time.monotonic()
         listing = await self._small_listing(parent)
         if listing is not None:
             meta = listing.get(name)
-            meta, read_at = self._listed(path, meta, self._listings.get(parent, (float("-inf"),))[0])
+            meta, read_at = self._listed(path, meta, self._listings.get(parent, (float("-inf"), None))[0])
         else:
             meta = await self.link.store_get(path)
         return self._found(path, meta, read_at)
@@ -165,7 +166,7 @@ class RemoteView:
     def _list_up_to(self, dirpath: bytes, limit: int) -> dict[bytes, EntryMeta] | None:
         """The store's listing of ``dirpath`` (run by ``query`` in a worker thread), or None
         when it holds more than ``limit`` names."""
-        out = {}
+        out: dict[bytes, EntryMeta] = {}
         for name, meta in self.link.store.list_dir(dirpath):
             if len(out) >= limit:
                 return None

@@ -183,7 +183,7 @@ class Replicator:
         self._wakeup = trio.Event()
         self._put_back = False  # the last batch put files back (no peer, no store yet)
         self._warned = False
-        self._fine: dict[int, bool] = {}  # tier -> fine_mtime() of its directory
+        self._fine: dict[str, bool] = {}  # tier -> fine_mtime() of its directory
 
     def wanted(self, inode: Inode) -> bool:
         return self.count > 0 and inode.is_reg and inode.nlink > 0 and inode.replicated_gen != inode.data_gen
@@ -231,6 +231,7 @@ class Replicator:
 
     async def _fine_mtime(self, inode: Inode) -> bool:
         tier = inode.tier
+        assert tier is not None, "a regular file's bytes are on a tier"
         fine = self._fine.get(tier)
         if fine is None:
             d = str(self.engine.tiers[tier].path)

@@ -169,7 +169,7 @@ class ControlLink:
         }
 
     async def handle_answer(self, answer: dict[str, Any], nursery: trio.Nursery | None = None,
-                            sent: dict[int, dict[str, Any]] | None = None) -> None:
+                            sent: dict[int | None, dict[str, Any]] | None = None) -> None:
         """Apply a heartbeat's answer: drop acknowledged results, run the policy, start
         the new actions (in ``nursery``, default the link's own).  A malformed part is
         logged and skipped; the rest still applies.  ``sent``: the results the heartbeat
@@ -276,17 +276,18 @@ class ControlLink:
             return {"id": aid, "state": "failed", "detail": f"{path}: {why}", "tier": inode.tier}
         return {"id": aid, "state": "done", "detail": inode.tier, "tier": inode.tier}
 
-    async def _drop_copy(self, aid: int, path: str) -> dict[str, Any]:
+    async def _drop_copy(self, aid: int | None, path: str) -> dict[str, Any]:
         """``demote`` of a file another node holds: this node's copy of it (a prefetch's, or
         a read's) leaves the fast tier, unless it is in use."""
         log.info("control plane action %s: demote %s (a remote copy)", aid, path)
+        assert self._drop_copy_of is not None, "_apply asks for a dropped copy only with drop_copy"
         freed = await self._drop_copy_of(os.fsencode(path))
         if freed is None:
             return {"id": aid, "state": "failed", "detail": f"{path}: the remote copy is in use", "tier": "fast"}
         return {"id": aid, "state": "done", "detail": f"remote copy dropped ({freed} bytes)" if freed
                 else "no remote copy here", "tier": "remote"}
 
-    async def _prefetch(self, aid: int, path: str) -> dict[str, Any]:
+    async def _prefetch(self, aid: int | None, path: str) -> dict[str, Any]:
         """A plan step: the file's bytes onto this node's fast tier (promoted if local,
         fetched into the remote cache if another node holds it)."""
         log.info("control plane action %s: prefetch %s", aid, path)

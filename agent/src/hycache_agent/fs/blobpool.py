@@ -108,7 +108,7 @@ class BlobPool:
                 return tier
             except OSError as exc:
                 if exc.errno != errno.ENOSPC or tier == T.SLOW:
-                    raise FsError(exc.errno) from exc
+                    raise FsError(exc.errno or errno.EIO) from exc
         raise AssertionError("unreachable")
 
     async def filler(self, allocate_ino: Callable[[], int]) -> None:
@@ -207,7 +207,7 @@ class BlobPool:
         self._reaping = done = trio.Event()
         try:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(lambda: [T.remove_blob(b) for b in doomed])
+                await trio.to_thread.run_sync(_remove_blobs, doomed)
         finally:
             self._reaping = None
             done.set()
@@ -224,3 +224,8 @@ class BlobPool:
         for path in self._doomed:
             T.remove_blob(path)
         self._doomed.clear()
+
+
+def _remove_blobs(paths: list[str]) -> None:
+    for path in paths:
+        T.remove_blob(path)

@@ -130,6 +130,7 @@ class Census:
             if n % STATUS_SLICE == 0:
                 await trio.lowlevel.checkpoint()
             if inode.is_reg:
+                assert inode.tier is not None, "a regular file's bytes are on a tier"
                 c = counts[inode.tier]
                 c[0] += 1
                 c[1] += inode.size

@@ -68,6 +68,10 @@ from hycache_agent.fs.space import Space
 log = logging.getLogger(__name__)
 
 class TieringEngine:
+    # the namespace, made by start() with the store (the store set: the namespace is too);
+    # the file operations run only once start() has
+    ns: Namespace
+
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
                  census: Census | None = None, blobs: BlobPool | None = None) -> None:
         self.config = config
@@ -83,8 +87,7 @@ class TieringEngine:
         self.space = Space(load_policy(config.policy))
         self.files = Files()
         self.backed = self.files.backed
-        self.store: SQLiteStore | None = None
-        self.ns: Namespace | None = None
+        self.store: SQLiteStore | None = None  # (with self.ns) made by start()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         # worker threads whose callbacks come back drained (lane.py): the one where the
@@ -147,9 +150,10 @@ class TieringEngine:
         for tier in self.tiers.values():
             tier.path.mkdir(parents=True, exist_ok=True)
             tier.prepare()
-        self.store = SQLiteStore(self.config.state_dir / "meta.db")
-        self.ns = self.files.ns = Namespace(lambda row: MetaJournal(self.store, row))
-        snapshot = self.store.load()
+        store = SQLiteStore(self.config.state_dir / "meta.db")
+        self.ns = self.files.ns = Namespace(lambda row: MetaJournal(store, row))
+        self.store = store
+        snapshot = store.load()
         self.ns.load(snapshot, os.getuid(), os.getgid())
         redo = RedoLog(self.config.state_dir / "redo.log")
         replayed = replay(self.ns, redo, snapshot.counters.get("redo_upto", 0))
@@ -186,12 +190,12 @@ class TieringEngine:
             h.close_all()
         self.handles.clear()
         self.blobs.close()
-        if self.ns is not None:
-            self.ns.journal.counter("access_seq", self.ns.access_seq)
-            self.ns.journal.sync_blocking()
-        if self.store is not None:
-            self.store.close()
-        if self.ns is not None and self.ns.journal.redo is not None:
+        if self.store is None:  # never started: no namespace
+            return
+        self.ns.journal.counter("access_seq", self.ns.access_seq)
+        self.ns.journal.sync_blocking()
+        self.store.close()
+        if self.ns.journal.redo is not None:
             self.ns.journal.redo.close()
             self.ns.journal.redo = None
 
@@ -215,6 +219,7 @@ class TieringEngine:
         return next(self._fh)
 
     def blob(self, inode: Inode) -> str:
+        assert inode.tier is not None, "a regular file's bytes are on a tier"
         return self.tiers[inode.tier].blob(inode.ino)
 
     # ------------------------------------------------------------------ files
@@ -323,6 +328,7 @@ class TieringEngine:
         fh = self.new_fh()
         self.handles[fh] = h
         self.ns.touch_access(inode)
+        assert inode.tier is not None, "a regular file's bytes are on a tier"
         if not created and (flags & O_ACCMODE) != os.O_WRONLY:
             self.io.tiers[inode.tier].hits += 1
             if inode.tier != T.FAST:
@@ -361,6 +367,7 @@ class TieringEngine:
         h = self.handles[fh]
         inode = h.inode
         tier = inode.tier  # the tier that serves this read
+        assert tier is not None, "a regular file's bytes are on a tier"
         data = read_cached(h, off, size, self._blob_gens.get(inode.ino, 0))
         if data is None:
             data = await blob_io(h, self.tiers, self._blob_gens, os.pread, size, off)
@@ -403,9 +410,10 @@ class TieringEngine:
                         spilled = True
                         await self.migrations.spill(inode)  # the fast device itself is full
                         continue
-                    raise FsError(exc.errno) from exc
+                    raise FsError(exc.errno or errno.EIO) from exc
                 self.space.used -= reserve
                 break
+            assert inode.tier is not None, "a regular file's bytes are on a tier"
             c = self.io.tiers[inode.tier]  # the tier written (after a spill: the slow one)
             c.writes += 1
             c.write_bytes += n
@@ -430,7 +438,7 @@ class TieringEngine:
             try:
                 await trio.to_thread.run_sync(os.truncate, self.blob(inode), size)
             except OSError as exc:
-                raise FsError(exc.errno) from exc
+                raise FsError(exc.errno or errno.EIO) from exc
             if inode.tier == T.FAST:
                 self.space.used += size - inode.size
             inode.size = size

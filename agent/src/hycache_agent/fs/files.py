@@ -11,8 +11,10 @@ from hycache_agent.fs.namespace import Inode, Namespace
 
 
 class Files:
+    # made by TieringEngine.start (the metadata loaded); read only once it has run
+    ns: Namespace
+
     def __init__(self) -> None:
-        self.ns: Namespace | None = None  # made by TieringEngine.start (the metadata loaded)
         self.locks: dict[int, trio.Lock] = {}
         self.idle: dict[int, trio.Event] = {}  # ino -> set when its last handle is released
         self.backed: set[int] = set()  # inodes whose blob the kernel holds (a backing id)

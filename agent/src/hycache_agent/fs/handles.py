@@ -86,6 +86,7 @@ async def blob_io(h: Handle, tiers: dict[str, T.Tier], blob_gens: dict[int, int]
     inode = h.inode
     while True:
         tier, gen = inode.tier, blob_gens.get(inode.ino, 0)
+        assert tier is not None, "a regular file's bytes are on a tier"
         path = tiers[tier].blob(inode.ino)
 
         def job(path=path, tier=tier, gen=gen):

@@ -83,6 +83,8 @@ class Lane:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """(any thread) Run ``fn(*args)`` on the trio thread soon."""
+        if self._token is None:  # (set by the first submit, which starts the thread)
+            raise RuntimeError(f"lane {self.name}: call_soon before any submit")
         try:
             self._token.run_sync_soon(fn, *args)
         except trio.RunFinishedError:  # shutting down: nobody is waiting any more

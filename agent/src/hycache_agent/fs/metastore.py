@@ -371,7 +371,7 @@ class MetaJournal:
     def _reached(self, w: _Waiter) -> bool:
         return (self._checkpointed_upto if w.durable else self._durable_upto) >= w.target
 
-    def _apply(self, batch: _Batch) -> int:
+    def _apply(self, batch: _Batch) -> int | None:
         """(committer thread) Apply one batch; a failure is retried (everything after it
         waits: commits stay in order) and reported to whoever waits meanwhile."""
         while True:

@@ -102,6 +102,7 @@ class Migrations:
             return False  # the kernel writes the blob itself: it must not move under an open
         self.blob_leaving(inode.ino)
         src = inode.tier
+        assert src is not None, "a regular file's bytes are on a tier"
         src_tier, dst_tier = self.tiers[src], self.tiers[dst]
         mig = Migration(inode.ino, src, dst, inode.size, reason)
         inode.migration = mig

@@ -363,6 +363,7 @@ class Namespace:
             if dst.is_dir and self.is_ancestor(dst.ino, old_parent):
                 raise FsError(errno.EINVAL)
             if self.events is not None:  # the store has no exchange: three renames
+                assert old_path is not None, "a name's parent directory has a path"
                 temp = old_path + b".hycache-exchange-%d" % src.ino
                 self.events += [("rename", src.ino, old_path, temp), ("rename", dst.ino, new_path, old_path),
                                 ("rename", src.ino, temp, new_path)]

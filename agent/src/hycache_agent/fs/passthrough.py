@@ -294,6 +294,7 @@ class Backings:
                 self.engine.backing_dropped(ino)
                 log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
                 return 0
+        assert inode.tier is not None, "a regular file's bytes are on a tier"
         self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen)
         return bid
 
@@ -371,7 +372,7 @@ class Backings:
                 return
         # Dropped on the lane.  It stays listed until then, so that opens and attribute
         # requests arriving meanwhile wait for the final size instead of reading a stale one.
-        b.closed = trio.Event()
+        b.closed = closed = trio.Event()
 
         def dropped(st: os.stat_result | None, error: BaseException | None) -> None:
             if st is not None:
@@ -379,7 +380,7 @@ class Backings:
             if self.by_ino.get(inode.ino) is b:
                 del self.by_ino[inode.ino]
                 self.engine.backing_dropped(inode.ino)
-            b.closed.set()
+            closed.set()
             if error is not None:
                 log.warning("dropping the backing file of inode %d: %s", inode.ino, error)
 

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 from hycache_core.policies import load_policy
@@ -146,7 +146,7 @@ class Placement:
     def eviction_candidates(self, exclude: Inode | None = None):
         inodes = self.files.ns.inodes
         for ino in self.space.policy.eviction_order():
-            inode = inodes.get(ino)
+            inode = inodes.get(cast(int, ino))  # (the policy's keys are inode numbers)
             if inode is not exclude and self.evictable(inode):
                 yield inode
 

@@ -37,9 +37,9 @@ def recover(ns: Namespace, tiers: dict[str, T.Tier]) -> dict[str, int]:
     report = {"temp_removed": 0, "duplicates_removed": 0, "orphan_blobs_removed": 0,
               "orphan_inodes_removed": 0, "missing_blobs": 0, "sizes_fixed": 0}
     referenced = {ino for entries in ns.children.values() for ino in entries.values()}
-    for inode in list(ns.inodes.values()):
-        if inode.ino != ROOT_INO and (inode.nlink <= 0 or inode.ino not in referenced):
-            ns.forget_inode(inode)
+    for node in list(ns.inodes.values()):
+        if node.ino != ROOT_INO and (node.nlink <= 0 or node.ino not in referenced):
+            ns.forget_inode(node)
             report["orphan_inodes_removed"] += 1
     for tier in tiers.values():
         for path, ino, temp in tier.scan():
@@ -63,7 +63,7 @@ def recover(ns: Namespace, tiers: dict[str, T.Tier]) -> dict[str, int]:
         if not inode.is_reg:
             continue
         try:
-            st = os.stat(tiers[inode.tier].blob(inode.ino))
+            st = os.stat(tiers[inode.tier or ""].blob(inode.ino))  # (no tier: KeyError)
         except (FileNotFoundError, KeyError):
             log.error("inode %d (%r): its bytes are missing on every tier; recreated empty",
                       inode.ino, ns.path_of(inode.ino))

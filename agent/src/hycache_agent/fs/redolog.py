@@ -44,6 +44,7 @@ import mmap
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,10 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 PREFAULT_BYTES = 256 << 10  # made writable ahead of the writer by prefault (~2,500 records)
 _PAGE = mmap.PAGESIZE
 try:  # a CDLL call releases the GIL while the kernel faults the pages in
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    _madvise.restype = ctypes.c_int
+    _madvise_fn = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise_fn.restype = ctypes.c_int
+    _madvise: Callable[[int, int, int], int] | None = _madvise_fn
 except (OSError, AttributeError):  # pragma: no cover - not glibc/musl
     _madvise = None
 
@@ -227,7 +229,7 @@ class RedoLog:
         appends do not fault.  Only a hint: the appends are correct either way.  False if
         it could not (no madvise, or MADV_POPULATE_WRITE unsupported: not tried again)."""
         addr = self._addr
-        if not addr:
+        if not addr or _madvise is None:  # (an address is taken only where madvise is)
             return False
         start = self.pos & ~(_PAGE - 1)
         ranges = [(start, min(self.size, start + PREFAULT_BYTES))]

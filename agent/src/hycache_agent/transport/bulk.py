@@ -113,7 +113,7 @@ def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
     pipe.  Stops early on end of stream or a socket error (in ``error``; the bytes
     before it are written)."""
     out = Received()
-    buf = None if pipe is not None else bytearray(min(count, 1 << 20))
+    buf = bytearray(0 if pipe is not None else min(count, 1 << 20))  # (used without a pipe)
     try:
         while out.n < count:
             want = count - out.n

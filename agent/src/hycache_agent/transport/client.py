@@ -379,11 +379,11 @@ class PeerClient:
         ``etag``, the transfer must be that version (else PeerChanged).  ``started(size,
         etag)`` is called once, when the first response's headers arrived."""
         own = not isinstance(dest, int)
-        if own:
+        if isinstance(dest, int):
+            fd = dest
+        else:
             fd = await trio.to_thread.run_sync(
                 os.open, dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        else:
-            fd = dest
         try:
             return await self._fetch(peer_addr, path, fd, progress, etag, started)
         finally:
@@ -432,6 +432,7 @@ class PeerClient:
             if f.pipe is not None:
                 for p in f.pipe:
                     os.close(p)
+        assert f.size is not None and f.etag is not None, "a response's head set them"
         if regular and end is None:
             await trio.to_thread.run_sync(_truncate_regular, fd, f.size)
         return f.etag
@@ -516,7 +517,8 @@ class PeerClient:
                 self.stats.bytes_sent += n
                 if n < want:
                     raise PeerError(f"{src} shrank while pushing it", addr=str(peer_addr), path=path)
-            conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # h11 counts the body it did not see
+            # h11 counts the body it did not see
+            conn.h.send_with_data_passthrough(h11.Data(data=_Sent(size)))  # type: ignore[arg-type]  # h11 passes any sized body through; its annotation says bytes
             conn.h.send(h11.EndOfMessage())
         except (*RAW_RETRYABLE, bulk.Broken) as e:
             if conn.reused and pos == 0:  # a keep-alive connection the server had closed

@@ -6,7 +6,7 @@ import contextlib
 import errno
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import asdict, dataclass
 from urllib.parse import quote_from_bytes
 
@@ -123,7 +123,7 @@ class Conn:
                 pass
 
     async def send(self, event) -> None:
-        for piece in self.h.send_with_data_passthrough(event):
+        for piece in self.h.send_with_data_passthrough(event) or ():  # (None: ConnectionClosed)
             await self.stream.send_all(piece)
 
     def response(self, status: int, headers: Iterable[tuple[str, str]], close: bool = False) -> h11.Response:
@@ -154,7 +154,7 @@ class Conn:
         await self.send_json(405, {"error": f"method {method} not allowed"},
                              head=method == "HEAD", close=method == "PUT", extra=[("allow", allow)])
 
-    async def body(self) -> AsyncIterator[bytes]:
+    async def body(self) -> AsyncGenerator[bytes, None]:
         """The pieces of the request body, until its end (stalls and hang-ups raise)."""
         while True:
             event = await self.next_event()

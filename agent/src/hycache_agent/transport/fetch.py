@@ -112,6 +112,7 @@ class Fetch:
         self.etag = new_etag
         if self.started is not None:
             cb, self.started = self.started, None
+            assert self.size is not None, "set by the head's length or range"
             cb(self.size if self.total_seen is None else self.total_seen, self.etag)
         return resumed
 
@@ -135,6 +136,8 @@ class Fetch:
     async def receive(self, conn: bulk.Conn, thread: Callable[..., Awaitable[Any]], read_timeout: float) -> None:
         """The response body into the file at ``self.got``: what came with the head, then the
         rest spliced in (a broken or short body raises bulk.Broken)."""
+        size = self.size
+        assert size is not None, "the response's head set the size"
         pieces, ended = bulk.buffered_body(conn)
         r = bulk.Received()
         try:  # errors of the local file are not the peer's: raised as they are
@@ -142,19 +145,19 @@ class Fetch:
                 self.got += await thread(_pwrite_all, self.fd, pieces, self.got) if self.regular \
                     else await thread(bulk.write_all, self.fd, pieces)
                 if self.progress is not None:
-                    self.progress(self.got, self.size)
-            while self.got < self.size and not ended and r.error is None:
+                    self.progress(self.got, size)
+            while self.got < size and not ended and r.error is None:
                 if self.regular and self.pipe is None:
                     self.pipe = await trio.to_thread.run_sync(bulk.make_pipe)
-                r = await thread(bulk.splice_in, conn.fd, self.fd, self.got, min(bulk.HOP, self.size - self.got),
+                r = await thread(bulk.splice_in, conn.fd, self.fd, self.got, min(bulk.HOP, size - self.got),
                                  read_timeout, self.pipe)
                 self.got += r.n
                 if self.progress is not None:
-                    self.progress(self.got, self.size)
+                    self.progress(self.got, size)
         except OSError as e:
             self.local_error = e
             raise
         if r.error is not None:
             raise bulk.Broken(str(r.error)) from r.error
-        if ended and self.got < self.size:
+        if ended and self.got < size:
             raise bulk.Broken("short response")

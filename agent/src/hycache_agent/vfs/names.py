@@ -189,13 +189,16 @@ class Names:
         if self.cluster is None:
             await self.engine.remove(parent_ino, name, rmdir=rmdir)
             return
+        assert self.own is not None, "the cluster link comes with its ownership"
         if not self.view.has_local(parent_ino, name):
             node = await self.cluster.lookup(parent_ino, name)
             if node is None:
                 raise FsError(errno.ENOENT)
             await self.own.remove_remote(node, rmdir=rmdir)
             return
-        parent = self.view.local(parent_ino).ino
+        parent_node = self.view.local(parent_ino)
+        assert parent_node is not None, "has_local: the parent is local"
+        parent = parent_node.ino
         inode = self.ns.lookup(parent, name)
         path = self.ns.child_path(parent, name) if inode.is_dir or inode.replicas else b""
         # other nodes may hold names in it (a directory is the union of the nodes')
@@ -219,9 +222,12 @@ class Names:
             raise FsError(errno.ENOENT)
         if flags & RENAME_EXCHANGE:
             raise FsError(errno.EINVAL)  # no exchange across nodes
+        assert self.own is not None, "the cluster link comes with its ownership"
         dst_local = None
         if self.view.has_local(new_parent, new_name):
-            dst_parent = self.view.local(new_parent).ino
+            dst_parent_node = self.view.local(new_parent)
+            assert dst_parent_node is not None, "has_local: the parent is local"
+            dst_parent = dst_parent_node.ino
             dst = self.ns.lookup(dst_parent, new_name)
             if flags & RENAME_NOREPLACE:
                 raise FsError(errno.EEXIST)
@@ -236,7 +242,9 @@ class Names:
 
     async def _rename_local(self, old_parent_ino: int, old_name: bytes, new_parent_ino: int, new_name: bytes,
                             flags: int) -> None:
-        old_parent = self.view.local(old_parent_ino).ino
+        old_parent_node = self.view.local(old_parent_ino)
+        assert old_parent_node is not None and self.own is not None, "has_local (in a cluster): the parent is local"
+        old_parent = old_parent_node.ino
         src = self.ns.lookup(old_parent, old_name)
         await self.backings.refresh(src)  # the size the kernel wrote, before the new name is published
         replaced = None

@@ -58,6 +58,7 @@ class Opens:
             opened = await self._local_open(fh, node, True)
         except BaseException:
             if self._leased.pop(fh, None) is not None:
+                assert self.own is not None, "a write lease is taken only with the cluster link's ownership"
                 await self.own.write_done(node.ino)
             raise
         return opened, node
@@ -73,6 +74,7 @@ class Opens:
             if local is None and not writing:
                 return await self._open_remote(remote, pid)
             if local is None:  # writes are always local: this node becomes the file's primary
+                assert self.own is not None, "a remote inode comes with the cluster link's ownership"
                 await self.own.take_over(remote, truncate=bool(flags & os.O_TRUNC), nonblocking=nonblocking)
             # The kernel knows this name as the remote inode, whose size it keeps to itself
             # (writeback cache): ESTALE makes it walk the path again with LOOKUP_REVAL, find
@@ -80,16 +82,16 @@ class Opens:
             raise FsError(errno.ESTALE)
         if local is None:
             raise FsError(errno.ENOENT)
-        leased = writing and self.own is not None and local.is_reg
-        if leased:
-            await self.own.lease_for_write(local, nonblocking)
+        own = self.own if writing and local.is_reg else None  # None: no write lease
+        if own is not None:
+            await own.lease_for_write(local, nonblocking)
         try:
             fh = await self.engine.open(local, flags, uid)
         except BaseException:
-            if leased:
-                await self.own.write_done(local.ino)
+            if own is not None:
+                await own.write_done(local.ino)
             raise
-        if leased:
+        if own is not None:
             self._leased[fh] = local.ino
         return await self._local_open(fh, local, writing)
 
@@ -210,6 +212,7 @@ class Opens:
             self.backings.release(node)
         ino = self._leased.pop(fh, None)
         if ino is not None:
+            assert self.own is not None, "a write lease is taken only with the cluster link's ownership"
             await self.own.write_done(ino)
 
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -44,16 +44,19 @@ class View:
         remote = self.remote(ino) if local is None else None
         if local is not None or remote is None:
             yield (local or self.ns.get(ino)), False  # ns.get: ENOENT
-        elif remote.is_dir:
-            yield self.ns.get(await self.own.local_dir(remote.path)), False
+            return
+        own = self.own
+        assert own is not None, "a remote inode comes with the cluster link's ownership"
+        if remote.is_dir:
+            yield self.ns.get(await own.local_dir(remote.path)), False
         elif remote.meta.kind != "file":
             raise FsError(errno.EROFS)  # symlinks and devices held elsewhere: read-only here
         else:
-            local = await self.own.take_over(remote, truncate=truncate)
+            local = await own.take_over(remote, truncate=truncate)
             try:
                 yield local, True
             finally:
-                await self.own.write_done(local.ino)
+                await own.write_done(local.ino)
 
     async def local_dir(self, ino: int) -> int:
         """A directory's local inode; a directory held only in the global namespace is
@@ -63,4 +66,5 @@ class View:
             return ino
         if not remote.is_dir:
             raise FsError(errno.ENOTDIR)
+        assert self.own is not None, "a remote inode comes with the cluster link's ownership"
         return await self.own.local_dir(remote.path)

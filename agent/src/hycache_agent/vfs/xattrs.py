@@ -40,7 +40,7 @@ class Xattrs:
             # size and times as the kernel wrote them
             return self.info(node) if self.backings.refresh_now(node) else None
         if name == XATTR_TIER:
-            if not node.is_reg:
+            if not node.is_reg or node.tier is None:
                 return errno.ENODATA
             return node.tier.encode()
         if name == XATTR_PINNED:
@@ -65,7 +65,7 @@ class Xattrs:
             node = self.view.local(ino) or self.ns.get(ino)
             await self.backings.refresh(node)
             value = self.info(node)
-        if type(value) is int:
+        if isinstance(value, int):
             raise FsError(value)
         return value
 
