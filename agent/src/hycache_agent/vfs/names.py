@@ -7,11 +7,8 @@ import errno
 import stat
 
 from hycache_agent.cluster.dht_link import LATER, META_TTL_SECONDS
-from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
-from hycache_agent.fs.passthrough import Backings
-from hycache_agent.remote.backing import RemoteBackings
-from hycache_agent.vfs.view import View
+from hycache_agent.vfs.view import Part
 
 # How long the kernel may keep a negative lookup: standalone, only this mount makes names
 # (and the kernel drops its negative dentry when it does); in a cluster another node may
@@ -22,17 +19,7 @@ REMOTE_NEGATIVE_TIMEOUT = META_TTL_SECONDS
 MISSING = object()  # a lookup's answer: no such name (kept by the kernel a while)
 
 
-class Names:
-    def __init__(self, engine: TieringEngine, view: View, backings: Backings,
-                 remote_backings: RemoteBackings) -> None:
-        self.engine = engine
-        self.ns = engine.ns
-        self.view = view
-        self.cluster = view.cluster
-        self.own = view.own
-        self.backings = backings
-        self.remote_backings = remote_backings
-
+class Names(Part):
     # -- how long the kernel may keep what it is told ---------------------------------
     def negative_timeout(self) -> float:
         """"No such name" is kept within the global namespace's own staleness; not while

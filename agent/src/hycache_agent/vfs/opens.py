@@ -16,7 +16,7 @@ from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.fs.passthrough import Backings
 from hycache_agent.remote.backing import RemoteBackings
-from hycache_agent.vfs.view import View
+from hycache_agent.vfs.view import Part, View
 
 
 @dataclass
@@ -31,16 +31,10 @@ class Opened:
     keep_cache: bool = False
 
 
-class Opens:
+class Opens(Part):
     def __init__(self, engine: TieringEngine, view: View, backings: Backings,
                  remote_backings: RemoteBackings) -> None:
-        self.engine = engine
-        self.ns = engine.ns
-        self.view = view
-        self.cluster = view.cluster
-        self.own = view.own
-        self.backings = backings
-        self.remote_backings = remote_backings
+        super().__init__(engine, view, backings, remote_backings)
         self._remote_handles: dict[int, tuple] = {}  # fh -> (RemoteNode, fd or HCCache handle, backing id)
         self._leased: dict[int, int] = {}  # fh -> ino of a write handle holding the write lease
         self._backed: dict[int, Inode] = {}  # fh -> inode of a handle answered with a backing id

@@ -8,6 +8,8 @@ import errno
 
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.namespace import FsError, Inode
+from hycache_agent.fs.passthrough import Backings
+from hycache_agent.remote.backing import RemoteBackings
 
 
 class View:
@@ -68,3 +70,19 @@ class View:
             raise FsError(errno.ENOTDIR)
         assert self.own is not None, "a remote inode comes with the cluster link's ownership"
         return await self.own.local_dir(remote.path)
+
+
+class Part:
+    """What every part of the vfs layer works with: the engine and its namespace, the view
+    of local and remote inodes (with the cluster link and its ownership, None when
+    standalone), and the passthrough registrations of local files and of remote copies."""
+
+    def __init__(self, engine: TieringEngine, view: View, backings: Backings,
+                 remote_backings: RemoteBackings) -> None:
+        self.engine = engine
+        self.ns = engine.ns
+        self.view = view
+        self.cluster = view.cluster
+        self.own = view.own
+        self.backings = backings
+        self.remote_backings = remote_backings
