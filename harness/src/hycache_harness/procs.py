@@ -90,16 +90,21 @@ def reap(pid: int) -> None:
         pass
 
 
+def _signal_and_wait(pid: int, sig: int, wait: float, poll: float) -> None:
+    """Send ``sig`` to ``pid`` and wait up to ``wait`` seconds for it to be gone."""
+    os.kill(pid, sig)
+    deadline = time.monotonic() + wait
+    while pid_alive(pid) and time.monotonic() < deadline:
+        reap(pid)
+        time.sleep(poll)
+
+
 def kill_pid(pid: int | None, wait: float = 5.0) -> None:
     """SIGKILL ``pid`` and wait until it is gone."""
     if not pid_alive(pid):
         return
     assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + wait
-    while pid_alive(pid) and time.monotonic() < deadline:
-        reap(pid)
-        time.sleep(0.05)
+    _signal_and_wait(pid, signal.SIGKILL, wait, 0.05)
 
 
 def stop_pid(pid: int | None, timeout: float, mountpoint: Path | None = None) -> None:
@@ -107,11 +112,7 @@ def stop_pid(pid: int | None, timeout: float, mountpoint: Path | None = None) ->
     if not pid_alive(pid):
         return
     assert pid is not None
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        reap(pid)
-        time.sleep(0.1)
+    _signal_and_wait(pid, signal.SIGTERM, timeout, 0.1)
     if pid_alive(pid):
         if mountpoint is not None:
             force_unmount(mountpoint)

@@ -64,9 +64,8 @@ class ClusterLink:
                               on_connected=lambda: self.publisher.wake())
         self.status = self.store_link.status
         self.registry = NodeRegistry(self.store_link, node_id=node_id, advertise=advertise, load=self.rebalancer.load)
-        self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait)
-        # the FUSE layer's: forget the kernel's entry (parent ino, name)
-        self.ownership.on_invalidate = on_invalidate
+        self.ownership = Ownership(self, lease_seconds=lease_seconds, lease_wait=lease_wait,
+                                   on_invalidate=on_invalidate)
         self.publisher = Publisher(engine, self.store_link, self.ownership, node_id=node_id)
         self.replica_store = ReplicaStore(str(engine.tiers[T.SLOW].path / "replicas"))
         self.replicator = Replicator(self, replicas, replica_mode)

@@ -84,7 +84,7 @@ class OwnershipStats:
 
 
 class Ownership:
-    def __init__(self, link, *, lease_seconds: float, lease_wait: float) -> None:
+    def __init__(self, link, *, lease_seconds: float, lease_wait: float, on_invalidate=None) -> None:
         self.link = link
         self.engine = link.engine
         self.ns = link.engine.ns
@@ -93,7 +93,7 @@ class Ownership:
         self.write = WriteLeases(link, self.ns, node_id=self.node_id, lease_seconds=lease_seconds,
                                  lease_wait=lease_wait, stats=self.stats, event=self._event, notify=self.notify,
                                  commit_soon=self.engine.commit_soon)
-        self.on_invalidate = None  # set by the FUSE layer: forget the kernel's entry (parent ino, name)
+        self.on_invalidate = on_invalidate  # the FUSE layer's: forget the kernel's entry (parent ino, name)
         self._seq = itertools.count()
         self._boxes: set[bytes] = set()  # inboxes known to exist in the store
 
