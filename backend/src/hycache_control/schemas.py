@@ -244,6 +244,11 @@ class SummaryPoint(BaseModel):
     write_bps: float
     remote_read_bps: float
     hit_ratio: float | None
+    #: bytes/s read from each tier, and moved between the tiers (the summary's ``tiering``
+    #: says what the byte counts include)
+    fast_read_bps: float = 0.0
+    slow_read_bps: float = 0.0
+    migration_bps: float = 0.0
 
 
 class SummaryHistory(BaseModel):

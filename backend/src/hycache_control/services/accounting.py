@@ -152,4 +152,6 @@ def summary_point(s: dict[str, Any]) -> dict[str, Any]:
             "fast_capacity": t["fast"]["capacity"], "fast_used": t["fast"]["used"], "fast_used_pct": pct("fast"),
             "slow_capacity": t["slow"]["capacity"], "slow_used": t["slow"]["used"], "slow_used_pct": pct("slow"),
             "read_bps": r["fast_read_bps"] + r["slow_read_bps"], "write_bps": r["fast_write_bps"] + r["slow_write_bps"],
-            "remote_read_bps": r["remote_read_bps"], "hit_ratio": s["hit_ratio"]}
+            "remote_read_bps": r["remote_read_bps"], "hit_ratio": s["hit_ratio"],
+            "fast_read_bps": r["fast_read_bps"], "slow_read_bps": r["slow_read_bps"],
+            "migration_bps": r["migration_bps"]}
