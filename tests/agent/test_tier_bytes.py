@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import status
+from .conftest import cli, status, wait_idle
 
 MiB = 1 << 20
 N = 16  # MiB written, then read twice
@@ -65,6 +65,20 @@ def test_passthrough_reads_and_writes_are_counted_per_tier(agents):
     assert fast["read_bytes"] - before["read_bytes"] == kread, c
     assert slow["kernel_read_bytes"] == 0 and slow["grown_bytes"] == 0, c
     assert c["counting"]["kernel_reads"]["active"] is True
+
+    # evicted to the slow tier, then read from there (the promotion waits for the close)
+    cli("demote", path, check=True)
+    wait_idle(m)
+    before = _counters_when(m, lambda c: True)
+    assert before["evicted_bytes"] - c["evicted_bytes"] == N * MiB, before
+    with open(path, "rb", buffering=0) as f:
+        while f.read(MiB):
+            pass
+    after = _counters_when(m, lambda c: c["slow"]["kernel_read_bytes"] - before["slow"]["kernel_read_bytes"] >= N * MiB
+                           and c["promoted_bytes"] - before["promoted_bytes"] >= N * MiB)
+    assert N * MiB <= after["slow"]["kernel_read_bytes"] - before["slow"]["kernel_read_bytes"] <= N * MiB + MiB, after
+    assert after["fast"]["kernel_read_bytes"] == before["fast"]["kernel_read_bytes"], after  # (the copy is the agent's)
+    assert after["promoted_bytes"] - before["promoted_bytes"] == N * MiB, after  # promoted after the close
 
 
 @pytest.mark.mount
