@@ -1,12 +1,13 @@
 // What the tiering bought, after real traffic through a passthrough mount (the default):
 // the kernel moves those bytes, and the page still shows them per tier and says how they
-// were counted. Runs in the dashboard's stack and alone (tests/web/test_tiering_web.py).
+// were counted. Needs a stack whose agents run with passthrough: tests/web/test_tiering_web.py.
 import { expect, test, type Locator } from '@playwright/test';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { signIn, stack } from './stack';
 
 const MiB = 1024 * 1024;
+test.skip(!process.env.HYCACHE_TIERING_E2E, 'run through tests/web/test_tiering_web.py (agents with passthrough)');
 const UNITS: Record<string, number> = { B: 1, KiB: 1024, MiB, GiB: 1024 * MiB, TiB: 1024 * 1024 * MiB };
 
 /** the value (bytes) of a `dt`/`dd` pair of a panel, as shown */

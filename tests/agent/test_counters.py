@@ -40,7 +40,8 @@ def test_counters_dict_has_the_heartbeat_shape_and_sums_migration_bytes():
     # the kernel's reads (traced) and files' growth (passthrough writes) are part of the
     # tier's read and write bytes, and also shown apart
     C.take_kernel_reads(io, {T.SLOW: 4096})
-    C.grew(io.tiers[T.FAST], 50)
+    C.grew(io, T.FAST, 50)
+    C.grew(io, T.FAST, -8)  # shrunk: nothing written counted
     d = C.counters_dict(io, counters, counting=C.counting(True, {"active": True}))
     assert d["slow"]["read_bytes"] == d["slow"]["kernel_read_bytes"] == 4096
     assert d["fast"]["write_bytes"] == d["fast"]["grown_bytes"] == 50

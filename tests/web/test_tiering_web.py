@@ -22,8 +22,8 @@ def test_tier_bytes_on_the_page(redis_cluster, dht_namespace, tmp_path_factory):
     artifacts = Path(os.environ.get("HYCACHE_WEB_ARTIFACTS", REPO / ".work" / "artifacts" / "web-tiering"))
     workdir = tmp_path_factory.mktemp("stack")
     with Stack(workdir, agents=1, fast_capacity="64M", redis_seeds=redis_cluster.nodes,
-               namespace=dht_namespace) as stack:
-        env = {**os.environ, "HYCACHE_STACK_STATE": str(stack.state_file), "HYCACHE_PYTHON": sys.executable,
+               namespace=dht_namespace, passthrough="auto") as stack:
+        env = {**os.environ, "HYCACHE_STACK_STATE": str(stack.state_file), "HYCACHE_PYTHON": sys.executable, "HYCACHE_TIERING_E2E": "1",
                "HYCACHE_E2E_ARTIFACTS": str(artifacts / "results"), "HYCACHE_SCREENSHOTS_DIR": str(artifacts),
                "CHROMIUM": CHROMIUM, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": "1"}
         proc = subprocess.run(["npx", "--no-install", "playwright", "test", "e2e/tiering.spec.ts"], cwd=FRONTEND,

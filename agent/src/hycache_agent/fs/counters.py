@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from hycache_agent.fs import tiers as T
+from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fs.namespace import Inode
 
 STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
@@ -99,10 +100,19 @@ def take_kernel_reads(io: IOStats, by_tier: dict[str, int]) -> None:
         t.kernel_read_bytes += n
 
 
-def grew(t: TierIO, n: int) -> None:
-    """A file on this tier grew by ``n`` bytes the kernel wrote (passthrough)."""
-    t.write_bytes += n
-    t.grown_bytes += n
+def grew(io: IOStats, tier: str | None, n: int) -> None:
+    """A file on ``tier`` grew by ``n`` bytes the kernel wrote (passthrough; n <= 0: it
+    did not grow, nothing counted)."""
+    if n > 0 and tier is not None:
+        t = io.tiers[tier]
+        t.write_bytes += n
+        t.grown_bytes += n
+
+
+def engine_counters(io: IOStats, counters: Counters, kreads: KernelReads, passthrough: bool) -> dict[str, Any]:
+    """The engine's :func:`counters_dict`, with the kernel's reads since the last call taken."""
+    take_kernel_reads(io, kreads.drain())
+    return counters_dict(io, counters, counting=counting(passthrough, kreads.status()))
 
 
 def counting(passthrough: bool, kernel_reads: dict[str, Any]) -> dict[str, Any]:

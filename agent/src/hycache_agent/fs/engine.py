@@ -356,8 +356,7 @@ class TieringEngine:
             return
         if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
             self.space.used += size - inode.size
-        if size > inode.size and inode.tier is not None:
-            C.grew(self.io.tiers[inode.tier], size - inode.size)
+        C.grew(self.io, inode.tier, size - inode.size)
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
         inode.data_gen += 1
@@ -552,9 +551,7 @@ class TieringEngine:
     # (fs/counters.py: the counting and the report shapes)
     def counters_dict(self) -> dict[str, Any]:
         """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-        C.take_kernel_reads(self.io, self.kreads.drain())
-        return C.counters_dict(self.io, self.counters,
-                               counting=C.counting(bool(self.passthrough["enabled"]), self.kreads.status()))
+        return C.engine_counters(self.io, self.counters, self.kreads, bool(self.passthrough["enabled"]))
 
     def file_info(self, inode: Inode, node_id: str | None = None) -> dict[str, Any]:
         """``user.hycache.info`` (``node_id``: this node's, in a cluster)."""
