@@ -23,6 +23,7 @@ import trio
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fuse.operations import HyCacheOperations, invalidate_entry
@@ -373,7 +374,7 @@ def _count_kernel_reads(config: AgentConfig, engine: TieringEngine) -> None:
         engine.kreads.reason = "off (--passthrough off or --no-kernel-read-counts)"
         return
     devices = {t: os.stat(tier.data_dir).st_dev for t, tier in engine.tiers.items()}
-    if not engine.kreads.start(devices):
+    if not engine.kreads.start(devices, engine.tiers[T.FAST].data_dir):
         log.info("%s: passthrough reads are not counted per tier", engine.kreads.reason)
 
 

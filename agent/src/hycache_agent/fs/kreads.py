@@ -10,7 +10,8 @@ its own ring buffer: several agents on one host do not steal each other's events
 filtered in the kernel to the tiers' devices, and:
 
 - counts a read by a process other than the agent itself (the agent's own reads are the
-  reads it serves, counted where it serves them, and migrations' copies);
+  reads it serves, counted where it serves them, and migrations' copies); the agent
+  learns its own process id as the trace shows it by reading a probe file at start;
 - attributes it to the tier of the blob with that (device, inode): learnt when a blob is
   registered or fstat()ed as a backing file; bytes of an inode not learnt yet wait (at
   most ``PENDING_SECONDS``) and are then counted as ``unattributed``.
@@ -27,6 +28,7 @@ Needs a writable tracefs (root on the host, or a container that mounts it); with
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -79,6 +81,7 @@ class KernelReads:
         self._pending: dict[tuple[int, int], tuple[float, int]] = {}  # not learnt: (since, bytes)
         self.unattributed = 0
         self.lost_events = 0
+        self.me = os.getpid()  # the agent's process id as the trace shows it (start)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -87,9 +90,11 @@ class KernelReads:
         return self._thread is not None
 
     # -- lifecycle (blocking: at mount and unmount) ---------------------------------------
-    def start(self, tier_devices: dict[str, int]) -> bool:
+    def start(self, tier_devices: dict[str, int], probe_dir: str | os.PathLike[str]) -> bool:
         """Trace reads of the tiers' devices (``{tier: st_dev}``); False (and ``reason``)
-        when the kernel does not let us."""
+        when the kernel does not let us.  ``probe_dir``: a directory on a tier, where a
+        read of a probe file tells the agent its own process id as the kernel sees it
+        (in a container's PID namespace ``os.getpid()`` is another number)."""
         devs = set(tier_devices.values())
         if len(devs) == len(tier_devices):
             self.by_device = {d: t for t, d in tier_devices.items()}
@@ -103,6 +108,11 @@ class KernelReads:
             (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
             (ev / "enable").write_text("1")
             fd = os.open(inst / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                self.me = self._whoami(fd, probe_dir)
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError as exc:
             self.reason = f"kernel read counts unavailable: tracefs {self.tracefs}: {exc.strerror or exc}"
             if inst.exists():
@@ -113,6 +123,33 @@ class KernelReads:
         self._thread = threading.Thread(target=self._run, args=(fd,), name="kernel-reads", daemon=True)
         self._thread.start()
         return True
+
+    @staticmethod
+    def _whoami(fd: int, probe_dir: str | os.PathLike[str]) -> int:
+        """(blocking, before the reader starts) The agent's process id in the trace: the
+        tgid of its own read of a probe file (OSError when none shows within 5 s)."""
+        path = os.path.join(probe_dir, f".kreads-probe-{os.getpid()}")
+        pfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(pfd, b"\0" * 4096)
+            ino = os.fstat(pfd).st_ino
+            deadline = time.monotonic() + 5
+            buf = b""
+            while time.monotonic() < deadline:
+                os.pread(pfd, 4096, 0)
+                if select.select([fd], [], [], 0.2)[0]:
+                    try:
+                        buf += os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    for m in LINE.finditer(buf):
+                        if int(m.group(5), 16) == ino:
+                            return int(m.group(2))
+                    buf = buf[buf.rfind(b"\n") + 1:]
+        finally:
+            os.close(pfd)
+            os.unlink(path)
+        raise OSError(errno.ETIMEDOUT, "the probe read never showed in the trace")
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -144,7 +181,7 @@ class KernelReads:
     # -- the reader thread -----------------------------------------------------------------
     def _run(self, fd: int) -> None:
         last: dict[int, tuple[int, int, int, int]] = {}  # tid -> (dev, ino, start, end) of its last event
-        me = os.getpid()
+        me = self.me
         buf = b""
         try:
             while not self._stop.is_set():
