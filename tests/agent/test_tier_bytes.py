@@ -90,7 +90,7 @@ def test_without_kernel_read_counts_the_page_says_so(agents):
     counting = st["counters"]["counting"]
     assert counting == {"passthrough": True, "reads": "none", "writes": "growth",
                         "kernel_reads": {"active": False, "reason": counting["kernel_reads"]["reason"],
-                                         "unattributed_bytes": 0, "lost_events": 0}}
+                                         "other_bytes": 0, "lost_events": 0}}
     (m.mountpoint / "f").write_bytes(b"x" * 8192)
     assert (m.mountpoint / "f").read_bytes() == b"x" * 8192
     c = _counters_when(m, lambda c: c["fast"]["grown_bytes"] >= 8192)

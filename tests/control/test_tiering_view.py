@@ -18,7 +18,7 @@ def _counters(fast_read: int, kernel_read: int, grown: int, *, passthrough: bool
             "misses": misses, "migrations": 2, "migration_bytes": 3 * MiB,
             "promoted_bytes": MiB, "evicted_bytes": 2 * MiB,
             "counting": {"passthrough": passthrough, "reads": reads, "writes": "growth" if passthrough else "agent",
-                         "kernel_reads": {"active": traced, "reason": "x", "unattributed_bytes": 0, "lost_events": 0}}}
+                         "kernel_reads": {"active": traced, "reason": "x", "other_bytes": 0, "lost_events": 3}}}
 
 
 def test_tiering_per_node_and_summed_over_the_cluster(api: Api):
@@ -32,7 +32,8 @@ def test_tiering_per_node_and_summed_over_the_cluster(api: Api):
                   "fast_write_bytes": 200 * MiB + 100, "slow_write_bytes": 0,
                   "fast_kernel_read_bytes": 600 * MiB, "slow_kernel_read_bytes": 0,
                   "fast_grown_bytes": 200 * MiB, "slow_grown_bytes": 0,
-                  "promoted_bytes": MiB, "evicted_bytes": 2 * MiB, "counting": {"traced": 1}}
+                  "promoted_bytes": MiB, "evicted_bytes": 2 * MiB, "kernel_read_events_lost": 3,
+                  "counting": {"traced": 1}}
     assert api.get("/api/v1/nodes/agent").json()["tiering"]["counting"] == {"agent": 1}
     old = api.get("/api/v1/nodes/old").json()["tiering"]
     assert old["counting"] == {"unknown": 1} and old["hit_ratio"] is None and old["fast_read_bytes"] == 1
@@ -45,6 +46,7 @@ def test_tiering_per_node_and_summed_over_the_cluster(api: Api):
     assert s["promoted_bytes"] == 2 * MiB and s["evicted_bytes"] == 4 * MiB
     assert s["hits"] == 4 and s["misses"] == 4 and s["hit_ratio"] == 0.5
     assert s["counting"] == {"agent": 1, "traced": 1, "unknown": 1}
+    assert s["kernel_read_events_lost"] == 6
 
     # a node's newer counters replace its old ones in the sums (never added twice)
     api.beat("pt", seq=2, counters=_counters(700 * MiB, 700 * MiB, 200 * MiB, passthrough=True, traced=False,

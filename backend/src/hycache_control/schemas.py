@@ -163,6 +163,9 @@ class TieringView(BaseModel):
     #: bytes moved to the fast tier by promotions / to the slow tier by evictions
     promoted_bytes: int = 0
     evicted_bytes: int = 0
+    #: kernel reads the agents' tracers missed (their ring buffers overflowed): the traced
+    #: read bytes are short by that many reads
+    kernel_read_events_lost: int = 0
     counting: dict[str, int] = {}
 
 

@@ -1391,6 +1391,11 @@ export interface components {
              */
             hits: number;
             /**
+             * Kernel Read Events Lost
+             * @default 0
+             */
+            kernel_read_events_lost: number;
+            /**
              * Misses
              * @default 0
              */

@@ -38,6 +38,13 @@ export function TieringPanel({ tiering, label }: { tiering: Tiering; label: stri
       <p className="muted small" data-testid="tiering-caption">
         Totals since each agent started. Hit ratio: opens for reading whose bytes were on the fast tier, of all opens
         for reading. Promoted and evicted: bytes of the files moved between the tiers.
+        {t.kernel_read_events_lost > 0 && (
+          <strong>
+            {' '}
+            {t.kernel_read_events_lost} kernel reads were missed (the trace&apos;s buffer overflowed): the read bytes are
+            short by those reads.
+          </strong>
+        )}
         {modes.map(([mode, n]) => (
           <span key={mode}>
             {' '}

@@ -120,7 +120,7 @@ def counting(passthrough: bool, kernel_reads: dict[str, Any]) -> dict[str, Any]:
     bytes of opens on the local tiers), ``reads``/``writes`` (how those are counted:
     "agent" — every byte, the agent served it; "traced" — the kernel's reads, from its
     trace point; "growth" — how much files grew, seen at attribute requests and the last
-    close; "none") and the kernel tracer's state."""
+    close; "none") and the kernel tracer's state (``lost_events``: reads it missed)."""
     if not passthrough:
         return {"passthrough": False, "reads": "agent", "writes": "agent", "kernel_reads": kernel_reads}
     return {"passthrough": True, "reads": "traced" if kernel_reads.get("active") else "none",

@@ -14,13 +14,15 @@ filtered in the kernel to the tiers' devices, and:
   learns its own process id as the trace shows it by reading a probe file at start;
 - attributes it to the tier of the blob with that (device, inode): learnt when a blob is
   registered or fstat()ed as a backing file; bytes of an inode not learnt yet wait (at
-  most ``PENDING_SECONDS``) and are then counted as ``unattributed``.
+  most ``PENDING_SECONDS``) and are then left out, summed in ``other_bytes`` (other
+  programs' files and other agents' blobs on a shared device, this agent's remote copies).
 
 What it counts: bytes asked of the page cache of a blob, in whole pages (a read that runs
 past the end of the file counts what it asked for) — page-cache hits and device reads
 alike.  Blind spots: O_DIRECT reads
 (no page cache), reads through mmap (page faults, not reads), reads lost when the ring
-buffer overflows (``lost_events``), and reads by any process of a blob file opened
+buffer overflows (``lost_events``: the reader, one Python thread, keeps up with about
+100,000 reads a second on the tiers' devices — every process's, on a shared device), and reads by any process of a blob file opened
 directly on the tier rather than through the mount (indistinguishable: same inode).
 Needs a writable tracefs (root on the host, or a container that mounts it); without one
 ``reason`` says why and nothing is counted.
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 TRACEFS = Path("/sys/kernel/tracing")
 EVENT = "filemap/mm_filemap_get_pages"
 PREFIX = "hycache-"
-BUFFER_KB = 512  # per CPU
+BUFFER_KB = 2048  # per CPU
 PENDING_SECONDS = 30.0
 MAX_PENDING = 65_536
 MAX_KNOWN = 1 << 20
@@ -79,7 +81,7 @@ class KernelReads:
         self.by_device: dict[int, str] = {}  # st_dev -> tier, when the tiers' devices differ
         self._raw: dict[tuple[int, int], int] = {}  # (st_dev, ino) -> bytes not drained yet
         self._pending: dict[tuple[int, int], tuple[float, int]] = {}  # not learnt: (since, bytes)
-        self.unattributed = 0
+        self.other_bytes = 0
         self.lost_events = 0
         self.me = os.getpid()  # the agent's process id as the trace shows it (start)
         self._stop = threading.Event()
@@ -183,11 +185,14 @@ class KernelReads:
         last: dict[int, tuple[int, int, int, int]] = {}  # tid -> (dev, ino, start, end) of its last event
         me = self.me
         buf = b""
+        checked = time.monotonic()
         try:
             while not self._stop.is_set():
                 r, _, _ = select.select([fd], [], [], 0.5)
-                if not r:
+                if time.monotonic() - checked > 1.0:
                     self._read_lost()
+                    checked = time.monotonic()
+                if not r:
                     continue
                 try:
                     chunk = os.read(fd, 1 << 16)
@@ -255,7 +260,7 @@ class KernelReads:
             if tier is not None:
                 out[tier] = out.get(tier, 0) + n
             elif now - since > PENDING_SECONDS or len(self._pending) >= MAX_PENDING:
-                self.unattributed += n
+                self.other_bytes += n
             else:
                 self._pending[key] = (since, n)
         for key in [k for k in self._pending if k in self.known]:
@@ -265,5 +270,5 @@ class KernelReads:
         return out
 
     def status(self) -> dict[str, object]:
-        return {"active": self.active, "reason": self.reason, "unattributed_bytes": self.unattributed,
+        return {"active": self.active, "reason": self.reason, "other_bytes": self.other_bytes,
                 "lost_events": self.lost_events}

@@ -29,6 +29,7 @@ TIERING_FIELDS = (
     ("fast_kernel_read_bytes", ("fast", "kernel_read_bytes")), ("slow_kernel_read_bytes", ("slow", "kernel_read_bytes")),
     ("fast_grown_bytes", ("fast", "grown_bytes")), ("slow_grown_bytes", ("slow", "grown_bytes")),
     ("promoted_bytes", ("promoted_bytes",)), ("evicted_bytes", ("evicted_bytes",)),
+    ("kernel_read_events_lost", ("counting", "kernel_reads", "lost_events")),
 )
 
 
