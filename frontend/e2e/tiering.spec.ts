@@ -44,5 +44,9 @@ test('bytes read and written through a passthrough mount show per tier, and what
   await page.goto(`/nodes/${encodeURIComponent(node)}`);
   const mine = page.getByRole('region', { name: `What the tiering bought, node ${node}` });
   await expectTraffic(mine, 12 * MiB, 4 * MiB);
+  // the per-tier throughput of the node says what its rates include
+  await page.goto(`/throughput?node=${encodeURIComponent(node)}`);
+  await expect(page.getByTestId('throughput-caption')).toContainText('Passthrough on');
+  await page.goto(`/nodes/${encodeURIComponent(node)}`);
   await page.screenshot({ path: join(process.env.HYCACHE_SCREENSHOTS_DIR ?? 'test-results', 'tiering-node.png'), fullPage: true });
 });
