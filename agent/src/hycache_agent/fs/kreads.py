@@ -5,8 +5,9 @@ release, never the read.  The kernel's ``filemap:mm_filemap_get_pages`` trace po
 for every buffered read of a file, with the device, the inode and the page range asked
 for; one ``read(2)`` of many pages fires it once per batch of pages, each time with the
 rest of the range, so a continuation (same thread, file and end, a later start) adds
-nothing.  The agent follows it in a private tracefs instance (``instances/hycache-PID``,
-its own ring buffer: several agents on one host do not steal each other's events),
+nothing.  The agent follows it in a private tracefs instance (``instances/hycache-PID-RANDOM``:
+its own ring buffer, so several agents on one host, in containers or not, do not steal
+each other's events),
 filtered in the kernel to the tiers' devices, and:
 
 - counts a read by a process other than the agent itself (the agent's own reads are the
@@ -34,6 +35,7 @@ import errno
 import logging
 import os
 import re
+import secrets
 import select
 import threading
 import time
@@ -56,16 +58,6 @@ LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\].*? mm_filemap_get_pages: de
 def kernel_dev(st_dev: int) -> int:
     """The kernel's dev_t (major << 20 | minor), as trace filters compare it."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class KernelReads:
@@ -100,22 +92,22 @@ class KernelReads:
         devs = set(tier_devices.values())
         if len(devs) == len(tier_devices):
             self.by_device = {d: t for t, d in tier_devices.items()}
-        inst = self.tracefs / "instances" / f"{PREFIX}{os.getpid()}"
+        inst = self.tracefs / "instances" / f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        fd = -1
         try:
             self._reap_stale()
-            inst.mkdir(exist_ok=True)
+            inst.mkdir()
+            # open first: an open trace keeps other agents' _reap_stale from removing it
+            fd = os.open(inst / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
             (inst / "buffer_size_kb").write_text(str(BUFFER_KB))
             (inst / "options" / "record-tgid").write_text("1")
             ev = inst / "events" / EVENT
             (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
             (ev / "enable").write_text("1")
-            fd = os.open(inst / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                self.me = self._whoami(fd, probe_dir)
-            except BaseException:
-                os.close(fd)
-                raise
+            self.me = self._whoami(fd, probe_dir)
         except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
             self.reason = f"kernel read counts unavailable: tracefs {self.tracefs}: {exc.strerror or exc}"
             if inst.exists():
                 self._remove(inst)
@@ -163,11 +155,14 @@ class KernelReads:
             self.instance = None
 
     def _reap_stale(self) -> None:
-        """Instances of agents that died without removing theirs."""
+        """Instances of agents that died without removing theirs: the kernel refuses to
+        remove one whose trace is open (EBUSY: a live agent's, maybe in another PID
+        namespace), so every other one is tried as it is."""
         for p in (self.tracefs / "instances").glob(f"{PREFIX}*"):
-            pid = p.name[len(PREFIX):]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-                self._remove(p)
+            try:
+                p.rmdir()
+            except OSError:
+                pass
 
     @staticmethod
     def _remove(inst: Path) -> None:
