@@ -21,5 +21,13 @@ if [ "${1:-}" = mount ] && [ $# -ge 3 ]; then
         fusermount3 -uz "$mnt" || umount -l "$mnt"
     done
     mkdir -p "$mnt"
+    # The kernel's trace points let the agent count the bytes the kernel reads for its
+    # passthrough opens (docs/agent.md, "Bytes the kernel moves"); a container has no
+    # tracefs unless it mounts one (CAP_SYS_ADMIN, which FUSE needs anyway). Without it
+    # the agent runs as well and reports those reads as not counted.
+    if [ -d /sys/kernel/tracing ] && [ ! -e /sys/kernel/tracing/instances ]; then
+        mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null \
+            || echo "hycache-agent-entrypoint: no tracefs: passthrough reads are not counted" >&2
+    fi
 fi
 exec hycache-agent "$@"

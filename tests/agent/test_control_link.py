@@ -46,7 +46,8 @@ def test_counters_count_reads_writes_hits_and_misses_per_tier(tmp_path):
     async def body(h):
         e = h.engine
         c0 = e.counters_dict()
-        assert c0["fast"] == {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "hits": 0}
+        assert c0["fast"] == {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "hits": 0,
+                              "kernel_read_bytes": 0, "grown_bytes": 0}
         ino = await h.write_file(b"f", b"x" * (300 * K))  # 3 writes of 128 KiB at most
         c = e.counters_dict()
         assert c["fast"]["write_bytes"] == 300 * K and c["fast"]["writes"] == 3
@@ -353,8 +354,8 @@ def test_agent_refuses_an_open_token_file_and_reports_the_link(hycache_mount, sh
 # --------------------------------------------------------------------------- mounts
 @pytest.mark.mount
 def test_counters_on_a_mount(hycache_mount):
-    # byte counters need the reads and writes to reach the agent: with kernel passthrough
-    # they go from the kernel to the blob and only opens (hits, misses) are counted
+    # the agent counts every byte it serves (with kernel passthrough the kernel moves them:
+    # tests/agent/test_tier_bytes.py)
     m = hycache_mount("1G", no_kernel_cache=True, no_promote_on_open=True, passthrough="off")
     f = m.mountpoint / "data.bin"
     payload = os.urandom(256 * K)
@@ -371,13 +372,16 @@ def test_counters_on_a_mount(hycache_mount):
     assert c["slow"]["read_bytes"] == 256 * K and c["slow"]["hits"] == 1 and c["misses"] == 1
     assert c["fast"]["read_bytes"] == 256 * K and c["fast"]["hits"] == 1
     assert c["migrations"] == 1 and c["migration_bytes"] == 256 * K
+    assert c["evicted_bytes"] == 256 * K and c["promoted_bytes"] == 0
     ops = c["metadata_ops"]
     os.mkdir(m.mountpoint / "d")
     os.listdir(m.mountpoint / "d")
     assert status(m)["counters"]["metadata_ops"] >= ops + 2
     out = json.loads(cli("status", m.root, "--json", check=True).stdout)
     assert set(out["counters"]) == {"fast", "slow", "remote", "misses", "metadata_ops", "migrations",
-                                    "migration_bytes"}
+                                    "migration_bytes", "promoted_bytes", "evicted_bytes", "counting"}
+    # passthrough off: the agent served every byte it counts
+    assert out["counters"]["counting"]["passthrough"] is False and out["counters"]["counting"]["reads"] == "agent"
 
 
 
@@ -405,7 +409,9 @@ def test_metrics_standalone_parse_and_follow_the_counters(hycache_mount):
     assert got["hycache_files"][(("tier", "fast"),)] == 1
     assert got["hycache_metadata_ops_total"][()] >= 1
     for name in ("hycache_migrations_total", "hycache_migration_bytes_total", "hycache_remote_fetches_total",
-                 "hycache_dht_backlog", "hycache_used_bytes", "hycache_device_capacity_bytes"):
+                 "hycache_dht_backlog", "hycache_used_bytes", "hycache_device_capacity_bytes",
+                 "hycache_kernel_read_bytes_total", "hycache_grown_bytes_total", "hycache_promoted_bytes_total",
+                 "hycache_evicted_bytes_total"):
         assert name in got, name
     assert httpx.get(f"http://127.0.0.1:{port}/other", timeout=10).status_code == 404
 

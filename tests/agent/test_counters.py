@@ -29,11 +29,25 @@ def test_counters_dict_has_the_heartbeat_shape_and_sums_migration_bytes():
     counters.bytes_promoted, counters.bytes_demoted = 10, 20
     d = C.counters_dict(io, counters)
     assert d == {
-        "fast": {"read_bytes": 100, "write_bytes": 0, "reads": 2, "writes": 0, "hits": 0},
-        "slow": {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "hits": 1},
+        "fast": {"read_bytes": 100, "write_bytes": 0, "reads": 2, "writes": 0, "hits": 0,
+                 "kernel_read_bytes": 0, "grown_bytes": 0},
+        "slow": {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "hits": 1,
+                 "kernel_read_bytes": 0, "grown_bytes": 0},
         "remote": {"read_bytes": 7, "fetches": 0, "fetch_bytes": 0, "opens": 3},
         "misses": 1, "metadata_ops": 5, "migrations": 2, "migration_bytes": 30,
+        "promoted_bytes": 10, "evicted_bytes": 20, "counting": None,
     }
+    # the kernel's reads (traced) and files' growth (passthrough writes) are part of the
+    # tier's read and write bytes, and also shown apart
+    C.take_kernel_reads(io, {T.SLOW: 4096})
+    C.grew(io, T.FAST, 50)
+    C.grew(io, T.FAST, -8)  # shrunk: nothing written counted
+    d = C.counters_dict(io, counters, counting=C.counting(True, {"active": True}))
+    assert d["slow"]["read_bytes"] == d["slow"]["kernel_read_bytes"] == 4096
+    assert d["fast"]["write_bytes"] == d["fast"]["grown_bytes"] == 50
+    assert d["counting"] == {"passthrough": True, "reads": "traced", "writes": "growth",
+                             "kernel_reads": {"active": True}}
+    assert C.counting(False, {"active": True})["reads"] == "agent"
     # in a cluster the fetches are the link's counters
     assert C.counters_dict(io, counters, (4, 4096))["remote"] == {
         "read_bytes": 7, "fetches": 4, "fetch_bytes": 4096, "opens": 3}

@@ -384,17 +384,18 @@ def test_the_stream_sends_what_changed(plane):
 def test_kept_rate_totals_never_read_below_zero():
     """Adding and taking away float rates leaves a residue; a sum of rates that are all >= 0
     must never read negative (seen: -3.6e-12 B/s on the demo's summary)."""
-    from hycache_control.services.accounting import SUMMED_RATES, Totals
+    from hycache_control.services.accounting import SUMMED_RATES, TIERING_FIELDS, Totals
 
     t = Totals()
     zero = tuple(0.0 for _ in SUMMED_RATES)
-    a = ("up", (0,) * 6, tuple(0.7 for _ in SUMMED_RATES))
-    b = ("up", (0,) * 6, tuple(0.1 for _ in SUMMED_RATES))
+    rest = ((0,) * len(TIERING_FIELDS), "agent")  # the cumulative counters, how counted
+    a = ("up", (0,) * 6, tuple(0.7 for _ in SUMMED_RATES), *rest)
+    b = ("up", (0,) * 6, tuple(0.1 for _ in SUMMED_RATES), *rest)
     t.add(a)
     t.add(b)
     t.add(a, -1)  # a's rates went back to 0: taken away, then added as 0
-    t.add(("up", (0,) * 6, zero))
+    t.add(("up", (0,) * 6, zero, *rest))
     t.add(b, -1)
-    t.add(("up", (0,) * 6, zero))  # 0.7 + 0.1 - 0.7 - 0.1 = -2.8e-17 in floats
+    t.add(("up", (0,) * 6, zero, *rest))  # 0.7 + 0.1 - 0.7 - 0.1 = -2.8e-17 in floats
     assert any(v < 0 for v in t.rates), "the residue this test is about did not occur"
     assert all(v >= 0.0 for v in t.summary(1.0)["rates"].values())

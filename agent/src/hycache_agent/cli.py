@@ -124,6 +124,9 @@ def _kernel_options(m) -> None:
                    help="kernel FUSE passthrough for files on the local tiers: reads, writes and mmap "
                         "skip the agent (auto, default: when the kernel, the pyfuse3 build and root "
                         "privileges allow; on: fail to start otherwise; off: never)")
+    m.add_argument("--no-kernel-read-counts", dest="kernel_read_counts", action="store_false", default=None,
+                   help="do not trace the kernel's reads of the tiers' files (the per-tier read bytes "
+                        "then leave out what passthrough opens read)")
     m.add_argument("--loop-spin-us", type=float,
                    help="after answering a request and finding the queue empty, poll for the next one "
                         "this many microseconds before sleeping (default 50; 0: sleep at once). A caller "
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
-                "writeback_cache", "passthrough", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

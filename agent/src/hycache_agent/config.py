@@ -39,6 +39,9 @@ class AgentConfig(BaseModel):
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow
     passthrough: Literal["auto", "on", "off"] = "auto"
+    # count the bytes the kernel reads from the tiers' blobs for passthrough opens, from
+    # the filemap trace point (fs/kreads.py): needs a writable tracefs; off: never try
+    kernel_read_counts: bool = True
     # after answering a request and finding no other, the request loop polls /dev/fuse this
     # long before it sleeps (docs/agent.md, "The metadata path"); 0: sleep at once
     loop_spin_us: float = Field(default=50.0, ge=0, le=10_000,

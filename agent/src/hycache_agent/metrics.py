@@ -60,6 +60,12 @@ def _io_families(c: dict[str, Any]):
     yield _per_tier(CounterMetricFamily, "hycache_read_bytes", "Bytes read by the tier that served them",
                     "read_bytes", c)
     yield _per_tier(CounterMetricFamily, "hycache_write_bytes", "Bytes written to each tier", "write_bytes", c)
+    yield _per_tier(CounterMetricFamily, "hycache_kernel_read_bytes",
+                    "Bytes the kernel read from each tier's files for passthrough opens (traced; part of "
+                    "hycache_read_bytes)", "kernel_read_bytes", c)
+    yield _per_tier(CounterMetricFamily, "hycache_grown_bytes",
+                    "Bytes files on each tier grew by through passthrough writes, seen at fstat (part of "
+                    "hycache_write_bytes)", "grown_bytes", c)
     yield _per_tier(CounterMetricFamily, "hycache_reads", "Read requests served by each tier", "reads", c)
     yield _per_tier(CounterMetricFamily, "hycache_writes", "Write requests to each tier", "writes", c)
     yield _per_tier(CounterMetricFamily, "hycache_tier_opens",
@@ -79,6 +85,10 @@ def _io_families(c: dict[str, Any]):
     yield CounterMetricFamily("hycache_migrations", "Migrations between tiers completed", value=c["migrations"])
     yield CounterMetricFamily("hycache_migration_bytes", "Bytes moved by completed migrations",
                               value=c["migration_bytes"])
+    yield CounterMetricFamily("hycache_promoted_bytes", "Bytes moved to the fast tier by promotions",
+                              value=c["promoted_bytes"])
+    yield CounterMetricFamily("hycache_evicted_bytes", "Bytes moved to the slow tier by evictions",
+                              value=c["evicted_bytes"])
 
 
 def _migration_families(mig: dict[str, Any]):

@@ -23,7 +23,9 @@ import trio
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.engine import TieringEngine
+from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fuse.operations import HyCacheOperations, invalidate_entry
 from hycache_agent.remote.backing import RemoteBackings
 from hycache_agent.vfs.layer import Vfs
@@ -366,14 +368,25 @@ def _check_start(config: AgentConfig) -> str | None:
     return token
 
 
+def _count_kernel_reads(config: AgentConfig, engine: TieringEngine) -> None:
+    """Trace the kernel's reads of the tiers' blobs (passthrough opens; fs/kreads.py)."""
+    if config.passthrough == "off" or not config.kernel_read_counts:
+        engine.kreads.reason = "off (--passthrough off or --no-kernel-read-counts)"
+        return
+    devices = {t: os.stat(tier.data_dir).st_dev for t, tier in engine.tiers.items()}
+    if not engine.kreads.start(devices, engine.tiers[T.FAST].data_dir):
+        log.info("%s: passthrough reads are not counted per tier", engine.kreads.reason)
+
+
 def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
     token = _check_start(config)
     _reserve_fd_table()
-    engine = TieringEngine(config)
+    engine = TieringEngine(config, kreads=KernelReads())
     report = engine.start()
     agent = build_agent(config, engine, token)
+    _count_kernel_reads(config, engine)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
     pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
     if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
@@ -392,6 +405,7 @@ def run_mount(config: AgentConfig) -> int:
         unmounted_by_kernel = not is_mounted(mountpoint)
         pyfuse3.close(unmount=not unmounted_by_kernel)
         engine.close()
+        engine.kreads.stop()
         if agent.cluster is not None:
             agent.cluster.close()
     log.info("unmounted %s", mountpoint)

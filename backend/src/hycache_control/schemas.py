@@ -127,6 +127,48 @@ class Rates(BaseModel):
     slow_used: float = 0.0
 
 
+class TieringView(BaseModel):
+    """What the tiering bought, summed from the agents' cumulative counters (each since
+    its agent started).  What a byte count includes depends on how it was counted
+    (``counting``: nodes per mode):
+
+    - ``agent`` (passthrough off): every byte read or written through the mount, counted
+      by the agent that served it;
+    - ``traced`` (passthrough on, the default): reads — the bytes the kernel read from
+      each tier's files for the mount's readers (page-cache hits and device reads alike,
+      in whole pages; not O_DIRECT or mmap), from its ``filemap`` trace point; writes —
+      how much the files grew, seen when the agent next looks (attributes, last close):
+      overwrites in place are not counted;
+    - ``untraced`` (passthrough on, no tracefs: e.g. an unprivileged container): writes as
+      above, reads through passthrough not counted (the agent's own reads still are);
+    - ``unknown``: an agent too old to say.
+    """
+    #: opens for reading whose bytes were on the fast tier / elsewhere (every mode)
+    hits: int = 0
+    misses: int = 0
+    #: hits / (hits + misses) since the agents started (null before any open)
+    hit_ratio: float | None = None
+    #: bytes read from each tier (and from other nodes' files) through the mount
+    fast_read_bytes: int = 0
+    slow_read_bytes: int = 0
+    remote_read_bytes: int = 0
+    #: bytes written to each tier through the mount
+    fast_write_bytes: int = 0
+    slow_write_bytes: int = 0
+    #: the parts of the above the kernel moved (passthrough): traced reads, file growth
+    fast_kernel_read_bytes: int = 0
+    slow_kernel_read_bytes: int = 0
+    fast_grown_bytes: int = 0
+    slow_grown_bytes: int = 0
+    #: bytes moved to the fast tier by promotions / to the slow tier by evictions
+    promoted_bytes: int = 0
+    evicted_bytes: int = 0
+    #: kernel reads the agents' tracers missed (their ring buffers overflowed): the traced
+    #: read bytes are short by that many reads
+    kernel_read_events_lost: int = 0
+    counting: dict[str, int] = {}
+
+
 class NodeOut(BaseModel):
     id: str
     address: str | None
@@ -143,6 +185,8 @@ class NodeOut(BaseModel):
     rates: Rates | None
     #: the latest heartbeat's cumulative counters (of its boot_id), as the agent sent them
     counters: dict[str, Any] | None = None
+    #: the same counters as what the tiering bought, and how they were counted
+    tiering: TieringView = Field(default_factory=TieringView)
     #: the agent's HCCache (memory cache of remote reads, paper 002): mode, hit_ratio,
     #: byte_hit_ratio, abd, ecdal, ecdab, memory_bytes, limit_bytes, dedup_saved_bytes, …;
     #: null when the agent runs without it
@@ -180,6 +224,8 @@ class NodeSummary(BaseModel):
     #: hits / (hits + misses) over the cluster's latest samples (null without any)
     hit_ratio: float | None
     ts: float
+    #: every node's cumulative tiering counters summed (a down node's last ones included)
+    tiering: TieringView = Field(default_factory=TieringView)
 
 
 class SummaryPoint(BaseModel):
@@ -201,6 +247,11 @@ class SummaryPoint(BaseModel):
     write_bps: float
     remote_read_bps: float
     hit_ratio: float | None
+    #: bytes/s read from each tier, and moved between the tiers (the summary's ``tiering``
+    #: says what the byte counts include)
+    fast_read_bps: float = 0.0
+    slow_read_bps: float = 0.0
+    migration_bps: float = 0.0
 
 
 class SummaryHistory(BaseModel):

@@ -97,9 +97,9 @@ class Stack:
         self.namespace = namespace or f"stack-{secrets.token_hex(4)}"
         self.heartbeat_interval = heartbeat_interval
         self.state_file = Path(state_file) if state_file else self.workdir / "stack.json"
-        # The dashboard's throughput charts need the agents to see reads and writes; with
-        # kernel passthrough the kernel moves the bytes and an agent counts only opens
-        # (hits, misses), so the stack runs its agents without it unless asked.
+        # Without passthrough (the stack's default) the agents count every byte they serve;
+        # with it the kernel moves the bytes and an agent counts the reads only where it can
+        # trace the kernel's (agent fs/kreads.py) and the writes as the files' growth.
         self.agent_args = ["--passthrough", passthrough, *(agent_args or [])]
         self.redis: LocalRedisCluster | None = None
         self.state: dict = {}

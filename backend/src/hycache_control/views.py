@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .services.accounting import counting_mode, tiering_ints, tiering_view
 from .services.status import as_dict, as_float, as_int, as_str, dig
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def node_view(n: LiveNode, policy: dict[str, Any]) -> dict[str, Any]:
         "hit_ratio": rates.get("hit_ratio") if rates else None,
         "rates": rates,
         "counters": n.counters,
+        "tiering": tiering_view(tiering_ints(n.counters), {counting_mode(n.counters): 1}),
         "hccache": as_dict(dig(st, "hccache", default=None)) if st else None,
         "passthrough": as_dict(dig(st, "passthrough", default=None)) if st else None,
         "migrations": {"active": active, "done": as_int(mig.get("migrations_done")) or 0,

@@ -875,6 +875,7 @@ export interface components {
             state: "up" | "degraded" | "down";
             /** State Since */
             state_since: number;
+            tiering?: components["schemas"]["TieringView"];
             /** Tiers */
             tiers: {
                 [key: string]: components["schemas"]["TierView"];
@@ -914,6 +915,7 @@ export interface components {
             rates: {
                 [key: string]: number;
             };
+            tiering?: components["schemas"]["TieringView"];
             /** Tiers */
             tiers: {
                 [key: string]: components["schemas"]["TierSummary"];
@@ -1261,12 +1263,22 @@ export interface components {
             down: number;
             /** Fast Capacity */
             fast_capacity: number;
+            /**
+             * Fast Read Bps
+             * @default 0
+             */
+            fast_read_bps: number;
             /** Fast Used */
             fast_used: number;
             /** Fast Used Pct */
             fast_used_pct: number | null;
             /** Hit Ratio */
             hit_ratio: number | null;
+            /**
+             * Migration Bps
+             * @default 0
+             */
+            migration_bps: number;
             /** Nodes */
             nodes: number;
             /** Read Bps */
@@ -1275,6 +1287,11 @@ export interface components {
             remote_read_bps: number;
             /** Slow Capacity */
             slow_capacity: number;
+            /**
+             * Slow Read Bps
+             * @default 0
+             */
+            slow_read_bps: number;
             /** Slow Used */
             slow_used: number;
             /** Slow Used Pct */
@@ -1315,6 +1332,104 @@ export interface components {
             writes: number;
         } & {
             [key: string]: unknown;
+        };
+        /**
+         * TieringView
+         * @description What the tiering bought, summed from the agents' cumulative counters (each since
+         *     its agent started).  What a byte count includes depends on how it was counted
+         *     (``counting``: nodes per mode):
+         *
+         *     - ``agent`` (passthrough off): every byte read or written through the mount, counted
+         *       by the agent that served it;
+         *     - ``traced`` (passthrough on, the default): reads — the bytes the kernel read from
+         *       each tier's files for the mount's readers (page-cache hits and device reads alike,
+         *       in whole pages; not O_DIRECT or mmap), from its ``filemap`` trace point; writes —
+         *       how much the files grew, seen when the agent next looks (attributes, last close):
+         *       overwrites in place are not counted;
+         *     - ``untraced`` (passthrough on, no tracefs: e.g. an unprivileged container): writes as
+         *       above, reads through passthrough not counted (the agent's own reads still are);
+         *     - ``unknown``: an agent too old to say.
+         */
+        TieringView: {
+            /**
+             * Counting
+             * @default {}
+             */
+            counting: {
+                [key: string]: number;
+            };
+            /**
+             * Evicted Bytes
+             * @default 0
+             */
+            evicted_bytes: number;
+            /**
+             * Fast Grown Bytes
+             * @default 0
+             */
+            fast_grown_bytes: number;
+            /**
+             * Fast Kernel Read Bytes
+             * @default 0
+             */
+            fast_kernel_read_bytes: number;
+            /**
+             * Fast Read Bytes
+             * @default 0
+             */
+            fast_read_bytes: number;
+            /**
+             * Fast Write Bytes
+             * @default 0
+             */
+            fast_write_bytes: number;
+            /** Hit Ratio */
+            hit_ratio?: number | null;
+            /**
+             * Hits
+             * @default 0
+             */
+            hits: number;
+            /**
+             * Kernel Read Events Lost
+             * @default 0
+             */
+            kernel_read_events_lost: number;
+            /**
+             * Misses
+             * @default 0
+             */
+            misses: number;
+            /**
+             * Promoted Bytes
+             * @default 0
+             */
+            promoted_bytes: number;
+            /**
+             * Remote Read Bytes
+             * @default 0
+             */
+            remote_read_bytes: number;
+            /**
+             * Slow Grown Bytes
+             * @default 0
+             */
+            slow_grown_bytes: number;
+            /**
+             * Slow Kernel Read Bytes
+             * @default 0
+             */
+            slow_kernel_read_bytes: number;
+            /**
+             * Slow Read Bytes
+             * @default 0
+             */
+            slow_read_bytes: number;
+            /**
+             * Slow Write Bytes
+             * @default 0
+             */
+            slow_write_bytes: number;
         };
         /** TierSummary */
         TierSummary: {

@@ -1,6 +1,7 @@
 import { Link, useParams } from 'react-router';
 import { useNode } from '../api/hooks';
 import { NodeCard } from '../components/NodeCard';
+import { TieringPanel } from '../components/TieringPanel';
 import { ErrorState, LoadingState } from '../components/States';
 
 export function NodeView() {
@@ -16,6 +17,7 @@ export function NodeView() {
       ) : (
         <>
           <NodeCard node={q.data} />
+          {q.data.tiering && <TieringPanel tiering={q.data.tiering} label={`What the tiering bought, node ${nodeId}`} />}
           <p>
             <Link to={`/throughput?node=${encodeURIComponent(nodeId)}`}>Throughput of this node</Link> ·{' '}
             <Link to={`/policies/${encodeURIComponent(nodeId)}`}>Its policy</Link> ·{' '}

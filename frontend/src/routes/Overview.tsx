@@ -5,6 +5,7 @@ import { NodeCard } from '../components/NodeCard';
 import { NodeTable } from '../components/NodeTable';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
 import { ThroughputChart } from '../components/ThroughputChart';
+import { TieringPanel } from '../components/TieringPanel';
 import { formatBytes, formatPercent, formatRate } from '../format';
 
 /** up to this many nodes the overview shows a card per node; above it, the node table */
@@ -29,6 +30,7 @@ export function Overview() {
         <>
           {summary.isError && <ErrorState error={summary.error} title="Showing the last known state" />}
           <ClusterSummary />
+          <ClusterTiering />
           <ClusterCharts />
           {small ? <NodeCards /> : <Nodes />}
         </>
@@ -95,6 +97,12 @@ function ClusterSummary() {
   );
 }
 
+function ClusterTiering() {
+  const { data: s } = useSummary();
+  if (!s?.tiering) return null;
+  return <TieringPanel tiering={s.tiering} label="What the tiering bought, cluster" />;
+}
+
 /** Capacity and throughput over every node, as the server sums them (GET /summary/history). */
 function ClusterCharts() {
   const h = useSummaryHistory(HISTORY_SECONDS);
@@ -119,9 +127,11 @@ function ClusterCharts() {
         windowSeconds={HISTORY_SECONDS}
         samples={points}
         series={[
-          { key: 'read_bps', label: 'read', color: 'var(--c1)' },
+          { key: 'fast_read_bps', label: 'read from fast tier', color: 'var(--c1)' },
+          { key: 'slow_read_bps', label: 'read from slow tier', color: 'var(--c3)' },
           { key: 'write_bps', label: 'write', color: 'var(--c2)' },
           { key: 'remote_read_bps', label: 'remote read', color: 'var(--c5)' },
+          { key: 'migration_bps', label: 'promoted + evicted', color: 'var(--c4)' },
         ]}
       />
     </div>

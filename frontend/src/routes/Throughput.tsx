@@ -3,6 +3,7 @@ import { useSearchParams } from 'react-router';
 import { useLiveSamples, useMetrics, useNodes } from '../api/hooks';
 import type { MetricSample } from '../api/types';
 import { ThroughputChart } from '../components/ThroughputChart';
+import { COUNTING } from '../components/TieringPanel';
 import { EmptyState, ErrorState, LoadingState } from '../components/States';
 
 export const WINDOWS = [
@@ -53,10 +54,21 @@ export function Throughput() {
               ))}
             </div>
           </div>
+          {nodeId && <CountingCaption modes={items.find((n) => n.id === nodeId)?.tiering?.counting} />}
           {nodeId && <NodeCharts nodeId={nodeId} windowSeconds={win.seconds} />}
         </>
       )}
     </section>
+  );
+}
+
+/** What the node's per-tier byte rates include, in its counting mode. */
+function CountingCaption({ modes }: { modes: Record<string, number> | undefined }) {
+  const mode = Object.keys(modes ?? {})[0] ?? 'unknown';
+  return (
+    <p className="muted small" data-testid="throughput-caption">
+      Bytes per tier: {COUNTING[mode] ?? COUNTING.unknown}
+    </p>
   );
 }
 

@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from hycache_agent.fs import tiers as T
+from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fs.namespace import Inode
 
 STATUS_SLICE = 20_000  # inodes counted by status() between two yields to the event loop
@@ -42,10 +43,15 @@ class TierIO:
     """Cumulative I/O of one tier since the agent started (plain integer increments on the
     event loop thread: negligible per read)."""
 
-    __slots__ = ("read_bytes", "write_bytes", "reads", "writes", "hits")
+    # read_bytes and write_bytes include what the kernel read and wrote for passthrough
+    # opens, as far as the agent learns it: ``kernel_read_bytes`` (traced, fs/kreads.py)
+    # and ``grown_bytes`` (how much the files grew, seen when the agent fstat()s the blob:
+    # an attribute request or the last close; overwrites in place are not seen)
+    __slots__ = ("read_bytes", "write_bytes", "reads", "writes", "hits", "kernel_read_bytes", "grown_bytes")
 
     def __init__(self) -> None:
         self.read_bytes = self.write_bytes = self.reads = self.writes = self.hits = 0
+        self.kernel_read_bytes = self.grown_bytes = 0
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -65,9 +71,11 @@ class IOStats:
         self.misses = self.remote_read_bytes = self.remote_opens = self.metadata_ops = 0
 
 
-def counters_dict(io: IOStats, counters: Counters, fetched: tuple[int, int] = (0, 0)) -> dict[str, Any]:
+def counters_dict(io: IOStats, counters: Counters, fetched: tuple[int, int] = (0, 0),
+                  counting: dict[str, Any] | None = None) -> dict[str, Any]:
     """Cumulative counters since start, shaped as the heartbeat's ``counters``.
-    ``fetched``: (fetches, bytes) of other nodes' files, in a cluster (the link counts them)."""
+    ``fetched``: (fetches, bytes) of other nodes' files, in a cluster (the link counts them).
+    ``counting``: what the byte counts include in the agent's mode (:func:`counting`)."""
     remote = {"read_bytes": io.remote_read_bytes, "fetches": fetched[0], "fetch_bytes": fetched[1],
               "opens": io.remote_opens}
     return {
@@ -78,7 +86,45 @@ def counters_dict(io: IOStats, counters: Counters, fetched: tuple[int, int] = (0
         "metadata_ops": io.metadata_ops,
         "migrations": counters.migrations_done,
         "migration_bytes": counters.bytes_promoted + counters.bytes_demoted,
+        "promoted_bytes": counters.bytes_promoted,
+        "evicted_bytes": counters.bytes_demoted,
+        "counting": counting,
     }
+
+
+def take_kernel_reads(io: IOStats, by_tier: dict[str, int]) -> None:
+    """Add what the kernel read from each tier's blobs (fs/kreads.py) to its read bytes."""
+    for tier, n in by_tier.items():
+        t = io.tiers[tier]
+        t.read_bytes += n
+        t.kernel_read_bytes += n
+
+
+def grew(io: IOStats, tier: str | None, n: int) -> None:
+    """A file on ``tier`` grew by ``n`` bytes the kernel wrote (passthrough; n <= 0: it
+    did not grow, nothing counted)."""
+    if n > 0 and tier is not None:
+        t = io.tiers[tier]
+        t.write_bytes += n
+        t.grown_bytes += n
+
+
+def engine_counters(io: IOStats, counters: Counters, kreads: KernelReads, passthrough: bool) -> dict[str, Any]:
+    """The engine's :func:`counters_dict`, with the kernel's reads since the last call taken."""
+    take_kernel_reads(io, kreads.drain())
+    return counters_dict(io, counters, counting=counting(passthrough, kreads.status()))
+
+
+def counting(passthrough: bool, kernel_reads: dict[str, Any]) -> dict[str, Any]:
+    """What the per-tier byte counts include now: ``passthrough`` (the kernel moves the
+    bytes of opens on the local tiers), ``reads``/``writes`` (how those are counted:
+    "agent" — every byte, the agent served it; "traced" — the kernel's reads, from its
+    trace point; "growth" — how much files grew, seen at attribute requests and the last
+    close; "none") and the kernel tracer's state (``lost_events``: reads it missed)."""
+    if not passthrough:
+        return {"passthrough": False, "reads": "agent", "writes": "agent", "kernel_reads": kernel_reads}
+    return {"passthrough": True, "reads": "traced" if kernel_reads.get("active") else "none",
+            "writes": "growth", "kernel_reads": kernel_reads}
 
 
 def file_info(inode: Inode, blob: str | None, agent_root: str, node_id: str | None) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from hycache_agent.fs.commits import Commits
 from hycache_agent.fs.counters import Census, Counters, IOStats
 from hycache_agent.fs.files import Files
 from hycache_agent.fs.handles import O_ACCMODE, Handle, blob_io, read_cached
+from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
@@ -73,7 +74,8 @@ class TieringEngine:
     ns: Namespace
 
     def __init__(self, config: AgentConfig, *, counters: Counters | None = None, io: IOStats | None = None,
-                 census: Census | None = None, blobs: BlobPool | None = None) -> None:
+                 census: Census | None = None, blobs: BlobPool | None = None,
+                 kreads: KernelReads | None = None) -> None:
         self.config = config
         self.tiers = {T.FAST: T.Tier(T.FAST, config.fast_dir), T.SLOW: T.Tier(T.SLOW, config.slow_dir)}
         # kernel FUSE passthrough (set by the FUSE layer once the kernel accepted it): the
@@ -96,6 +98,7 @@ class TieringEngine:
         self.lanes: list[Lane] = [self.backings_lane]
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
+        self.kreads = kreads if kreads is not None else KernelReads()  # started by the mount
         self.census = census if census is not None else Census()
         # (the cluster link's ownership, when the agent joins a global namespace) called
         # with each regular file create_file makes, inside the create
@@ -353,6 +356,7 @@ class TieringEngine:
             return
         if inode.tier == T.FAST:  # (a migration in flight is abandoned: data_gen changes)
             self.space.used += size - inode.size
+        C.grew(self.io, inode.tier, size - inode.size)
         inode.size = size
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
         inode.data_gen += 1
@@ -547,7 +551,7 @@ class TieringEngine:
     # (fs/counters.py: the counting and the report shapes)
     def counters_dict(self) -> dict[str, Any]:
         """Cumulative counters since start, shaped as the heartbeat's ``counters``."""
-        return C.counters_dict(self.io, self.counters)
+        return C.engine_counters(self.io, self.counters, self.kreads, bool(self.passthrough["enabled"]))
 
     def file_info(self, inode: Inode, node_id: str | None = None) -> dict[str, Any]:
         """``user.hycache.info`` (``node_id``: this node's, in a cluster)."""

@@ -295,6 +295,9 @@ class Backings:
                 log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
                 return 0
         assert inode.tier is not None, "a regular file's bytes are on a tier"
+        if self.engine.kreads.active:  # its reads are counted by the blob's device and inode
+            full = st if isinstance(st, os.stat_result) else os.fstat(fd)
+            self.engine.kreads.learn(inode.tier, full.st_dev, full.st_ino)
         self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen)
         return bid
 
@@ -330,6 +333,8 @@ class Backings:
             self._put(b, inode)
 
     def _took(self, inode: Inode, b: Backing, st: os.stat_result, *, at_release: bool = False) -> None:
+        if self.engine.kreads.active:
+            self.engine.kreads.learn(b.tier, st.st_dev, st.st_ino)
         if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
             b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
             self.engine.written_through(inode, st.st_size, st.st_mtime_ns)

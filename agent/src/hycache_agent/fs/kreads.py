@@ -1,0 +1,269 @@
+"""Bytes the kernel reads from the tiers' blobs on behalf of the mount's readers.
+
+With FUSE passthrough the kernel reads a blob itself: the agent sees the open and the
+release, never the read.  The kernel's ``filemap:mm_filemap_get_pages`` trace point fires
+for every buffered read of a file, with the device, the inode and the page range asked
+for; one ``read(2)`` of many pages fires it once per batch of pages, each time with the
+rest of the range, so a continuation (same thread, file and end, a later start) adds
+nothing.  The agent follows it in a private tracefs instance (``instances/hycache-PID-RANDOM``:
+its own ring buffer, so several agents on one host, in containers or not, do not steal
+each other's events),
+filtered in the kernel to the tiers' devices, and:
+
+- counts a read by a process other than the agent itself (the agent's own reads are the
+  reads it serves, counted where it serves them, and migrations' copies); the agent
+  learns its own process id as the trace shows it by reading a probe file at start;
+- attributes it to the tier of the blob with that (device, inode): learnt when a blob is
+  registered or fstat()ed as a backing file; bytes of an inode not learnt yet wait (at
+  most ``PENDING_SECONDS``) and are then left out, summed in ``other_bytes`` (other
+  programs' files and other agents' blobs on a shared device, this agent's remote copies).
+
+What it counts: bytes asked of the page cache of a blob, in whole pages (a read that runs
+past the end of the file counts what it asked for) — page-cache hits and device reads
+alike.  Blind spots: O_DIRECT reads
+(no page cache), reads through mmap (page faults, not reads), reads lost when the ring
+buffer overflows (``lost_events``: the reader, one Python thread, keeps up with about
+100,000 reads a second on the tiers' devices — every process's, on a shared device), and reads by any process of a blob file opened
+directly on the tier rather than through the mount (indistinguishable: same inode).
+Needs a writable tracefs (root on the host, or a container that mounts it); without one
+``reason`` says why and nothing is counted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import secrets
+import select
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TRACEFS = Path("/sys/kernel/tracing")
+EVENT = "filemap/mm_filemap_get_pages"
+PREFIX = "hycache-"
+BUFFER_KB = 2048  # per CPU
+PENDING_SECONDS = 30.0
+MAX_PENDING = 65_536
+MAX_KNOWN = 1 << 20
+# "comm-TID (TGID) [CPU] flags TS: mm_filemap_get_pages: dev=MAJ:MIN ino=HEX ofs=START-END"
+LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\].*? mm_filemap_get_pages: dev=(\d+):(\d+) "
+                  rb"ino=([0-9a-f]+) ofs=(\d+)-(\d+)")
+
+
+def kernel_dev(st_dev: int) -> int:
+    """The kernel's dev_t (major << 20 | minor), as trace filters compare it."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+class KernelReads:
+    """The trace reader (a daemon thread) and its per-tier sums.  :meth:`learn` and
+    :meth:`drain` run on the event loop thread; the dicts they share with the reader are
+    swapped or updated one operation at a time (atomic under the GIL)."""
+
+    def __init__(self, tracefs: Path = TRACEFS) -> None:
+        self.tracefs = tracefs
+        self.instance: Path | None = None
+        self.reason = "not started"
+        self.known: dict[tuple[int, int], str] = {}  # (st_dev, ino) -> tier
+        self.by_device: dict[int, str] = {}  # st_dev -> tier, when the tiers' devices differ
+        self._raw: dict[tuple[int, int], int] = {}  # (st_dev, ino) -> bytes not drained yet
+        self._pending: dict[tuple[int, int], tuple[float, int]] = {}  # not learnt: (since, bytes)
+        self.other_bytes = 0
+        self.lost_events = 0
+        self.me = os.getpid()  # the agent's process id as the trace shows it (start)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None
+
+    # -- lifecycle (blocking: at mount and unmount) ---------------------------------------
+    def start(self, tier_devices: dict[str, int], probe_dir: str | os.PathLike[str]) -> bool:
+        """Trace reads of the tiers' devices (``{tier: st_dev}``); False (and ``reason``)
+        when the kernel does not let us.  ``probe_dir``: a directory on a tier, where a
+        read of a probe file tells the agent its own process id as the kernel sees it
+        (in a container's PID namespace ``os.getpid()`` is another number)."""
+        devs = set(tier_devices.values())
+        if len(devs) == len(tier_devices):
+            self.by_device = {d: t for t, d in tier_devices.items()}
+        inst = self.tracefs / "instances" / f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        fd = -1
+        try:
+            self._reap_stale()
+            inst.mkdir()
+            # open first: an open trace keeps other agents' _reap_stale from removing it
+            fd = os.open(inst / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
+            (inst / "buffer_size_kb").write_text(str(BUFFER_KB))
+            (inst / "options" / "record-tgid").write_text("1")
+            ev = inst / "events" / EVENT
+            (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
+            (ev / "enable").write_text("1")
+            self.me = self._whoami(fd, probe_dir)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+            self.reason = f"kernel read counts unavailable: tracefs {self.tracefs}: {exc.strerror or exc}"
+            if inst.exists():
+                self._remove(inst)
+            return False
+        self.instance = inst
+        self.reason = "traced (filemap:mm_filemap_get_pages)"
+        self._thread = threading.Thread(target=self._run, args=(fd,), name="kernel-reads", daemon=True)
+        self._thread.start()
+        return True
+
+    @staticmethod
+    def _whoami(fd: int, probe_dir: str | os.PathLike[str]) -> int:
+        """(blocking, before the reader starts) The agent's process id in the trace: the
+        tgid of its own read of a probe file (OSError when none shows within 5 s)."""
+        path = os.path.join(probe_dir, f".kreads-probe-{os.getpid()}")
+        pfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(pfd, b"\0" * 4096)
+            ino = os.fstat(pfd).st_ino
+            deadline = time.monotonic() + 5
+            buf = b""
+            while time.monotonic() < deadline:
+                os.pread(pfd, 4096, 0)
+                if select.select([fd], [], [], 0.2)[0]:
+                    try:
+                        buf += os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    for m in LINE.finditer(buf):
+                        if int(m.group(5), 16) == ino:
+                            return int(m.group(2))
+                    buf = buf[buf.rfind(b"\n") + 1:]
+        finally:
+            os.close(pfd)
+            os.unlink(path)
+        raise OSError(errno.ETIMEDOUT, "the probe read never showed in the trace")
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.instance is not None:
+            self._remove(self.instance)
+            self.instance = None
+
+    def _reap_stale(self) -> None:
+        """Instances of agents that died without removing theirs: the kernel refuses to
+        remove one whose trace is open (EBUSY: a live agent's, maybe in another PID
+        namespace), so every other one is tried as it is."""
+        for p in (self.tracefs / "instances").glob(f"{PREFIX}*"):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+    @staticmethod
+    def _remove(inst: Path) -> None:
+        try:
+            (inst / "events" / EVENT / "enable").write_text("0")
+        except OSError:
+            pass
+        try:
+            inst.rmdir()
+        except OSError as exc:
+            log.warning("removing tracefs instance %s: %s", inst, exc)
+
+    # -- the reader thread -----------------------------------------------------------------
+    def _run(self, fd: int) -> None:
+        last: dict[int, tuple[int, int, int, int]] = {}  # tid -> (dev, ino, start, end) of its last event
+        me = self.me
+        buf = b""
+        checked = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                r, _, _ = select.select([fd], [], [], 0.5)
+                if time.monotonic() - checked > 1.0:
+                    self._read_lost()
+                    checked = time.monotonic()
+                if not r:
+                    continue
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()
+                for line in lines:
+                    self._line(line, me, last)
+                if len(last) > 4096:
+                    last.clear()
+        except Exception:  # never let the counting take the agent down
+            log.exception("kernel read counting stopped")
+        finally:
+            os.close(fd)
+
+    def _line(self, line: bytes, me: int, last: dict) -> None:
+        m = LINE.search(line)
+        if m is None:
+            return
+        tid, tgid, major, minor, ino_hex, start_s, end_s = m.groups()
+        if int(tgid) == me:
+            return
+        dev = os.makedev(int(major), int(minor))
+        ino = int(ino_hex, 16)
+        start, end = int(start_s), int(end_s) + 1
+        t = int(tid)
+        prev = last.get(t)
+        last[t] = (dev, ino, start, end)
+        if prev is not None and prev[0] == dev and prev[1] == ino and prev[3] == end and prev[2] < start < end:
+            return  # the same read(2), its next batch of pages
+        key = (dev, ino)
+        self._raw[key] = self._raw.get(key, 0) + end - start
+
+    def _read_lost(self) -> None:
+        """Events the ring buffer dropped (``overrun`` of each CPU's stats)."""
+        if self.instance is None:
+            return
+        lost = 0
+        try:
+            for stats in (self.instance / "per_cpu").glob("cpu*/stats"):
+                for ln in stats.read_text().splitlines():
+                    if ln.startswith("overrun:"):
+                        lost += int(ln.split()[1])
+        except (OSError, ValueError):
+            return
+        self.lost_events = lost
+
+    # -- the event loop's side ----------------------------------------------------------------
+    def learn(self, tier: str, st_dev: int, ino: int) -> None:
+        """The blob with this device and inode number is on ``tier`` now."""
+        if len(self.known) >= MAX_KNOWN:
+            self.known.clear()
+        self.known[(st_dev, ino)] = tier
+
+    def drain(self) -> dict[str, int]:
+        """Bytes read from each tier since the last drain (attributed ones only)."""
+        raw, self._raw = self._raw, {}
+        out: dict[str, int] = {}
+        now = time.monotonic()
+        for key, n in raw.items():
+            since, waiting = self._pending.pop(key, (now, 0))
+            n += waiting
+            tier = self.known.get(key) or self.by_device.get(key[0])
+            if tier is not None:
+                out[tier] = out.get(tier, 0) + n
+            elif now - since > PENDING_SECONDS or len(self._pending) >= MAX_PENDING:
+                self.other_bytes += n
+            else:
+                self._pending[key] = (since, n)
+        for key in [k for k in self._pending if k in self.known]:
+            since, n = self._pending.pop(key)
+            tier = self.known[key]
+            out[tier] = out.get(tier, 0) + n
+        return out
+
+    def status(self) -> dict[str, object]:
+        return {"active": self.active, "reason": self.reason, "other_bytes": self.other_bytes,
+                "lost_events": self.lost_events}
