@@ -72,7 +72,7 @@ def test_choose_node_by_inputs_or_by_manifest(api: Api, files):
     assert doc["paths"]["/api/v1/slurm/jobs/{slurm_job_id}/stage-in"]["post"]["operationId"] == "slurmStageIn"
 
 
-def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files):
+def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files, store):  # noqa: F811
     body = {"node": "a", "inputs": ["/in/big.dat", "/in/small.dat"], "outputs": ["/out.dat", "/missing.out"]}
     r = api.post("/api/v1/slurm/jobs/41/stage-in", body)
     assert r.status_code == 200, r.text
@@ -103,6 +103,12 @@ def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files):
     j = r.json()
     assert j["state"] == "finished" and j["exit_code"] == 0
     assert j["published"] == {"/out.dat": {"node": "a", "size": 3 * MB}, "/missing.out": None}
+    assert j["outputs_missing"] == 1
+    # asked again (the hook waits for outputs an agent has not published yet): looked up
+    # again, nothing unpinned twice, no second post-run in the hooks
+    store.create(b"/missing.out", file_meta("b", size=5))
+    j = api.post("/api/v1/slurm/jobs/41/post-run", {}).json()
+    assert j["published"]["/missing.out"] == {"node": "b", "size": 5} and j["outputs_missing"] == 0
     unpins = [d for d in beat(api, "a") + beat(api, "b") if d["action"] == "unpin"]
     assert sorted(d["path"] for d in unpins) == ["/in/big.dat", "/in/small.dat"]
     j = api.post("/api/v1/slurm/jobs/41/teardown", {"hurry": False}).json()

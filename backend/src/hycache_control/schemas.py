@@ -521,6 +521,7 @@ class SlurmJobOut(BaseModel):
     hooks: list[SlurmHook] = Field(description="the burst-buffer hooks reported, in order")
     published: dict[str, dict[str, Any] | None] | None = Field(
         description="after the run: each output's node and size in the namespace, null when missing")
+    outputs_missing: int = Field(description="outputs not in the namespace at the last post-run")
     exit_code: int | None
     created_at: float
     updated_at: float

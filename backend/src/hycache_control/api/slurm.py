@@ -64,7 +64,7 @@ def get_job(control: ControlDep, _: Reader, slurm_job_id: SlurmJobId) -> dict:
 @router.get("/status", response_model=S.SlurmStatus, responses=ERRORS_404, operation_id="slurmStatus")
 def status(control: ControlDep, _: Reader,
            job: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="one Slurm job")] = None) -> dict:
-    """`scontrol show bbstat [JOBID]`: the jobs not torn down (or one), as text and JSON."""
+    """`scontrol show bbstat [JOBID]`: the latest 50 jobs (or one), as text and JSON."""
     return control.slurm.status(job)
 
 

@@ -36,6 +36,8 @@ from .steps import ns_path
 
 #: the hooks the burst buffer reports, in the order a job passes them
 HOOKS = ("stage-in", "pre-run", "post-run", "teardown")
+#: the jobs ``scontrol show bbstat`` lists without a job id (the latest first)
+STATUS_JOBS = 50
 
 
 def staging_state(items: list[ActionItem]) -> tuple[str, list[str]]:
@@ -158,14 +160,23 @@ class SlurmService:
         return self.get(slurm_id)
 
     def post_run(self, slurm_id: int, exit_code: int | None, actor: str | None) -> dict[str, Any]:
-        """The job ended: its inputs unpinned, its outputs published (where each is now)."""
+        """The job ended: its inputs unpinned, its outputs published (where each is now).
+        Again after that: the outputs looked up again (an agent publishes a file it wrote
+        to the namespace a moment after its close)."""
         now = time.time()
         with self.db.session() as s:
             sj = self._row(s, slurm_id)
-            self._hook(sj, "post-run", f"exit {exit_code}" if exit_code is not None else None, now)
-            sj.state, sj.exit_code = "finished", exit_code
+            again = sj.state in ("finished", "done")
+            if not again:
+                self._hook(sj, "post-run", f"exit {exit_code}" if exit_code is not None else None, now)
+                sj.state, sj.exit_code = "finished", exit_code
             inputs, outputs, pinned = list(sj.inputs), list(sj.outputs), sj.pin_action_id
             manifest = (sj.manifest_id, sj.job)
+        if again:  # the hook asks again while outputs are not in the namespace yet: only publish
+            published = self._publish(outputs)
+            with self.db.session() as s:
+                self._row(s, slurm_id).published = published
+            return self.get(slurm_id)
         if pinned is not None:
             self._file_action("unpin", inputs, actor)
         published = self._publish(outputs)
@@ -205,13 +216,12 @@ class SlurmService:
             return out
 
     def status(self, slurm_id: int | None) -> dict[str, Any]:
-        """What ``scontrol show bbstat`` prints: one job, or the jobs not torn down."""
+        """What ``scontrol show bbstat`` prints: one job, or the latest STATUS_JOBS jobs."""
         with self.db.session() as s:
             if slurm_id is not None:
                 rows = [self._row(s, slurm_id)]
             else:
-                rows = list(s.scalars(select(SlurmJob).where(SlurmJob.state != "done")
-                                      .order_by(SlurmJob.id.desc()).limit(100)))
+                rows = list(s.scalars(select(SlurmJob).order_by(SlurmJob.id.desc()).limit(STATUS_JOBS)))
             jobs = [self._view(s, r) for r in rows]
         lines = [f"HyCache burst buffer: {len(jobs)} job(s)"]
         for j in jobs:
@@ -244,7 +254,9 @@ class SlurmService:
                 "staging": staging, "failures": failures,
                 "steps": {"total": len(items), **counts}, "step_items": [item_view(i) for i in items],
                 "hooks": [{"hook": h[0], "at": h[1], "detail": h[2]} for h in sj.hooks],
-                "published": sj.published, "exit_code": sj.exit_code,
+                "published": sj.published,
+                "outputs_missing": sum(1 for v in (sj.published or {}).values() if v is None),
+                "exit_code": sj.exit_code,
                 "created_at": sj.created_at, "updated_at": sj.updated_at}
 
     # -- helpers ------------------------------------------------------------------------------
