@@ -131,20 +131,22 @@ PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=10 State=UP
 
     # -- commands -----------------------------------------------------------------------------
 
-    def run(self, *argv: str, check: bool = True, user: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, check: bool = True, user: str | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
         cmd = (["runuser", "-u", user, "--"] if user else []) + list(argv)
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, check=check, timeout=60)
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, check=check, timeout=60,
+                              input=input)
+
+    def sbatch(self, script: str, name: str) -> int:
+        """Submit ``script`` (on stdin) as nobody; its job id."""
+        r = self.run("sbatch", "--parsable", "--chdir=/tmp", "-J", name, user="nobody", check=False, input=script)
+        assert r.returncode == 0, f"sbatch: {r.stderr}"
+        return int(r.stdout.strip().split(";")[0])
 
     def idle(self) -> set[str]:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False).stdout.split("\n")
         return {line.split()[0] for line in out if line.strip() and line.split()[1] == "idle"}
 
-    def sbatch(self, script: str, name: str) -> int:
-        """Submit ``script`` (on stdin) as nobody; its job id."""
-        r = subprocess.run(["runuser", "-u", "nobody", "--", "sbatch", "--parsable", "--chdir=/tmp", "-J", name],
-                           input=script, capture_output=True, text=True, env=self.env, timeout=60)
-        assert r.returncode == 0, f"sbatch: {r.stderr}"
-        return int(r.stdout.strip().split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
         """``scontrol show job -o`` as a dict (fields whose values hold spaces are cut at them)."""

@@ -91,6 +91,7 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     # Layer 1: the job ran on the node the control plane chose, and the control plane knows it
     assert done["NodeList"] == "n2", done["_raw"]
     assert (slurm.out / f"placed-{job}.out").read_text().strip() == "ran on n2"
+    assert "steered to n2 (placement)" in (slurm.logs / "slurmctld.log").read_text()
     # Layer 2: the hooks came in order; the input was staged onto n2's fast tier; the output published
     view = wait_for(lambda: (v := c.get(f"/api/v1/slurm/jobs/{job}").json())["state"] == "done" and v, 60,
                     "teardown reported")
@@ -101,6 +102,11 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     # scontrol show bbstat asks the burst buffer, which asks the control plane
     bbstat = slurm.run("scontrol", "show", "bbstat").stdout
     assert f"JobId={job} State=done Staging=staged StagedOn=n2 RanOn=n2" in bbstat, bbstat
+
+    # a malformed directive is refused at submission, with the reason
+    r = slurm.run("sbatch", "--chdir=/tmp", user="nobody", check=False,
+                  input="#!/bin/bash\n#BB_LUA hycache inputs=/in/data.bin colour=blue\ntrue\n")
+    assert r.returncode != 0 and "unknown key colour" in r.stderr, r.stderr
 
     # a staging that fails (an input no node holds) holds the job, and says why on it
     bad = slurm.sbatch(job_script("missing", paths, "/in/nowhere.bin", "/out/never.txt", slurm.out), "missing")
