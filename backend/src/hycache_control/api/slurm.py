@@ -9,14 +9,15 @@ from fastapi import APIRouter, Path, Query
 
 from .. import schemas as S
 from .deps import Admin, ControlDep, Reader
-from .routes import ERRORS_404, ERRORS_409
+from .routes import ERRORS_404, ERRORS_409, Responses
 
 router = APIRouter(prefix="/api/v1/slurm", tags=["slurm"])
 
+UNAVAILABLE: Responses = {503: {"model": S.ErrorOut, "description": "the DHT (Redis Cluster) is unreachable"}}
 SlurmJobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="Slurm's job id")]
 
 
-@router.post("/placements", response_model=S.SlurmPlacementOut, responses=ERRORS_404,
+@router.post("/placements", response_model=S.SlurmPlacementOut, responses={**ERRORS_404, **UNAVAILABLE},
              operation_id="slurmChooseNode")
 def choose_node(control: ControlDep, _: Reader, body: S.SlurmPlacementRequest) -> dict:
     """The node a job should run on (job_submit.lua sets it as the job's node list): a
@@ -25,7 +26,7 @@ def choose_node(control: ControlDep, _: Reader, body: S.SlurmPlacementRequest) -
     return control.slurm.choose(manifest_id=body.manifest_id, job=body.job, inputs=body.inputs, nodes=body.nodes)
 
 
-@router.post("/jobs/{slurm_job_id}/stage-in", response_model=S.SlurmJobOut, responses=ERRORS_409,
+@router.post("/jobs/{slurm_job_id}/stage-in", response_model=S.SlurmJobOut, responses={**ERRORS_409, **UNAVAILABLE},
              operation_id="slurmStageIn")
 def stage_in(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.SlurmStageIn) -> dict:
     """Record the job and send the prefetches of its inputs to its node; `staging` says
@@ -34,7 +35,7 @@ def stage_in(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.Sl
                                   inputs=body.inputs, outputs=body.outputs, actor=c.name)
 
 
-@router.post("/jobs/{slurm_job_id}/pre-run", response_model=S.SlurmJobOut, responses=ERRORS_404,
+@router.post("/jobs/{slurm_job_id}/pre-run", response_model=S.SlurmJobOut, responses={**ERRORS_404, **UNAVAILABLE},
              operation_id="slurmPreRun")
 def pre_run(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.SlurmPreRun) -> dict:
     """The job starts on `node`: recorded as where it ran, staged again there if it was
@@ -42,7 +43,7 @@ def pre_run(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.Slu
     return control.slurm.pre_run(slurm_job_id, body.node, c.name)
 
 
-@router.post("/jobs/{slurm_job_id}/post-run", response_model=S.SlurmJobOut, responses=ERRORS_404,
+@router.post("/jobs/{slurm_job_id}/post-run", response_model=S.SlurmJobOut, responses={**ERRORS_404, **UNAVAILABLE},
              operation_id="slurmPostRun")
 def post_run(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.SlurmPostRun) -> dict:
     """The job ended: its inputs unpinned, its outputs published."""
