@@ -103,6 +103,30 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     bbstat = slurm.run("scontrol", "show", "bbstat").stdout
     assert f"JobId={job} State=done Staging=staged StagedOn=n2 RanOn=n2" in bbstat, bbstat
 
+    # a manifest's job goes to its node in the manifest's placement (n3 here), its input is
+    # fetched onto n3 before it starts, and the manifest shows where Slurm ran it
+    doc = {"version": 1, "name": "one", "jobs": [{"name": "j1", "accesses": [{"path": "in/data.bin", "size": "4M"}]}]}
+    m = c.post("/api/v1/manifests", params={"nodes": "n3"}, json=doc)
+    assert m.status_code == 201, m.text
+    mid = m.json()["id"]
+    cases = " ".join(f"{n}) M={p} ;;" for n, p in paths.items())
+    script = (f"#!/bin/bash\n#SBATCH -o {slurm.out}/manifest-%j.out\n#BB_LUA hycache manifest={mid} job=j1\n"
+              f'case "$SLURMD_NODENAME" in {cases} esac\nwc -c < "$M/in/data.bin"\n')
+    mjob = slurm.sbatch(script, "manifest")
+    done = slurm.wait_done(mjob, 120)
+    assert done["JobState"] == "COMPLETED" and done["NodeList"] == "n3", done["_raw"]
+    assert (slurm.out / f"manifest-{mjob}.out").read_text().strip() == str(4 << 20)
+    view = wait_for(lambda: (v := c.get(f"/api/v1/slurm/jobs/{mjob}").json())["state"] == "done" and v, 60,
+                    "teardown reported")
+    assert (view["staged_on"], view["ran_on"], view["staging"]) == ("n3", "n3", "staged"), view
+    # a copy of n2's file in n3's remote cache on its fast tier (fetched by this step, or
+    # by the manifest's own plan step for j1 just before it)
+    (step,) = view["step_items"]
+    assert step["node"] == "n3" and step["state"] == "done", step
+    assert step["detail"].startswith(("fast (fetched", "already fast (remote copy)")), step
+    mj = c.get(f"/api/v1/manifests/{mid}/jobs/j1").json()
+    assert mj["state"] == "done" and mj["slurm"] == {"job_id": mjob, "node": "n3", "state": "done"}, mj
+
     # a malformed directive is refused at submission, with the reason
     r = slurm.run("sbatch", "--chdir=/tmp", user="nobody", check=False,
                   input="#!/bin/bash\n#BB_LUA hycache inputs=/in/data.bin colour=blue\ntrue\n")
