@@ -23,6 +23,35 @@ local function log(fmt, ...)
 	slurm.log_info("hycache job_submit: " .. fmt, ...)
 end
 
+-- The nodes of the job's partition (of every partition it may use when it names none),
+-- so that the control plane chooses among them; nil when Slurm does not say.
+local function candidates(job_desc, part_list)
+	local lists = {}
+	for _, part in pairs(part_list or {}) do
+		if part.nodes ~= nil and (job_desc.partition == nil or job_desc.partition == part.name) then
+			lists[#lists + 1] = part.nodes
+		end
+	end
+	if #lists == 0 then
+		return nil
+	end
+	local seen, out = {}, {}
+	local p = io.popen("scontrol show hostnames " .. "'" .. table.concat(lists, ","):gsub("'", "") .. "' 2>/dev/null")
+	for name in (p and p:read("*a") or ""):gmatch("%S+") do
+		if not seen[name] then
+			seen[name] = true
+			out[#out + 1] = name
+		end
+	end
+	if p then
+		p:close()
+	end
+	if #out == 0 then
+		return nil
+	end
+	return out
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
 	local script = job_desc.script
 	if script == nil then
@@ -45,7 +74,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		log("not placing job %s: %s", tostring(job_desc.name), cerr)
 		return slurm.SUCCESS
 	end
-	local body = hc.json_object({ inputs = d.inputs, outputs = d.outputs, manifest_id = d.manifest_id, job = d.job })
+	local body = hc.json_object({ inputs = d.inputs, outputs = d.outputs, manifest_id = d.manifest_id, job = d.job,
+		nodes = candidates(job_desc, part_list) })
 	local started = os.time()
 	local code, answer = hc.request(cfg, "POST", "/api/v1/slurm/placements", body, cfg.submit_timeout)
 	local node = code == 200 and hc.field(answer, "node") or nil
@@ -56,6 +86,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	end
 	job_desc.req_nodes = node
 	log("job %s steered to %s (%s)", tostring(job_desc.name), node, hc.field(answer, "source") or "?")
+	log("job %s: chosen among %s", tostring(job_desc.name), body:match('"nodes":(%b[])') or "the live nodes")
 	return slurm.SUCCESS
 end
 

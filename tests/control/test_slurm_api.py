@@ -60,6 +60,9 @@ def test_choose_node_by_inputs_or_by_manifest(api: Api, files):
     assert r.status_code == 422 and loc(r) == ["body"]
     r = api.post("/api/v1/slurm/placements", {"inputs": ["/a\x00b"]})
     assert r.status_code == 422 and loc(r) == ["body", "inputs", 0]
+    # Slurm's nodes without an agent are left out; none known: 422
+    r = api.post("/api/v1/slurm/placements", {"inputs": ["/in/big.dat"], "nodes": ["zz", "a"]})
+    assert r.status_code == 200 and r.json()["node"] == "a"
     r = api.post("/api/v1/slurm/placements", {"inputs": ["/in/big.dat"], "nodes": ["zz"]})
     assert r.status_code == 422 and loc(r) == ["body", "nodes"]
     # an unknown manifest or job: 404 naming it

@@ -91,7 +91,8 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     # Layer 1: the job ran on the node the control plane chose, and the control plane knows it
     assert done["NodeList"] == "n2", done["_raw"]
     assert (slurm.out / f"placed-{job}.out").read_text().strip() == "ran on n2"
-    assert "steered to n2 (placement)" in (slurm.logs / "slurmctld.log").read_text()
+    log = (slurm.logs / "slurmctld.log").read_text()
+    assert "steered to n2 (placement)" in log and 'chosen among ["n1","n2","n3"]' in log, slurm.log_tail()
     # Layer 2: the hooks came in order; the input was staged onto n2's fast tier; the output published
     view = wait_for(lambda: (v := c.get(f"/api/v1/slurm/jobs/{job}").json())["state"] == "done" and v, 60,
                     "teardown reported")

@@ -75,7 +75,14 @@ class SlurmService:
 
     def choose(self, *, manifest_id: int | None, job: str | None, inputs: list[str],
                nodes: list[str] | None) -> dict[str, Any]:
-        """Where the job should run: its manifest's placement, else the online placement."""
+        """Where the job should run: its manifest's placement, else the online placement.
+        ``nodes`` are Slurm's candidates: the ones HyCache does not know are left out (a
+        partition may hold nodes without an agent); none known is an error."""
+        if nodes is not None:
+            known = [n for n in nodes if self.manifests.cluster.nodes.known(n)]
+            if not known:
+                raise Invalid(("body", "nodes"), f"none of these nodes is a HyCache node: {', '.join(nodes[:20])}")
+            nodes = known
         if manifest_id is not None:
             with self.db.session() as s:
                 j = self._manifest_job(s, manifest_id, job or "")
