@@ -85,8 +85,10 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     assert c.get("/api/v1/files/info", params={"path": "/in/data.bin"}).json()["tier"] == "slow"
     paths = {n: str(m.mountpoint) for n, m in mounts.items()}
 
+    t0 = time.monotonic()
     job = slurm.sbatch(job_script("placed", paths, "/in/data.bin", "/out/result.txt", slurm.out), "placed")
     done = slurm.wait_done(job, 120)
+    print(f"\nplaced and staged: sbatch to completed {time.monotonic() - t0:.1f} s")
     assert done["JobState"] == "COMPLETED", done["_raw"]
     # Layer 1: the job ran on the node the control plane chose, and the control plane knows it
     assert done["NodeList"] == "n2", done["_raw"]
@@ -98,6 +100,9 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
                     "teardown reported")
     assert [h["hook"] for h in view["hooks"]] == ["stage-in", "pre-run", "post-run", "teardown"], view["hooks"]
     assert (view["staged_on"], view["ran_on"], view["staging"]) == ("n2", "n2", "staged"), view
+    at = [h["at"] for h in view["hooks"]]
+    print(f"hooks after stage-in: pre-run {at[1] - at[0]:.2f} s, post-run {at[2] - at[0]:.2f} s, "
+          f"teardown {at[3] - at[0]:.2f} s")
     assert c.get("/api/v1/files/info", params={"path": "/in/data.bin"}).json()["tier"] == "fast"
     assert view["published"] == {"/out/result.txt": {"node": "n2", "size": len(f"{4 << 20}\n")}}, view
     # scontrol show bbstat asks the burst buffer, which asks the control plane
@@ -148,6 +153,7 @@ def test_jobs_run_where_hycache_chose_staged_and_never_held_by_it(stack):
     done = slurm.wait_done(down, 60)
     took = time.monotonic() - t0
     assert done["JobState"] == "COMPLETED" and done["NodeList"] in NODES, done["_raw"]
+    print(f"with the control plane down: sbatch to completed {took:.1f} s")
     assert took < 30, f"the job took {took:.1f} s with the control plane down"
     log = (slurm.logs / "slurmctld.log").read_text()
     assert "control plane unreachable at stage-in" in log and "Slurm's own choice" in log
