@@ -71,6 +71,7 @@ APT_PACKAGES=(
     fio mergerfs attr acl             # benchmark, peer FUSE fs for comparisons, xattr/ACL tools
     ca-certificates git procps psmisc util-linux
     chromium                          # the dashboard's browser tests (Playwright, executablePath)
+    slurmctld slurmd slurm-client munge curl  # Slurm 22.05 (burst_buffer_lua.so, job_submit_lua.so; liblua5.1) for tests/slurm
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

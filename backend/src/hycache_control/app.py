@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import __version__
 from . import schemas as S
-from .api import errors, plans, routes, stream
+from .api import errors, plans, routes, slurm, stream
 from .api.deps import auth_error
 from .control import Control
 from .loopwatch import LoopWatch
@@ -69,6 +69,7 @@ def create_app(settings: Settings, control: Control | None = None, *, migrate: b
     app.include_router(routes.router)
     app.include_router(stream.router)
     app.include_router(plans.router)
+    app.include_router(slurm.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes,
                        routes={("POST", "/api/v1/manifests"): settings.max_manifest_bytes})
     app.add_middleware(Audit, control_getter=lambda: holder["control"])

@@ -25,6 +25,7 @@ from .services.nodes import NodeService
 from .services.policies import PolicyService
 from .services.release import ReleaseGate
 from .services.replan import ReleasePlanner
+from .services.slurm import SlurmService
 from .services.tokens import TokenService
 from .settings import Settings
 from .views import SORT_KEYS, node_view
@@ -81,6 +82,7 @@ class Control:
         cluster = ClusterState(self.namespace, self.nodes)
         self.manifests = ManifestService(self.db, cluster, self.actions, self.events, self.bus)
         self.jobs = JobService(self.db, self.actions, ReleasePlanner(self.db, cluster, self.actions))
+        self.slurm = SlurmService(self.db, self.manifests, self.jobs, self.actions, self.namespace, self.events)
         self.feed = NodeFeed(self._feed_source)
         self._summary_sse: tuple[float, bytes] | None = None
         self._summary: tuple[float, dict[str, Any]] | None = None

@@ -147,6 +147,33 @@ class ManifestJob(Base):
     __table_args__ = (Index("ix_manifest_jobs_manifest_job", "manifest_id", "job", unique=True),)
 
 
+class SlurmJob(Base):
+    """A Slurm batch job HyCache places and stages for (docs/slurm.md): its declared data,
+    the node the control plane chose, the node it really ran on, and the hooks seen."""
+
+    __tablename__ = "slurm_jobs"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)  # Slurm's job id
+    manifest_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    job: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the manifest's job id
+    inputs: Mapped[list[str]] = mapped_column(JSON, default=list)
+    outputs: Mapped[list[str]] = mapped_column(JSON, default=list)
+    #: where its inputs are staged (the node chosen at stage-in, then the node it ran on)
+    staged_on: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    ran_on: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    #: pending | staging | running | finished | done (torn down)
+    state: Mapped[str] = mapped_column(String(16))
+    #: the action whose items are this job's prefetches (and pins) on ``staged_on``
+    stage_action_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pin_action_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: [[hook, unix time, detail]] in the order the burst-buffer hooks reported them
+    hooks: Mapped[list[list[Any]]] = mapped_column(JSON, default=list)
+    #: each output as published after the run: {path: {node, size} | null}
+    published: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class Event(Base):
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -488,3 +488,96 @@ class PlacementOut(BaseModel):
     slow_tier_bytes: int = Field(description="input bytes on no node (read from the slow tier wherever it runs)")
     locations: dict[str, str | None] = Field(description="each input's node (its primary copy), null when on none")
     candidates: list[str] = Field(description="the nodes whose fast tier can hold the job")
+
+
+# -- Slurm (docs/slurm.md) -------------------------------------------------------------------
+
+NsPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(check_name)]
+NodeName = Annotated[str, Field(pattern=NODE_ID_PATTERN)]
+
+
+class SlurmJobData(BaseModel):
+    """What a Slurm job declares: a manifest's job (``manifest_id`` and ``job``), or the
+    namespace paths it reads and writes."""
+
+    manifest_id: int | None = Field(None, ge=1, le=2**31 - 1, description="the manifest whose job this is")
+    job: str | None = Field(None, min_length=1, max_length=200, description="the manifest's job id")
+    inputs: list[NsPath] = Field([], max_length=100_000, description="namespace paths the job reads")
+    outputs: list[NsPath] = Field([], max_length=100_000, description="namespace paths the job writes")
+
+
+class SlurmPlacementRequest(SlurmJobData):
+    nodes: list[NodeName] | None = Field(None, max_length=10_000,
+                                         description="Slurm's candidate nodes (default: the live nodes)")
+
+    @model_validator(mode="after")
+    def _declared(self) -> SlurmPlacementRequest:
+        if (self.manifest_id is None) != (self.job is None):
+            raise ValueError("manifest_id and job go together")
+        if self.manifest_id is None and not self.inputs:
+            raise ValueError("a job is declared by manifest_id and job, or by its inputs")
+        return self
+
+
+class SlurmPlacementOut(BaseModel):
+    node: str = Field(description="the node 2-Layer Scheduling chose")
+    source: Literal["manifest", "placement"] = Field(
+        description="the manifest's placement, or the online placement of these inputs")
+    inputs: list[str] = Field(description="the inputs the choice was made for (namespace paths)")
+
+
+class SlurmStageIn(SlurmJobData):
+    node: NodeName | None = Field(None, description="the node the job will run on (default: chosen here)")
+
+
+class SlurmPreRun(BaseModel):
+    node: NodeName = Field(description="the node Slurm runs the job on")
+
+
+class SlurmPostRun(BaseModel):
+    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+
+
+class SlurmTeardown(BaseModel):
+    hurry: bool = False
+
+
+class SlurmHook(BaseModel):
+    hook: str
+    at: float
+    detail: str | None
+
+
+class SlurmSteps(BaseModel):
+    total: int
+    done: int
+    failed: int
+    pending: int
+    delivered: int
+
+
+class SlurmJobOut(BaseModel):
+    id: int = Field(description="Slurm's job id")
+    manifest_id: int | None
+    job: str | None
+    inputs: list[str]
+    outputs: list[str]
+    state: Literal["pending", "staging", "running", "finished", "done"]
+    staged_on: str | None = Field(description="the node its inputs were staged on")
+    ran_on: str | None = Field(description="the node Slurm ran it on (known at pre-run)")
+    staging: Literal["none", "staging", "staged", "failed"]
+    failures: list[str] = Field(description="the failed prefetches: 'PATH: reason'")
+    steps: SlurmSteps
+    step_items: list[dict[str, Any]]
+    hooks: list[SlurmHook] = Field(description="the burst-buffer hooks reported, in order")
+    published: dict[str, dict[str, Any] | None] | None = Field(
+        description="after the run: each output's node and size in the namespace, null when missing")
+    outputs_missing: int = Field(description="outputs not in the namespace at the last post-run")
+    exit_code: int | None
+    created_at: float
+    updated_at: float
+
+
+class SlurmStatus(BaseModel):
+    text: str = Field(description="what `scontrol show bbstat` prints")
+    jobs: list[SlurmJobOut]

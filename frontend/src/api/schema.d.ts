@@ -353,6 +353,144 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/slurm/jobs/{slurm_job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get Job */
+        get: operations["slurmGetJob"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/jobs/{slurm_job_id}/post-run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Run
+         * @description The job ended: its inputs unpinned, its outputs published.
+         */
+        post: operations["slurmPostRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/jobs/{slurm_job_id}/pre-run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pre Run
+         * @description The job starts on `node`: recorded as where it ran, staged again there if it was
+         *     staged elsewhere, its inputs pinned while it runs.
+         */
+        post: operations["slurmPreRun"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/jobs/{slurm_job_id}/stage-in": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Stage In
+         * @description Record the job and send the prefetches of its inputs to its node; `staging` says
+         *     how far they are (the hook polls `GET /slurm/jobs/{id}` until `staged` or `failed`).
+         */
+        post: operations["slurmStageIn"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/jobs/{slurm_job_id}/teardown": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Teardown */
+        post: operations["slurmTeardown"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/placements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Choose Node
+         * @description The node a job should run on (job_submit.lua sets it as the job's node list): a
+         *     manifest's job on its node in the manifest's placement; a job that names its inputs
+         *     where they are (the online placement of `POST /placements`).
+         */
+        post: operations["slurmChooseNode"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/slurm/status": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Status
+         * @description `scontrol show bbstat [JOBID]`: the latest 50 jobs (or one), as text and JSON.
+         */
+        get: operations["slurmStatus"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/stream": {
         parameters: {
             query?: never;
@@ -1244,6 +1382,209 @@ export interface components {
             slow_write_bps: number;
             /** Ts */
             ts: number;
+        };
+        /** SlurmHook */
+        SlurmHook: {
+            /** At */
+            at: number;
+            /** Detail */
+            detail: string | null;
+            /** Hook */
+            hook: string;
+        };
+        /** SlurmJobOut */
+        SlurmJobOut: {
+            /** Created At */
+            created_at: number;
+            /** Exit Code */
+            exit_code: number | null;
+            /**
+             * Failures
+             * @description the failed prefetches: 'PATH: reason'
+             */
+            failures: string[];
+            /**
+             * Hooks
+             * @description the burst-buffer hooks reported, in order
+             */
+            hooks: components["schemas"]["SlurmHook"][];
+            /**
+             * Id
+             * @description Slurm's job id
+             */
+            id: number;
+            /** Inputs */
+            inputs: string[];
+            /** Job */
+            job: string | null;
+            /** Manifest Id */
+            manifest_id: number | null;
+            /** Outputs */
+            outputs: string[];
+            /**
+             * Outputs Missing
+             * @description outputs not in the namespace at the last post-run
+             */
+            outputs_missing: number;
+            /**
+             * Published
+             * @description after the run: each output's node and size in the namespace, null when missing
+             */
+            published: {
+                [key: string]: {
+                    [key: string]: unknown;
+                } | null;
+            } | null;
+            /**
+             * Ran On
+             * @description the node Slurm ran it on (known at pre-run)
+             */
+            ran_on: string | null;
+            /**
+             * Staged On
+             * @description the node its inputs were staged on
+             */
+            staged_on: string | null;
+            /**
+             * Staging
+             * @enum {string}
+             */
+            staging: "none" | "staging" | "staged" | "failed";
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "pending" | "staging" | "running" | "finished" | "done";
+            /** Step Items */
+            step_items: {
+                [key: string]: unknown;
+            }[];
+            steps: components["schemas"]["SlurmSteps"];
+            /** Updated At */
+            updated_at: number;
+        };
+        /** SlurmPlacementOut */
+        SlurmPlacementOut: {
+            /**
+             * Inputs
+             * @description the inputs the choice was made for (namespace paths)
+             */
+            inputs: string[];
+            /**
+             * Node
+             * @description the node 2-Layer Scheduling chose
+             */
+            node: string;
+            /**
+             * Source
+             * @description the manifest's placement, or the online placement of these inputs
+             * @enum {string}
+             */
+            source: "manifest" | "placement";
+        };
+        /** SlurmPlacementRequest */
+        SlurmPlacementRequest: {
+            /**
+             * Inputs
+             * @description namespace paths the job reads
+             * @default []
+             */
+            inputs: string[];
+            /**
+             * Job
+             * @description the manifest's job id
+             */
+            job?: string | null;
+            /**
+             * Manifest Id
+             * @description the manifest whose job this is
+             */
+            manifest_id?: number | null;
+            /**
+             * Nodes
+             * @description Slurm's candidate nodes (default: the live nodes)
+             */
+            nodes?: string[] | null;
+            /**
+             * Outputs
+             * @description namespace paths the job writes
+             * @default []
+             */
+            outputs: string[];
+        };
+        /** SlurmPostRun */
+        SlurmPostRun: {
+            /** Exit Code */
+            exit_code?: number | null;
+        };
+        /** SlurmPreRun */
+        SlurmPreRun: {
+            /**
+             * Node
+             * @description the node Slurm runs the job on
+             */
+            node: string;
+        };
+        /** SlurmStageIn */
+        SlurmStageIn: {
+            /**
+             * Inputs
+             * @description namespace paths the job reads
+             * @default []
+             */
+            inputs: string[];
+            /**
+             * Job
+             * @description the manifest's job id
+             */
+            job?: string | null;
+            /**
+             * Manifest Id
+             * @description the manifest whose job this is
+             */
+            manifest_id?: number | null;
+            /**
+             * Node
+             * @description the node the job will run on (default: chosen here)
+             */
+            node?: string | null;
+            /**
+             * Outputs
+             * @description namespace paths the job writes
+             * @default []
+             */
+            outputs: string[];
+        };
+        /** SlurmStatus */
+        SlurmStatus: {
+            /** Jobs */
+            jobs: components["schemas"]["SlurmJobOut"][];
+            /**
+             * Text
+             * @description what `scontrol show bbstat` prints
+             */
+            text: string;
+        };
+        /** SlurmSteps */
+        SlurmSteps: {
+            /** Delivered */
+            delivered: number;
+            /** Done */
+            done: number;
+            /** Failed */
+            failed: number;
+            /** Pending */
+            pending: number;
+            /** Total */
+            total: number;
+        };
+        /** SlurmTeardown */
+        SlurmTeardown: {
+            /**
+             * Hurry
+             * @default false
+             */
+            hurry: boolean;
         };
         /** SummaryHistory */
         SummaryHistory: {
@@ -3272,6 +3613,607 @@ export interface operations {
             };
             /** @description the token's scope does not allow this */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmGetJob: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Slurm's job id */
+                slurm_job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmJobOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmPostRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Slurm's job id */
+                slurm_job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SlurmPostRun"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmJobOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the DHT (Redis Cluster) is unreachable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmPreRun: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Slurm's job id */
+                slurm_job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SlurmPreRun"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmJobOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the DHT (Redis Cluster) is unreachable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmStageIn: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Slurm's job id */
+                slurm_job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SlurmStageIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmJobOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not in a state that allows this */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the DHT (Redis Cluster) is unreachable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmTeardown: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description Slurm's job id */
+                slurm_job_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SlurmTeardown"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmJobOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmChooseNode: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SlurmPlacementRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmPlacementOut"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the request body is larger than the bound */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input (detail names the field) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the DHT (Redis Cluster) is unreachable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    slurmStatus: {
+        parameters: {
+            query?: {
+                /** @description one Slurm job */
+                job?: number | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SlurmStatus"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description no, unknown or revoked token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the token's scope does not allow this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -39,6 +39,10 @@ Retry = Callable[[Session, ActionItem, str], bool]
 RETRY = "retry when the job before it has ended: "
 
 
+#: the actions /actions lists: not a manifest's plan steps, not a Slurm job's stage-in
+LISTED = (Action.manifest_id.is_(None), Action.action != "stage")
+
+
 def action_state(items: list[ActionItem]) -> str:
     """running while an item is with its node, pending while one waits for delivery, then
     done (every item done) or failed (some item failed)."""
@@ -205,7 +209,7 @@ class ActionService:
 
     def get(self, action_id: int) -> dict[str, Any]:
         with self.db.session() as s:
-            a = s.scalar(select(Action).where(Action.id == action_id, Action.manifest_id.is_(None))
+            a = s.scalar(select(Action).where(Action.id == action_id, *LISTED)
                          .options(selectinload(Action.items)))
             if a is None:
                 raise NotFound(("path", "action_id"), f"no action {action_id}")
@@ -213,8 +217,8 @@ class ActionService:
 
     def list(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], int]:
         with self.db.session() as s:
-            total = s.scalar(select(func.count()).select_from(Action).where(Action.manifest_id.is_(None))) or 0
-            rows = s.scalars(select(Action).where(Action.manifest_id.is_(None))
+            total = s.scalar(select(func.count()).select_from(Action).where(*LISTED)) or 0
+            rows = s.scalars(select(Action).where(*LISTED)
                              .options(selectinload(Action.items)).order_by(Action.id.desc())
                              .limit(limit).offset(offset))
             return [action_view(a) for a in rows], total

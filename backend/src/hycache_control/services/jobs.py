@@ -15,6 +15,7 @@ from ..db import Database
 from ..models import Action, ActionItem, Manifest, ManifestJob
 from .actions import ActionService, item_view
 from .errors import Conflict
+from .manifests import slurm_of
 from .replan import ReleasePlanner
 from .steps import BEFORE, job_row
 
@@ -51,7 +52,8 @@ class JobService:
         under way, instead of the whole manifest)."""
         with self.db.session() as s:
             j = job_row(s, manifest_id, job)
-            return {**_job_view(j), "steps": self._before_steps(s, manifest_id, job)}
+            return {**_job_view(j), "steps": self._before_steps(s, manifest_id, job),
+                    "slurm": slurm_of(s, manifest_id).get(job)}
 
     def job_event(self, manifest_id: int, job: str, what: str, actor: str | None) -> dict[str, Any]:
         """``what``: start | reads-done | finish."""

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
-from ..models import Action, ActionItem, Manifest, ManifestJob
+from ..models import Action, ActionItem, Manifest, ManifestJob, SlurmJob
 from .actions import ActionService, item_view
 from .bus import Bus
 from .cluster_state import ClusterState
@@ -78,6 +78,14 @@ def _bad_names(wf: Workflow) -> list[dict[str, Any]]:
                 except ValueError as e:
                     out.append({"loc": ["jobs", job.id, kind, k], "msg": str(e)})
     return out
+
+
+def slurm_of(s: Session, manifest_id: int) -> dict[str, dict[str, Any]]:
+    """Where Slurm ran the manifest's jobs (docs/slurm.md): {job: {job_id, node, state}},
+    the latest Slurm job of each."""
+    return {sj.job: {"job_id": sj.id, "node": sj.ran_on, "state": sj.state}
+            for sj in s.scalars(select(SlurmJob).where(SlurmJob.manifest_id == manifest_id).order_by(SlurmJob.id))
+            if sj.job is not None}
 
 
 class ManifestService:
@@ -233,6 +241,7 @@ class ManifestService:
         tasks = r.get("tasks") or {}
         items = list(s.scalars(select(ActionItem).join(Action).where(Action.manifest_id == m.id)
                                .options(selectinload(ActionItem.parent)).order_by(ActionItem.node, ActionItem.step)))
+        slurm = slurm_of(s, m.id)
         summary: dict[str, dict[str, int]] = {n: {"total": 0, **{k: 0 for k in STEP_STATES}} for n in r["plans"]}
         for it in items:
             if it.node is None:
@@ -248,7 +257,8 @@ class ManifestService:
              "solver": r.get("solver"), "optimal": r.get("optimal"), "options": m.options,
              "jobs": [{"id": j.job, "task": tasks.get(j.job), "node": j.node, "position": j.position,
                        "state": j.state, "started_at": j.started_at, "reads_done_at": j.reads_done_at,
-                       "finished_at": j.finished_at, "parents": list(j.parents or [])}
+                       "finished_at": j.finished_at, "parents": list(j.parents or []),
+                       "slurm": slurm.get(j.job)}
                       for j in m.jobs],
              "steps": summary, "created_at": m.created_at, "updated_at": m.updated_at}
         if full:
