@@ -82,6 +82,19 @@ def _norm(etag: str) -> str:
     return etag[2:] if etag.startswith("r-") else etag
 
 
+def _pread_cached(fd: int, n: int, off: int) -> bytes | memoryview | None:
+    """``n`` bytes at ``off`` if they are all in the page cache (the stream wrote them just
+    now), else None.  ``RWF_NOWAIT`` never waits for the disk or a lock: safe on the loop
+    thread, and no worker-thread hop for the common case of a reader close behind the
+    stream."""
+    buf = bytearray(n)
+    try:
+        k = os.preadv(fd, [buf], off, os.RWF_NOWAIT)
+    except (BlockingIOError, OSError):
+        return None
+    return memoryview(buf) if k == n else None
+
+
 class StreamCopy:
     def __init__(self, link, node, dest: str) -> None:
         self.link = link
@@ -246,7 +259,7 @@ class StreamCopy:
         first = max((f for f in self.spans if f <= off), default=0)
         return off - self.spans.get(first, first)
 
-    async def read(self, off: int, size: int) -> bytes:
+    async def read(self, off: int, size: int) -> bytes | memoryview:
         """Bytes ``[off, off + size)`` (fewer at the end of the file) of a copy that may still
         be filling: from the copy once the bytes are in it, or by a range GET of their own
         when they are FAR_AHEAD; EIO when the stream failed before it wrote them.  The
@@ -269,7 +282,10 @@ class StreamCopy:
         if not self.done:
             self.served = True
             status.filling_reads += 1
-        return await trio.to_thread.run_sync(os.pread, self.fd, end - off, off)
+        data = _pread_cached(self.fd, end - off, off)
+        if data is None:
+            data = await trio.to_thread.run_sync(os.pread, self.fd, end - off, off)
+        return data
 
     async def _ranged(self, off: int, n: int) -> bytes | None:
         """Bytes of this copy's version (its ETag) fetched apart from the stream, or None
@@ -313,7 +329,7 @@ class Filling:
         self.sc = sc
         self.closed = False
 
-    async def read(self, off: int, size: int) -> bytes:
+    async def read(self, off: int, size: int) -> bytes | memoryview:
         return await self.sc.read(off, size)
 
     async def aclose(self) -> None:
