@@ -82,7 +82,7 @@ def _norm(etag: str) -> str:
     return etag[2:] if etag.startswith("r-") else etag
 
 
-def _pread_cached(fd: int, n: int, off: int) -> bytes | memoryview | None:
+def _pread_cached(fd: int, n: int, off: int) -> memoryview | None:
     """``n`` bytes at ``off`` if they are all in the page cache (the stream wrote them just
     now), else None.  ``RWF_NOWAIT`` never waits for the disk or a lock: safe on the loop
     thread, and no worker-thread hop for the common case of a reader close behind the
@@ -270,10 +270,10 @@ class StreamCopy:
         status = self.link.status
         if not self.filled(off, end):
             if self._behind(off) >= FAR_AHEAD and self.etag is not None and self.addr is not None:
-                data = await self._ranged(off, end - off)
-                if data is not None:
+                ranged = await self._ranged(off, end - off)
+                if ranged is not None:
                     status.filling_ranged += 1
-                    return data
+                    return ranged
             status.filling_waits += 1
             while not self.filled(off, end):
                 if self.finished.is_set():
@@ -282,10 +282,10 @@ class StreamCopy:
         if not self.done:
             self.served = True
             status.filling_reads += 1
-        data = _pread_cached(self.fd, end - off, off)
-        if data is None:
-            data = await trio.to_thread.run_sync(os.pread, self.fd, end - off, off)
-        return data
+        cached = _pread_cached(self.fd, end - off, off)
+        if cached is not None:
+            return cached
+        return await trio.to_thread.run_sync(os.pread, self.fd, end - off, off)
 
     async def _ranged(self, off: int, n: int) -> bytes | None:
         """Bytes of this copy's version (its ETag) fetched apart from the stream, or None
