@@ -31,7 +31,8 @@ whole (``copies_filling`` in the reader's status) so the seq rows see a quiet re
 first bytes against the whole read of a file of the same size.  ``--rows`` picks the rows
 (default ``head,seq,rand,streams``).  ``--baseline-src DIR``: every mode also run by an
 agent whose code is DIR (``agent/src`` of another checkout, first on its PYTHONPATH),
-named ``MODE@base``, alternating with this one in each round (before/after in one run).
+named ``MODE@base``, alternating with this one in each round (before/after in one run;
+not the ``ra`` modes, whose flag an older agent may not have).
 
 ``--perf FILE``: ``perf record -a -g`` around the last seq read of the first reader of
 each mode (FILE.MODE), for the time split of a first open.
@@ -65,9 +66,9 @@ from hycache_harness import Agent, cluster_secret, drop_caches, redis_seeds, sta
 from remote_bench import MODES, MiB, ready
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
-# remote_bench's modes, and each with the mount's read-ahead at 1 MiB (``--read-ahead-kb``:
-# the kernel's READs of a copy still filling are then up to 1 MiB instead of 128 KiB)
-MODES = {**MODES, **{f"{m}ra": [*flags, "--read-ahead-kb", "1024"] for m, flags in MODES.items()}}
+# remote_bench's modes, and each with the mount's read-ahead at the kernel's 128 KiB
+# (``--read-ahead-kb 0``: the kernel's READs of a copy still filling are then 128 KiB)
+MODES = {**MODES, **{f"{m}ra": [*flags, "--read-ahead-kb", "0"] for m, flags in MODES.items()}}
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read
 # $HYCACHE_DEBUG_LOGGERS)
 STEP_LOGGERS = ",".join(["hycache_agent.transport.server", "hycache_agent.transport.client",
@@ -255,7 +256,7 @@ def main() -> int:
     size = rb.parse_size(a.size)
     modes = a.modes.split(",")
     if a.baseline_src is not None:
-        modes = [x for m in modes for x in (m, f"{m}@base")]
+        modes = [x for m in modes for x in ((m,) if m.endswith("ra") else (m, f"{m}@base"))]
     if a.small_only and not a.small:
         a.small = 200
     if a.steps:  # the agents log these modules' DEBUG lines (the rest at --holder-log / WARNING)

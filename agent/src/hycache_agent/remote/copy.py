@@ -55,8 +55,9 @@ PARTS_MIN = 16 << 20
 PART_ALIGN = 1 << 20
 # A copy of at most this size is one range request read into memory, written in one hop.
 SMALL_WHOLE = 256 << 10
-# A copy of at least this size is opened while it fills (smaller ones: once whole).
-FILLING_MIN = 4 << 20
+# A copy of at least this size is opened while it fills (smaller ones: once whole, a wait
+# of tens of ms, and then read through passthrough rather than by the agent).
+FILLING_MIN = PARTS_MIN
 # A read at least this far beyond where its stream writes is a range GET of its own.
 FAR_AHEAD = 8 << 20
 
