@@ -46,9 +46,10 @@ def mount_options(config: AgentConfig) -> set[str]:
 
 
 def set_read_ahead(mountpoint: Path, kb: int) -> None:
-    """The FUSE mount at ``mountpoint`` reads ahead ``kb`` KiB (its bdi's read_ahead_kb; the
-    kernel's FUSE INIT cannot raise it above 128).  Found in /proc/self/mountinfo: a
-    stat(2) of the mount point would wait for this process, which serves no request yet."""
+    """(blocking) The FUSE mount at ``mountpoint`` reads ahead ``kb`` KiB (its bdi's
+    read_ahead_kb; the INIT reply cannot raise it above the kernel's 128 and sets it, so
+    this runs after it).  Found in /proc/self/mountinfo, not by a stat(2) of the mount
+    point (a request to this process)."""
     dev = None
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -122,7 +123,11 @@ def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = 
                                node_id=config.node_id or socket.gethostname(),
                                address=cluster.advertise if cluster is not None else None)
     vfs = Vfs(engine, backings, cluster, copies)
-    ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine))
+    # the kernel takes the mount's read-ahead from the INIT reply (at most its 128 KiB): a
+    # larger one is set after it
+    after_init = functools.partial(set_read_ahead, config.mountpoint, config.read_ahead_kb) \
+        if config.read_ahead_kb else None
+    ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine), after_init=after_init)
     return Agent(config, engine, ops, AgentStatus(engine, cluster, control), cluster, control)
 
 
@@ -397,8 +402,6 @@ def run_mount(config: AgentConfig) -> int:
     agent = build_agent(config, engine, token)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
     pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
-    if config.read_ahead_kb:
-        set_read_ahead(mountpoint, config.read_ahead_kb)
     if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
         pyfuse3.set_loop_spin(int(config.loop_spin_us * 1000))
     _settle_gc()
