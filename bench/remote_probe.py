@@ -66,9 +66,9 @@ from hycache_harness import Agent, cluster_secret, drop_caches, redis_seeds, sta
 from remote_bench import MODES, MiB, ready
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
-# remote_bench's modes, and each with the mount's read-ahead at the kernel's 128 KiB
-# (``--read-ahead-kb 0``: the kernel's READs of a copy still filling are then 128 KiB)
-MODES = {**MODES, **{f"{m}ra": [*flags, "--read-ahead-kb", "0"] for m, flags in MODES.items()}}
+# remote_bench's modes, and each with the mount's read-ahead at 1 MiB (``--read-ahead-kb
+# 1024``: the kernel's READs of a copy still filling are then 1 MiB instead of 128 KiB)
+MODES = {**MODES, **{f"{m}ra": [*flags, "--read-ahead-kb", "1024"] for m, flags in MODES.items()}}
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read
 # $HYCACHE_DEBUG_LOGGERS)
 STEP_LOGGERS = ",".join(["hycache_agent.transport.server", "hycache_agent.transport.client",

@@ -73,7 +73,7 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
                    help="do not keep the kernel page cache across opens")
     m.add_argument("--read-ahead-kb", type=int,
                    help="the mount's read-ahead window in KiB: the largest read the kernel asks the agent for "
-                        "(default 1024; 0: the kernel's, 128)")
+                        "(e.g. 1024; default 0: the kernel's, 128)")
     return m
 
 

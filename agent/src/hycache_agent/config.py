@@ -37,8 +37,9 @@ class AgentConfig(BaseModel):
     kernel_cache: bool = True
     # the mount's read-ahead window (its bdi's read_ahead_kb), hence the largest READ the
     # kernel sends for a file the agent serves (a remote copy still filling, passthrough
-    # off): 1 MiB READs cost an eighth of the requests of the kernel's 128 KiB (0: keep it)
-    read_ahead_kb: int = Field(default=1024, ge=0, le=16384)
+    # off): 1024 makes 1 MiB READs, an eighth of the requests of the kernel's 128 KiB
+    # (docs/agent.md, "Read-ahead"); 0: the kernel's
+    read_ahead_kb: int = Field(default=0, ge=0, le=16384)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow
