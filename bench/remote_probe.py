@@ -25,10 +25,20 @@ DEBUG lines of the peer service, the peer client and the copy, switched on alone
 $HYCACHE_DEBUG_LOGGERS): the median file and the slowest 1 % are printed (the cold
 small-file tail, docs/benchmarks.md "The cold small-file tail").
 
+``head`` (with ``--rows``): each reader first times the open and first 4 KiB of another
+``--size`` file (``head``, before its seq reads), then waits for that file's copy to be
+whole (``copies_filling`` in the reader's status) so the seq rows see a quiet reader: the
+first bytes against the whole read of a file of the same size.  ``--rows`` picks the rows
+(default ``head,seq,rand,streams``).  ``--baseline-src DIR``: every mode also run by an
+agent whose code is DIR (``agent/src`` of another checkout, first on its PYTHONPATH),
+named ``MODE@base``, alternating with this one in each round (before/after in one run;
+not the ``ra`` modes, whose flag an older agent may not have).
+
 ``--perf FILE``: ``perf record -a -g`` around the last seq read of the first reader of
 each mode (FILE.MODE), for the time split of a first open.
 
 Usage: bench/remote_probe.py [--modes off,hybrid] [--rounds 3] [--files 3] [--size 256M]
+                             [--rows head,seq,rand,streams] [--baseline-src DIR]
                              [--agent-bin PATH] [--json FILE] [--perf FILE]
                              [--small N] [--small-only] [--steps] [--keep]
 Needs root (FUSE mounts, drop_caches).
@@ -56,6 +66,9 @@ from hycache_harness import Agent, cluster_secret, drop_caches, redis_seeds, sta
 from remote_bench import MODES, MiB, ready
 
 TRACE = TRACEFS / "instances" / "hycache-rmprobe"
+# remote_bench's modes, and each with the mount's read-ahead at 1 MiB (``--read-ahead-kb
+# 1024``: the kernel's READs of a copy still filling are then 1 MiB instead of 128 KiB)
+MODES = {**MODES, **{f"{m}ra": [*flags, "--read-ahead-kb", "1024"] for m, flags in MODES.items()}}
 # --steps: the modules whose DEBUG lines time a small file's steps (the agents read
 # $HYCACHE_DEBUG_LOGGERS)
 STEP_LOGGERS = ",".join(["hycache_agent.transport.server", "hycache_agent.transport.client",
@@ -194,6 +207,27 @@ def timed_seq(path: Path) -> tuple[float, float, float]:
     return n / (t2 - t0) / 1e6, t1 - t0, t2 - t1
 
 
+def timed_head(path: Path) -> float:
+    """Seconds from the open to the first 4 KiB read."""
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if len(os.read(fd, 4096)) != 4096:
+            raise SystemExit(f"{path}: short first read")
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def wait_whole(agent: Agent, timeout: float = 60.0) -> None:
+    """Until no copy streams into the agent's fast tier (a build without the field: at once)."""
+    t0 = time.monotonic()
+    while (agent.status().get("cluster") or {}).get("copies_filling", 0):
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{agent.name}: a copy still filling after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--modes", default="off,hybrid")
@@ -212,12 +246,17 @@ def main() -> int:
                    help="with --small: each file's time split into its steps on the reader and the holder "
                         "(their DEBUG lines of the peer service, the peer client and the small copy)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (the agents' logs)")
+    p.add_argument("--rows", default="head,seq,rand,streams", help="large-file rows to run")
+    p.add_argument("--baseline-src", type=Path, help="agent/src of another checkout: every mode also as MODE@base")
     a = p.parse_args()
+    rows_wanted = set(a.rows.split(","))
     if os.geteuid() != 0:
         print("remote_probe: needs root", file=sys.stderr)
         return 2
     size = rb.parse_size(a.size)
     modes = a.modes.split(",")
+    if a.baseline_src is not None:
+        modes = [x for m in modes for x in ((m,) if m.endswith("ra") else (m, f"{m}@base"))]
     if a.small_only and not a.small:
         a.small = 200
     if a.steps:  # the agents log these modules' DEBUG lines (the rest at --holder-log / WARNING)
@@ -238,8 +277,11 @@ def main() -> int:
         for r, m in readers:
             d = holder.mnt / f"{m}{r}"
             d.mkdir()
-            large = [] if a.small_only else [*((f"big{j}", size) for j in range(a.files)), ("rand", size),
-                                             *((f"s{k}", size // 4) for k in range(4))]
+            large = [] if a.small_only else [
+                *((f"big{j}", size) for j in range(a.files if "seq" in rows_wanted else 0)),
+                *((("head", size),) if "head" in rows_wanted else ()),
+                *((("rand", size),) if "rand" in rows_wanted else ()),
+                *((f"s{k}", size // 4) for k in range(4 if "streams" in rows_wanted else 0))]
             for name, n in large:
                 with open(d / name, "wb") as f:
                     for _ in range(n // MiB):
@@ -251,16 +293,28 @@ def main() -> int:
                 (d / "small" / f"f{i}").write_bytes(os.urandom(rnd.randint(4, 32) * 1024))
         holder.wait_published()
         time.sleep(1.2)  # the readers' listing caches (1 s)
-        for j in range(0 if a.small_only else a.files):
+        for j in range(0 if a.small_only or "seq" not in rows_wanted else a.files):
             drop_caches()
             rows.setdefault("local seq", []).append(timed_seq(holder.mnt / f"{modes[0]}0" / f"big{j}"))
         print(f"files written, local done ({time.monotonic() - t_start:.0f} s)", flush=True)
         for r, m in readers:
-            b = Agent(work / f"b-{m}{r}", f"b{m}{r}", "--rebalance-interval", "0", *MODES[m], **common).start()
+            mode, _, build = m.partition("@")
+            env = None
+            if build:
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                    [str(a.baseline_src.resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+            b = Agent(work / f"b-{mode}{build}{r}", f"b{mode}{build}{r}", "--rebalance-interval", "0", *MODES[mode],
+                      env=env, **common).start()
             ready(b)
             try:
                 d = b.mnt / f"{m}{r}"
-                for j in range(0 if a.small_only else a.files):
+                if "head" in rows_wanted and not a.small_only:
+                    drop_caches()
+                    head = timed_head(d / "head")
+                    wait_whole(b)
+                    rows.setdefault(f"{m} head", []).append(head)
+                    print(f"{m} r{r} first 4 KiB {head * 1e3:7.1f} ms", flush=True)
+                for j in range(0 if a.small_only or "seq" not in rows_wanted else a.files):
                     drop_caches()
                     perf = None
                     if a.perf and r == 0 and j == a.files - 1:
@@ -275,16 +329,20 @@ def main() -> int:
                     drop_caches(1)  # as remote_bench's "seq again": page cache dropped, inodes kept
                     again = timed_seq(d / f"big{j}")[0]
                     rows.setdefault(f"{m} seq again", []).append(again)
+                    cl = b.status().get("cluster") or {}
                     print(f"{m} r{r} seq {j}: {got[0]:7,.0f} MB/s  open {got[1] * 1e3:6.1f} ms  "
-                          f"reads {got[2] * 1e3:5.1f} ms; again {again:7,.0f} MB/s", flush=True)
-                if not a.small_only:
+                          f"reads {got[2] * 1e3:5.1f} ms; again {again:7,.0f} MB/s; reads of filling copies "
+                          f"so far {cl.get('filling_reads', '-')} (waited {cl.get('filling_waits', '-')})", flush=True)
+                if not a.small_only and "rand" in rows_wanted:
                     drop_caches()
                     got = rb.rand_read(d / "rand", a.rand_reads, r)
                     rows.setdefault(f"{m} rand", []).append(got)
+                    print(f"{m} r{r} rand {got:5.1f} MB/s", flush=True)
+                if not a.small_only and "streams" in rows_wanted:
                     drop_caches()
                     got4 = rb.concurrent([lambda n=n: rb.read_all(d / n) for n in ("s0", "s1", "s2", "s3")])
                     rows.setdefault(f"{m} 4 streams", []).append(got4)
-                    print(f"{m} r{r} rand {got:5.1f} MB/s  4 streams {got4:7,.0f} MB/s", flush=True)
+                    print(f"{m} r{r} 4 streams {got4:7,.0f} MB/s", flush=True)
                 if a.small:
                     drop_caches()
                     sm = small_traced(b.mnt, [d / "small" / f"f{i}" for i in range(a.small)])
@@ -316,26 +374,37 @@ def main() -> int:
     if a.steps:
         rows["steps"] = steps_report(rows, modes, log, reader_logs)
     print(f"\nremote_probe: {a.rounds} rounds x {modes}, {a.files} seq reads each; median [min-max]")
-    if not a.small_only:
-        ls = [x[0] for x in rows["local seq"]]
+    ls = [x[0] for x in rows.get("local seq", [])]
+    if ls:
         print(f"local seq {statistics.median(ls):,.0f} MB/s [{min(ls):,.0f}-{max(ls):,.0f}]")
     for m in modes:
+        if f"{m} head" in rows:
+            hd = rows[f"{m} head"]
+            line = f"{m:7s} first 4 KiB {statistics.median(hd) * 1e3:.1f} ms [{min(hd) * 1e3:.1f}-{max(hd) * 1e3:.1f}]"
+            if f"{m} seq" in rows:
+                whole = statistics.median(x[1] + x[2] for x in rows[f"{m} seq"])
+                line += f"; whole read {whole * 1e3:.0f} ms; ratio {statistics.median(hd) / whole:.3f}"
+            print(line)
         if a.small_only:
             sm = rows[f"{m} small"]
             print(f"{m:7s} small cold mean {statistics.median(x['mean_ms'] for x in sm):.2f} ms "
                   f"p99 {statistics.median(x['p99_ms'] for x in sm):.2f} ms "
                   f"[{min(x['p99_ms'] for x in sm):.2f}-{max(x['p99_ms'] for x in sm):.2f}]")
             continue
+        if f"{m} seq" not in rows:
+            continue
         seq = rows[f"{m} seq"]
         mb, op, rd = ([x[i] for x in seq] for i in range(3))
         first = [x[0] for k, x in enumerate(seq) if k % a.files == 0]
-        ratio = statistics.median(mb) / statistics.median(ls)
+        ratio = statistics.median(mb) / statistics.median(ls) if ls else float("nan")
         print(f"{m:7s} seq {statistics.median(mb):7,.0f} MB/s [{min(mb):,.0f}-{max(mb):,.0f}] "
               f"({ratio:.2f}x local)  open {statistics.median(op) * 1e3:.0f} ms "
               f"[{min(op) * 1e3:.0f}-{max(op) * 1e3:.0f}]  reads {statistics.median(rd) * 1e3:.1f} ms; "
               f"first read of each reader {statistics.median(first):,.0f} MB/s")
         for row in ("seq again", "rand", "4 streams"):
-            v = rows[f"{m} {row}"]
+            v = rows.get(f"{m} {row}")
+            if not v:
+                continue
             print(f"{m:7s} {row} {statistics.median(v):,.1f} MB/s [{min(v):,.1f}-{max(v):,.1f}]")
         if a.small:
             sm = rows[f"{m} small"]

@@ -19,9 +19,10 @@ bash scripts/lint.sh || rc=$?
 # privileges allow). Without arguments, the FUSE data-path suites run once more with
 # passthrough off (the writeback-cache path), so both modes are covered in one CI run.
 if [[ $# -eq 0 ]]; then
-    echo "test.sh: again with --passthrough off: agent mount/crash tests, pjdfstest, fsx, fio verify" >&2
+    echo "test.sh: again with --passthrough off: agent mount/crash tests, pjdfstest, fsx, fio verify," \
+        "remote copies read while they fill" >&2
     "$UV" run --frozen --all-packages pytest --passthrough off -k "not mergerfs and not raw" \
-        tests/agent/test_mount.py tests/agent/test_crash.py tests/posix || rc=$?
+        tests/agent/test_mount.py tests/agent/test_crash.py tests/posix tests/cluster/test_remote_filling.py || rc=$?
 fi
 echo "test.sh: pytest exit status $rc after $((SECONDS - start)) s" >&2
 exit "$rc"

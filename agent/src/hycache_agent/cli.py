@@ -71,6 +71,9 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
                         "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
+    m.add_argument("--read-ahead-kb", type=int,
+                   help="the mount's read-ahead window in KiB: the largest read the kernel asks the agent for "
+                        "(e.g. 1024; default 0: the kernel's, 128)")
     return m
 
 
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache",
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",

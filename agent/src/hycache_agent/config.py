@@ -35,6 +35,11 @@ class AgentConfig(BaseModel):
     # copy switches over; "before-open": open() waits for the copy (Algorithm 1 verbatim)
     promote_mode: Literal["background", "before-open"] = "background"
     kernel_cache: bool = True
+    # the mount's read-ahead window (its bdi's read_ahead_kb), hence the largest READ the
+    # kernel sends for a file the agent serves (a remote copy still filling, passthrough
+    # off): 1024 makes 1 MiB READs, an eighth of the requests of the kernel's 128 KiB
+    # (docs/agent.md, "Read-ahead"); 0: the kernel's
+    read_ahead_kb: int = Field(default=0, ge=0, le=16384)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow

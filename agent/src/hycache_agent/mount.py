@@ -15,6 +15,7 @@ import re
 import resource
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyfuse3
@@ -44,6 +45,27 @@ def mount_options(config: AgentConfig) -> set[str]:
     if config.allow_other:
         options.add("allow_other")
     return options
+
+
+def set_read_ahead(mountpoint: Path, kb: int) -> None:
+    """(blocking) The FUSE mount at ``mountpoint`` reads ahead ``kb`` KiB (its bdi's
+    read_ahead_kb; the INIT reply cannot raise it above the kernel's 128 and sets it, so
+    this runs after it).  Found in /proc/self/mountinfo, not by a stat(2) of the mount
+    point (a request to this process)."""
+    dev = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            fs_type = fields[fields.index("-") + 1]
+            point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            if point == str(mountpoint) and fs_type.startswith("fuse"):
+                dev = fields[2]  # the last one: the mount on top
+    try:
+        if dev is None:
+            raise OSError(f"{mountpoint} not in /proc/self/mountinfo")
+        Path(f"/sys/class/bdi/{dev}/read_ahead_kb").write_text(f"{kb}\n")
+    except OSError as exc:
+        log.warning("read-ahead of %s not set to %d KiB: %s", mountpoint, kb, exc)
 
 
 SHUTDOWN_GRACE = 10.0
@@ -103,7 +125,11 @@ def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = 
                                node_id=config.node_id or socket.gethostname(),
                                address=cluster.advertise if cluster is not None else None)
     vfs = Vfs(engine, backings, cluster, copies)
-    ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine))
+    # the kernel takes the mount's read-ahead from the INIT reply (at most its 128 KiB): a
+    # larger one is set after it
+    after_init = functools.partial(set_read_ahead, config.mountpoint, config.read_ahead_kb) \
+        if config.read_ahead_kb else None
+    ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine), after_init=after_init)
     return Agent(config, engine, ops, AgentStatus(engine, cluster, control), cluster, control)
 
 

@@ -21,7 +21,7 @@ from hycache_agent.cluster.store_link import LinkStatus
 from hycache_agent.cluster.tasks import Background
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
-from hycache_agent.remote.copy import StreamCopy
+from hycache_agent.remote.copy import FILLING_MIN, Filling, StreamCopy
 
 log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
@@ -84,9 +84,34 @@ class RemoteCopies:
         same version fetched meanwhile for a new lookup of the same path."""
         return str(self.cache_dir / f"{hashlib.sha1(path).hexdigest()}.{version}.{next(self._copy_seq)}")
 
+    @property
+    def filling(self) -> int:
+        """Copies streaming in now."""
+        return len(self._streams)
+
+    async def stream_open(self, node: RemoteNode) -> str | Filling:
+        """For an open: the whole local copy of a remote file's current version, or, for a
+        file of at least FILLING_MIN bytes whose copy is streaming in, a hold on that copy
+        to read while it fills (once the stream has its first response head)."""
+        sc = await self._stream(node)
+        if isinstance(sc, str):
+            return sc
+        if sc.size >= FILLING_MIN:
+            await sc.begun.wait()
+            held = sc.hold()
+            if held is not None:
+                return held
+        return await self._whole(node, sc)
+
     async def stream_remote(self, node: RemoteNode) -> str:
         """The whole local copy of a remote file's current version, streamed in with one
         GET if there is none yet (remote/copy.py; one stream per version, shared)."""
+        sc = await self._stream(node)
+        return sc if isinstance(sc, str) else await self._whole(node, sc)
+
+    async def _stream(self, node: RemoteNode) -> str | StreamCopy:
+        """The node's whole copy if there is one (or a whole fetch was on: it waits for
+        it), else the stream of its version (started if none runs)."""
         if node.meta.kind != "file":
             raise FsError(errno.EISDIR if node.is_dir else errno.ENXIO)
         await self.view.refresh(node)
@@ -100,6 +125,9 @@ class RemoteCopies:
                 return await self.open_remote(node)
             sc = self._streams[key] = StreamCopy(self, node, self._copy_dest(node))
             self.tasks.spawn(sc.run)
+        return sc
+
+    async def _whole(self, node: RemoteNode, sc: StreamCopy) -> str:
         await sc.wait()
         if self.has_copy(node):
             assert node.cache_blob is not None, "has_copy: the copy's blob is known"

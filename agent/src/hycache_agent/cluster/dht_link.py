@@ -38,6 +38,7 @@ from hycache_agent.cluster.store_link import StoreLink
 from hycache_agent.cluster.tasks import Background
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
+from hycache_agent.remote.copy import Filling
 from hycache_agent.remote.reader import RemoteReader
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class ClusterLink:
         d["replicas_kept"] = len(self.replica_store.index)
         d["rebalance"] = self.rebalancer.status()
         d["remote_read"] = "hccache" if self.reader is not None else "whole-file"
+        d["copies_filling"] = self.copies.filling
         d["invalidations"] = self.inval.status()
         return d
 
@@ -251,6 +253,9 @@ class ClusterLink:
 
     async def stream_remote(self, node: RemoteNode) -> str:
         return await self.copies.stream_remote(node)
+
+    async def stream_open(self, node: RemoteNode) -> str | Filling:
+        return await self.copies.stream_open(node)
 
     def copy_dest(self, path: bytes, version: int) -> str:
         return self.copies.copy_dest(path, version)

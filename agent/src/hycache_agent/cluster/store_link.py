@@ -36,6 +36,11 @@ class LinkStatus:
     remote_fetches: int = 0
     remote_bytes: int = 0
     backlog: int = 0
+    # reads of remote copies still filling (remote/copy.py): served from the copy before it
+    # was whole, made to wait for the stream, served by a range GET of their own
+    filling_reads: int = 0
+    filling_waits: int = 0
+    filling_ranged: int = 0
 
 
 class StoreLink:

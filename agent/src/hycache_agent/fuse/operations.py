@@ -111,8 +111,10 @@ class HyCacheOperations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = True
 
-    def __init__(self, vfs: Vfs, *, attr_timeout: float = 1.0, passthrough: bool = False) -> None:
+    def __init__(self, vfs: Vfs, *, attr_timeout: float = 1.0, passthrough: bool = False,
+                 after_init: Callable[[], None] | None = None) -> None:
         super().__init__()
+        self._after_init = after_init  # run once the kernel has the INIT reply (mount.set_read_ahead)
         engine = vfs.engine
         self.vfs = vfs
         self.engine = engine
@@ -145,6 +147,8 @@ class HyCacheOperations(pyfuse3.Operations):
         after the reply, so the probe runs as a task."""
         if self.enable_passthrough and self._nursery is not None:
             self._nursery.start_soon(self._probe_passthrough)
+        if self._after_init is not None and self._nursery is not None:
+            self._nursery.start_soon(trio.to_thread.run_sync, self._after_init)
 
     async def _probe_passthrough(self) -> None:
         self.vfs.backings.probe()

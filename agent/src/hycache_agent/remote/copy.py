@@ -1,26 +1,35 @@
-"""A remote file copied whole to the fast tier with one streamed GET.
+"""A remote file copied whole to the fast tier with one streamed GET, read while it fills.
 
 The first open of a remote file that is to be copied (HCCache off, or a large file HCCache
 copies, ``reader.wants_copy``) starts one streamed GET into ``fast/remote-cache/`` (a
-background task) and waits for it; then it and every later open is read by the kernel
-through passthrough (``remote/backing.py``).  Serving the first open's reads from the part
-already written while the rest streams in was tried and measured slower here: every
-128 KiB FUSE read then costs a kernel → agent → worker thread round trip (2–3 ms each on
-this loaded 2-core machine: 44 MB/s for a 256 MiB file whose stream took 2.4 s), while
-the kernel reads a whole copy through passthrough at page-cache speed.
+background task).  A file of at least FILLING_MIN bytes is opened as soon as the stream
+has its first response head: that open is served by the agent (no backing id: the kernel
+must never read the copy's unfilled bytes) and each read is answered from the part of
+the copy already written (:meth:`StreamCopy.read`), waiting for the stream to reach it,
+or, FAR_AHEAD bytes or more beyond where the stream writes, by a range GET of its own to
+the same holder (the same version: its ETag), so neither a ``head`` of a 10 GiB file nor
+a random read deep into it waits for the bytes before it.  Once the copy is whole it is
+the node's copy (``RemoteCopies.stream_done``) and later opens are read by the kernel
+through passthrough (``remote/backing.py``).  A smaller file's open waits for its whole
+copy, as every open did before.
 
 * One stream per (path, DHT version), shared by every open of the version and by a
-  takeover that wants the bytes (``ClusterLink.fetch_locked`` waits for it).
+  takeover that wants the bytes (``ClusterLink.fetch_locked`` waits for the whole copy).
 * A small file (at most SMALL_WHOLE) is one range request read into memory and the copy
   written in one worker-thread hop: its cold open is a round trip, not a stream's hops.
   With HCCache (hybrid) a cold small file is copied this way too (``reader.copies_small``)
   and the same bytes go into the memory cache.
-* The stream is written in order, so ``written`` is always a prefix of the file.
+* Each stream (the whole file, or one of PARTS ranges) writes in order from its first
+  byte, so what is filled is one span per stream, ``[first, got)`` (``spans``), reported
+  per hop of the transfer; a read is served from the copy only inside a span.
 * A holder that fails mid-stream: the next one (primary, then replicas) starts over from
   byte 0 and must send the same bytes: its ETag must be of the same family as the first
   one's (a replica's is the primary's with ``r-``), else the stream fails.  Bytes below
-  ``written`` are then rewritten with the same values.  No holder left: waiting and later
-  reads get EIO.
+  a span's end are then rewritten with the same values.  Parts of different versions
+  are fetched again by one stream, unless a reader was already served from them: then
+  the stream fails (the bytes served cannot be told apart).  No holder left: waiting and
+  later reads of what is not filled get EIO, never zeros; the partial copy is removed,
+  never the node's copy, and the next open streams again.
 """
 
 from __future__ import annotations
@@ -46,6 +55,15 @@ PARTS_MIN = 16 << 20
 PART_ALIGN = 1 << 20
 # A copy of at most this size is one range request read into memory, written in one hop.
 SMALL_WHOLE = 256 << 10
+# A copy of at least this size is opened while it fills (smaller ones: once whole, a wait
+# of tens of ms, and then read through passthrough rather than by the agent).
+FILLING_MIN = PARTS_MIN
+# A read at least this far beyond where its stream writes is a range GET of its own.
+FAR_AHEAD = 8 << 20
+
+
+class _Torn(Exception):
+    """Parts of two versions, and a reader was served from them."""
 
 
 def _write_whole(dest: str, data: bytes) -> list[float]:
@@ -65,6 +83,19 @@ def _norm(etag: str) -> str:
     return etag[2:] if etag.startswith("r-") else etag
 
 
+def _pread_cached(fd: int, n: int, off: int) -> memoryview | None:
+    """``n`` bytes at ``off`` if they are all in the page cache (the stream wrote them just
+    now), else None.  ``RWF_NOWAIT`` never waits for the disk or a lock: safe on the loop
+    thread, and no worker-thread hop for the common case of a reader close behind the
+    stream."""
+    buf = bytearray(n)
+    try:
+        k = os.preadv(fd, [buf], off, os.RWF_NOWAIT)
+    except (BlockingIOError, OSError):
+        return None
+    return memoryview(buf) if k == n else None
+
+
 class StreamCopy:
     def __init__(self, link, node, dest: str) -> None:
         self.link = link
@@ -77,12 +108,24 @@ class StreamCopy:
         self.done = False
         self.error: FsError | None = None
         self.fd = -1
-        self.refs = 1  # the stream itself
+        self.refs = 1  # the stream itself, and each open reading it while it fills
         self.finished = trio.Event()
+        self.begun = trio.Event()  # the first response head came (or the stream ended)
+        self.spans: dict[int, int] = {0: 0}  # first byte of a stream -> the end of what it wrote
+        self.served = False  # a reader was answered from the copy before it was whole
+        self.addr: str | None = None  # the holder streaming now
+        self._moved = trio.Event()  # set (and replaced) whenever a span grows or the stream ends
         self.created = time.monotonic()
 
     def _progress(self, done: int, total: int) -> None:
         self.written, self.size = done, total
+        self._grew(0, done)
+
+    def _grew(self, first: int, got: int) -> None:
+        if got > self.spans.get(first, first):
+            self.spans[first] = got
+        moved, self._moved = self._moved, trio.Event()
+        moved.set()
 
     async def run(self) -> None:
         node = self.node
@@ -98,9 +141,10 @@ class StreamCopy:
                     self.size = size
                     if self.etag is None:
                         self.etag = etag
+                    self.begun.set()
 
                 try:
-                    addr = await self.link.address_of(holder)
+                    addr = self.addr = await self.link.address_of(holder)
                     etag = None
                     if 0 < self.size <= SMALL_WHOLE and self.fd < 0:
                         etag = await self._small(addr, expect)
@@ -108,13 +152,13 @@ class StreamCopy:
                         self.fd = await trio.to_thread.run_sync(
                             os.open, self.dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                     if etag is None and self.size >= PARTS_MIN:
-                        try:
-                            etag = await self._parts(addr, expect)
-                        except* PeerChanged as group:  # parts of two versions: one stream decides
-                            log.info("parallel fetch of %r from %s: %r; one stream", node.path, holder, group)
+                        etag = await self._parts(addr, expect)
                     if etag is None:
                         etag = await self.link.peers.fetch_to_file(addr, node.path, self.fd, self._progress,
                                                                   etag=expect, started=started)
+                except _Torn:
+                    log.error("%r changed on %s while readers were served from its copy: EIO", node.path, holder)
+                    break
                 except Exception as exc:
                     last = exc
                     log.warning("streaming %r from %s failed: %s", node.path, holder, exc)
@@ -134,6 +178,8 @@ class StreamCopy:
             if not self.done and self.error is None:
                 self.error = FsError(errno.EIO)
             self.finished.set()
+            self.begun.set()
+            self._grew(0, 0)  # wakes the waiting readers
             with trio.CancelScope(shield=True):
                 await self.put()
 
@@ -164,22 +210,37 @@ class StreamCopy:
                       (t2 - tw[3]) * 1e3)
         return etag
 
-    async def _parts(self, addr, expect: str | None) -> str:
+    async def _parts(self, addr, expect: str | None) -> str | None:
         """The copy as PARTS ranges fetched in parallel; the same version (ETag) and the
-        size the DHT gave in every part, else PeerChanged (then one stream).  Any other
-        failure (the holder is gone) goes to the next holder."""
+        size the DHT gave in every part, else None (then one stream decides), or _Torn
+        when a reader was already served from them.  Any other failure (the holder is
+        gone) goes to the next holder."""
+        try:
+            return await self._parts_once(addr, expect)
+        except* PeerChanged as group:
+            log.info("parallel fetch of %r from %s: %r; one stream", self.node.path, addr, group)
+        if self.served:
+            raise _Torn
+        self.spans = {0: 0}  # (what the parts wrote may be of two versions)
+        return None
+
+    async def _parts_once(self, addr, expect: str | None) -> str:
         size = self.size
         step = -(-size // PARTS // PART_ALIGN) * PART_ALIGN
         bounds = [(i, min(i + step, size)) for i in range(0, size, step)]
         got: list[tuple[str, int]] = []
+        for first, _end in bounds:
+            self.spans.setdefault(first, first)
 
         def started(_size: int, etag: str) -> None:
             if self.etag is None:  # a holder tried next must send the same bytes
                 self.etag = etag
+            self.begun.set()
 
         async def one(first: int, end: int) -> None:
-            got.append(await self.link.peers.fetch_part_to_file(addr, self.node.path, self.fd, first, end,
-                                                                 etag=expect, started=started))
+            got.append(await self.link.peers.fetch_part_to_file(
+                addr, self.node.path, self.fd, first, end, etag=expect, started=started,
+                progress=lambda done, _total: self._grew(first, done)))
 
         async with trio.open_nursery() as nursery:
             for first, end in bounds:
@@ -188,6 +249,65 @@ class StreamCopy:
         if len(etags) != 1 or any(total != size for _, total in got):
             raise PeerChanged(f"{self.node.path!r}: parts of different versions or sizes: {got}")
         return got[0][0]
+
+    # ------------------------------------------------------------------ reads while it fills
+    def filled(self, off: int, end: int) -> bool:
+        """Whether bytes ``[off, end)`` are in the copy."""
+        return self.done or any(first <= off and end <= got for first, got in self.spans.items())
+
+    def _behind(self, off: int) -> int:
+        """How far ``off`` is beyond the end of the span of the stream that writes it."""
+        first = max((f for f in self.spans if f <= off), default=0)
+        return off - self.spans.get(first, first)
+
+    async def read(self, off: int, size: int) -> bytes | memoryview:
+        """Bytes ``[off, off + size)`` (fewer at the end of the file) of a copy that may still
+        be filling: from the copy once the bytes are in it, or by a range GET of their own
+        when they are FAR_AHEAD; EIO when the stream failed before it wrote them.  The
+        caller holds a reference (``refs``): the copy's descriptor stays open."""
+        end = min(off + size, self.size)
+        if off >= end:
+            return b""
+        status = self.link.status
+        if not self.filled(off, end):
+            if self._behind(off) >= FAR_AHEAD and self.etag is not None and self.addr is not None:
+                ranged = await self._ranged(off, end - off)
+                if ranged is not None:
+                    status.filling_ranged += 1
+                    return ranged
+            status.filling_waits += 1
+            while not self.filled(off, end):
+                if self.finished.is_set():
+                    raise self.error or FsError(errno.EIO)
+                await self._moved.wait()
+        if not self.done:
+            self.served = True
+            status.filling_reads += 1
+        cached = _pread_cached(self.fd, end - off, off)
+        if cached is not None:
+            return cached
+        return await trio.to_thread.run_sync(os.pread, self.fd, end - off, off)
+
+    async def _ranged(self, off: int, n: int) -> bytes | None:
+        """Bytes of this copy's version (its ETag) fetched apart from the stream, or None
+        (the holder failed, or has another version now: the reader waits for the stream)."""
+        assert self.etag is not None and self.addr is not None, "the stream has its holder and version"
+        try:
+            data, etag, _total = await self.link.peers.read_block(self.addr, self.node.path, off, n)
+        except Exception as exc:
+            log.info("range GET of %r [%d+%d] from %s failed: %s", self.node.path, off, n, self.addr, exc)
+            return None
+        if _norm(etag) != _norm(self.etag) or len(data) != n:
+            return None
+        return data
+
+    def hold(self) -> Filling | None:
+        """An open's hold on the copy while it fills (the copy's descriptor stays open until
+        :meth:`Filling.aclose`), or None once the stream has ended."""
+        if self.finished.is_set():
+            return None
+        self.refs += 1
+        return Filling(self)
 
     async def wait(self) -> None:
         """Until the stream ended; raises its error if it failed."""
@@ -200,3 +320,20 @@ class StreamCopy:
         if self.refs == 0 and self.fd >= 0:
             fd, self.fd = self.fd, -1
             await trio.to_thread.run_sync(os.close, fd)
+
+
+class Filling:
+    """One open of a remote file served from its copy while the copy fills (and after: the
+    open keeps its descriptor of the copy for its whole life)."""
+
+    def __init__(self, sc: StreamCopy) -> None:
+        self.sc = sc
+        self.closed = False
+
+    async def read(self, off: int, size: int) -> bytes | memoryview:
+        return await self.sc.read(off, size)
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self.sc.put()

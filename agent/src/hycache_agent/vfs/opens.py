@@ -16,6 +16,7 @@ from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.fs.passthrough import Backings
 from hycache_agent.remote.backing import RemoteBackings
+from hycache_agent.remote.copy import Filling
 from hycache_agent.vfs.view import Part, View
 
 
@@ -130,12 +131,22 @@ class Opens(Part):
         # reads whole too, reader.wants_copy); a whole copy is then read by the kernel itself
         # (passthrough, remote/backing.py)
         hit = self.cluster.has_copy(remote)
-        copy = None
+        copy = fd = None
         if reader is not None and not hit and not reader.wants_copy(remote):
             fd = reader.open(remote, pid)
-        else:  # the whole copy (streamed in first if needed, remote/copy.py)
-            copy = await self.cluster.stream_remote(remote)
-        bid = await self.remote_backings.open(remote.ino, copy)
+        else:  # the whole copy, or a large one still streaming in (read while it fills, remote/copy.py)
+            got = await self.cluster.stream_open(remote)
+            if isinstance(got, str):
+                copy = got
+            else:
+                fd = got
+        try:  # (a copy still filling is never given to the kernel: 0, served by the agent)
+            bid = await self.remote_backings.open(remote.ino, copy)
+        except BaseException:
+            if isinstance(fd, Filling):
+                with trio.CancelScope(shield=True):
+                    await fd.aclose()
+            raise
         if copy is not None and not bid:
             try:
                 fd = await trio.to_thread.run_sync(os.open, copy, os.O_RDONLY | os.O_CLOEXEC)
@@ -165,7 +176,7 @@ class Opens(Part):
         if remote[1] is None:  # passthrough: the kernel reads the copy (a straggler read)
             data = await trio.to_thread.run_sync(os.pread, self.remote_backings.by_ino[remote[0].ino].fd,
                                                  size, off)
-        elif not isinstance(remote[1], int):  # an HCCache handle
+        elif not isinstance(remote[1], int):  # an HCCache handle, or a copy still filling
             data = await remote[1].read(off, size)
         else:
             data = await trio.to_thread.run_sync(os.pread, remote[1], size, off)
@@ -191,6 +202,8 @@ class Opens(Part):
             node.open_count -= 1
             if isinstance(fd, int):
                 await trio.to_thread.run_sync(os.close, fd)
+            elif isinstance(fd, Filling):
+                await fd.aclose()
             elif fd is not None:
                 fd.close()
             await self.remote_backings.release(node.ino, bid)
