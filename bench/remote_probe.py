@@ -23,7 +23,7 @@ that row alone (no large files written or read; --small 200 unless given).
 ``--steps``: every small file's time split into its steps on both sides (the agents'
 DEBUG lines of the peer service, the peer client and the copy, switched on alone through
 $HYCACHE_DEBUG_LOGGERS): the median file and the slowest 1 % are printed (the cold
-small-file tail, docs/benchmarks.md "The cold small-file tail").
+small-file tail, docs/archive/benchmarks-history.md "The cold small-file tail").
 
 ``head`` (with ``--rows``): each reader first times the open and first 4 KiB of another
 ``--size`` file (``head``, before its seq reads), then waits for that file's copy to be

@@ -2,7 +2,7 @@
 
 A process with threads that outgrows its descriptor table waits for an RCU grace period
 in the open(2) that grew it (4-16 ms: the ~105th cold small remote file of a pass,
-docs/benchmarks.md "The cold small-file tail").  The agent reserves the slots it may use
+docs/archive/benchmarks-history.md "The cold small-file tail").  The agent reserves the slots it may use
 before it serves anything, so no later open pays for a growth.
 """
 

@@ -335,7 +335,7 @@ def _settle_gc() -> None:
     """Move what start-up made (modules, the namespace loaded from SQLite, the engine)
     out of the collector's reach: a full collection then walks only what was made since,
     instead of every object the agent holds, under the GIL (a collection of the whole heap
-    stalled the request loop for 50-300 ms during creates; docs/benchmarks.md, "What else
+    stalled the request loop for 50-300 ms during creates; docs/archive/benchmarks-history.md, "What else
     the loop waits for"). Objects freed by their reference counts are freed as before;
     only cycles among the start-up objects would wait (there are none to speak of: the
     namespace's inodes are a tree of dicts by number)."""
