@@ -12,8 +12,11 @@ One module-scoped fixture boots the hosts and runs `site.yml` from scratch once;
 then check, each its own step: the Redis Cluster and its ACL, the services under systemd,
 every agent `up` in the API, a file written on one host read intact on the others,
 `systemctl restart`/`stop`+`start` of an agent, a reboot (container restart) bringing the
-mount back by itself, a second run with `changed=0`, and an upgrade to a newer commit
-rolled through the agents one at a time while a reader on another host keeps reading.
+mount back by itself, a second run with `changed=0`, an upgrade to a newer commit
+rolled through the agents one at a time while a reader on another host keeps reading,
+and then each part killed once under load (kill -9; an agent host restarted): it comes
+back by itself within its bound with nothing lost (CHAOS below; docs/deployment.md,
+"When something dies (the rollout's systemd hosts)").
 
 Caches between runs (downloads only; the roles still install everything): each host's
 /var/cache/apt/archives and uv's cache are bind-mounted from HYCACHE_CACHE
