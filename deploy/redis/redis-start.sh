@@ -33,8 +33,11 @@ rules="$rules +cluster|slots +cluster|shards +cluster|nodes +cluster|info +clust
 rules="$rules +command +info +time +wait +readonly +readwrite +asking +client|setname +client|id"
 umask 077
 acl=$(mktemp /tmp/redis-acl.XXXXXX)
+# the default user: off, no password (no one logs in as it), every permission: Redis 7.0
+# replays the MULTI/EXEC of a script's effects from the AOF with the default user's
+# permissions, and would drop every one of them at a restart (redis/redis#14541)
 cat > "$acl" <<ACL
-user default off resetkeys -@all
+user default off resetpass ~* &* +@all
 user hycache-admin on >$admin ~* &* +@all
 user hycache-agent on >$agent $rules
 user hycache-control on >$control $rules

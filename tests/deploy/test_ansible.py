@@ -296,9 +296,33 @@ def test_systemd_verify_redis_template_unit(rendered):
     _systemd_verify(rendered["n1"] / "systemd" / "redis-cluster@.service", instance="7000")
 
 
+def _redis_server(conf: Path, port: int) -> subprocess.Popen:
+    """redis-server from `conf` on 127.0.0.1:port in the foreground, once it answers PING."""
+    proc = subprocess.Popen(["redis-server", str(conf), "--port", str(port), "--bind", "127.0.0.1",
+                             "--supervised", "no", "--cluster-announce-ip", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    admin = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_admin_password"]}
+    deadline = time.monotonic() + 15
+    while subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), "ping"], capture_output=True,
+                         text=True, env=admin).stdout.strip() != "PONG":
+        assert proc.poll() is None, f"redis-server refused the rendered configuration:\n{proc.stdout.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return proc
+
+
+def _cluster_ok(as_admin) -> None:
+    deadline = time.monotonic() + 15
+    while "cluster_state:ok" not in as_admin("cluster", "info"):
+        assert time.monotonic() < deadline, as_admin("cluster", "info")
+        time.sleep(0.1)
+
+
 def test_rendered_redis_conf_starts_redis_server(rendered, tmp_path):
     """redis-server accepts the role's configuration (its own dir, port and supervision
-    replaced for a foreground run here)."""
+    replaced for a foreground run here), and a restart keeps what a script wrote (its
+    effects are a MULTI/EXEC in the AOF, which Redis 7.0 replays with the default user's
+    permissions: redis/redis#14541)."""
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.skip("redis-server/redis-cli not installed")
     from hycache_dht.localcluster import find_free_base
@@ -312,35 +336,40 @@ def test_rendered_redis_conf_starts_redis_server(rendered, tmp_path):
     assert n == 1
     (tmp_path / "node.conf").write_text(conf)
     port = find_free_base(1)
-    proc = subprocess.Popen(["redis-server", str(tmp_path / "node.conf"), "--port", str(port), "--bind", "127.0.0.1",
-                             "--supervised", "no", "--cluster-announce-ip", "127.0.0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     admin = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_admin_password"]}
+    agent = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_agent_password"]}
+    as_agent = lambda *a: subprocess.run(["redis-cli", "--user", "hycache-agent", "-p", str(port), *a],  # noqa: E731
+                                         capture_output=True, text=True, env=agent).stdout.strip()
+    as_admin = lambda *a: subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), *a],  # noqa: E731
+                                         capture_output=True, text=True, env=admin).stdout.strip()
+    proc = _redis_server(tmp_path / "node.conf", port)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            ping = subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), "ping"],
-                                  capture_output=True, text=True, env=admin)
-            if ping.stdout.strip() == "PONG":
-                break
-            assert proc.poll() is None, f"redis-server refused the rendered configuration:\n{proc.stdout.read()}"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         got = subprocess.run(["redis-cli", "--user", "hycache-admin", "-p", str(port), "config", "get",
                               "cluster-enabled"], capture_output=True, text=True, env=admin).stdout.split()
         assert got == ["cluster-enabled", "yes"]
-        # access control: nothing without credentials; the agents' user reaches its keys
-        # but no dangerous command; a wrong password is refused
+        # access control: nothing without credentials, nor as the default user; the agents'
+        # user reaches its keys but no dangerous command; a wrong password is refused
         anon = subprocess.run(["redis-cli", "-p", str(port), "get", "hc:x"], capture_output=True, text=True)
         assert "NOAUTH" in anon.stdout + anon.stderr, anon
-        agent = {**os.environ, "REDISCLI_AUTH": REDIS_PASSWORDS["hycache_redis_agent_password"]}
-        as_agent = lambda *a: subprocess.run(["redis-cli", "--user", "hycache-agent", "-p", str(port), *a],  # noqa: E731
-                                             capture_output=True, text=True, env=agent).stdout.strip()
+        as_default = subprocess.run(["redis-cli", "-p", str(port), "auth", "default", ""], capture_output=True,
+                                    text=True)
+        assert "WRONGPASS" in as_default.stdout + as_default.stderr, as_default
         assert as_agent("time") and "NOPERM" not in as_agent("time")
         assert "NOPERM" in as_agent("config", "get", "dir") and "NOPERM" in as_agent("get", "other:x")
         wrong = subprocess.run(["redis-cli", "--user", "hycache-agent", "-p", str(port), "ping"], capture_output=True,
                                text=True, env={**os.environ, "REDISCLI_AUTH": "not-the-password-000"})
         assert "WRONGPASS" in wrong.stdout + wrong.stderr, wrong
+        assert as_admin("cluster", "addslotsrange", "0", "16383") == "OK"
+        _cluster_ok(as_admin)
+        script = "redis.call('hincrby', KEYS[1], '/v', 1); return redis.call('hset', KEYS[1], 'f', 'entry')"
+        assert as_agent("eval", script, "1", "hc:{t}:d") == "1"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    proc = _redis_server(tmp_path / "node.conf", port)  # the same dir: it loads its AOF
+    try:
+        _cluster_ok(as_admin)
+        assert as_agent("hget", "hc:{t}:d", "f") == "entry", proc.terminate() or proc.communicate(timeout=10)[0][-3000:]
     finally:
         proc.terminate()
         proc.wait(10)

@@ -12,8 +12,11 @@ One module-scoped fixture boots the hosts and runs `site.yml` from scratch once;
 then check, each its own step: the Redis Cluster and its ACL, the services under systemd,
 every agent `up` in the API, a file written on one host read intact on the others,
 `systemctl restart`/`stop`+`start` of an agent, a reboot (container restart) bringing the
-mount back by itself, a second run with `changed=0`, and an upgrade to a newer commit
-rolled through the agents one at a time while a reader on another host keeps reading.
+mount back by itself, a second run with `changed=0`, an upgrade to a newer commit
+rolled through the agents one at a time while a reader on another host keeps reading,
+and then each part killed once under load (kill -9; an agent host restarted): it comes
+back by itself within its bound with nothing lost (CHAOS below; docs/deployment.md,
+"When something dies (the rollout's systemd hosts)").
 
 Caches between runs (downloads only; the roles still install everything): each host's
 /var/cache/apt/archives and uv's cache are bind-mounted from HYCACHE_CACHE
@@ -28,13 +31,16 @@ Where Docker cannot run (deploy/local-images.sh exits 3) the module skips with t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
+import chaoskit
 import httpx
 import pytest
 import yaml
@@ -84,6 +90,7 @@ class Cluster:
         self.inventory = tmp / "inventory.yml"
         self.source = tmp / "src"  # a clone of the repository: the upgrade commits in it
         self.api_url = ""
+        self.reused = False  # taken from a former run (HYCACHE_ROLLOUT_KEEP)
 
     def exec(self, host: str, *cmd: str, check: bool = True, input: str | None = None,
              timeout: float = 120) -> subprocess.CompletedProcess:
@@ -141,8 +148,9 @@ class Cluster:
                                     cwd=ANSIBLE)
         return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ANSIBLE, timeout=3600)
 
-    def api(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.api_url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10, **kw)
+    def api(self, path: str, method: str = "GET", timeout: float = 10, **kw) -> httpx.Response:
+        return httpx.request(method, self.api_url + path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                             timeout=timeout, **kw)
 
     def nodes(self) -> dict[str, dict]:
         try:
@@ -166,14 +174,40 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _reused(keep: Path) -> Cluster | None:
+    """The cluster a former run left in `keep` (HYCACHE_ROLLOUT_KEEP), if its hosts run."""
+    state = keep / "cluster.json"
+    if not state.exists():
+        return None
+    saved = json.loads(state.read_text())
+    c = Cluster(keep, saved["tag"], saved["prefix"])
+    running = [docker("inspect", "-f", "{{.State.Running}}", d["container"], check=False).stdout.strip()
+               for d in c.info.values()]
+    if running != ["true"] * len(HOSTS):
+        return None
+    c.refresh()
+    return c
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
+    """The booted hosts. HYCACHE_ROLLOUT_KEEP=DIR (for development) keeps them running
+    after the module, their key and inventory in DIR; a later run with the same DIR takes
+    them as they are (the rollout then runs site.yml on them again, not from scratch)."""
+    keep = Path(os.environ["HYCACHE_ROLLOUT_KEEP"]) if os.environ.get("HYCACHE_ROLLOUT_KEEP") else None
+    if keep is not None and (c := _reused(keep)) is not None:
+        c.reused = True
+        yield c
+        return
     prep = subprocess.run(["bash", str(REPO / "deploy" / "local-images.sh")], cwd=REPO, capture_output=True,
                           text=True, timeout=3600)
     if prep.returncode == 3:
         pytest.skip(prep.stderr.strip().splitlines()[-1])
     assert prep.returncode == 0, prep.stderr[-3000:]
-    tmp = tmp_path_factory.mktemp("rollout")
+    tmp = tmp_path_factory.mktemp("rollout") if keep is None else keep
+    if keep is not None:
+        shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir(parents=True)
     base = "hycache-local/debian:bookworm"
     if docker("image", "inspect", base, check=False).returncode != 0:
         base = "debian:bookworm-slim"
@@ -208,11 +242,13 @@ def hosts(tmp_path_factory):
             wait_for(lambda h=h: c.exec(h, "systemctl", "is-active", "ssh", check=False).stdout.strip() == "active",
                      120, f"{h}: sshd")
         c.refresh()
+        if keep is not None:
+            (keep / "cluster.json").write_text(json.dumps({"tag": tag, "prefix": c.prefix}))
         yield c
     finally:
-        for h in HOSTS:
+        for h in HOSTS if keep is None else []:
             docker("rm", "-f", "-v", f"{tag}-{h}", check=False)
-        if made:
+        if made and keep is None:
             docker("network", "rm", tag, check=False)
 
 
@@ -222,7 +258,7 @@ def rolled_out(hosts):
     t0 = time.monotonic()
     first = hosts.playbook()
     took = time.monotonic() - t0
-    print(f"\nrollout: site.yml from scratch took {took:.0f} s")
+    print(f"\nrollout: site.yml {'again on the kept hosts' if hosts.reused else 'from scratch'} took {took:.0f} s")
     assert first.returncode == 0, first.stdout[-8000:] + first.stderr[-2000:] + hosts.service_logs()
     for pw in PASSWORDS.values():
         assert pw not in first.stdout + first.stderr
@@ -468,3 +504,212 @@ def test_an_upgrade_rolls_through_the_agents_one_at_a_time(hosts, written):
                                                   for h in AGENTS), 120, "every agent up with a new boot id")
     for h in AGENTS:
         assert read_sha(hosts, h, name) == _sha(data), h
+
+
+# --------------------------------------------------------------------------- when something dies
+# Each part killed once (kill -9 of its main process inside its host, as a crash would;
+# the whole host: `docker restart`) while writers on CHAOS_WRITERS write files through
+# their mounts (chaoskit.Writers), probes read /api/v1/nodes through HAProxy and the
+# workflow's jobs are started before each kill and finished after it. Part -> (the bound
+# in seconds from the kill until it is back, what restarts it):
+CHAOS = {
+    # systemd: Restart=on-failure, RestartSec=5, then the mount and the first heartbeat
+    "agent": (60.0, "hycache-agent.service Restart=on-failure"),
+    # uvicorn's supervisor starts a new server process in the killed one's place
+    "control process": (30.0, "hycache-control's uvicorn supervisor"),
+    # systemd: the unit's Restart=on-failure, RestartSec=5, then the database and /readyz
+    "control main": (60.0, "hycache-control.service Restart=on-failure"),
+    # systemd: Restart=always, RestartSec=2; back = the cluster whole (cluster_state:ok,
+    # every node connected) again
+    "redis master": (60.0, "redis-cluster@.service Restart=always"),
+    "redis replica": (60.0, "redis-cluster@.service Restart=always"),
+    # the roles' drop-ins on Debian's units
+    "postgresql": (60.0, "postgresql@.service drop-in Restart=on-failure"),
+    "haproxy": (30.0, "haproxy.service drop-in Restart=always"),
+    # the container restarted: systemd boots, starts Redis and the agent, which mounts again
+    "host restart": (180.0, "systemd at boot (units enabled)"),
+}
+CHAOS_PARTS = list(CHAOS)
+CHAOS_DIR = f"{MNT}/chaos"
+CHAOS_WRITERS = ["h2", "h4"]
+KILLED_AGENT = "h3"
+REBOOTED = "h2"  # an agent host holding two of the six Redis nodes
+
+
+def unit_prop(hosts, host: str, unit: str, prop: str) -> str:
+    return hosts.exec(host, "systemctl", "show", "-p", prop, "--value", unit, check=False).stdout.strip()
+
+
+def redis_all(hosts, *args: str) -> dict[str, str]:
+    """`redis-cli ARGS` against each of the six nodes, from h1 in one exec: "ip:port" -> output."""
+    addrs = " ".join(f"{hosts.info[h]['ip']}:{p}" for h in REDIS_HOSTS for p in ("7000", "7001"))
+    script = (f'for a in {addrs}; do echo "=== $a"; timeout 5 redis-cli --no-auth-warning --user hycache-admin '
+              f'-h "${{a%:*}}" -p "${{a#*:}}" "$@"; done')
+    out = hosts.exec("h1", "env", f"REDISCLI_AUTH={PASSWORDS['hycache_redis_admin_password']}", "sh", "-c",
+                     script, "sh", *args, check=False, timeout=60).stdout.replace("\r", "")
+    return {b.split("\n", 1)[0].strip(): b.split("\n", 1)[1] if "\n" in b else "" for b in out.split("=== ")[1:]}
+
+
+def redis_whole(hosts) -> bool:
+    """cluster_state:ok on every node, and every node sees all six connected, none failed."""
+    infos, nodes = redis_all(hosts, "cluster", "info"), redis_all(hosts, "cluster", "nodes")
+    if len(infos) != 6 or any("cluster_state:ok" not in v for v in infos.values()):
+        return False
+    for text in nodes.values():
+        rows = [ln.split() for ln in text.splitlines() if ln.strip()]
+        if len(rows) != 6 or any("fail" in f[2] or f[7] != "connected" for f in rows):
+            return False
+    return True
+
+
+def redis_node(hosts, role: str) -> tuple[str, str]:
+    """(host, port) of a Redis node in `role` (master | slave) as the cluster sees it."""
+    by_ip = {d["ip"]: h for h, d in hosts.info.items()}
+    for text in redis_all(hosts, "cluster", "nodes").values():
+        for f in (ln.split() for ln in text.splitlines() if ln.strip()):
+            if role in f[2].split(",") and "fail" not in f[2]:
+                ip, port = f[1].split("@")[0].rsplit(":", 1)
+                return by_ip[ip], port
+    raise AssertionError("no Redis node answers `cluster nodes`")
+
+
+def control_workers(hosts) -> list[int]:
+    """The server processes of hycache-control: the children of its main process that
+    multiprocessing spawned (uvicorn's workers)."""
+    main = unit_prop(hosts, CONTROL, "hycache-control", "MainPID")
+    out = hosts.sh(CONTROL, f"for c in $(cat /proc/{main}/task/*/children); do "
+                            f"tr '\\0' ' ' < /proc/$c/cmdline | grep -q spawn_main && echo $c; done",
+                   check=False).stdout
+    return [int(x) for x in out.split()]
+
+
+def api_answers(hosts) -> bool:
+    try:
+        return all(hosts.api(p, timeout=5).status_code == 200 for p in ("/api/v1/nodes", "/api/v1/manifests"))
+    except httpx.HTTPError:
+        return False
+
+
+def chaos_target(hosts, part: str) -> tuple[str, str]:
+    """(host, systemd unit) the part's kill goes to."""
+    if part.startswith("redis"):
+        host, port = redis_node(hosts, "master" if part == "redis master" else "slave")
+        return host, f"redis-cluster@{port}"
+    if part == "postgresql":
+        units = hosts.exec(CONTROL, "systemctl", "list-units", "--plain", "--no-legend", "postgresql@*").stdout
+        return CONTROL, units.split()[0]
+    return {"agent": (KILLED_AGENT, "hycache-agent"), "control process": (CONTROL, "hycache-control"),
+            "control main": (CONTROL, "hycache-control"), "haproxy": (CONTROL, "haproxy"),
+            "host restart": (REBOOTED, "hycache-agent")}[part]
+
+
+class Outage:
+    """One part's kill and the test of its coming back."""
+
+    def __init__(self, hosts, part: str):
+        self.hosts, self.part = hosts, part
+        self.host, self.unit = chaos_target(hosts, part)
+        self.node = REBOOTED if part == "host restart" else KILLED_AGENT  # whose state the probes follow
+        self.restarts = int(unit_prop(hosts, self.host, self.unit, "NRestarts"))
+        self.boot = hosts.nodes()[self.node]["boot_id"]
+        self.killed = 0
+
+    def kill(self) -> float:
+        """kill -9 (the host: docker restart); the time the outage began."""
+        hosts = self.hosts
+        if self.part == "control process":
+            self.killed = control_workers(hosts)[0]
+        elif self.part != "host restart":
+            self.killed = int(unit_prop(hosts, self.host, self.unit, "MainPID"))
+        t0 = time.monotonic()
+        if self.part == "host restart":
+            docker("restart", "-t", "60", hosts.info[self.host]["container"], timeout=300)
+            hosts.refresh()
+        else:
+            hosts.exec(self.host, "kill", "-9", str(self.killed))
+        return t0
+
+    def back(self) -> bool:
+        hosts, part = self.hosts, self.part
+        if part == "control process":
+            workers = control_workers(hosts)
+            return len(workers) == 2 and self.killed not in workers and api_answers(hosts)
+        if part == "host restart":
+            if hosts.exec(self.host, "systemctl", "is-active", self.unit, check=False).stdout.strip() != "active":
+                return False
+        elif (hosts.exec(self.host, "systemctl", "is-active", self.unit, check=False).stdout.strip() != "active"
+              or int(unit_prop(hosts, self.host, self.unit, "NRestarts")) != self.restarts + 1):
+            return False
+        if part in ("agent", "host restart"):
+            n = hosts.nodes().get(self.node, {})
+            if not (hosts.mounted(self.host) and n.get("state") == "up" and n.get("boot_id") != self.boot):
+                return False
+        if part.startswith("redis") or part == "host restart":
+            return redis_whole(hosts)
+        return api_answers(hosts)
+
+
+@pytest.fixture(scope="module")
+def chaos(hosts, rolled_out):
+    """What the parts share: the acknowledged files, the workflow, the report lines."""
+    wait_for(lambda: all(hosts.states().get(h) == "up" for h in AGENTS), 120, "h2, h3, h4 up")
+    hosts.exec(CHAOS_WRITERS[0], "mkdir", "-p", CHAOS_DIR)
+    wait_for(lambda: all(hosts.exec(h, "test", "-d", CHAOS_DIR, check=False).returncode == 0 for h in AGENTS),
+             60, f"{CHAOS_DIR} on every agent")
+    return {"acked": {}, "manifest": chaoskit.post_workflow(hosts.api, AGENTS), "finished": {}, "report": []}
+
+
+def _containers(hosts, names: list[str]) -> dict[str, str]:
+    return {h: hosts.info[h]["container"] for h in names}
+
+
+@pytest.mark.parametrize("part", CHAOS_PARTS)
+def test_a_killed_part_comes_back_by_itself_and_nothing_is_lost(hosts, chaos, part):
+    index = CHAOS_PARTS.index(part)
+    bound = CHAOS[part][0]
+    mid, jobs = chaos["manifest"]["id"], chaos["manifest"]["jobs"]
+    job = jobs[index]["id"] if index < len(jobs) else None  # a job per part while there are jobs
+    outage = Outage(hosts, part)
+    since = chaoskit.last_event_id(hosts.api)
+    if job is not None:
+        chaoskit.job_step(hosts.api, mid, job, "start")
+    tag = f"r{index}"
+    writers = chaoskit.Writers(_containers(hosts, CHAOS_WRITERS), CHAOS_DIR, chaos["acked"], tag).start()
+    probes = chaoskit.Probes(hosts.api, outage.node).start()
+    try:
+        time.sleep(chaoskit.SETTLE)
+        t0 = outage.kill()
+        try:
+            chaoskit.wait_for(outage.back, bound, f"{part} ({outage.host} {outage.unit}) back by itself", interval=1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{hosts.service_logs(60)}") from None
+        t1 = time.monotonic()
+        time.sleep(chaoskit.SETTLE)
+    finally:
+        writers.stop()
+        probes.stop()
+    errors, probed = probes.errors(t0, t1)
+    mine = [n for n in chaos["acked"] if n.startswith(f"{tag}-")]
+    bad = chaoskit.settled_check(_containers(hosts, AGENTS), CHAOS_DIR, chaos["acked"])
+    line = chaoskit.report_line(part, f"{outage.host} {outage.unit}", t1 - t0, bound, writers, len(mine), bad,
+                                len(chaos["acked"]), errors, probed)
+    chaos["report"].append(line)
+    print("\n" + line)
+    assert not bad, {a: {k: v[:5] for k, v in d.items()} for a, d in bad.items()}
+    assert writers.attempted > 0 and mine, (writers.attempted, writers.failed[:5])
+    if job is not None:
+        chaos["finished"][job] = chaoskit.job_step(hosts.api, mid, job, "finish").get("finished_at")
+    wait_for(lambda: all(hosts.states().get(h) == "up" for h in AGENTS), 60, "h2, h3, h4 up after the part")
+    if part in ("agent", "host restart"):
+        chaoskit.api_says_what_happened(hosts.api, probes, t0, outage.boot, since)
+
+
+def test_the_workflow_lost_nothing_and_ran_nothing_twice(hosts, chaos):
+    chaoskit.check_workflow(hosts.api, chaos["manifest"], chaos["finished"])
+
+
+def test_chaos_report(chaos):
+    print("\nWhen something dies (the ansible rollout on systemd hosts, kill -9 under load):")
+    for line in chaos["report"]:
+        print("  " + line)
+    assert len(chaos["report"]) == len(CHAOS_PARTS)

@@ -276,6 +276,10 @@ def _token(args: argparse.Namespace) -> int:
 
 #: how long serve keeps an idle keep-alive connection (uvicorn's default is 5 s)
 KEEP_ALIVE_SECONDS = 75
+#: how long a stopping server process waits for the requests in flight: the agents' plan
+#: long-polls (up to 60 s) are then cut and asked again elsewhere, so a stop (a restart,
+#: the workers left behind by a killed parent) is not held up by them
+STOP_GRACE_SECONDS = 5
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -303,7 +307,7 @@ def _serve(args: argparse.Namespace) -> int:
     # than a load balancer's idle pool, so the client side closes it first (docs/scaling.md)
     common: dict[str, Any] = dict(host=host.strip("[]"), port=int(port), log_level=s.log_level,
                                   access_log=s.log_level == "debug", loop="uvloop", http="httptools",
-                                  timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                                  timeout_keep_alive=KEEP_ALIVE_SECONDS, timeout_graceful_shutdown=STOP_GRACE_SECONDS)
     if s.workers == 1:
         # a start-up failure (the app's lifespan, the bind) ends uvicorn.run with SystemExit(3)
         uvicorn.run(create_app(s, tune_gc=True), **common)
