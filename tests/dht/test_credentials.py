@@ -24,7 +24,7 @@ def acl_redis(tmp_path):
     port = find_free_base(1)
     (tmp_path / "acl.conf").write_text(
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsave \"\"\n"
-        "user default off resetkeys -@all\n"
+        "user default off resetpass ~* &* +@all\n"  # as deployed: off, but with the permissions AOF replays need
         f"user hycache-agent on >{PASSWORD} resetkeys ~hc:* -@all +@read +@write +@connection\n")
     proc = subprocess.Popen(["redis-server", str(tmp_path / "acl.conf")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
