@@ -92,6 +92,10 @@ class SlowTier:
             (BLKIO / f"blkio.throttle.{kind}_bps_device").write_text(f"{self.majmin} {bps}\n")
             (BLKIO / f"blkio.throttle.{kind}_iops_device").write_text(f"{self.majmin} {iops}\n")
 
+    def describe(self) -> str:
+        return (f"{self.bps / 1e6:g} MB/s and {self.iops} IOPS per direction (cgroup v1 blkio throttle on "
+                f"{self.loop} {self.majmin}, a loop device with --direct-io=on), ext4")
+
     def rules(self, majmin: str | None = None) -> dict[str, int]:
         """The blkio rules in force for this device (or ``majmin``): file name -> limit."""
         dev = majmin or self.majmin
