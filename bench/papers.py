@@ -43,10 +43,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 ROWS = ["seq", "iops", "aggregate", "cold", "postmark", "postmark_small"]
 FULL = {"seq_sizes": ["4k", "16k", "64k", "256k", "1m", "4m", "16m"], "seq_file": "256M", "ios": 2500,
-        "runtime": 10, "counts": [1, 2, 4, 8, 12], "agg_file": "64M", "cold_size": "512M",
-        "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "small": [5000, 20000]}
-QUICK = {"seq_sizes": ["4k", "64k", "1m", "16m"], "seq_file": "32M", "ios": 250, "runtime": 2,
-         "counts": [1, 4, 12], "agg_file": "8M", "cold_size": "64M", "factors": [0.5, 2.0], "fast_mib": 256,
+        "runtime": 10, "iops_file": "64M", "counts": [1, 2, 4, 8, 12], "agg_file": "64M", "cold_size": "512M",
+        "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "pm_fast_mib": 512, "small": [5000, 20000]}
+QUICK = {"seq_sizes": ["4k", "64k", "1m", "16m"], "seq_file": "32M", "ios": 250, "runtime": 2, "iops_file": "16M",
+         "counts": [1, 4, 12], "agg_file": "8M", "cold_size": "64M", "factors": [0.5, 2.0], "fast_mib": 256, "pm_fast_mib": 256,
          "small": [500, 2000]}
 console = Console()
 
@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mbps", type=float, default=150.0, help="the HDD model's bandwidth, MB/s (default 150)")
     ap.add_argument("--iops", type=int, default=200, help="the HDD model's IOPS (default 200)")
     ap.add_argument("--hdd-size", default="16G", help="each HDD model's (sparse) image size (default 16G)")
-    ap.add_argument("--fast-mib", type=int, help="the fast tier's capacity, MiB (default 2048; --quick 256)")
+    ap.add_argument("--fast-mib", type=int, help="the fast tiers' capacity, MiB (default 2048 and 512 for the PostMark "
+                    "rows; --quick 256)")
     ap.add_argument("--mover-period", type=float, default=1.0, help="the mergerfs mover's period, s (default 1)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"), help="where the run's directories go")
     ap.add_argument("--json", type=Path, help="write the results here (default: a temp file)")
@@ -75,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"unknown row {bad!r}")
     a.params = dict(QUICK if a.quick else FULL)
     if a.fast_mib:
-        a.params["fast_mib"] = a.fast_mib
+        a.params["fast_mib"] = a.params["pm_fast_mib"] = a.fast_mib
     return a
 
 
@@ -85,28 +86,30 @@ def steps(a: argparse.Namespace, row: str) -> int:
             "postmark": n * len(p["factors"]), "postmark_small": n}[row]
 
 
-def one_row(a: argparse.Namespace, row: str, targets: list, cg: pmrow.MemCgroup | None, tick) -> dict:
+def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, cg: pmrow.MemCgroup | None,
+            tick) -> dict:
     p = a.params
     if row == "seq":
         return rows.seq_row(targets, p["seq_sizes"], p["seq_file"], tick)
     if row == "iops":
-        return rows.iops_row(targets, p["ios"], p["runtime"], tick)
+        return rows.iops_row(targets, p["ios"], p["runtime"], p["iops_file"], tick)
     if row == "aggregate":
         return rows.aggregate_row(targets, p["counts"], p["agg_file"], tick)
     if row == "cold":
         return rows.cold_row(targets, p["cold_size"], tick)
     assert cg is not None
     if row == "postmark":
-        return pmrow.sweep_row(targets, p["fast_mib"] << 20, p["factors"], cg, tick)
+        return pmrow.sweep_row(targets, fast_mib << 20, p["factors"], cg, tick)
     return pmrow.small_row(targets, *p["small"], cg, tick)
 
 
-def run_rows(a: argparse.Namespace, targets: list, progress: Progress) -> dict:
-    p, out = a.params, {}
-    fast_bytes = p["fast_mib"] << 20
-    cg = pmrow.MemCgroup(fast_bytes // 4) if {"postmark", "postmark_small"} & set(a.rows) else None
+def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: list, progress: Progress,
+             out: dict) -> None:
+    """Run the rows of ``group`` on ``targets`` (fast tiers of ``fast_mib``) into ``out``."""
+    fast_bytes = fast_mib << 20
+    cg = pmrow.MemCgroup(fast_bytes // 4) if {"postmark", "postmark_small"} & set(group) else None
     try:
-        for row in a.rows:
+        for row in group:
             task = progress.add_task(row, total=steps(a, row))
 
             def tick(what: str, task=task) -> None:
@@ -114,10 +117,10 @@ def run_rows(a: argparse.Namespace, targets: list, progress: Progress) -> dict:
 
             how = rows.CACHES.get(row) or (f"drop_caches, then each PostMark run in a memory cgroup limited to "
                                            f"{fast_bytes // 4 >> 20} MiB (a quarter of the fast tier)")
-            progress.console.print(f"[bold]{row}[/]: {how}")
+            progress.console.print(f"[bold]{row}[/] (fast tiers of {fast_mib} MiB): {how}")
             t0 = time.monotonic()
             try:
-                out[row] = one_row(a, row, targets, cg, tick)
+                out[row] = one_row(a, row, targets, fast_mib, cg, tick)
             except Exception as e:  # a failed row is reported, the others still run
                 progress.console.print(f"[red]{row} failed[/]: {e}")
                 out.setdefault("_errors", {})[row] = str(e)[-3000:]
@@ -129,7 +132,6 @@ def run_rows(a: argparse.Namespace, targets: list, progress: Progress) -> dict:
     finally:
         if cg:
             cg.close()
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,20 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     hdd_args = {"mbps": a.mbps, "iops": a.iops, "size": a.hdd_size}
     t0 = time.monotonic()
     console.print(f"papers: targets {', '.join(a.targets)}; rows {', '.join(a.rows)}; work in {work}")
-    targets = open_targets(a.targets, work, a.params["fast_mib"] << 20, hdd_args, a.mover_period)
-    try:
-        res = {"targets": a.targets, "params": a.params, "hdd_model": hdd_args,
-               "commands": {t.name: t.commands for t in targets},
-               "machine": {"kernel": platform.release(), "cpus": os.cpu_count()}}
-        with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as progress:
-            measured = run_rows(a, targets, progress)
-        res["caches"], res["seconds"] = measured.pop("_caches"), measured.pop("_seconds")
-        res["errors"] = measured.pop("_errors", {})
-        res["rows"] = measured
-    finally:
-        close_targets(targets)
-    shutil.rmtree(work, ignore_errors=True)  # kept (with the daemons' logs) when a row failed
+    res: dict = {"targets": a.targets, "params": a.params, "hdd_model": hdd_args, "commands": {},
+                 "machine": {"kernel": platform.release(), "cpus": os.cpu_count()}}
+    measured: dict = {}
+    # the PostMark sweep's fast tiers may be smaller (its sets are 0.5x-2x of them): its own targets
+    groups = [([r for r in a.rows if not r.startswith("postmark")], a.params["fast_mib"]),
+              ([r for r in a.rows if r.startswith("postmark")], a.params["pm_fast_mib"])]
+    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        for group, fast_mib in groups:
+            if not group:
+                continue
+            targets = open_targets(a.targets, work / f"fast{fast_mib}", fast_mib << 20, hdd_args, a.mover_period)
+            try:
+                res["commands"][f"{fast_mib} MiB fast tiers"] = {t.name: t.commands for t in targets}
+                run_rows(a, group, fast_mib, targets, progress, measured)
+            finally:
+                close_targets(targets)
+    res["caches"], res["seconds"] = measured.pop("_caches"), measured.pop("_seconds")
+    res["errors"] = measured.pop("_errors", {})
+    res["rows"] = measured
+    shutil.rmtree(work, ignore_errors=True)  # kept (with the daemons' logs) when something raised
     res["total_seconds"] = round(time.monotonic() - t0, 1)
     path = a.json or Path(tempfile.mkstemp(prefix="papers-", suffix=".json")[1])
     path.write_text(json.dumps(res, indent=1))

@@ -163,6 +163,7 @@ def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, 
     """Start the named targets in order (each with its own HDD model where it has a slow tier);
     on a failure, close the ones started and raise."""
     started: list[Target] = []
+    work.mkdir(parents=True, exist_ok=True)
     try:
         for name in names:
             if name == "fast":
