@@ -60,7 +60,7 @@ class Mover:
             return 0
         moved, now = 0, time.time()
         for _atime, mtime, size, path in sorted(files):
-            if used - moved < LOW * self.capacity or self._stop.is_set():
+            if used - moved <= LOW * self.capacity or self._stop.is_set():
                 break
             if now - mtime < self.period:
                 continue
