@@ -114,6 +114,8 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
 
             def tick(what: str, task=task) -> None:
                 progress.update(task, advance=1, description=f"{what}")
+                if not progress.console.is_terminal:  # a log: one line per step
+                    progress.console.print(f"  {what} done")
 
             how = rows.CACHES.get(row) or (f"drop_caches, then each PostMark run in a memory cgroup limited to "
                                            f"{fast_bytes // 4 >> 20} MiB (a quarter of the fast tier)")
