@@ -86,8 +86,7 @@ def steps(a: argparse.Namespace, row: str) -> int:
             "postmark": n * len(p["factors"]), "postmark_small": n}[row]
 
 
-def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, cg: pmrow.MemCgroup | None,
-            tick) -> dict:
+def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick) -> dict:
     p = a.params
     if row == "seq":
         return rows.seq_row(targets, p["seq_sizes"], p["seq_file"], tick)
@@ -97,43 +96,35 @@ def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, cg: p
         return rows.aggregate_row(targets, p["counts"], p["agg_file"], tick)
     if row == "cold":
         return rows.cold_row(targets, p["cold_size"], tick)
-    assert cg is not None
     if row == "postmark":
-        return pmrow.sweep_row(targets, fast_mib << 20, p["factors"], cg, tick)
-    return pmrow.small_row(targets, *p["small"], cg, tick)
+        return pmrow.sweep_row(targets, fast_mib << 20, p["factors"], tick)
+    return pmrow.small_row(targets, *p["small"], tick)
 
 
 def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: list, progress: Progress,
              out: dict) -> None:
     """Run the rows of ``group`` on ``targets`` (fast tiers of ``fast_mib``) into ``out``."""
-    fast_bytes = fast_mib << 20
-    cg = pmrow.MemCgroup(fast_bytes // 4) if {"postmark", "postmark_small"} & set(group) else None
-    try:
-        for row in group:
-            task = progress.add_task(row, total=steps(a, row))
+    for row in group:
+        task = progress.add_task(row, total=steps(a, row))
 
-            def tick(what: str, task=task) -> None:
-                progress.update(task, advance=1, description=f"{what}")
-                if not progress.console.is_terminal:  # a log: one line per step
-                    progress.console.print(f"  {what} done")
+        def tick(what: str, task=task) -> None:
+            progress.update(task, advance=1, description=f"{what}")
+            if not progress.console.is_terminal:  # a log: one line per step
+                progress.console.print(f"  {what} done")
 
-            how = rows.CACHES.get(row) or (f"drop_caches, then each PostMark run in a memory cgroup limited to "
-                                           f"{fast_bytes // 4 >> 20} MiB (a quarter of the fast tier)")
-            progress.console.print(f"[bold]{row}[/] (fast tiers of {fast_mib} MiB): {how}")
-            t0 = time.monotonic()
-            try:
-                out[row] = one_row(a, row, targets, fast_mib, cg, tick)
-            except Exception as e:  # a failed row is reported, the others still run
-                progress.console.print(f"[red]{row} failed[/]: {e}")
-                out.setdefault("_errors", {})[row] = str(e)[-3000:]
-                for t in targets:
-                    rows.clear(t)
-            out.setdefault("_caches", {})[row] = how
-            out.setdefault("_seconds", {})[row] = round(time.monotonic() - t0, 1)
-            progress.update(task, description=f"{row} done in {time.monotonic() - t0:.0f} s")
-    finally:
-        if cg:
-            cg.close()
+        how = rows.CACHES.get(row) or pmrow.CACHES
+        progress.console.print(f"[bold]{row}[/] (fast tiers of {fast_mib} MiB): {how}")
+        t0 = time.monotonic()
+        try:
+            out[row] = one_row(a, row, targets, fast_mib, tick)
+        except Exception as e:  # a failed row is reported, the others still run
+            progress.console.print(f"[red]{row} failed[/]: {e}")
+            out.setdefault("_errors", {})[row] = str(e)[-3000:]
+            for t in targets:
+                rows.clear(t)
+        out.setdefault("_caches", {})[row] = how
+        out.setdefault("_seconds", {})[row] = round(time.monotonic() - t0, 1)
+        progress.update(task, description=f"{row} done in {time.monotonic() - t0:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ def test_mover_moves_the_oldest_accessed_files_until_below_the_low_watermark(tmp
 
 def test_postmark_runs_its_phases_and_leaves_nothing(tmp_path: Path) -> None:
     r = PostMark(tmp_path, lo=512, hi=4096, block=1024, dirs=3, seed=1).run(files=200, transactions=400)
+    assert r["total_s"] > 0
     assert r["read_mb"] > 0 and r["written_mb"] >= 200 * 512 / 1e6
     assert r["total_s"] >= r["create_s"] + r["transactions_s"] and r["tps"] > 0
     assert [list(d.iterdir()) for d in tmp_path.iterdir()] == [[], [], []]
