@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="small sizes and a 256 MiB fast tier: a few minutes")
     ap.add_argument("--targets", default=",".join(NAMES), help=f"comma-separated subset of {','.join(NAMES)}")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
+    ap.add_argument("--seq-sizes", help="the seq row's block sizes, comma-separated (default 4k,16k,...,16m)")
     ap.add_argument("--mbps", type=float, default=150.0, help="the HDD model's bandwidth, MB/s (default 150)")
     ap.add_argument("--iops", type=int, default=200, help="the HDD model's IOPS (default 200)")
     ap.add_argument("--hdd-size", default="16G", help="each HDD model's (sparse) image size (default 16G)")
@@ -75,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for bad in set(a.rows) - set(ROWS):
         ap.error(f"unknown row {bad!r}")
     a.params = dict(QUICK if a.quick else FULL)
+    if a.seq_sizes:
+        a.params["seq_sizes"] = [b.strip().lower() for b in a.seq_sizes.split(",") if b.strip()]
     if a.fast_mib:
         a.params["fast_mib"] = a.params["pm_fast_mib"] = a.fast_mib
     return a
