@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,11 +73,17 @@ def _root_tools_missing() -> str | None:
 @pytest.mark.skipif(_root_tools_missing() is not None, reason=str(_root_tools_missing()))
 def test_quick_matrix_on_a_subset(tmp_path: Path) -> None:
     out = tmp_path / "papers.json"
+    work = Path(tempfile.mkdtemp(prefix="pp-", dir="/var/tmp"))  # short: the agent's control socket is in it
     argv = [sys.executable, str(REPO / "bench" / "papers.py"), "--quick", "--rows", "seq,cold",
             "--targets", "hdd,fast,hycache,mergerfs", "--json", str(out), "--img", str(tmp_path),
-            "--workdir", str(tmp_path), "--hdd-size", "2G"]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+            "--workdir", str(work), "--hdd-size", "2G"]
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        leftovers = list(work.iterdir())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert leftovers == []  # the run's directory (mounts, HDD models) is gone
     res = json.loads(out.read_text())
     assert res["errors"] == {}
     seq, cold = res["rows"]["seq"], res["rows"]["cold"]
@@ -92,4 +99,3 @@ def test_quick_matrix_on_a_subset(tmp_path: Path) -> None:
         assert cold[name]["slow_read_mb"] >= 0.9 * size_mb, cold
     assert cold["fast"]["slow_read_mb"] == 0
     assert (tmp_path / "papers_fig7_8_bandwidth.png").stat().st_size > 10_000
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("papers-")]  # the work dir is gone
