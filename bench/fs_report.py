@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 NOTES_MARKER = "## Notes"  # hand-written section of the report, kept when it is regenerated
+# bench/papers.py's section at the top of the page (issue 31), kept above "## Results"
+PAPERS_MARKER = "## The papers, reproduced"
+RESULTS_MARKER = "## Results"
 
 # row label, fio rw, block size
 WORKLOADS = [
@@ -444,10 +447,15 @@ def write_report(res: dict, targets: list[str], args, caches_dropped: bool, info
     ]
     lines += [f"| {k} | {v} |" for k, v in info.items()]
     lines.append("")
-    # A hand-written "## Notes" section (analysis) survives regeneration.
+    # A hand-written "## Notes" section (analysis) and the papers' section survive regeneration.
     if md.exists():
         old = md.read_text()
         if NOTES_MARKER in old:
             lines += ["", old[old.index(NOTES_MARKER):].rstrip(), ""]
+        if PAPERS_MARKER in old and RESULTS_MARKER in old[old.index(PAPERS_MARKER):]:
+            start = old.index(PAPERS_MARKER)
+            papers = old[start:old.index(RESULTS_MARKER, start)].rstrip()
+            at = lines.index(RESULTS_MARKER)
+            lines[at:at] = [papers, ""]
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines))

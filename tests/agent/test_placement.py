@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import trio
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
 from hycache_agent.fs.placement import POLICY_FILE, PolicyError, load_saved_policy, validate_policy
@@ -57,6 +58,36 @@ def test_room_for_evicts_only_what_it_needs_and_never_more_than_the_capacity(tmp
         assert e.fast_used == 600 * K
 
     run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False)
+
+
+def test_room_for_evicts_its_victims_at_once(tmp_path):
+    """On a slow device each move waits for its fsyncs: the victims of one call are moved
+    together (their syncs share the device's journal commits), not one after another."""
+    async def body(h):
+        e, p = h.engine, h.engine.placement
+        inos = [await h.write_file(b"f%d" % i, b"x" * (200 * K)) for i in range(5)]  # 1000 KiB
+        assert e.counters.evictions == 0
+        in_flight: list[int] = []
+        done = trio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                in_flight.append(len(e.migrations.active))
+                await trio.sleep(0)
+
+        async def make_room() -> None:
+            assert await p.room_for(500 * K, None)  # 1500 KiB > 1 MiB: three victims
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            nursery.start_soon(make_room)
+        assert [h.tier(i) for i in inos] == [T.SLOW] * 3 + [T.FAST] * 2  # the oldest, as before
+        assert max(in_flight) == 3 and e.counters.evictions == 3
+        assert len(e.migrations.active) == 0
+
+    # watermarks above the 1000 KiB written: the evictor stays out of it
+    run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, high_watermark=1.0, low_watermark=0.95)
 
 
 def test_the_evictor_runs_above_the_high_watermark_down_to_the_low_one(tmp_path):

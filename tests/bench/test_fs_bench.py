@@ -212,3 +212,15 @@ def test_quiesce_waits_while_the_cpus_are_busy() -> None:
             p.kill()
             p.join()
     assert waited >= 1.0
+
+
+def test_report_keeps_the_papers_section_and_the_notes(tmp_path: Path) -> None:
+    md = tmp_path / "benchmarks.md"
+    md.write_text("# File-system benchmarks\n\nold run\n\n## The papers, reproduced\n\nkeep me\n\n"
+                  "## Results\n\nold results\n\n## Notes\n\nmy notes\n")
+    args = fb.parse_args(["--quick", "--targets", "raw"])
+    fr.write_report({"raw": {}}, ["raw"], args, True, {"k": "v"}, {"raw": "a directory"}, md,
+                    tmp_path / "plot.png", "python bench/fs_bench.py", 1.0, "opts")
+    text = md.read_text()
+    assert text.index("## The papers, reproduced\n\nkeep me") < text.index("## Results") < text.index("## Notes")
+    assert "old results" not in text and "old run" not in text and text.rstrip().endswith("my notes")

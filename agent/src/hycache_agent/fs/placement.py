@@ -19,7 +19,6 @@ and policy queue (:mod:`~hycache_agent.fs.space`), the namespace and the files' 
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import logging
 import os
@@ -41,6 +40,10 @@ from hycache_agent.fs.space import Space
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
+# evictions in flight at once: on a slow device each move's fsyncs wait for the device, and
+# concurrent ones share its journal commits and request queue (one at a time, a hard disk
+# took ~17 files/s: 14 MB/s of 512 KiB files where it writes 150 MB/s)
+EVICT_PARALLEL = 8
 PLAN_HOLD_S = 60.0  # a staged file unopened this long is evictable again (a plan that never unpins it)
 
 
@@ -169,11 +172,43 @@ class Placement:
                 await m.done.wait()
             if space.fits(nbytes):
                 return True
-        for victim in list(itertools.islice(self.eviction_candidates(exclude), 64)):
-            if space.fits(nbytes):
+        tried = 0
+        while not space.fits(nbytes) and tried < 64:
+            victims = self._victims(space.used + nbytes - space.capacity, exclude)
+            if not victims:
                 break
-            await self._evict(victim)
+            tried += len(victims)
+            await self._evict_batch(victims)
         return space.fits(nbytes)
+
+    def _victims(self, nbytes: int, exclude: Inode | None) -> list[Inode]:
+        """The next victims in policy order whose sizes add up to ``nbytes``, at most
+        ``EVICT_PARALLEL`` of them."""
+        victims: list[Inode] = []
+        total = 0
+        for victim in self.eviction_candidates(exclude):
+            if total >= nbytes or len(victims) >= EVICT_PARALLEL:
+                break
+            victims.append(victim)
+            total += victim.size
+        return victims
+
+    async def _evict_batch(self, victims: list[Inode]) -> int:
+        """Evict ``victims`` at once; returns how many moved.  A failed move is logged and
+        counts as not moved (the slow tier failed: EIO, vanished, full)."""
+        moved = 0
+
+        async def one(victim: Inode) -> None:
+            nonlocal moved
+            try:
+                moved += await self._evict(victim)
+            except OSError as exc:
+                log.error("eviction of inode %d failed: %s", victim.ino, exc)
+
+        async with trio.open_nursery() as nursery:
+            for victim in victims:
+                nursery.start_soon(one, victim)
+        return moved
 
     async def _evict(self, victim: Inode) -> bool:
         """Move a chosen victim to the slow tier, if it is still evictable (it may have
@@ -198,14 +233,10 @@ class Placement:
             target = self.config.low_watermark * space.capacity
             failures = 0
             while space.used > target:
-                victim = next(self.eviction_candidates(), None)
-                if victim is None:
+                victims = self._victims(int(space.used - target), None)
+                if not victims:
                     break
-                try:
-                    moved = await self._evict(victim)
-                except OSError as exc:  # the slow tier failed (EIO, vanished): keep serving
-                    log.error("eviction of inode %d failed: %s", victim.ino, exc)
-                    moved = False
+                moved = await self._evict_batch(victims)  # a failing slow tier: logged, keep serving
                 if moved:
                     failures = 0
                 else:  # back off: a full or failing slow tier must not become a busy loop
