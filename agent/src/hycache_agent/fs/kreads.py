@@ -138,7 +138,11 @@ class KernelReads:
     @staticmethod
     def _whoami(fd: int, probe_dir: str | os.PathLike[str]) -> int:
         """(blocking, before the reader starts) The agent's process id in the trace: the
-        tgid of its own read of a probe file (OSError when none shows within 5 s)."""
+        tgid of its own read of a probe file (OSError when none shows within 5 s).  On the
+        main thread, the thread id of the read: the process id (the trace's tgid column
+        comes from a table the kernel updates when the thread is next scheduled out, so
+        the first events of a thread whose id was another process's show that process's)."""
+        main = threading.current_thread() is threading.main_thread()
         path = os.path.join(probe_dir, f".kreads-probe-{os.getpid()}")
         pfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -155,7 +159,7 @@ class KernelReads:
                         continue
                     for m in LINE.finditer(buf):
                         if int(m.group(5), 16) == ino:
-                            return int(m.group(2))
+                            return int(m.group(1) if main else m.group(2))
                     buf = buf[buf.rfind(b"\n") + 1:]
         finally:
             os.close(pfd)
