@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hycache_agent.fs.kreads import KernelReads
 
 MiB = 1 << 20
@@ -60,9 +59,9 @@ def test_other_processes_reads_count_once_and_the_agents_own_do_not(tmp_path):
         for _ in range(3):
             assert blob.read_bytes()  # this process is "the agent": left out
         # another process: one 4 MiB+ read(2) (many batches of pages), then 4 KiB ones
-        script = ("import os; fd = os.open(%r, os.O_RDONLY)\n"
+        script = (f"import os; fd = os.open({str(blob)!r}, os.O_RDONLY)\n"
                   "os.read(fd, (4 << 20) + 100)\n"
-                  "for i in range(256): os.pread(fd, 4096, i * 4096)") % str(blob)
+                  "for i in range(256): os.pread(fd, 4096, i * 4096)")
         subprocess.run([sys.executable, "-c", script], check=True)
         want = 4 * MiB + 4096 + 256 * 4096
         assert _drained_until(kr, want) == want, (kr.me, os.getpid(), kr.other_bytes)
