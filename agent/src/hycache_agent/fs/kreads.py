@@ -59,6 +59,7 @@ PENDING_SECONDS = 30.0
 MAX_PENDING = 65_536
 MAX_KNOWN = 1 << 20
 BATCH_SECONDS = 0.5
+READER_NICE = 10  # the reader yields the CPUs to the mount's readers and the agent
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -68,9 +69,9 @@ def kernel_dev(st_dev: int) -> int:
 
 class KernelReads:
     """The trace reader (a child process), the thread that takes its batches, and the
-    per-tier sums.  :meth:`learn` and :meth:`drain` run on the event loop thread; the dicts
-    they share with the batch thread are swapped or updated one operation at a time
-    (atomic under the GIL)."""
+    per-tier sums.  :meth:`learn` and :meth:`drain` run on the event loop thread; the batch
+    thread hands them batches through a deque (append and popleft are thread-safe) and
+    sets ``lost_events`` in one assignment."""
 
     def __init__(self, tracefs: Path = TRACEFS) -> None:
         self.tracefs = tracefs
@@ -114,13 +115,13 @@ class KernelReads:
             self.me = self._whoami(fd, probe_dir)
             self.child = self._spawn(fd, inst)
         except OSError as exc:
+            if fd >= 0:
+                os.close(fd)  # before the removal: an open trace keeps the instance
             self.reason = f"kernel read counts unavailable: tracefs {self.tracefs}: {exc.strerror or exc}"
             if inst.exists():
                 self._remove(inst)
             return False
-        finally:
-            if fd >= 0:
-                os.close(fd)  # the child holds its own copy
+        os.close(fd)  # the child holds its own copy
         self.instance = inst
         self.reason = "traced (filemap:mm_filemap_get_pages)"
         self._thread = threading.Thread(target=self._take_batches, args=(self.child,), name="kernel-reads",
@@ -132,7 +133,8 @@ class KernelReads:
         """The reader process, given the open trace; it exits at EOF on its stdin (ours)."""
         return subprocess.Popen(
             [sys.executable, "-m", "hycache_agent.fs.ktrace_reader", "--fd", str(fd), "--instance", str(inst),
-             "--me", str(self.me), "--parent", str(os.getpid()), "--every", str(BATCH_SECONDS)],
+             "--me", str(self.me), "--parent", str(os.getpid()), "--every", str(BATCH_SECONDS),
+             "--nice", str(READER_NICE)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,), close_fds=True)
 
     @staticmethod

@@ -9,7 +9,9 @@ entry count) and that many ``<QQQ`` entries (``st_dev``, inode, bytes).  Its own
 keeps the parsing off the agent's interpreter: the agent wakes once per batch.
 
 It dies with the agent: ``PR_SET_PDEATHSIG`` (SIGKILL), and an EOF on its stdin (the
-agent holds the other end) ends it too.
+agent holds the other end) ends it too.  It runs at a lower priority (``--nice``): when
+the CPUs are busy the mount's readers and the agent come first, and the ring buffer
+overflows (the events lost are counted) rather than a reader waiting.
 """
 
 from __future__ import annotations
@@ -141,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--me", type=int, required=True, help="the agent's process id as the trace shows it")
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--every", type=float, default=0.5)
+    p.add_argument("--nice", type=int, default=0, help="added to its niceness")
     a = p.parse_args(argv)
     _die_with(a.parent)
+    os.nice(a.nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's ^C is the agent's to handle
     try:
         run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno())
