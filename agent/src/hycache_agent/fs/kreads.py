@@ -8,7 +8,10 @@ rest of the range, so a continuation (same thread, file and end, a later start) 
 nothing.  The agent follows it in a private tracefs instance (``instances/hycache-PID-RANDOM``:
 its own ring buffer, so several agents on one host, in containers or not, do not steal
 each other's events),
-filtered in the kernel to the tiers' devices, and:
+filtered in the kernel to the tiers' devices.  A child process
+(``python -m hycache_agent.fs.ktrace_reader``, fs/ktrace_reader.py) reads and parses the
+events off the agent's interpreter, sums them per (device, inode) and sends the agent one
+batch every ``BATCH_SECONDS``; it dies with the agent.  The agent:
 
 - counts a read by a process other than the agent itself (the agent's own reads are the
   reads it serves, counted where it serves them, and migrations' copies); the agent
@@ -22,8 +25,9 @@ What it counts: bytes asked of the page cache of a blob, in whole pages (a read 
 past the end of the file counts what it asked for) — page-cache hits and device reads
 alike.  Blind spots: O_DIRECT reads
 (no page cache), reads through mmap (page faults, not reads), reads lost when the ring
-buffer overflows (``lost_events``: the reader, one Python thread, keeps up with about
-100,000 reads a second on the tiers' devices — every process's, on a shared device), and reads by any process of a blob file opened
+buffer overflows (``lost_events``: the reader, one Python process, keeps up with about
+100,000 reads a second on the tiers' devices — every process's, on a shared device), and
+reads by any process of a blob file opened
 directly on the tier rather than through the mount (indistinguishable: same inode).
 Needs a writable tracefs (root on the host, or a container that mounts it); without one
 ``reason`` says why and nothing is counted.
@@ -34,12 +38,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import secrets
 import select
+import subprocess
+import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
+
+from hycache_agent.fs.ktrace_reader import ENTRY, HEADER, LINE
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +58,8 @@ BUFFER_KB = 2048  # per CPU
 PENDING_SECONDS = 30.0
 MAX_PENDING = 65_536
 MAX_KNOWN = 1 << 20
-# "comm-TID (TGID) [CPU] flags TS: mm_filemap_get_pages: dev=MAJ:MIN ino=HEX ofs=START-END"
-LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\].*? mm_filemap_get_pages: dev=(\d+):(\d+) "
-                  rb"ino=([0-9a-f]+) ofs=(\d+)-(\d+)")
+BATCH_SECONDS = 0.5
+READER_NICE = 10  # the reader yields the CPUs to the mount's readers and the agent
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -61,9 +68,10 @@ def kernel_dev(st_dev: int) -> int:
 
 
 class KernelReads:
-    """The trace reader (a daemon thread) and its per-tier sums.  :meth:`learn` and
-    :meth:`drain` run on the event loop thread; the dicts they share with the reader are
-    swapped or updated one operation at a time (atomic under the GIL)."""
+    """The trace reader (a child process), the thread that takes its batches, and the
+    per-tier sums.  :meth:`learn` and :meth:`drain` run on the event loop thread; the batch
+    thread hands them batches through a deque (append and popleft are thread-safe) and
+    sets ``lost_events`` in one assignment."""
 
     def __init__(self, tracefs: Path = TRACEFS) -> None:
         self.tracefs = tracefs
@@ -71,12 +79,12 @@ class KernelReads:
         self.reason = "not started"
         self.known: dict[tuple[int, int], str] = {}  # (st_dev, ino) -> tier
         self.by_device: dict[int, str] = {}  # st_dev -> tier, when the tiers' devices differ
-        self._raw: dict[tuple[int, int], int] = {}  # (st_dev, ino) -> bytes not drained yet
+        self._batches: deque[dict[tuple[int, int], int]] = deque()  # (st_dev, ino) -> bytes, not drained yet
         self._pending: dict[tuple[int, int], tuple[float, int]] = {}  # not learnt: (since, bytes)
         self.other_bytes = 0
         self.lost_events = 0
         self.me = os.getpid()  # the agent's process id as the trace shows it (start)
-        self._stop = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -105,23 +113,38 @@ class KernelReads:
             (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
             (ev / "enable").write_text("1")
             self.me = self._whoami(fd, probe_dir)
+            self.child = self._spawn(fd, inst)
         except OSError as exc:
             if fd >= 0:
-                os.close(fd)
+                os.close(fd)  # before the removal: an open trace keeps the instance
             self.reason = f"kernel read counts unavailable: tracefs {self.tracefs}: {exc.strerror or exc}"
             if inst.exists():
                 self._remove(inst)
             return False
+        os.close(fd)  # the child holds its own copy
         self.instance = inst
         self.reason = "traced (filemap:mm_filemap_get_pages)"
-        self._thread = threading.Thread(target=self._run, args=(fd,), name="kernel-reads", daemon=True)
+        self._thread = threading.Thread(target=self._take_batches, args=(self.child,), name="kernel-reads",
+                                        daemon=True)
         self._thread.start()
         return True
+
+    def _spawn(self, fd: int, inst: Path) -> subprocess.Popen[bytes]:
+        """The reader process, given the open trace; it exits at EOF on its stdin (ours)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "hycache_agent.fs.ktrace_reader", "--fd", str(fd), "--instance", str(inst),
+             "--me", str(self.me), "--parent", str(os.getpid()), "--every", str(BATCH_SECONDS),
+             "--nice", str(READER_NICE)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,), close_fds=True)
 
     @staticmethod
     def _whoami(fd: int, probe_dir: str | os.PathLike[str]) -> int:
         """(blocking, before the reader starts) The agent's process id in the trace: the
-        tgid of its own read of a probe file (OSError when none shows within 5 s)."""
+        tgid of its own read of a probe file (OSError when none shows within 5 s).  On the
+        main thread, the thread id of the read: the process id (the trace's tgid column
+        comes from a table the kernel updates when the thread is next scheduled out, so
+        the first events of a thread whose id was another process's show that process's)."""
+        main = threading.current_thread() is threading.main_thread()
         path = os.path.join(probe_dir, f".kreads-probe-{os.getpid()}")
         pfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -138,7 +161,7 @@ class KernelReads:
                         continue
                     for m in LINE.finditer(buf):
                         if int(m.group(5), 16) == ino:
-                            return int(m.group(2))
+                            return int(m.group(1) if main else m.group(2))
                     buf = buf[buf.rfind(b"\n") + 1:]
         finally:
             os.close(pfd)
@@ -146,8 +169,16 @@ class KernelReads:
         raise OSError(errno.ETIMEDOUT, "the probe read never showed in the trace")
 
     def stop(self) -> None:
+        child, self.child = self.child, None
+        if child is not None:
+            assert child.stdin is not None
+            child.stdin.close()  # EOF: the reader sends what it has and exits
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         if self._thread is not None:
-            self._stop.set()
             self._thread.join(timeout=5)
             self._thread = None
         if self.instance is not None:
@@ -175,66 +206,25 @@ class KernelReads:
         except OSError as exc:
             log.warning("removing tracefs instance %s: %s", inst, exc)
 
-    # -- the reader thread -----------------------------------------------------------------
-    def _run(self, fd: int) -> None:
-        last: dict[int, tuple[int, int, int, int]] = {}  # tid -> (dev, ino, start, end) of its last event
-        me = self.me
-        buf = b""
-        checked = time.monotonic()
+    # -- the batch thread (wakes once per batch) ----------------------------------------------
+    def _take_batches(self, child: subprocess.Popen[bytes]) -> None:
+        out = child.stdout
+        assert out is not None
         try:
-            while not self._stop.is_set():
-                r, _, _ = select.select([fd], [], [], 0.5)
-                if time.monotonic() - checked > 1.0:
-                    self._read_lost()
-                    checked = time.monotonic()
-                if not r:
-                    continue
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    continue
-                lines = (buf + chunk).split(b"\n")
-                buf = lines.pop()
-                for line in lines:
-                    self._line(line, me, last)
-                if len(last) > 4096:
-                    last.clear()
+            while len(head := out.read(HEADER.size)) == HEADER.size:
+                lost, n = HEADER.unpack(head)
+                body = out.read(n * ENTRY.size)
+                if len(body) != n * ENTRY.size:
+                    break
+                self.lost_events = lost
+                self._batches.append({(dev, ino): nbytes for dev, ino, nbytes in ENTRY.iter_unpack(body)})
         except Exception:  # never let the counting take the agent down
             log.exception("kernel read counting stopped")
         finally:
-            os.close(fd)
-
-    def _line(self, line: bytes, me: int, last: dict) -> None:
-        m = LINE.search(line)
-        if m is None:
-            return
-        tid, tgid, major, minor, ino_hex, start_s, end_s = m.groups()
-        if int(tgid) == me:
-            return
-        dev = os.makedev(int(major), int(minor))
-        ino = int(ino_hex, 16)
-        start, end = int(start_s), int(end_s) + 1
-        t = int(tid)
-        prev = last.get(t)
-        last[t] = (dev, ino, start, end)
-        if prev is not None and prev[0] == dev and prev[1] == ino and prev[3] == end and prev[2] < start < end:
-            return  # the same read(2), its next batch of pages
-        key = (dev, ino)
-        self._raw[key] = self._raw.get(key, 0) + end - start
-
-    def _read_lost(self) -> None:
-        """Events the ring buffer dropped (``overrun`` of each CPU's stats)."""
-        if self.instance is None:
-            return
-        lost = 0
-        try:
-            for stats in (self.instance / "per_cpu").glob("cpu*/stats"):
-                for ln in stats.read_text().splitlines():
-                    if ln.startswith("overrun:"):
-                        lost += int(ln.split()[1])
-        except (OSError, ValueError):
-            return
-        self.lost_events = lost
+            out.close()
+        if self.child is child:  # not stopped by us
+            log.warning("the kernel read trace reader exited (status %s)", child.wait())
+            self.reason = "the trace reader exited"
 
     # -- the event loop's side ----------------------------------------------------------------
     def learn(self, tier: str, st_dev: int, ino: int) -> None:
@@ -245,7 +235,10 @@ class KernelReads:
 
     def drain(self) -> dict[str, int]:
         """Bytes read from each tier since the last drain (attributed ones only)."""
-        raw, self._raw = self._raw, {}
+        raw: dict[tuple[int, int], int] = {}
+        while self._batches:
+            for key, n in self._batches.popleft().items():
+                raw[key] = raw.get(key, 0) + n
         out: dict[str, int] = {}
         now = time.monotonic()
         for key, n in raw.items():

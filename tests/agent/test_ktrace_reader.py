@@ -1,0 +1,138 @@
+"""The kernel read trace's reader process (fs/ktrace_reader.py), driven through
+fs/kreads.py against the real tracefs: it counts other processes' reads once each,
+leaves the agent's own out, reports the events the ring buffer lost, and dies with the
+agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from hycache_agent.fs.kreads import KernelReads
+
+MiB = 1 << 20
+
+
+def _started(tmp_path: Path) -> KernelReads:
+    kr = KernelReads()
+    dev = os.stat(tmp_path).st_dev  # two tiers on one device: bytes go by inode only
+    if not kr.start({"fast": dev, "slow": dev}, tmp_path):
+        pytest.skip(kr.reason)
+    return kr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _drained_until(kr: KernelReads, enough: int, timeout: float = 10.0) -> int:
+    got, deadline = 0, time.monotonic() + timeout
+    while got < enough and time.monotonic() < deadline:
+        time.sleep(0.2)
+        got += kr.drain().get("fast", 0)
+    time.sleep(1.2)  # two more batches: anything counted twice would show now
+    return got + kr.drain().get("fast", 0)
+
+
+def test_other_processes_reads_count_once_and_the_agents_own_do_not(tmp_path):
+    kr = _started(tmp_path)
+    try:
+        assert kr.child is not None and _alive(kr.child.pid)
+        blob = tmp_path / "blob"
+        with open(blob, "wb", buffering=0) as f:  # 4 KiB writes: small folios, so a long
+            for _ in range(MiB // 1024):           # read is served in many batches of pages
+                f.write(os.urandom(4096))
+            f.write(b"x" * 100)  # counted in whole pages
+        st = os.stat(blob)
+        kr.learn("fast", st.st_dev, st.st_ino)
+        for _ in range(3):
+            assert blob.read_bytes()  # this process is "the agent": left out
+        # another process: one 4 MiB+ read(2) (many batches of pages), then 4 KiB ones
+        script = (f"import os; fd = os.open({str(blob)!r}, os.O_RDONLY)\n"
+                  "os.read(fd, (4 << 20) + 100)\n"
+                  "for i in range(256): os.pread(fd, 4096, i * 4096)")
+        subprocess.run([sys.executable, "-c", script], check=True)
+        want = 4 * MiB + 4096 + 256 * 4096
+        assert _drained_until(kr, want) == want, (kr.me, os.getpid(), kr.other_bytes)
+        assert kr.status()["active"] is True and kr.other_bytes == 0
+        # a lower priority than the agent's: busy CPUs go to the readers and the agent first
+        assert os.getpriority(os.PRIO_PROCESS, kr.child.pid) > os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        kr.stop()
+    assert kr.instance is None and not kr.active
+
+
+def test_lost_events_are_reported(tmp_path):
+    kr = _started(tmp_path)
+    child = kr.child
+    assert child is not None
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"x" * 4096)
+    try:
+        os.kill(child.pid, signal.SIGSTOP)  # nobody empties the ring buffer now
+        fd = os.open(blob, os.O_RDONLY)
+        try:
+            for _ in range(200_000):  # ~100 bytes an event: far past 2 MiB a CPU
+                os.pread(fd, 4096, 0)
+        finally:
+            os.close(fd)
+        os.kill(child.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while kr.status()["lost_events"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert kr.status()["lost_events"] > 0
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+        kr.stop()
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "exit"])
+def test_the_reader_dies_with_the_agent(tmp_path, how):
+    """A stand-in agent starts the reader and dies (killed, or exits without stop()):
+    the reader follows within seconds, and its tracefs instance can then be reaped."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from hycache_agent.fs.kreads import KernelReads
+        kr = KernelReads()
+        if not kr.start({{"fast": os.stat({str(tmp_path)!r}).st_dev}}, {str(tmp_path)!r}):
+            print("skip", kr.reason, flush=True)
+            sys.exit(0)
+        print(kr.child.pid, kr.instance, flush=True)
+        if {how!r} == "exit":
+            os._exit(0)
+        time.sleep(60)
+    """)
+    agent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        first = agent.stdout.readline().split(maxsplit=1)  # type: ignore[union-attr]
+        if not first or first[0] == "skip":
+            pytest.skip(" ".join(first[1:]) or "the stand-in agent failed")
+        reader, instance = int(first[0]), Path(first[1].strip())
+        assert _alive(reader)
+        if how == "SIGKILL":
+            agent.kill()
+        agent.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(reader) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(reader)
+        assert instance.exists()  # left behind by the dead agent: the next start reaps it
+        kr = _started(tmp_path)
+        kr.stop()
+        assert not instance.exists()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
