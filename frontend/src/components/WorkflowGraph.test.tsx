@@ -3,7 +3,7 @@ import { render, screen, within } from '@testing-library/react';
 import type { ManifestJob } from '../api/types';
 import { nodeColors } from './nodeColors';
 import { PlacementTable } from './PlacementTable';
-import { BOX_W, MIN_FIT_ZOOM, WRAP_COLUMNS, WorkflowGraph, dagLayout, fitView } from './WorkflowGraph';
+import { BOX_W, MIN_FIT_ZOOM, WRAP_COLUMNS, WorkflowGraph, dagLayout, fitView, shortLabel } from './WorkflowGraph';
 
 const job = (id: string, node: string, position: number, parents: string[]): ManifestJob => ({
   id,
@@ -58,7 +58,8 @@ test('a deep chain opens at its top at MIN_FIT_ZOOM, not shrunk to fit its heigh
 test('a graph that fits is shown whole, centred, never above zoom 1', () => {
   const v = fitView(300, 200, VIEW.w, VIEW.h);
   expect(v).toEqual({ k: 1, x: (VIEW.w - 300) / 2, y: (VIEW.h - 200) / 2 });
-  expect(fitView(2300, 200, VIEW.w, VIEW.h).k).toBeCloseTo(VIEW.w / 2300);
+  expect(fitView(1400, 200, VIEW.w, VIEW.h).k).toBeCloseTo(VIEW.w / 1400);
+  expect(fitView(4000, 200, VIEW.w, VIEW.h)).toEqual({ k: MIN_FIT_ZOOM, x: 0, y: (VIEW.h - 200 * MIN_FIT_ZOOM) / 2 });
 });
 
 const slurmJobs: ManifestJob[] = [
@@ -67,31 +68,46 @@ const slurmJobs: ManifestJob[] = [
   job('c', 'n1', 1, ['a']),
 ];
 
+const withStaging = () => {
+  const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } });
+  const view = (id: number, staging: string, failures: string[]) => ({ id, state: 'pending', staging, failures, ran_on: null });
+  qc.setQueryData(['slurm-jobs', 41], view(41, 'staged', []));
+  qc.setQueryData(['slurm-jobs', 42], view(42, 'failed', ['/in/b.dat: no node holds it']));
+  return qc;
+};
+
 test("the graph names each job's Slurm job and node, and marks a failed staging", () => {
-  const { container } = render(<WorkflowGraph jobs={slurmJobs} colors={nodeColors(['n1', 'n2'])} />);
+  const { container } = render(
+    <QueryClientProvider client={withStaging()}>
+      <WorkflowGraph jobs={slurmJobs} colors={nodeColors(['n1', 'n2'])} />
+    </QueryClientProvider>,
+  );
   const a = container.querySelector('g[data-job="a"]')!;
   expect(a.querySelector('text.wf-slurm')).toHaveTextContent('#41 @ n1');
   expect(a.querySelector('title')).toHaveTextContent('Slurm job 41 on n1 (finished, staging staged)');
   const b = container.querySelector('g[data-job="b"]')!;
-  expect(b.querySelector('rect')).toHaveClass('wf-staging-failed');
+  expect(b.querySelector('rect.wf-staging-failed')).not.toBeNull();
+  expect(a.querySelector('rect.wf-staging-failed')).toBeNull();
   expect(b.querySelector('text.wf-slurm')).toHaveTextContent('⚠ #42');
   expect(container.querySelector('g[data-job="c"] text.wf-slurm')).toBeNull();
 });
 
 test('the table shows the Slurm job, its node and its staging, a failure as an alert with the reason', async () => {
-  const qc = new QueryClient({ defaultOptions: { queries: { retry: false } } });
-  const view = (id: number, staging: string, failures: string[]) => ({ id, state: 'pending', staging, failures, ran_on: null });
-  qc.setQueryData(['slurm-jobs', 41], view(41, 'staged', []));
-  qc.setQueryData(['slurm-jobs', 42], view(42, 'failed', ['/in/b.dat: no node holds it']));
   render(
-    <QueryClientProvider client={qc}>
+    <QueryClientProvider client={withStaging()}>
       <PlacementTable jobs={slurmJobs} colors={nodeColors(['n1', 'n2'])} />
     </QueryClientProvider>,
   );
   const table = screen.getByRole('table', { name: 'Placement' });
   const cell = (id: string) => within(within(table).getByRole('row', { name: new RegExp(`^${id}`) })).getAllByRole('cell')[7]!;
-  expect(cell('a')).toHaveTextContent('#41 on n1 · finished staging staged');
+  expect(cell('a')).toHaveTextContent('#41 on n1 (finished) · staging staged');
   expect(cell('c')).toHaveTextContent('—');
   expect(within(cell('b')).getByRole('alert')).toHaveTextContent('staging failed: /in/b.dat: no node holds it');
-  expect(cell('b')).toHaveTextContent('#42 on no node yet · pending');
+  expect(cell('b')).toHaveTextContent('#42 on no node yet (pending) · staging failed');
+});
+
+test('a long label keeps its distinguishing end', () => {
+  expect(shortLabel('sG1IterDecon_00000012')).toBe('sG1Ite…_00000012');
+  expect(shortLabel('sG1IterDecon_00000012')).toHaveLength(16);
+  expect(shortLabel('mProject')).toBe('mProject');
 });

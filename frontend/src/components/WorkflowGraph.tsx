@@ -9,7 +9,7 @@
 import dagre from '@dagrejs/dagre';
 import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'react';
 import type { ManifestJob } from '../api/types';
-import { slurmText } from './SlurmCell';
+import { SlurmMark, slurmText } from './SlurmCell';
 import { jobTask } from './taskType';
 
 export interface Layout {
@@ -47,8 +47,8 @@ export function layoutWorkflow(jobs: ManifestJob[]): Layout {
 export const GROUP_ABOVE = 150;
 /** the widest row of boxes one layer keeps; wider layers wrap into more rows */
 export const WRAP_COLUMNS = 12;
-/** the smallest zoom "fit" uses: a box stays BOX_W × MIN_FIT_ZOOM = 60 px wide */
-export const MIN_FIT_ZOOM = 0.5;
+/** the smallest zoom "fit" uses: a box stays BOX_W × MIN_FIT_ZOOM = 90 px wide, its label 9 px */
+export const MIN_FIT_ZOOM = 0.75;
 export const BOX_W = 120;
 const W = BOX_W;
 const H = 34;
@@ -165,6 +165,12 @@ export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE, columns
   const list = [...boxes.values()];
   const { width, height } = wrapRanks(list, grouped ? H + 12 : H, columns);
   return { boxes: list, edges, grouped, layers: grouped ? ranks.size : layers.length, width, height };
+}
+
+/** A label that fits a box: at most 16 characters, cut in the middle so that the end that
+ * tells sibling jobs apart ("…_00000012") stays. */
+export function shortLabel(label: string): string {
+  return label.length > 16 ? `${label.slice(0, 6)}…${label.slice(-9)}` : label;
 }
 
 export interface View {
@@ -314,25 +320,11 @@ export function WorkflowGraph({ jobs, colors, groupAbove = GROUP_ABOVE }: { jobs
             {l.boxes.map((b) => (
               <g key={b.id} className={l.grouped ? 'wf-job wf-group' : 'wf-job'} data-job={l.grouped ? undefined : b.id} data-group={l.grouped ? b.id : undefined} data-count={b.count} data-node={b.node}>
                 <title>{l.grouped ? `${b.count} ${b.label} jobs on ${b.node}` : `${b.id} on ${b.node} (${b.state})${b.slurm ? `, ${slurmText(b.slurm)}` : ''}`}</title>
-                <rect
-                  x={b.x}
-                  y={b.y}
-                  width={W}
-                  height={boxH}
-                  rx={6}
-                  fill={colors[b.node]}
-                  stroke={b.slurm?.staging === 'failed' ? 'var(--danger)' : b.state === 'running' ? 'var(--fg)' : 'none'}
-                  strokeWidth={b.slurm?.staging === 'failed' ? 3 : 2}
-                  className={b.slurm?.staging === 'failed' ? 'wf-staging-failed' : undefined}
-                />
+                <rect x={b.x} y={b.y} width={W} height={boxH} rx={6} fill={colors[b.node]} stroke={b.state === 'running' ? 'var(--fg)' : 'none'} strokeWidth={2} />
                 <text x={b.x + W / 2} y={b.y + (l.grouped || b.slurm ? boxH / 2 - 7 : boxH / 2)} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={12}>
-                  {b.label.length > 16 ? `${b.label.slice(0, 15)}…` : b.label}
+                  {shortLabel(b.label)}
                 </text>
-                {b.slurm && (
-                  <text className="wf-slurm" x={b.x + W / 2} y={b.y + boxH / 2 + 8} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={10}>
-                    {`${b.slurm.staging === 'failed' ? '⚠ ' : ''}#${b.slurm.job_id}${b.slurm.node ? ` @ ${b.slurm.node}` : ''}`}
-                  </text>
-                )}
+                {b.slurm && <SlurmMark slurm={b.slurm} x={b.x} y={b.y} w={W} h={boxH} />}
                 {l.grouped && (
                   <text x={b.x + W / 2} y={b.y + boxH / 2 + 9} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={11}>
                     {`× ${b.count}`}
