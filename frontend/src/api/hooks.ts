@@ -20,6 +20,7 @@ export const keys = {
   events: (kind: string, node: string) => ['events', kind, node] as const,
   manifests: ['manifests'] as const,
   manifest: (id: number) => ['manifests', id] as const,
+  slurmJob: (id: number) => ['slurm-jobs', id] as const,
 };
 
 export function useNodes() {
@@ -208,5 +209,15 @@ export function useCancelManifest(id: number) {
 export function usePlaceJob() {
   return useMutation({
     mutationFn: (inputs: string[]) => call(api.POST('/api/v1/placements', { body: { inputs } })),
+  });
+}
+
+/** One Slurm job's staging (GET /slurm/jobs/{id}); polled while its inputs are staging. */
+export function useSlurmJob(id: number | null) {
+  return useQuery({
+    queryKey: keys.slurmJob(id ?? -1),
+    queryFn: () => call(api.GET('/api/v1/slurm/jobs/{slurm_job_id}', { params: { path: { slurm_job_id: id ?? -1 } } })),
+    enabled: id !== null,
+    refetchInterval: (q) => (q.state.data && (q.state.data.staging === 'staging' || q.state.data.state === 'pending') ? 5_000 : false),
   });
 }

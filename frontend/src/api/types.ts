@@ -36,6 +36,16 @@ export interface ValidationError {
 export type ManifestState = 'planned' | 'running' | 'done' | 'cancelled';
 export type JobState = 'pending' | 'running' | 'done';
 export type Solver = 'greedy' | 'local' | 'hypergraph' | 'exact' | 'round-robin';
+export type SlurmJob = S['SlurmJobOut'];
+export type StagingState = SlurmJob['staging'];
+/** A manifest job's Slurm job: its id, the node it ran on (null until pre-run), its state;
+ * `staging` when the control plane states it (else GET /slurm/jobs/{id} has it). */
+export interface ManifestJobSlurm {
+  job_id: number;
+  node: string | null;
+  state: SlurmJob['state'];
+  staging?: StagingState;
+}
 export interface ManifestJob {
   id: string;
   node: string;
@@ -47,6 +57,8 @@ export interface ManifestJob {
   parents?: string[];
   /** the task type the instance states (WfFormat `category` or the command's `program`); null when it states none */
   task?: string | null;
+  /** the latest Slurm job that ran it (docs/slurm.md); null or absent when Slurm did not */
+  slurm?: ManifestJobSlurm | null;
   /** the namespace paths it reads (GET /manifests/{id} only) */
   inputs?: string[];
 }

@@ -30,7 +30,7 @@ test('the placement table has a row per job with its node and state', () => {
   const rows = within(table).getAllByRole('row').slice(1);
   expect(rows).toHaveLength(5);
   const p2 = within(table).getByRole('row', { name: /^p2/ });
-  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', 'p', '1', 'pending', '—', '—', '—', '—']);
+  expect(within(p2).getAllByRole('cell').map((c) => c.textContent?.trim())).toEqual(['b', 'p', '1', 'pending', '—', '—', '—', '—', '—']);
   const split = within(table).getByRole('row', { name: /^split/ });
   expect(within(split).getAllByRole('cell')[3]).toHaveTextContent('done');
   expect(within(split).getAllByRole('cell')[5]).not.toHaveTextContent('—');

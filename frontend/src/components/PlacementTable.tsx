@@ -1,9 +1,11 @@
-// The placement as a table: job → node, its task type, state, when it started and finished;
+// The placement as a table: job → node, its task type, state, when it started and finished,
+// the Slurm job that ran it (id, node, staging);
 // for a pending job, "where would it run now" (POST /placements with the files it reads).
 // Paged (50 a page), sorted and filtered here: the manifest's jobs are all in hand.
 import { useMemo, useState } from 'react';
 import type { ManifestJob } from '../api/types';
 import { formatTime } from '../format';
+import { SlurmCell } from './SlurmCell';
 import { jobTask } from './taskType';
 import { WhereNow } from './WhereNow';
 
@@ -100,6 +102,7 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
             {header(null, 'Started')}
             {header(null, 'Finished')}
             {header('runtime', 'Runtime')}
+            {header(null, 'Slurm')}
             {header(null, 'Where now')}
           </tr>
         </thead>
@@ -118,6 +121,9 @@ export function PlacementTable({ jobs, colors, pageSize = JOB_PAGE_SIZE }: { job
               <td>{j.started_at ? formatTime(j.started_at) : '—'}</td>
               <td>{j.finished_at ? formatTime(j.finished_at) : '—'}</td>
               <td>{formatRuntime(runtime(j))}</td>
+              <td>
+                <SlurmCell slurm={j.slurm} />
+              </td>
               <td>{j.state === 'pending' && j.inputs && j.inputs.length > 0 ? <WhereNow job={j.id} inputs={j.inputs} colors={colors} /> : '—'}</td>
             </tr>
           ))}

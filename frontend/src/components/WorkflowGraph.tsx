@@ -3,9 +3,13 @@
 // arrow keys) and "fit". Above GROUP_ABOVE jobs (Montage: 1,738) one box stands for the
 // jobs of one task type placed on one node, with their count, and edges are aggregated.
 // Without parents (an older control plane) the layers are each node's plan order.
+// Readable whatever the shape: a layer wider than WRAP_COLUMNS boxes is packed into rows
+// (a Seismology fan of 100 jobs is a 12-wide grid, not a 13,000 px line), and the default
+// zoom never goes below MIN_FIT_ZOOM (a deep chain opens at its top, to be panned).
 import dagre from '@dagrejs/dagre';
 import { useEffect, useLayoutEffect, useMemo, useRef, useState } from 'react';
 import type { ManifestJob } from '../api/types';
+import { SlurmMark, slurmText } from './SlurmCell';
 import { jobTask } from './taskType';
 
 export interface Layout {
@@ -41,8 +45,16 @@ export function layoutWorkflow(jobs: ManifestJob[]): Layout {
 }
 
 export const GROUP_ABOVE = 150;
-const W = 120;
+/** the widest row of boxes one layer keeps; wider layers wrap into more rows */
+export const WRAP_COLUMNS = 12;
+/** the smallest zoom "fit" uses: a box stays BOX_W × MIN_FIT_ZOOM = 90 px wide, its label 9 px */
+export const MIN_FIT_ZOOM = 0.75;
+export const BOX_W = 120;
+const W = BOX_W;
 const H = 34;
+const GAP_X = 16;
+const GAP_Y = 16;
+const MARGIN = 12;
 
 export interface GraphBox {
   id: string;
@@ -51,6 +63,8 @@ export interface GraphBox {
   count: number;
   /** the job's state (one job) or the state of its first running/pending job (a group) */
   state: ManifestJob['state'];
+  /** the Slurm job that ran it (one job, when Slurm ran it) */
+  slurm: ManifestJob['slurm'];
   x: number;
   y: number;
 }
@@ -68,8 +82,38 @@ export interface DagLayout {
   height: number;
 }
 
-/** The boxes (jobs, or (task type, node) groups) and their edges, placed by dagre. */
-export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLayout {
+/** Packs each rank (boxes of one y) wider than `columns` into balanced rows under one
+ * another, centred where the rank was, moves the ranks below down by the rows added, and
+ * puts the leftmost box at MARGIN. Returns the boxes' extent (with margins). */
+export function wrapRanks(boxes: GraphBox[], boxH: number, columns: number): { width: number; height: number } {
+  if (boxes.length === 0) return { width: W + 2 * MARGIN, height: boxH + 2 * MARGIN };
+  const ranks = new Map<number, GraphBox[]>();
+  for (const b of boxes) (ranks.get(b.y) ?? ranks.set(b.y, []).get(b.y)!).push(b);
+  let shift = 0;
+  for (const y of [...ranks.keys()].sort((a, b) => a - b)) {
+    const rank = ranks.get(y)!.sort((a, b) => a.x - b.x);
+    const rows = Math.ceil(rank.length / Math.max(1, columns));
+    const cols = Math.ceil(rank.length / rows);
+    const centre = (rank[0]!.x + rank[rank.length - 1]!.x + W) / 2;
+    const left = rows > 1 ? centre - (cols * (W + GAP_X) - GAP_X) / 2 : 0;
+    rank.forEach((b, i) => {
+      if (rows > 1) b.x = left + (i % cols) * (W + GAP_X);
+      b.y = y + shift + Math.floor(i / cols) * (boxH + GAP_Y);
+    });
+    shift += (rows - 1) * (boxH + GAP_Y);
+  }
+  const minX = Math.min(...boxes.map((b) => b.x));
+  const minY = Math.min(...boxes.map((b) => b.y));
+  for (const b of boxes) {
+    b.x += MARGIN - minX;
+    b.y += MARGIN - minY;
+  }
+  return { width: Math.max(...boxes.map((b) => b.x)) + W + MARGIN, height: Math.max(...boxes.map((b) => b.y)) + boxH + MARGIN };
+}
+
+/** The boxes (jobs, or (task type, node) groups) and their edges, placed by dagre, wide
+ * ranks wrapped into rows of at most `columns`. */
+export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE, columns = WRAP_COLUMNS): DagLayout {
   const grouped = jobs.length > groupAbove;
   const { layers, edges: jobEdges } = layoutWorkflow(jobs);
   const depth = new Map<string, number>();
@@ -84,7 +128,7 @@ export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLay
     if (b) {
       b.count++;
       if (rank[j.state] < rank[b.state]) b.state = j.state;
-    } else boxes.set(id, { id, label: grouped ? jobTask(j) : j.id, node: j.node, count: 1, state: j.state, x: 0, y: 0 });
+    } else boxes.set(id, { id, label: grouped ? jobTask(j) : j.id, node: j.node, count: 1, state: j.state, slurm: grouped ? null : j.slurm, x: 0, y: 0 });
   }
   const edgeCount = new Map<string, GraphEdge>();
   for (const [a, b] of jobEdges) {
@@ -97,7 +141,7 @@ export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLay
     else edgeCount.set(k, { from, to, count: 1 });
   }
   const g = new dagre.graphlib.Graph();
-  g.setGraph({ rankdir: 'TB', nodesep: 16, ranksep: 46, marginx: 12, marginy: 12 });
+  g.setGraph({ rankdir: 'TB', nodesep: GAP_X, ranksep: 46, marginx: MARGIN, marginy: MARGIN });
   g.setDefaultEdgeLabel(() => ({}));
   for (const b of boxes.values()) g.setNode(b.id, { width: W, height: grouped ? H + 12 : H });
   // without parents: keep each node's plan order as the layers
@@ -118,15 +162,33 @@ export function dagLayout(jobs: ManifestJob[], groupAbove = GROUP_ABOVE): DagLay
     b.y = n.y - n.height / 2;
   }
   const ranks = new Set([...boxes.values()].map((b) => b.y));
-  const gl = g.graph();
-  return { boxes: [...boxes.values()], edges, grouped, layers: grouped ? ranks.size : layers.length, width: gl.width ?? W, height: gl.height ?? H };
+  const list = [...boxes.values()];
+  const { width, height } = wrapRanks(list, grouped ? H + 12 : H, columns);
+  return { boxes: list, edges, grouped, layers: grouped ? ranks.size : layers.length, width, height };
 }
 
-interface View {
+/** A label that fits a box: at most 16 characters, cut in the middle so that the end that
+ * tells sibling jobs apart ("…_00000012") stays. */
+export function shortLabel(label: string): string {
+  return label.length > 16 ? `${label.slice(0, 6)}…${label.slice(-9)}` : label;
+}
+
+export interface View {
   k: number;
   x: number;
   y: number;
 }
+
+/** The default view of a `width` × `height` layout in a `w` × `h` viewport: all of it when
+ * that keeps boxes at MIN_FIT_ZOOM or more (never above 1), else MIN_FIT_ZOOM with the
+ * layout's top (and its left, when wider) in view. */
+export function fitView(width: number, height: number, w: number, h: number): View {
+  const k = Math.max(MIN_FIT_ZOOM, Math.min(1, w / width, h / height));
+  const x = width * k <= w ? (w - width * k) / 2 : 0;
+  const y = height * k <= h ? (h - height * k) / 2 : 0;
+  return { k, x, y };
+}
+
 const VIEW_H = 440;
 const clampK = (k: number) => Math.min(4, Math.max(0.02, k));
 
@@ -147,10 +209,7 @@ export function WorkflowGraph({ jobs, colors, groupAbove = GROUP_ABOVE }: { jobs
     ro.observe(el);
     return () => ro.disconnect();
   }, []);
-  const fitted = useMemo<View>(() => {
-    const k = clampK(Math.min(1, box.w / l.width, box.h / l.height));
-    return { k, x: (box.w - l.width * k) / 2, y: (box.h - l.height * k) / 2 };
-  }, [box, l]);
+  const fitted = useMemo<View>(() => fitView(l.width, l.height, box.w, box.h), [box, l]);
   // the user's zoom/pan, for this layout; none (or another layout's) = fitted
   const [moved, setMoved] = useState<{ for: DagLayout; v: View } | null>(null);
   const view = moved && moved.for === l ? moved.v : fitted;
@@ -260,11 +319,12 @@ export function WorkflowGraph({ jobs, colors, groupAbove = GROUP_ABOVE }: { jobs
             })}
             {l.boxes.map((b) => (
               <g key={b.id} className={l.grouped ? 'wf-job wf-group' : 'wf-job'} data-job={l.grouped ? undefined : b.id} data-group={l.grouped ? b.id : undefined} data-count={b.count} data-node={b.node}>
-                <title>{l.grouped ? `${b.count} ${b.label} jobs on ${b.node}` : `${b.id} on ${b.node} (${b.state})`}</title>
+                <title>{l.grouped ? `${b.count} ${b.label} jobs on ${b.node}` : `${b.id} on ${b.node} (${b.state})${b.slurm ? `, ${slurmText(b.slurm)}` : ''}`}</title>
                 <rect x={b.x} y={b.y} width={W} height={boxH} rx={6} fill={colors[b.node]} stroke={b.state === 'running' ? 'var(--fg)' : 'none'} strokeWidth={2} />
-                <text x={b.x + W / 2} y={b.y + (l.grouped ? boxH / 2 - 7 : boxH / 2)} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={12}>
-                  {b.label.length > 16 ? `${b.label.slice(0, 15)}…` : b.label}
+                <text x={b.x + W / 2} y={b.y + (l.grouped || b.slurm ? boxH / 2 - 7 : boxH / 2)} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={12}>
+                  {shortLabel(b.label)}
                 </text>
+                {b.slurm && <SlurmMark slurm={b.slurm} x={b.x} y={b.y} w={W} h={boxH} />}
                 {l.grouped && (
                   <text x={b.x + W / 2} y={b.y + boxH / 2 + 9} textAnchor="middle" dominantBaseline="central" fill="#000" fontSize={11}>
                     {`× ${b.count}`}
