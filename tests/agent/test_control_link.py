@@ -411,7 +411,7 @@ def test_metrics_standalone_parse_and_follow_the_counters(hycache_mount):
     for name in ("hycache_migrations_total", "hycache_migration_bytes_total", "hycache_remote_fetches_total",
                  "hycache_dht_backlog", "hycache_used_bytes", "hycache_device_capacity_bytes",
                  "hycache_kernel_read_bytes_total", "hycache_grown_bytes_total", "hycache_promoted_bytes_total",
-                 "hycache_evicted_bytes_total"):
+                 "hycache_evicted_bytes_total", "hycache_migration_promotions_declined_total"):
         assert name in got, name
     assert httpx.get(f"http://127.0.0.1:{port}/other", timeout=10).status_code == 404
 

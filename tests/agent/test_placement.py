@@ -164,3 +164,32 @@ def test_moves_refuse_what_can_never_fit_and_pins_persist(tmp_path):
         assert h.ns.get(ino).pinned is True
 
     run_engine(tmp_path, after_restart, fast_capacity=M)
+
+
+def test_a_scan_larger_than_the_fast_tier_is_read_through_not_cycled(tmp_path):
+    """Admission (Placement.admits): a slow-tier file opened once in a scan twice the
+    tier's size ranks below every resident (LRU) and is read where it is, so scanning the
+    set twice promotes and evicts nothing; a file opened again while it would still have
+    been resident comes in, displacing the least recently used."""
+    async def body(h):
+        e = h.engine
+        inos = [await h.write_file(b"f%d" % i, b"x" * (100 * K)) for i in range(20)]  # 2000 KiB
+        await settle(e)
+        assert [h.tier(i) for i in inos] == [T.SLOW] * 10 + [T.FAST] * 10
+        assert e.counters.evictions == 10 and e.counters.promotions == 0
+        for _ in range(2):
+            for ino in inos:
+                assert await h.read_file(ino) == b"x" * (100 * K)
+            await settle(e)
+        assert e.counters.promotions == 0 and e.counters.promotions_declined == 20
+        assert e.counters.evictions == 10
+        assert [h.tier(i) for i in inos] == [T.SLOW] * 10 + [T.FAST] * 10
+        await h.read_file(inos[0])  # still colder than every resident: read through
+        await h.read_file(inos[0])  # used again at once: hotter than the LRU resident
+        await settle(e)
+        assert e.counters.promotions_declined == 21
+        assert e.counters.promotions == 1 and e.counters.evictions == 11
+        assert h.tier(inos[0]) == T.FAST and h.tier(inos[10]) == T.SLOW
+
+    # the watermarks at the top: room is made by the writes' room_for, not the evictor
+    run_engine(tmp_path, body, fast_capacity=1000 * K, high_watermark=1.0, low_watermark=0.95)

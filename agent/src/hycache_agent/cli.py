@@ -279,7 +279,7 @@ def _status(root: Path, as_json: bool) -> int:
     mig = st["migrations"]
     console.print(f"watermarks high {st['watermarks']['high']:.2f} / low {st['watermarks']['low']:.2f}; "
                   f"migrations done {mig['migrations_done']} (evictions {mig['evictions']}, promotions "
-                  f"{mig['promotions']}, spills {mig['spills']}), abandoned {mig['migrations_abandoned']}, "
+                  f"{mig['promotions']}, {mig.get('promotions_declined', 0)} declined, spills {mig['spills']}), abandoned {mig['migrations_abandoned']}, "
                   f"failed {mig['migrations_failed']}; promoted {format_size(mig['bytes_promoted'])}, "
                   f"demoted {format_size(mig['bytes_demoted'])}")
     for m in mig["active"]:

@@ -37,6 +37,7 @@ class Counters:
     spills: int = 0
     evictions: int = 0
     promotions: int = 0
+    promotions_declined: int = 0  # on-open promotions the admission rule turned down
 
 
 class TierIO:

@@ -46,7 +46,7 @@ import time
 from typing import Any
 
 import trio
-from hycache_core.policies import OnlinePolicy, load_policy
+from hycache_core.policies import OnlinePolicy, Usage, load_policy
 
 from hycache_agent.config import AgentConfig
 from hycache_agent.fs import counters as C
@@ -330,13 +330,14 @@ class TieringEngine:
             raise
         fh = self.new_fh()
         self.handles[fh] = h
+        prior = Usage(inode.hits, inode.last_access)
         self.ns.touch_access(inode)
         assert inode.tier is not None, "a regular file's bytes are on a tier"
         if not created and (flags & O_ACCMODE) != os.O_WRONLY:
             self.io.tiers[inode.tier].hits += 1
             if inode.tier != T.FAST:
                 self.io.misses += 1
-        await self.placement.opened(inode, before_open)
+        await self.placement.opened(inode, before_open, prior)
         return fh
 
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:

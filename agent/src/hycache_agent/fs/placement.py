@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import trio
-from hycache_core.policies import load_policy
+from hycache_core.policies import Usage, load_policy
 from hycache_core.sizes import format_size
 
 from hycache_agent.config import AgentConfig
@@ -323,12 +323,36 @@ class Placement:
         return (self.config.promote_on_open and inode.tier != T.FAST
                 and inode.size <= self.config.high_watermark * self.space.capacity)
 
+    def admits(self, inode: Inode, prior: Usage) -> bool:
+        """Admission of an on-open promotion (Algorithm 1 promotes every opened slow-tier
+        file; the room it takes is what this rule weighs).  Room up to the high watermark
+        is free; beyond it the file comes in only if every victim the room would displace
+        (policy order, the evictor's choice) ranks below the file's ``prior`` usage by
+        the policy's own :meth:`~hycache_core.policies.OnlinePolicy.admits`.  A file
+        with fewer candidates than the room it needs is left to :meth:`room_for`."""
+        space = self.space
+        need = space.used + inode.size - self.config.high_watermark * space.capacity
+        if need <= 0:
+            return True
+        victims: list[Usage] = []
+        for victim in self.eviction_candidates(inode):
+            victims.append(Usage(victim.hits, victim.last_access))
+            need -= victim.size
+            if need <= 0:
+                break
+        if space.policy.admits(prior, victims):
+            return True
+        self.migrations.counters.promotions_declined += 1
+        return False
+
     async def before_open(self, inode: Inode, passthrough: bool) -> bool:
         """Before a local file's open: whether its promotion is to be waited for by the
-        open (``promote_mode`` before-open).  With ``passthrough`` the handle may get the
-        blob as its backing file: an open arriving during a migration waits for the
-        switch (and before-open promotes first, while nobody holds the file)."""
-        before = self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
+        open (``promote_mode`` before-open, if :meth:`admits` takes it).  With
+        ``passthrough`` the handle may get the blob as its backing file: an open arriving
+        during a migration waits for the switch (and before-open promotes first, while
+        nobody holds the file)."""
+        before = (self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
+                  and self.admits(inode, Usage(inode.hits, inode.last_access)))
         if not passthrough:
             return before
         if before and not inode.open_count and inode.migration is None:
@@ -339,14 +363,15 @@ class Placement:
             raise FsError(errno.ENOENT)
         return False
 
-    async def opened(self, inode: Inode, before_open: bool) -> None:
-        """A local file was opened: it is used now (the policy queue), or promoted."""
+    async def opened(self, inode: Inode, before_open: bool, prior: Usage) -> None:
+        """A local file was opened: it is used now (the policy queue), or promoted
+        (``prior``: its usage before this open, for :meth:`admits`)."""
         if inode.tier == T.FAST:
             self.space.policy.touch(inode.ino, inode.size)
         elif self._promotes_on_open(inode):
             if before_open:
                 await self.background_migration(inode, T.FAST, "promote")
-            else:  # with passthrough: once the last handle is released
+            elif self.admits(inode, prior):  # with passthrough: once the last handle is released
                 self.start_migration(inode, T.FAST, "promote")
 
     # ------------------------------------------------------------------ moving in the background

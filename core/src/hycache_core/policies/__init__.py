@@ -10,7 +10,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from .arc import ARCPolicy
-from .base import OnlinePolicy
+from .base import OnlinePolicy, Usage
 from .gdsf import GDSFPolicy
 from .heuristic import Decision, HeuristicPolicy, plan_heuristic
 from .online import LFUPolicy, LRUPolicy
@@ -50,6 +50,7 @@ def load_policy(name: str, **options: Any) -> OnlinePolicy:
 
 __all__ = [
     "OnlinePolicy",
+    "Usage",
     "LRUPolicy",
     "LFUPolicy",
     "GDSFPolicy",

@@ -12,7 +12,18 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a policy ranks a file by: its accesses and its last one (a sequence number,
+    larger is later).  A miss's candidate is ranked by its usage *before* the access
+    that missed: where it would stand had it stayed resident."""
+
+    hits: int
+    last: int
 
 
 def make_room(need: int, order: Iterable[Hashable], is_pinned: Callable[[Hashable], bool],
@@ -71,6 +82,19 @@ class OnlinePolicy(abc.ABC):
     def hits(self, key: Hashable) -> int:
         """Accesses recorded for a resident key (for persistence); 0 if unknown."""
         return 0
+
+    def hotter(self, a: Usage, b: Usage) -> bool:
+        """Does a file used as ``a`` rank above one used as ``b`` (``b`` goes first)?
+        The default ranks by recency (LRU's order; ARC and GDSF keep it too)."""
+        return a.last > b.last
+
+    def admits(self, candidate: Usage, victims: Iterable[Usage]) -> bool:
+        """Admission of a miss whose room displaces ``victims``: only if the candidate
+        ranks above every one of them.  A file seen once in a scan larger than the cache
+        ranks below the residents and is served from where it is; a file used again
+        while it would still have been resident is admitted (its second access within
+        the cache's window)."""
+        return all(self.hotter(candidate, v) for v in victims)
 
     def will_admit(self, key: Hashable, size: int) -> None:  # noqa: B027 (an optional hook)
         """Optional hook: a miss on ``key`` is about to be admitted.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
-from .base import OnlinePolicy
+from .base import OnlinePolicy, Usage
 
 
 class LRUPolicy(OnlinePolicy):
@@ -131,6 +131,10 @@ class LFUPolicy(OnlinePolicy):
         if b is not None:
             del b.keys[key]
             self._unlink_if_empty(b)
+
+    def hotter(self, a: Usage, b: Usage) -> bool:
+        """More hits first; among equal counts the more recent (LFU's order)."""
+        return (a.hits, a.last) > (b.hits, b.last)
 
     def hits(self, key: Hashable) -> int:
         b = self._bucket.get(key)
