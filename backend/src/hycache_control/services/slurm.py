@@ -25,14 +25,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from ..db import Database
-from ..models import Action, ActionItem, Manifest, ManifestJob, SlurmJob
+from ..models import Action, ActionItem, SlurmJob
 from .actions import ActionService, item_view
 from .errors import Conflict, Invalid, NotFound, ServiceError
 from .events import EventService
 from .jobs import JobService
 from .manifests import ManifestService
 from .namespace import NamespaceService
-from .steps import ns_path
+from .steps import job_row, ns_path
 
 #: the hooks the burst buffer reports, in the order a job passes them
 HOOKS = ("stage-in", "pre-run", "post-run", "teardown")
@@ -65,14 +65,6 @@ class SlurmService:
 
     # -- layer 1: the node a job should run on ---------------------------------------------------
 
-    def _manifest_job(self, s: Session, manifest_id: int, job: str) -> ManifestJob:
-        j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
-        if j is None:
-            if s.get(Manifest, manifest_id) is None:
-                raise NotFound(("body", "manifest_id"), f"no manifest {manifest_id}")
-            raise NotFound(("body", "job"), f"manifest {manifest_id} has no job {job!r}")
-        return j
-
     def choose(self, *, manifest_id: int | None, job: str | None, inputs: list[str],
                nodes: list[str] | None) -> dict[str, Any]:
         """Where the job should run: its manifest's placement, else the online placement.
@@ -85,7 +77,7 @@ class SlurmService:
             nodes = known
         if manifest_id is not None:
             with self.db.session() as s:
-                j = self._manifest_job(s, manifest_id, job or "")
+                j = job_row(s, manifest_id, job or "", "body")
                 planned = (j.manifest.result.get("inputs") or {}).get(j.job, [])
                 if nodes is None or j.node in nodes:
                     return {"node": j.node, "source": "manifest", "inputs": planned}

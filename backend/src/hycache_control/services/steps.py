@@ -64,11 +64,12 @@ def step_item(st: dict[str, Any], *, node: str, step: int, writer: dict[str, str
                       after_job=after_job(writer, st), **kw)
 
 
-def job_row(s: Session, manifest_id: int, job: str) -> ManifestJob:
-    """The job's row, or NotFound naming the manifest or the job that is missing."""
+def job_row(s: Session, manifest_id: int, job: str, where: str = "path") -> ManifestJob:
+    """The job's row, or NotFound naming the manifest or the job that is missing (as fields
+    of ``where``: the request's path, or its body)."""
     j = s.scalar(select(ManifestJob).where(ManifestJob.manifest_id == manifest_id, ManifestJob.job == job))
     if j is None:
         if s.get(Manifest, manifest_id) is None:
-            raise NotFound(("path", "manifest_id"), f"no manifest {manifest_id}")
-        raise NotFound(("path", "job"), f"manifest {manifest_id} has no job {job!r}")
+            raise NotFound((where, "manifest_id"), f"no manifest {manifest_id}")
+        raise NotFound((where, "job"), f"manifest {manifest_id} has no job {job!r}")
     return j
