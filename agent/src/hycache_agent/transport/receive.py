@@ -23,17 +23,22 @@ from hycache_agent.transport.blob_io import (
     write_behind,
 )
 from hycache_agent.transport.conn import Conn, PeerStats, Stalled, describe, error_status
-from hycache_agent.transport.wire import PeerFiles
+from hycache_agent.transport.idle import BackgroundThreads
+from hycache_agent.transport.wire import PUSH_HEADER, PeerFiles
 
 log = logging.getLogger(__name__)
 
 
 class ReplicaIntake:
     """Receive replicas pushed by peers into ``files.staging_dir``; a temp file the engine
-    did not adopt is removed with ``remove_temp`` (it tolerates a missing file)."""
+    did not adopt is removed with ``remove_temp`` (it tolerates a missing file).  A push
+    its sender marks as background (``X-HyCache-Push: background``: nobody waits for it)
+    is spliced in on ``background``'s niced threads, so it takes the CPU this node's own
+    requests leave (transport/idle.py)."""
 
     def __init__(self, files: PeerFiles, *, node_id: str, stats: PeerStats, chunk_size: int, idle_timeout: float,
-                 thread: Callable[..., Awaitable], remove_temp: Callable[[str], None]) -> None:
+                 thread: Callable[..., Awaitable], remove_temp: Callable[[str], None],
+                 background: BackgroundThreads) -> None:
         self.files = files
         self.node_id = node_id
         self.stats = stats
@@ -41,6 +46,7 @@ class ReplicaIntake:
         self.idle_timeout = idle_timeout
         self._thread = thread
         self.remove_temp = remove_temp
+        self.background = background
 
     async def put(self, c: Conn, path: bytes, headers: dict[str, str], sender: str) -> None:
         staging = self.files.staging_dir
@@ -59,7 +65,7 @@ class ReplicaIntake:
             length = headers.get("content-length", "")
             t0 = time.monotonic()
             if length.isascii() and length.isdigit() and "transfer-encoding" not in headers:
-                received = await self._receive_raw(c, fd, int(length))
+                received = await self._receive_raw(c, fd, int(length), headers.get(PUSH_HEADER) == "background")
             else:
                 received = await self._receive_to(c, fd)
             t1 = time.monotonic()
@@ -142,7 +148,7 @@ class ReplicaIntake:
             raise errors[0]
         return received
 
-    async def _receive_raw(self, c: Conn, fd: int, length: int) -> int:
+    async def _receive_raw(self, c: Conn, fd: int, length: int, background: bool) -> int:
         """A body of ``length`` bytes into ``fd``, moved in the kernel: what h11 already
         read with the head is written first, the rest is spliced socket → pipe → file in
         worker threads (``transport/bulk.py``), write-back started every WRITEBACK_KICK
@@ -172,9 +178,13 @@ class ReplicaIntake:
         try:
             async with trio.open_nursery() as nursery:  # (raises nothing itself: no exception groups)
                 while received < length:
+                    hop = (c.stream.socket.fileno(), fd, received, min(bulk.HOP, length - received),
+                           self.idle_timeout, pipe)
                     try:
-                        r = await self._thread(bulk.splice_in, c.stream.socket.fileno(), fd, received,
-                                               min(bulk.HOP, length - received), self.idle_timeout, pipe)
+                        if background:
+                            r = await self.background.run(bulk.splice_in, *hop)
+                        else:
+                            r = await self._thread(bulk.splice_in, *hop)
                     except Exception as e:
                         error = e
                         break
