@@ -155,7 +155,8 @@ def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
 def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
                  check: Callable[[], None] | None = None) -> int:
     """Send ``count`` bytes of ``fd`` at ``offset`` to the (non-blocking) socket; fewer
-    only if the file ends first."""
+    only if the file ends first.  ``check`` as in :func:`wait_fd`, also after every
+    ``sendfile`` call."""
     sent = 0
     while sent < count:
         try:
@@ -166,6 +167,7 @@ def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
         if k == 0:  # end of file
             break
         sent += k
+        (check or trio.from_thread.check_cancelled)()  # (a socket that never fills: stop all the same)
     return sent
 
 

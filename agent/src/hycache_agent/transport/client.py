@@ -521,8 +521,8 @@ class PeerClient:
         pos = 0
         try:
             await bulk.send_head(conn, "PUT", target, hdrs)
-            while pos < size:
-                want = min(bulk.SEND_HOP, size - pos)
+            while pos < size:  # one worker-thread job for the body: one wake-up of the loop
+                want = size - pos
                 if background:
                     n = await self.background.run(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
                 else:

@@ -15,11 +15,10 @@ import trio
 
 from hycache_agent.transport import bulk
 from hycache_agent.transport.blob_io import (
-    WRITEBACK_KICK,
     close_pipe,
     fsync_close,
-    kick_writeback,
     make_temp,
+    splice_body,
     write_behind,
 )
 from hycache_agent.transport.conn import Conn, PeerStats, Stalled, describe, error_status
@@ -151,9 +150,9 @@ class ReplicaIntake:
     async def _receive_raw(self, c: Conn, fd: int, length: int, background: bool) -> int:
         """A body of ``length`` bytes into ``fd``, moved in the kernel: what h11 already
         read with the head is written first, the rest is spliced socket → pipe → file in
-        worker threads (``transport/bulk.py``), write-back started every WRITEBACK_KICK
-        bytes so the final fsync finds little left.  h11 does not see those bytes, so the
-        connection closes after the response."""
+        one worker-thread job (``blob_io.splice_body``), write-back started every
+        WRITEBACK_KICK bytes so the final fsync finds little left.  h11 does not see those
+        bytes, so the connection closes after the response."""
         pieces, ended = bulk.buffered_body(c)
         received = 0
         kicked = 0
@@ -165,44 +164,19 @@ class ReplicaIntake:
             return received
         c.close_after = True
         pipe = await self._thread(bulk.make_pipe)
-        kicking = False
-
-        async def kick(start: int, end: int) -> None:  # the write-back's submission, off the receive path
-            nonlocal kicking
-            try:
-                await self._thread(kick_writeback, fd, start, end)
-            finally:
-                kicking = False
-
-        error: BaseException | None = None
+        hop = (c.stream.socket.fileno(), fd, received, length - received, self.idle_timeout, pipe, kicked)
         try:
-            async with trio.open_nursery() as nursery:  # (raises nothing itself: no exception groups)
-                while received < length:
-                    hop = (c.stream.socket.fileno(), fd, received, min(bulk.HOP, length - received),
-                           self.idle_timeout, pipe)
-                    try:
-                        if background:
-                            r = await self.background.run(bulk.splice_in, *hop)
-                        else:
-                            r = await self._thread(bulk.splice_in, *hop)
-                    except Exception as e:
-                        error = e
-                        break
-                    received += r.n
-                    self.stats.bytes_received += r.n
-                    if isinstance(r.error, TimeoutError):
-                        error = Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
-                    elif r.error is not None:
-                        error = trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
-                    if error is not None:
-                        break
-                    if not kicking and received - kicked >= WRITEBACK_KICK:
-                        kicking = True
-                        nursery.start_soon(kick, kicked, received)
-                        kicked = received
-            if error is not None:
-                raise error
+            if background:
+                r, _ = await self.background.run(splice_body, *hop)
+            else:
+                r, _ = await self._thread(splice_body, *hop)
         finally:
             with trio.CancelScope(shield=True):
                 await self._thread(close_pipe, pipe)
+        received += r.n
+        self.stats.bytes_received += r.n
+        if isinstance(r.error, TimeoutError):
+            raise Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
+        if r.error is not None:
+            raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
         return received
