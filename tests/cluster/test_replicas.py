@@ -152,3 +152,64 @@ def test_sync_replica_pushed_at_fsync_matches_a_close_after_overwrites(hycache_m
     for name, want in (("ow", bytes(data)), ("dd", more), ("open", last)):
         assert (b.mountpoint / name).read_bytes() == want, name
     hycache_mount.remount(a, after_kill=True)  # (the fixture wants every agent to exit cleanly)
+
+
+def _mid_push(holder, timeout: float = 30.0) -> None:
+    """Until ``holder`` is receiving a push (a non-empty temp file in its staging dir)."""
+    staging = holder.slow / "peer-staging"
+
+    def receiving() -> bool:
+        return any(e.name.endswith(".part") and e.stat().st_size > 0 for e in os.scandir(staging))
+
+    wait_for(receiving, timeout=timeout, what="a push under way")
+
+
+def _write_synced(path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_async_push_cut_by_the_holders_kill_is_pushed_again(hycache_mount, redis_cluster, dht_namespace,
+                                                             secret_file):
+    """The holder is killed while an async replica streams in: the writer counts the
+    file unreplicated, tries again, and once the holder is back the replica lands whole;
+    the cut push's temp file does not outlive the holder's restart."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, replicas=1,
+                        fast_capacity="512M")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b"], what="a sees b")
+    data = os.urandom(192 << 20)
+    _write_synced(a.mountpoint / "big", data)
+    _mid_push(b)
+    b.proc.kill()
+    b.proc.wait()
+    wait_for(lambda: cluster_status(a)["replication"]["failures"] >= 1, what="the cut push counted")
+    assert info(a.mountpoint / "big")["replicas"] == []
+    b2 = hycache_mount.remount(b, after_kill=True)
+    wait_for(lambda: info(a.mountpoint / "big")["replicas"] == ["b"], timeout=60, what="the push done again")
+    assert _replica_bytes(b2, "big") == data
+    assert [e for e in os.listdir(b2.slow / "peer-staging") if e.endswith(".part")] == []
+
+
+def test_async_push_cut_by_the_writers_kill_resumes_at_restart(hycache_mount, redis_cluster, dht_namespace,
+                                                               secret_file):
+    """The writer (the pusher) is killed mid-push: the file's ledger entry names no
+    replica, so the restarted writer pushes it again without a new write, and the holder
+    keeps exactly the file's bytes."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, replicas=1,
+                        fast_capacity="512M")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b"], what="a sees b")
+    data = os.urandom(192 << 20)
+    _write_synced(a.mountpoint / "big", data)
+    _mid_push(b)
+    a.proc.kill()
+    a.proc.wait()
+    wait_for(lambda: not [e for e in os.listdir(b.slow / "peer-staging") if e.endswith(".part")],
+             what="b dropped the cut push")
+    assert cluster_status(b)["replicas_kept"] == 0
+    a2 = hycache_mount.remount(a, after_kill=True)
+    wait_for(lambda: info(a2.mountpoint / "big")["replicas"] == ["b"], timeout=60, what="the push resumed")
+    assert _replica_bytes(b, "big") == data
+    assert (a2.mountpoint / "big").read_bytes() == data
+    assert cluster_status(a2)["replication"]["pushed_files"] == 1

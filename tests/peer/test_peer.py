@@ -19,6 +19,7 @@ from hycache_agent.transport.client import (
     PeerNotFound,
     PeerUnavailable,
 )
+from hycache_agent.transport.idle import BACKGROUND_NICE
 from hycache_agent.transport.wire import files_target
 from hycache_harness.loopwatch import loop_gaps
 
@@ -279,6 +280,46 @@ async def test_push_replica_lands(server, client, files, tmp_path):
     empty.write_bytes(b"")
     await client.push_replica(server.addr, b"/rep/lica", empty, {"X-HyCache-Version": "43"})
     assert Path(os.fsdecode(landed)).read_bytes() == b"" and files.versions[b"/rep/lica"] == "43"
+
+
+async def test_background_push_lands_on_niced_threads_of_both_sides(server, client, files, tmp_path):
+    """An async replica's push (``background=True``) moves its bytes on threads of their
+    own at a low CPU priority, on the sender and on the receiver (transport/idle.py), and
+    lands as any push does."""
+    src = tmp_path / "src"
+    data = os.urandom(9 * MiB + 5)
+    src.write_bytes(data)
+    intake = server.server.intake.background
+    answer = await client.push_replica(server.addr, b"/bg", src, {"X-HyCache-Version": "7"}, background=True)
+    assert answer == {"path": "/bg", "size": len(data), "node": "server-1"}
+    assert Path(os.fsdecode(files.local(b"/bg"))).read_bytes() == data and files.versions[b"/bg"] == "7"
+    assert client.background.jobs == 1 and intake.jobs == 1  # the body in one job on each side
+    for pool in (client.background, intake):
+        assert pool.threads and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == BACKGROUND_NICE
+                                    for t in pool.threads)
+    # a foreground push (sync mode: the writer waits) uses neither
+    await client.push_replica(server.addr, b"/fg", src)
+    assert client.background.jobs == 1 and Path(os.fsdecode(files.local(b"/fg"))).read_bytes() == data
+    assert os.listdir(files.staging_dir) == []
+
+
+async def test_cancelled_background_push_stops_and_leaves_nothing(server, client, files, tmp_path, big_file):
+    """Cancelling a background push mid-body stops its thread within a poll slice; the
+    receiver drops its temp file, and the threads take the next push."""
+    src, _ = big_file
+    intake = server.server.intake.background
+    t0 = time.perf_counter()
+    with trio.move_on_after(0.05) as scope:
+        await client.push_replica(server.addr, b"/cut", src, background=True)
+    assert scope.cancelled_caught
+    assert time.perf_counter() - t0 < 2.0
+    await wait_for(lambda: os.listdir(files.staging_dir) == [])
+    assert not os.path.exists(files.local(b"/cut"))
+    small = tmp_path / "small"
+    small.write_bytes(b"after" * 1000)
+    await client.push_replica(server.addr, b"/next", small, background=True)
+    assert Path(os.fsdecode(files.local(b"/next"))).read_bytes() == b"after" * 1000
+    assert client.background.jobs >= 2 and intake.jobs >= 1
 
 
 async def test_push_replica_rejected_cleans_up(server, client, files, tmp_path):

@@ -44,6 +44,11 @@ class LocalPeerFiles:
         self.replica_store = replica_store
         self.staging_dir = str(engine.tiers[T.SLOW].path / "peer-staging")
         os.makedirs(self.staging_dir, exist_ok=True)
+        # (start-up, before the peer service) a push that a stop or a crash cut short
+        # left its temp file: the sender still counts the file unreplicated and pushes it again
+        for entry in os.scandir(self.staging_dir):
+            if entry.name.startswith(".peer-") and entry.name.endswith(".part"):
+                T.remove_blob(entry.path)
 
     def _resolve(self, path: bytes) -> Inode:
         try:

@@ -240,7 +240,32 @@ class Replicator:
                      "pushes start at fsync" if fine else "pushes wait for the close")
         return fine
 
+    async def resume(self) -> None:
+        """Queue every local file whose replicas are not of its current bytes: the
+        ledger (each inode's ``replicas`` in the metadata store) names none for a file
+        whose push a crash or a stop cut short, or that was written before replicas were
+        on.  Such files are pushed in the background like any async push."""
+        if self.count == 0:
+            return
+        for k, inode in enumerate(list(self.engine.ns.inodes.values())):
+            if self.wanted(inode):
+                self._pending[inode.ino] = inode
+            if k % 4096 == 4095:
+                await trio.lowlevel.checkpoint()
+        if self._pending:
+            log.info("replicas: %d files to push (not replicated before the last stop)", len(self._pending))
+            self.stats.pending = len(self._pending)
+            self._wakeup.set()
+
+    def _later(self, inode: Inode) -> None:
+        """Try ``inode`` again RETRY_SECONDS from now (no peer, no store, a failed push)."""
+        self._pending[inode.ino] = inode
+        self._put_back = True
+        self.stats.pending = len(self._pending)
+        self._wakeup.set()
+
     async def run(self) -> None:
+        await self.resume()
         while True:
             if not self._pending:
                 await self._wakeup.wait()
@@ -251,7 +276,7 @@ class Replicator:
             for inode in batch.values():
                 if self.wanted(inode):
                     try:
-                        await self.replicate(inode)
+                        await self.replicate(inode, background=True)
                     except Exception:
                         log.exception("replicating inode %d failed", inode.ino)
             self.stats.pending = len(self._pending)
@@ -269,10 +294,12 @@ class Replicator:
         alive.sort(key=lambda n: hashlib.sha1(n.encode() + b"\0" + path).digest(), reverse=True)
         return alive if spares else alive[: self.count]
 
-    async def replicate(self, inode: Inode, current=None) -> list[str]:
+    async def replicate(self, inode: Inode, current=None, *, background: bool = False) -> list[str]:
         """Push ``inode``'s current bytes to its replica nodes and publish the list;
         ``current`` (a coroutine function) brings the inode up to what was written
-        through passthrough meanwhile before the check that nothing was."""
+        through passthrough meanwhile before the check that nothing was.  ``background``
+        (async mode: no request waits): the bytes move at a low CPU priority on both
+        sides (transport/idle.py), after this node's own requests."""
         path = self.engine.ns.path_of(inode.ino)
         if path is None:
             return []
@@ -280,8 +307,7 @@ class Replicator:
         if not nodes:  # before the first heartbeat
             nodes = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
             if nodes is self.link.UNREACHABLE:
-                self._pending[inode.ino] = inode  # try again later
-                self._put_back = True
+                self._later(inode)
                 return []
         targets = self.targets(path, nodes, spares=True)
         if len(targets) < self.count:
@@ -290,8 +316,7 @@ class Replicator:
                 self._warned = True
                 log.warning("replicas: %d wanted, only %d other live nodes", self.count, len(targets))
             if not targets:
-                self._pending[inode.ino] = inode  # a peer may register later: try again
-                self._put_back = True
+                self._later(inode)  # a peer may register later
                 return []
         opened = await self.link.local_files.open_for_peer(path)
         gen = inode.data_gen
@@ -305,7 +330,8 @@ class Replicator:
                 # TTL): a failed push goes to the next node in rendezvous order instead
                 try:
                     addr = nodes[node]["addr"]
-                    await self.link.peers.push_replica(addr, path, opened.blob, {"X-HyCache-Etag": opened.etag})
+                    await self.link.peers.push_replica(addr, path, opened.blob, {"X-HyCache-Etag": opened.etag},
+                                                       background=background)
                 except Exception as exc:
                     self.stats.failures += 1
                     self.stats.last_error = f"{node}: {exc}"
@@ -318,6 +344,9 @@ class Replicator:
             await current()
         if inode.data_gen != gen or inode.nlink == 0:
             return []  # written again meanwhile: the next close pushes the new bytes
+        if not done:
+            self._later(inode)  # every push failed (the peers down, or busy): the file stays wanted
+            return []
         self.stats.pushed_files += 1
         self.stats.pushed_bytes += opened.size * len(done)
         log.debug("replicated %r to %s in %.3f s", path, done, time.monotonic() - t0)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
+
+import trio
 
 from hycache_agent.transport import bulk
 
@@ -79,6 +82,26 @@ def kick_writeback(fd: int, kicked: int, written: int) -> int:
     except OSError:
         pass
     return written
+
+
+def splice_body(sock_fd: int, fd: int, offset: int, count: int, timeout: float, pipe: tuple[int, int],
+                kicked: int, check: Callable[[], None] | None = None) -> tuple[bulk.Received, int]:
+    """(blocking) A whole request body of ``count`` bytes from the socket into ``fd`` at
+    ``offset`` (``bulk.splice_in`` in pieces of ``bulk.HOP``), the write-back of every
+    WRITEBACK_KICK bytes started between pieces: one worker-thread job for the body, so
+    the loop is woken once, not once per piece (on a loaded machine every wake-up of a
+    thread is a wait in the run queue).  Returns what arrived (``error``: what ended it
+    early) and the new kick mark."""
+    out = bulk.Received()
+    while out.n < count:
+        r = bulk.splice_in(sock_fd, fd, offset + out.n, min(bulk.HOP, count - out.n), timeout, pipe, check)
+        out.n += r.n
+        kicked = kick_writeback(fd, kicked, offset + out.n)
+        if r.error is not None:
+            out.error = r.error
+            break
+        (check or trio.from_thread.check_cancelled)()
+    return out, kicked
 
 
 class FileBody:

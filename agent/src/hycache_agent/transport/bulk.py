@@ -31,6 +31,7 @@ import select
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import h11
@@ -52,10 +53,10 @@ class Broken(Exception):
     """The connection ended before the body did (retryable)."""
 
 
-def wait_fd(fd: int, events: int, timeout: float) -> None:
+def wait_fd(fd: int, events: int, timeout: float, check: Callable[[], None] | None = None) -> None:
     """Until ``fd`` is ready for ``events``; TimeoutError after ``timeout`` seconds of
-    nothing.  Checks for trio cancellation every POLL_SLICE (worker threads of
-    ``trio.to_thread.run_sync`` only)."""
+    nothing.  Calls ``check`` every POLL_SLICE, which raises to stop; by default trio's
+    cancellation check (worker threads of ``trio.to_thread.run_sync`` only)."""
     p = select.poll()
     p.register(fd, events | select.POLLERR | select.POLLHUP)
     deadline = time.monotonic() + timeout
@@ -65,7 +66,7 @@ def wait_fd(fd: int, events: int, timeout: float) -> None:
             raise TimeoutError(f"no progress on fd {fd} for {timeout:.0f} s")
         if p.poll(min(left, POLL_SLICE) * 1000):
             return
-        trio.from_thread.check_cancelled()
+        (check or trio.from_thread.check_cancelled)()
 
 
 def set_notsent_lowat(sock, value: int) -> None:
@@ -107,7 +108,7 @@ class Received:
 
 
 def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
-              pipe: tuple[int, int] | None) -> Received:
+              pipe: tuple[int, int] | None, check: Callable[[], None] | None = None) -> Received:
     """Move ``count`` bytes from the (non-blocking) socket into ``fd`` at ``offset``:
     ``splice`` through ``pipe`` for a regular file, ``recv_into`` + ``write`` without a
     pipe.  Stops early on end of stream or a socket error (in ``error``; the bytes
@@ -124,7 +125,7 @@ def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
                 else:
                     k = os.readv(sock_fd, [memoryview(buf)[:min(want, len(buf))]])
             except BlockingIOError:
-                wait_fd(sock_fd, select.POLLIN, timeout)
+                wait_fd(sock_fd, select.POLLIN, timeout, check)
                 continue
             if k == 0:
                 out.error = Broken(f"connection closed {count - out.n} bytes before the end of the body")
@@ -151,19 +152,22 @@ def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
     return out
 
 
-def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float) -> int:
+def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
+                 check: Callable[[], None] | None = None) -> int:
     """Send ``count`` bytes of ``fd`` at ``offset`` to the (non-blocking) socket; fewer
-    only if the file ends first."""
+    only if the file ends first.  ``check`` as in :func:`wait_fd`, also after every
+    ``sendfile`` call."""
     sent = 0
     while sent < count:
         try:
             k = os.sendfile(sock_fd, fd, offset + sent, count - sent)
         except BlockingIOError:
-            wait_fd(sock_fd, select.POLLOUT, timeout)
+            wait_fd(sock_fd, select.POLLOUT, timeout, check)
             continue
         if k == 0:  # end of file
             break
         sent += k
+        (check or trio.from_thread.check_cancelled)()  # (a socket that never fills: stop all the same)
     return sent
 
 

@@ -45,8 +45,9 @@ from hycache_agent.transport.errors import (
     PeerUnavailable,
 )
 from hycache_agent.transport.fetch import Fetch, Progress
+from hycache_agent.transport.idle import BackgroundThreads
 from hycache_agent.transport.retry import Again, Retry
-from hycache_agent.transport.wire import API, CHUNK, files_target, parse_addr, unquote_etag
+from hycache_agent.transport.wire import API, CHUNK, PUSH_HEADER, files_target, parse_addr, unquote_etag
 
 log = logging.getLogger(__name__)
 Addr = str | tuple[str, int]
@@ -153,7 +154,7 @@ class PeerClient:
     def __init__(self, node_id: str, secret: bytes, *, retries: int = 5, backoff: float = 0.1,
                  max_backoff: float = 3.0, connect_timeout: float = 5.0, read_timeout: float = 30.0,
                  chunk_size: int = CHUNK, max_connections: int = 64, io_threads: int = 2,
-                 bulk_threads: int = 8,
+                 bulk_threads: int = 8, background: BackgroundThreads | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
@@ -169,6 +170,9 @@ class PeerClient:
         # whole-file transfers (transport/bulk.py): a thread each while its body moves in
         # the kernel; they mostly wait on the socket, so more of them than io_threads
         self._bulk_limiter = trio.CapacityLimiter(bulk_threads)
+        # pushes no request waits for (``background=True``) move their bytes on niced
+        # threads of their own (transport/idle.py)
+        self.background = background if background is not None else BackgroundThreads("hycache-push")
         self._raw = bulk.Pool(connect_timeout)
         self.read_timeout = read_timeout
         self._http = httpx.AsyncClient(
@@ -470,17 +474,23 @@ class PeerClient:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
 
     async def push_replica(self, peer_addr: Addr, path: bytes, src_blob: str | os.PathLike[str],
-                           headers: dict[str, str] | None = None) -> dict[str, Any]:
+                           headers: dict[str, str] | None = None, *, background: bool = False) -> dict[str, Any]:
         """PUT the whole of ``src_blob`` as ``path``'s replica on the peer, with metadata
         headers (``X-HyCache-Version``, ``X-HyCache-Mode``, ...).  The body goes by
         ``sendfile`` from the blob (its page cache, right after a write) to a raw
         connection (``transport/bulk.py``).  Retried from the start on transport errors (a
-        replica push is idempotent).  Returns the peer's JSON answer."""
+        replica push is idempotent).  Returns the peer's JSON answer.
+
+        ``background``: nobody waits for this push (an async replica): the ``sendfile``
+        runs on :attr:`background`'s niced threads, and the request says so
+        (``X-HyCache-Push: background``) so the peer receives it at a low priority too."""
         src = os.fspath(src_blob)
         host, port = parse_addr(peer_addr, default_host="127.0.0.1")
         target = files_target(path).encode("ascii")
         fd, size = await trio.to_thread.run_sync(_open_src, src)
         extra = [(k.lower(), v) for k, v in (headers or {}).items()]
+        if background:
+            extra.append((PUSH_HEADER, "background"))
 
         async def attempt() -> dict[str, Any]:
             conn = await self._raw.get(host, port)
@@ -489,7 +499,8 @@ class PeerClient:
                 self.stats.requests += 1
                 hdrs = [*extra, ("content-length", str(size)), ("content-type", "application/octet-stream"),
                         ("authorization", authorization(self._secret, self.node_id, "PUT", target, self.clock()))]
-                answer, reusable = await self._push_once(conn, target, hdrs, fd, size, src, peer_addr, path)
+                answer, reusable = await self._push_once(conn, target, hdrs, fd, size, src, peer_addr, path,
+                                                         background)
                 return answer
             finally:
                 with trio.CancelScope(shield=True):
@@ -503,16 +514,19 @@ class PeerClient:
                 await trio.to_thread.run_sync(os.close, fd)
 
     async def _push_once(self, conn: bulk.Conn, target: bytes, hdrs: list[tuple[str, str]], fd: int, size: int,
-                         src: str, peer_addr: Addr, path: bytes) -> tuple[dict[str, Any], bool]:
+                         src: str, peer_addr: Addr, path: bytes, background: bool) -> tuple[dict[str, Any], bool]:
         """One PUT of the blob on ``conn``: the peer's answer, and whether the connection
         can be kept."""
         sent_error: BaseException | None = None
         pos = 0
         try:
             await bulk.send_head(conn, "PUT", target, hdrs)
-            while pos < size:
-                want = min(bulk.SEND_HOP, size - pos)
-                n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
+            while pos < size:  # one worker-thread job for the body: one wake-up of the loop
+                want = size - pos
+                if background:
+                    n = await self.background.run(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
+                else:
+                    n = await self._thread_bulk(bulk.sendfile_out, conn.fd, fd, pos, want, self.read_timeout)
                 pos += n
                 self.stats.bytes_sent += n
                 if n < want:

@@ -15,25 +15,29 @@ import trio
 
 from hycache_agent.transport import bulk
 from hycache_agent.transport.blob_io import (
-    WRITEBACK_KICK,
     close_pipe,
     fsync_close,
-    kick_writeback,
     make_temp,
+    splice_body,
     write_behind,
 )
 from hycache_agent.transport.conn import Conn, PeerStats, Stalled, describe, error_status
-from hycache_agent.transport.wire import PeerFiles
+from hycache_agent.transport.idle import BackgroundThreads
+from hycache_agent.transport.wire import PUSH_HEADER, PeerFiles
 
 log = logging.getLogger(__name__)
 
 
 class ReplicaIntake:
     """Receive replicas pushed by peers into ``files.staging_dir``; a temp file the engine
-    did not adopt is removed with ``remove_temp`` (it tolerates a missing file)."""
+    did not adopt is removed with ``remove_temp`` (it tolerates a missing file).  A push
+    its sender marks as background (``X-HyCache-Push: background``: nobody waits for it)
+    is spliced in on ``background``'s niced threads, so it takes the CPU this node's own
+    requests leave (transport/idle.py)."""
 
     def __init__(self, files: PeerFiles, *, node_id: str, stats: PeerStats, chunk_size: int, idle_timeout: float,
-                 thread: Callable[..., Awaitable], remove_temp: Callable[[str], None]) -> None:
+                 thread: Callable[..., Awaitable], remove_temp: Callable[[str], None],
+                 background: BackgroundThreads) -> None:
         self.files = files
         self.node_id = node_id
         self.stats = stats
@@ -41,6 +45,7 @@ class ReplicaIntake:
         self.idle_timeout = idle_timeout
         self._thread = thread
         self.remove_temp = remove_temp
+        self.background = background
 
     async def put(self, c: Conn, path: bytes, headers: dict[str, str], sender: str) -> None:
         staging = self.files.staging_dir
@@ -59,7 +64,7 @@ class ReplicaIntake:
             length = headers.get("content-length", "")
             t0 = time.monotonic()
             if length.isascii() and length.isdigit() and "transfer-encoding" not in headers:
-                received = await self._receive_raw(c, fd, int(length))
+                received = await self._receive_raw(c, fd, int(length), headers.get(PUSH_HEADER) == "background")
             else:
                 received = await self._receive_to(c, fd)
             t1 = time.monotonic()
@@ -142,12 +147,12 @@ class ReplicaIntake:
             raise errors[0]
         return received
 
-    async def _receive_raw(self, c: Conn, fd: int, length: int) -> int:
+    async def _receive_raw(self, c: Conn, fd: int, length: int, background: bool) -> int:
         """A body of ``length`` bytes into ``fd``, moved in the kernel: what h11 already
         read with the head is written first, the rest is spliced socket → pipe → file in
-        worker threads (``transport/bulk.py``), write-back started every WRITEBACK_KICK
-        bytes so the final fsync finds little left.  h11 does not see those bytes, so the
-        connection closes after the response."""
+        one worker-thread job (``blob_io.splice_body``), write-back started every
+        WRITEBACK_KICK bytes so the final fsync finds little left.  h11 does not see those
+        bytes, so the connection closes after the response."""
         pieces, ended = bulk.buffered_body(c)
         received = 0
         kicked = 0
@@ -159,40 +164,19 @@ class ReplicaIntake:
             return received
         c.close_after = True
         pipe = await self._thread(bulk.make_pipe)
-        kicking = False
-
-        async def kick(start: int, end: int) -> None:  # the write-back's submission, off the receive path
-            nonlocal kicking
-            try:
-                await self._thread(kick_writeback, fd, start, end)
-            finally:
-                kicking = False
-
-        error: BaseException | None = None
+        hop = (c.stream.socket.fileno(), fd, received, length - received, self.idle_timeout, pipe, kicked)
         try:
-            async with trio.open_nursery() as nursery:  # (raises nothing itself: no exception groups)
-                while received < length:
-                    try:
-                        r = await self._thread(bulk.splice_in, c.stream.socket.fileno(), fd, received,
-                                               min(bulk.HOP, length - received), self.idle_timeout, pipe)
-                    except Exception as e:
-                        error = e
-                        break
-                    received += r.n
-                    self.stats.bytes_received += r.n
-                    if isinstance(r.error, TimeoutError):
-                        error = Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
-                    elif r.error is not None:
-                        error = trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
-                    if error is not None:
-                        break
-                    if not kicking and received - kicked >= WRITEBACK_KICK:
-                        kicking = True
-                        nursery.start_soon(kick, kicked, received)
-                        kicked = received
-            if error is not None:
-                raise error
+            if background:
+                r, _ = await self.background.run(splice_body, *hop)
+            else:
+                r, _ = await self._thread(splice_body, *hop)
         finally:
             with trio.CancelScope(shield=True):
                 await self._thread(close_pipe, pipe)
+        received += r.n
+        self.stats.bytes_received += r.n
+        if isinstance(r.error, TimeoutError):
+            raise Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
+        if r.error is not None:
+            raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
         return received

@@ -27,6 +27,7 @@ from hycache_agent.transport import bulk
 from hycache_agent.transport.auth import AUTH_SCHEME, MAX_SKEW, MIN_SECRET, AuthError, verify_authorization
 from hycache_agent.transport.blob_io import FileBody, open_for_read, pread_into, read_small
 from hycache_agent.transport.conn import Abort, Conn, PeerStats, Stalled, describe, error_status
+from hycache_agent.transport.idle import BackgroundThreads
 from hycache_agent.transport.receive import ReplicaIntake
 from hycache_agent.transport.wire import (
     API,
@@ -72,7 +73,8 @@ class PeerServer:
                  idle_timeout: float = IDLE_TIMEOUT, io_threads: int = 8,
                  clock: Callable[[], float] = time.time, version: str | None = None,
                  metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
-                 remove_temp: Callable[[str], None] = remove_quietly) -> None:
+                 remove_temp: Callable[[str], None] = remove_quietly,
+                 background: BackgroundThreads | None = None) -> None:
         if not NODE_ID_RE.match(node_id):
             raise ValueError(f"invalid node id {node_id!r}")
         if len(secret) < MIN_SECRET:
@@ -90,7 +92,8 @@ class PeerServer:
         self.stats = PeerStats()
         self.address: tuple[str, int] | None = None
         self.intake = ReplicaIntake(files, node_id=node_id, stats=self.stats, chunk_size=chunk_size,
-                                    idle_timeout=idle_timeout, thread=self._thread, remove_temp=remove_temp)
+                                    idle_timeout=idle_timeout, thread=self._thread, remove_temp=remove_temp,
+                                    background=background or BackgroundThreads("hycache-intake"))
 
     # -------------------------------------------------------------- lifecycle
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -21,6 +21,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 API = "v1"
 CHUNK = 1 << 20  # file read / write unit
+PUSH_HEADER = "x-hycache-push"  # "background": a replica push nobody waits for (received at a low priority)
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 ETAG_RE = re.compile(r"[\x21\x23-\x7e]{1,200}\Z")  # RFC 9110 etagc, no quote
 FILES = b"/" + API.encode() + b"/files"

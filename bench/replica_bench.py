@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Writes with replicas none / async / sync, the replica holder on a device of its own
+(issue 33), the three modes interleaved pass by pass, with where the CPU went.
+
+One local Redis Cluster; per mode a writer agent and a holder agent in a namespace of
+their own (so a writer's replica can only go to its holder, and all six agents run at
+once: no agent is restarted between passes).  The holders' tiers are on one loop-mounted
+ext4 image in /dev/shm (another machine's disk); the writers' on this machine's disk.
+Each pass writes ``--writes`` files of ``--write-size`` through each writer's mount with
+1 MiB writes + fsync + close (``dd bs=1M conv=fsync``), the modes' order rotated from
+pass to pass, ``sync; echo 3 > drop_caches`` before each mode's turn.  For async, the
+time until every replica is acknowledged (the writer's ``user.hycache.info`` names it) is
+reported too ("async, pushed": MB/s up to then).  CPU seconds of the writer agent, the
+holder agent and the writing process itself are taken from /proc over the writes (for
+async: until pushed), so a change can be read as "less CPU on the writer's side".
+
+Usage: bench/replica_bench.py [--passes 3] [--writes 8] [--write-size 64M] [--json FILE]
+                              [--agent-bin PATH] [--extra "ARGS"]
+Needs root (FUSE mounts, drop_caches, the loop device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hycache_core.sizes import parse_size
+from hycache_harness import Agent, drop_caches, executable, redis_seeds, start_redis_cluster
+from remote_bench import own_device, ready, write_files
+
+MODES = {"none": [], "async": ["--replicas", "1", "--replica-mode", "async"],
+         "sync": ["--replicas", "1", "--replica-mode", "sync"]}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of ``pid`` and its threads (0 once it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def pushed(files: list[Path], timeout: float = 300.0) -> None:
+    """Until every one of ``files`` names its replica (``user.hycache.info``), polled
+    every 20 ms (a finer poll is CPU the writer's agent spends on getxattr)."""
+    t0 = time.monotonic()
+    left = list(files)
+    while left:
+        left = [f for f in left if not json.loads(os.getxattr(f, "user.hycache.info")).get("replicas")]
+        if left and time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{len(left)} replicas still pending after {timeout:.0f} s")
+        if left:
+            time.sleep(0.02)
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--writes", type=int, default=8)
+    p.add_argument("--write-size", default="64M")
+    p.add_argument("--device-size", default="6G", type=parse_size)
+    p.add_argument("--agent-bin", default=executable("hycache-agent"))
+    p.add_argument("--extra", default="", help="more mount arguments for every agent (e.g. '--no-passthrough')")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--perf", type=Path, metavar="PREFIX",
+                   help="perf record -g the writer and holder agents over each replica turn into PREFIX.MODE.PASS")
+    a = p.parse_args()
+    if os.geteuid() != 0:
+        print("replica_bench: needs root", file=sys.stderr)
+        return 2
+    wsize = parse_size(a.write_size)
+    work = Path(tempfile.mkdtemp(prefix="hycache-repbench-", dir=os.environ.get("BENCH_DIR")))
+    secret_file = work / "secret"
+    secret_file.write_bytes(os.urandom(24).hex().encode())
+    secret_file.chmod(0o600)
+    cluster = start_redis_cluster(work / "redis", start=45000, stop=49000)
+    common = dict(redis=redis_seeds(cluster.nodes), secret=secret_file, agent_bin=a.agent_bin)
+    extra = shlex.split(a.extra)
+    rows: dict[str, list[float]] = {}
+    agents: list[Agent] = []
+
+    def add(key: str, value: float) -> None:
+        rows.setdefault(key, []).append(value)
+
+    try:
+        with own_device(work / "dev", a.device_size) as dev:
+            writers: dict[str, Agent] = {}
+            for mode, args in MODES.items():
+                ns = f"repbench-{os.getpid()}-{mode}"
+                h = Agent(dev / f"h-{mode}", f"h{mode}", "--rebalance-interval", "0", *extra, namespace=ns,
+                          **common).start()
+                agents.append(h)
+                w = Agent(work / f"w-{mode}", f"w{mode}", "--rebalance-interval", "0", *args, *extra,
+                          namespace=ns, **common).start()
+                agents.append(w)
+                writers[mode] = w
+            for ag in agents:
+                ready(ag)
+            time.sleep(2.5)  # a heartbeat: the writers know their holders
+            holders = {m: agents[2 * i] for i, m in enumerate(MODES)}
+            names = list(MODES)
+            for i in range(a.passes):
+                for mode in names[i % 3:] + names[: i % 3]:
+                    w, h = writers[mode], holders[mode]
+                    drop_caches()
+                    perf = None
+                    if a.perf and mode != "none":
+                        perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "499", "-o", f"{a.perf}.{mode}.{i}",
+                                                 "-p", f"{w.pid},{h.pid}"], stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL)
+                        time.sleep(0.5)
+                    c0 = (cpu_seconds(w.pid), cpu_seconds(h.pid), sum(os.times()[:2]))
+                    t0 = time.perf_counter()
+                    add(f"write {mode}", write_files(w.mnt / f"p{i}", a.writes, wsize))
+                    add(f"cpu {mode} writer agent", cpu_seconds(w.pid) - c0[0])
+                    add(f"cpu {mode} holder agent", cpu_seconds(h.pid) - c0[1])
+                    add(f"cpu {mode} dd", sum(os.times()[:2]) - c0[2])
+                    if mode != "none":  # (sync: already there when the writes return)
+                        pushed([w.mnt / f"p{i}" / f"w{k}" for k in range(a.writes)])
+                    if mode == "async":
+                        add("write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
+                        add("cpu async, pushed writer agent", cpu_seconds(w.pid) - c0[0])
+                        add("cpu async, pushed holder agent", cpu_seconds(h.pid) - c0[1])
+                        add("cpu async, pushed dd", sum(os.times()[:2]) - c0[2])
+                    if perf is not None:
+                        perf.send_signal(signal.SIGINT)
+                        perf.wait(30)
+                print(f"pass {i} done", flush=True)
+            for ag in agents:
+                ag.stop()
+    finally:
+        for ag in agents:
+            ag.stop()
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(rows, a)
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "passes": a.passes, "writes": a.writes,
+                                      "write_size": wsize, "extra": a.extra}, indent=2))
+    return 0
+
+
+def print_table(rows: dict[str, list[float]], a) -> None:
+    print(f"\nreplica_bench: {a.writes} × {a.write_size} per pass, {a.passes} passes, modes interleaved, holder on "
+          f"its own device{' (' + a.extra + ')' if a.extra else ''}; load average {os.getloadavg()[0]:.2f}")
+    print("| replicas | writer MB/s: median (× none) | min–max | per pass (× none) | CPU s writer agent / holder / dd |")
+    print("|---|---:|---:|---|---|")
+    none = rows["write none"]
+    for key in ("write none", "write async", "write async, pushed", "write sync"):
+        xs = rows[key]
+        cpu = " / ".join(f"{statistics.median(rows[f'cpu {key[6:]} {who}']):.2f}"
+                         for who in ("writer agent", "holder agent", "dd"))
+        per = ", ".join(f"{x / n:.2f}" for x, n in zip(xs, none))
+        print(f"| {key[6:]} | {statistics.median(xs):,.0f} ({statistics.median(xs) / statistics.median(none):.2f}×)"
+              f" | {min(xs):,.0f}–{max(xs):,.0f} | {per} | {cpu} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
