@@ -40,6 +40,9 @@ class AgentConfig(BaseModel):
     # off): 1024 makes 1 MiB READs, an eighth of the requests of the kernel's 128 KiB
     # (docs/agent.md, "Read-ahead"); 0: the kernel's
     read_ahead_kb: int = Field(default=0, ge=0, le=16384)
+    # MiB of a blob read ahead, in parallel, when a file on the fast tier is opened for
+    # reading through passthrough (fs/prefetch.py); 0: only the kernel's read-ahead
+    open_prefetch_mb: int = Field(default=0, ge=0, le=1 << 20)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow

@@ -62,6 +62,7 @@ from hycache_agent.fs.metastore import MetaJournal, SQLiteStore
 from hycache_agent.fs.migrations import Migrations
 from hycache_agent.fs.namespace import FsError, Inode, Namespace, check_name, local_inode, now_ns
 from hycache_agent.fs.placement import Placement
+from hycache_agent.fs.prefetch import LANES, OpenPrefetch
 from hycache_agent.fs.recovery import recover, replay
 from hycache_agent.fs.redolog import RedoLog
 from hycache_agent.fs.space import Space
@@ -96,6 +97,11 @@ class TieringEngine:
         # last release of a file drops its backing registration (fs/passthrough.py)
         self.backings_lane = Lane("backings")
         self.lanes: list[Lane] = [self.backings_lane]
+        # a passthrough reader's blob read ahead at open (fs/prefetch.py), off at 0
+        self.prefetch = OpenPrefetch(config.open_prefetch_mb << 20, [Lane(f"prefetch-{i}", hold=False)
+                                                                     for i in range(LANES)]
+                                     if config.open_prefetch_mb else [])
+        self.lanes += self.prefetch.lanes
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
         self.kreads = kreads if kreads is not None else KernelReads()  # started by the mount

@@ -88,11 +88,12 @@ class Opens(Part):
             raise
         if own is not None:
             self._leased[fh] = local.ino
-        return await self._local_open(fh, local, writing)
+        return await self._local_open(fh, local, writing, direct=bool(flags & os.O_DIRECT))
 
-    async def _local_open(self, fh: int, node: Inode, writing: bool) -> Opened:
+    async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False) -> Opened:
         """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
-        EIO to both together)."""
+        EIO to both together); a reader of a fast-tier blob through it gets the blob's
+        start read ahead (fs/prefetch.py), unless it reads around the page cache."""
 
         async def wanted() -> bool:  # set-ID files are written through the agent, which clears the bits
             return not node.mode & (stat.S_ISUID | stat.S_ISGID) and await self.engine.passthrough_for(node, writing)
@@ -104,6 +105,8 @@ class Opens(Part):
             raise
         if bid:
             self._backed[fh] = node
+            if not writing and not direct and node.tier == T.FAST:
+                self.engine.prefetch.start(self.engine.blob(node))
         quiet = not writing or bool(bid and self._nothing_at_close(node))
         return Opened(fh, bid, quiet, keep_cache=not bid and self.engine.config.kernel_cache)
 
