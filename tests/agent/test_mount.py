@@ -453,6 +453,7 @@ def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_relea
             assert r.read() == pattern(4 * K, 1)
     finally:
         lat = trace.stop()
+        trace.remove()
     assert "FLUSH" not in lat, {op: len(v) for op, v in lat.items()}
     assert len(lat.get("CREATE", [])) == 20
     assert len(lat.get("RELEASE", [])) >= 22 - 1  # (the last one may come after the trace stopped)
