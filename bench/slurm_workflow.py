@@ -96,7 +96,8 @@ class WorkflowBench:
 
     def __init__(self, slurm: Any, api: httpx.Client, mounts: dict[str, Path], instance: Path, *,
                  token_file: Path | None = None, slow: Any = None, compute_scale: float = 0.0,
-                 log: Callable[[str], None] = print) -> None:
+                 slack: float = 0.1, log: Callable[[str], None] = print) -> None:
+        self.slack = slack  # the manifest's load bound slack (submit-workflow --slack)
         self.slurm, self.api, self.mounts, self.instance = slurm, api, mounts, instance
         self.token_file = token_file  # an admin token: the workflow is placed as a manifest
         self.slow, self.compute_scale, self.log = slow, compute_scale, log
@@ -173,7 +174,8 @@ class WorkflowBench:
                 "--prefix", prefix, "--log-dir", str(self.slurm.out), "--compute-scale", str(self.compute_scale),
                 "--sbatch", "runuser -u nobody -- sbatch --chdir=/tmp", "--json"]
         if self.token_file is not None:
-            argv += ["--api", str(self.api.base_url), "--token-file", str(self.token_file)]
+            argv += ["--api", str(self.api.base_url), "--token-file", str(self.token_file),
+                     "--slack", str(self.slack)]
         for n, m in self.mounts.items():
             argv += ["--mount", f"{n}={m}"]
         r = subprocess.run(argv, capture_output=True, text=True, env=self.slurm.env, timeout=300)

@@ -73,6 +73,11 @@ def add_parser(sub) -> None:
     w.add_argument("--token-file", metavar="FILE", help="an admin token for --api")
     w.add_argument("--nodes", metavar="N,...", help="the nodes the manifest is placed on (default: the --mount "
                                                    "nodes, else the live ones)")
+    w.add_argument("--solver", default="local", choices=["greedy", "local", "hypergraph", "exact", "round-robin"],
+                   help="the manifest's placement solver (default local)")
+    w.add_argument("--slack", type=float, default=0.1,
+                   help="the manifest's load bound slack: how far a node's load may exceed the mean to keep "
+                        "a job by its data (default 0.1)")
     w.add_argument("--json", action="store_true", help="print {manifest_id, jobs: {task: job id}} as JSON")
 
 
@@ -110,9 +115,10 @@ def as_instance(wf: Workflow, layout: Layout) -> dict[str, Any]:
                                  "command": {"program": j.task or j.id}} for j in wf.jobs]}}}
 
 
-def register(wf: Workflow, layout: Layout, api: str, token: str, nodes: list[str] | None) -> int:
+def register(wf: Workflow, layout: Layout, api: str, token: str, nodes: list[str] | None, *,
+             solver: str = "local", slack: float = 0.1) -> int:
     """The workflow as a manifest of the control plane, placed, without layer-2 plans: its id."""
-    params = {"plans": "false", **({"nodes": ",".join(nodes)} if nodes else {})}
+    params = {"plans": "false", "solver": solver, "slack": str(slack), **({"nodes": ",".join(nodes)} if nodes else {})}
     r = httpx.post(api.rstrip("/") + "/api/v1/manifests", params=params, json=as_instance(wf, layout),
                    headers={"Authorization": f"Bearer {token}"}, timeout=120.0)
     if r.status_code != 201:
@@ -202,7 +208,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         mid = None
         if args.api and args.mode != "slurm":
-            mid = register(wf, layout, args.api, Path(args.token_file).read_text().strip(), nodes)
+            mid = register(wf, layout, args.api, Path(args.token_file).read_text().strip(), nodes,
+                           solver=args.solver, slack=args.slack)
         ids = submit_workflow(wf, layout, args.mode, shlex.split(args.sbatch), args.log_dir, mid)
     except (OSError, RuntimeError, httpx.HTTPError, subprocess.TimeoutExpired) as e:
         print(f"hycache-control: error: {e}", file=sys.stderr)
