@@ -323,6 +323,7 @@ def main() -> int:
     ap.add_argument("--mib", type=float, default=2.0, help="MiB per image (default 2)")
     ap.add_argument("--mbps", type=float, default=20.0, help="the slow tiers' device, MB/s (default 20)")
     ap.add_argument("--compute-scale", type=float, default=0.0, help="jobs sleep this × their runtime")
+    ap.add_argument("--slack", type=float, default=1.0, help="the manifest's load bound slack (default 1)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write the results here too")
     args = ap.parse_args()
     from slurm_stack import stack  # bench/: the stack the test runs on too
@@ -333,7 +334,7 @@ def main() -> int:
         with stack(tmp, _slurmcluster().SlurmCluster, mbps=args.mbps) as st:
             inst.chmod(0o644)
             b = WorkflowBench(st.slurm, st.api, st.mounts, inst, token_file=st.token_file, slow=st.slow,
-                              compute_scale=args.compute_scale)
+                              compute_scale=args.compute_scale, slack=args.slack)
             results = [{"label": m, **b.run(m, f"/{m}")} for m in MODES]
             results.append({"label": "stage, cp killed", **b.run("stage", "/killed", kill=st.kill_control_plane)})
     finally:

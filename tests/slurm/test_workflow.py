@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.mount]
 
 #: the slow tiers' device: a disk-like 20 MB/s, 200 IOPS, shared by the three nodes
 MBPS = 20.0
+#: the manifest's load bound slack (submit-workflow --slack)
+SLACK = 1.0
 
 
 @pytest.fixture
@@ -49,7 +51,10 @@ def test_a_workflow_through_slurm_three_ways(wf_stack):
     inst = base / "montage.json"
     inst.write_text(json.dumps(montage(images=4, mib=2)))
     inst.chmod(0o644)
-    bench = WorkflowBench(st.slurm, st.api, st.mounts, inst, token_file=st.token_file, slow=st.slow)
+    # slack 1: 2LS keeps a job by its data until its node carries twice the mean load (the
+    # default 0.1 spreads this 16-task DAG over the node that holds no input, moving the
+    # projected images to it)
+    bench = WorkflowBench(st.slurm, st.api, st.mounts, inst, token_file=st.token_file, slow=st.slow, slack=SLACK)
     res = {m: bench.run(m, f"/{m}") for m in MODES}
     for m, r in res.items():
         print(f"\n{m}: makespan {r['makespan']:.1f} s, moved {r['moved_bytes'] / 2**20:.1f} MiB, "
@@ -60,7 +65,9 @@ def test_a_workflow_through_slurm_three_ways(wf_stack):
     slurm, place, stage = res["slurm"], res["place"], res["stage"]
     # Layer 1: Slurm ran the jobs where HyCache chose (every node stays up here)
     assert place["on_chosen"] >= 0.95 and stage["on_chosen"] >= 0.95, (place["chosen"], stage["chosen"])
+    # placing by data and staging halves (at least) what crosses between nodes
     assert slurm["moved_bytes"] > 0, slurm
+    assert stage["moved_bytes"] <= 0.5 * slurm["moved_bytes"], (stage["moved_bytes"], slurm["moved_bytes"])
     # Layer 2: the staged inputs are on the fast tier when the jobs first read them
     assert stage["hit_ratio"] >= 0.90, stage
     # staging costs no makespan: no worse than node choice alone, within 15 % + 3 s of noise
@@ -76,11 +83,10 @@ def test_a_workflow_through_slurm_three_ways(wf_stack):
     late = {t: d for t, d in killed["start_delays"].items() if d > STAGE_WAIT + 5}
     assert not late, f"jobs started more than stage_wait + 5 s after their parents were done: {late}"
 
-    # the issue's floor: placing by data halves (at least) what crosses between nodes.  Not met
-    # yet (docs/slurm.md "Measured"): Slurm alone moved 14.5-22.5 MiB in the runs so far, node
-    # choice 8.5-14 MiB, staging 12.5-15 MiB (a staged copy of another node's file is fetched
-    # again by the next job on the node).  Reported as an expected failure until it is.
-    short = {r["mode"]: (r["moved_bytes"], slurm["moved_bytes"]) for r in (place, stage)
-             if r["moved_bytes"] > 0.5 * slurm["moved_bytes"]}
-    if short:
-        pytest.xfail(f"bytes moved above 0.5x Slurm alone (mode: (bytes, Slurm alone's)): {short}")
+    # the issue's floor for node choice alone: not met in every run yet (docs/slurm.md
+    # "Measured"): with the same placement as staging, the next job on a node fetches again a
+    # file of another node that a job before it there already read (the agent drops a remote
+    # copy when the kernel forgets its inode, cluster/copies.py; not traced to that yet).
+    # Reported as an expected failure until it is met.
+    if place["moved_bytes"] > 0.5 * slurm["moved_bytes"]:
+        pytest.xfail(f"node choice alone moved {place['moved_bytes']} bytes, Slurm alone {slurm['moved_bytes']}")
