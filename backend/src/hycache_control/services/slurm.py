@@ -280,8 +280,7 @@ class SlurmService:
     def _file_action(self, action: str, paths: list[str], actor: str | None, on: str | None = None) -> int | None:
         """pin/unpin the files that exist (on their primary node; with ``on``, only those
         whose primary is that node: a job's staged copy of another node's file is in its
-        node's remote cache, which pinning the primary does not keep, and every pin or
-        unpin rewrites the file's entry that the other nodes' copies are checked against);
+        node's remote cache, which pinning the primary does not keep);
         None when there are none or no DHT is configured."""
         if not paths or not self.namespace.configured:
             return None
