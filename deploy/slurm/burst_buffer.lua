@@ -44,6 +44,8 @@ local function settings()
 end
 
 -- Poll the job's staging until staged / failed / none or the deadline: its last state.
+-- A control plane that stops answering (no answer within http_timeout, or a refused
+-- connection) ends the wait at once: the job reads what is not staged where it is.
 local function wait_staged(cfg, job_id, answer, deadline)
 	local state = hc.field(answer, "staging")
 	while state == "staging" and os.time() < deadline do
@@ -52,6 +54,9 @@ local function wait_staged(cfg, job_id, answer, deadline)
 		if code == 200 then
 			answer = body
 			state = hc.field(body, "staging")
+		elseif code == 0 or code >= 500 then
+			log("job %s: control plane unreachable while staging (HTTP %d): not waiting longer", job_id, code)
+			break
 		end
 	end
 	return state, answer
@@ -103,7 +108,7 @@ function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
 		node = nil
 	end
 	local body = hc.json_object({ node = node, inputs = d.inputs, outputs = d.outputs, manifest_id = d.manifest_id,
-		job = d.job })
+		job = d.job, stage = d.stage })
 	local code, answer = hc.request(cfg, "POST", job_path(job_id, "/stage-in"), body, cfg.http_timeout)
 	if code ~= 200 then
 		if code >= 400 and code < 500 then

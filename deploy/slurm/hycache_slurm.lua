@@ -197,7 +197,8 @@ local function split(list)
 end
 
 -- What a batch script declares in `#BB_LUA hycache KEY=VALUE ...` lines:
--- inputs=/a,/b outputs=/c (namespace paths), or manifest=ID job=NAME.
+-- inputs=/a,/b outputs=/c (namespace paths), or manifest=ID job=NAME; stage=no: the job
+-- is steered to its node but its inputs are not staged (node choice alone; default yes).
 -- (nil when it declares nothing; nil, message when a line is malformed)
 function M.directives(script)
 	local d = { inputs = {}, outputs = {} }
@@ -218,8 +219,13 @@ function M.directives(script)
 					end
 				elseif key == "job" then
 					d.job = value
+				elseif key == "stage" then
+					if value ~= "yes" and value ~= "no" then
+						return nil, "#BB_LUA hycache: stage=" .. value .. " is not yes or no"
+					end
+					d.stage = value == "yes"
 				else
-					return nil, "#BB_LUA hycache: unknown key " .. key .. " (inputs, outputs, manifest, job)"
+					return nil, "#BB_LUA hycache: unknown key " .. key .. " (inputs, outputs, manifest, job, stage)"
 				end
 			end
 		end

@@ -91,7 +91,8 @@ def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files, sto
     assert api.post("/api/v1/slurm/jobs/41/stage-in", body).json()["steps"]["total"] == 2
     beat(api, "a", [{"id": d["id"], "state": "done", "detail": "fast"} for d in got])
     assert api.get("/api/v1/slurm/jobs/41", token=api.read).json()["staging"] == "staged"
-    # Slurm ran it on b after all: recorded, staged again there, inputs pinned
+    # Slurm ran it on b after all: recorded, staged again there, its inputs on b pinned (a's
+    # file is read from b's remote cache: pinning it on a would keep nothing the job reads)
     r = api.post("/api/v1/slurm/jobs/41/pre-run", {"node": "b"})
     assert r.status_code == 200, r.text
     j = r.json()
@@ -99,7 +100,7 @@ def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files, sto
     again = [d for d in beat(api, "b") if d["action"] == "prefetch"]
     assert sorted(d["path"] for d in again) == ["/in/big.dat", "/in/small.dat"]
     pins = [d for d in beat(api, "a") + beat(api, "b") if d["action"] == "pin"]
-    assert sorted(d["path"] for d in pins) == ["/in/big.dat", "/in/small.dat"]
+    assert sorted(d["path"] for d in pins) == ["/in/big.dat"]
     beat(api, "b", [{"id": d["id"], "state": "done"} for d in again])
     r = api.post("/api/v1/slurm/jobs/41/post-run", {"exit_code": 0})
     assert r.status_code == 200, r.text
@@ -113,7 +114,7 @@ def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files, sto
     j = api.post("/api/v1/slurm/jobs/41/post-run", {}).json()
     assert j["published"]["/missing.out"] == {"node": "b", "size": 5} and j["outputs_missing"] == 0
     unpins = [d for d in beat(api, "a") + beat(api, "b") if d["action"] == "unpin"]
-    assert sorted(d["path"] for d in unpins) == ["/in/big.dat", "/in/small.dat"]
+    assert sorted(d["path"] for d in unpins) == ["/in/big.dat"]  # what was pinned
     j = api.post("/api/v1/slurm/jobs/41/teardown", {"hurry": False}).json()
     assert j["state"] == "done"
     assert [h["hook"] for h in j["hooks"]] == ["stage-in", "stage-in", "pre-run", "post-run", "teardown"]
@@ -122,6 +123,23 @@ def test_a_job_staged_run_elsewhere_published_and_torn_down(api: Api, files, sto
     assert r.status_code == 409 and loc(r) == ["path", "slurm_job_id"]
     # the stage actions are not listed as operators' file actions
     assert all(a["action"] != "stage" for a in api.get("/api/v1/actions").json()["items"])
+
+
+def test_a_job_recorded_without_staging(api: Api, files):
+    """``stage: false`` (the directive ``stage=no``): the job and its node are recorded,
+    nothing is prefetched or pinned, and it is not staged at pre-run either."""
+    body = {"node": "a", "stage": False, "inputs": ["/in/big.dat"], "outputs": ["/out.dat"]}
+    r = api.post("/api/v1/slurm/jobs/51/stage-in", body)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert (j["staged_on"], j["staging"], j["steps"]["total"]) == ("a", "none", 0), j
+    assert j["hooks"][0]["detail"] == "a (no staging)"
+    j = api.post("/api/v1/slurm/jobs/51/pre-run", {"node": "b"}).json()
+    assert (j["ran_on"], j["staged_on"], j["staging"], j["steps"]["total"]) == ("b", "a", "none", 0), j
+    assert beat(api, "a") == [] and beat(api, "b") == []  # no prefetch, no pin
+    j = api.post("/api/v1/slurm/jobs/51/post-run", {"exit_code": 0}).json()
+    assert j["published"] == {"/out.dat": {"node": "a", "size": 3 * MB}}
+    assert beat(api, "a") == [] and beat(api, "b") == []  # nothing to unpin
 
 
 def test_a_staging_failure_and_the_status_text(api: Api, files):

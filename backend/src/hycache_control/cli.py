@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     _admin_parsers(sub)
     _run_parser(sub)
     _client_parsers(sub)
+    from .slurm_workflow import add_parser as _slurm_parser
+    _slurm_parser(sub)
     o = sub.add_parser("openapi", help="print the OpenAPI document (JSON)")
     o.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
     return ap
@@ -212,6 +214,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "submit":
         from .submit import submit
         return submit(args)
+    if args.cmd == "slurm":
+        from .slurm_workflow import main as slurm_main
+        return slurm_main(args)
     if args.cmd == "db":
         from .db import Database
         s = _settings(args)

@@ -528,6 +528,8 @@ class SlurmPlacementOut(BaseModel):
 
 class SlurmStageIn(SlurmJobData):
     node: NodeName | None = Field(None, description="the node the job will run on (default: chosen here)")
+    stage: bool = Field(True, description="false: record the job and its node only (no prefetches, no pins, no "
+                                          "staging again at pre-run): node choice without burst-buffer staging")
 
 
 class SlurmPreRun(BaseModel):

@@ -1554,6 +1554,12 @@ export interface components {
              * @default []
              */
             outputs: string[];
+            /**
+             * Stage
+             * @description false: record the job and its node only (no prefetches, no pins, no staging again at pre-run): node choice without burst-buffer staging
+             * @default true
+             */
+            stage: boolean;
         };
         /** SlurmStatus */
         SlurmStatus: {

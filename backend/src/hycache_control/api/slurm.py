@@ -32,7 +32,8 @@ def stage_in(control: ControlDep, c: Admin, slurm_job_id: SlurmJobId, body: S.Sl
     """Record the job and send the prefetches of its inputs to its node; `staging` says
     how far they are (the hook polls `GET /slurm/jobs/{id}` until `staged` or `failed`)."""
     return control.slurm.stage_in(slurm_job_id, node=body.node, manifest_id=body.manifest_id, job=body.job,
-                                  inputs=body.inputs, outputs=body.outputs, actor=c.name)
+                                  inputs=body.inputs, outputs=body.outputs, stage=body.stage,
+                                  actor=c.name)
 
 
 @router.post("/jobs/{slurm_job_id}/pre-run", response_model=S.SlurmJobOut, responses={**ERRORS_404, **UNAVAILABLE},

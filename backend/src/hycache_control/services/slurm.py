@@ -10,8 +10,8 @@ job's life by its Slurm job id:
   action whose items are ``prefetch`` steps delivered to that node like plan steps);
   ``staging`` is ``staged`` once every one is done, ``failed`` when one failed;
 - pre-run: where the job really runs (a node other than the staged one is staged again),
-  its inputs pinned while it runs; a manifest's job is started;
-- post-run: its inputs unpinned, its outputs published (their node and size in the
+  its inputs on that node pinned while it runs; a manifest's job is started;
+- post-run: those inputs unpinned, its outputs published (their node and size in the
   namespace now); a manifest's job is finished;
 - teardown: the steps not delivered yet are cancelled.
 """
@@ -88,9 +88,11 @@ class SlurmService:
     # -- the burst buffer's hooks ------------------------------------------------------------
 
     def stage_in(self, slurm_id: int, *, node: str | None, manifest_id: int | None, job: str | None,
-                 inputs: list[str], outputs: list[str], actor: str | None) -> dict[str, Any]:
+                 inputs: list[str], outputs: list[str], actor: str | None, stage: bool = True) -> dict[str, Any]:
         """Record the job and send its inputs' prefetches to ``node`` (chosen here when
-        Slurm has not said); again with the same node it only reports the staging."""
+        Slurm has not said); again with the same node it only reports the staging.
+        ``stage=False`` records the job and its node only: a job that was never staged
+        (no stage action) is not staged at pre-run either, nor are its inputs pinned."""
         if (manifest_id is None) != (job is None):
             raise Invalid(("body", "job" if job is None else "manifest_id"),
                           "manifest_id and job go together (the manifest's job this Slurm job runs)")
@@ -109,8 +111,10 @@ class SlurmService:
                 s.add(sj)
             elif sj.state in ("finished", "done"):
                 raise Conflict(("path", "slurm_job_id"), f"Slurm job {slurm_id} has already run")
-            self._hook(sj, "stage-in", node, now)
-        if sj.staged_on != node:
+            self._hook(sj, "stage-in", node if stage else f"{node} (no staging)", now)
+            if not stage and sj.stage_action_id is None:
+                sj.staged_on = node
+        if stage and sj.staged_on != node:
             self._stage(slurm_id, node, actor)
         return self.get(slurm_id)
 
@@ -143,16 +147,18 @@ class SlurmService:
 
     def pre_run(self, slurm_id: int, node: str, actor: str | None) -> dict[str, Any]:
         """The job runs on ``node`` now: staged again there if it was staged elsewhere;
-        its inputs pinned while it runs (where their primary copy is)."""
+        its inputs pinned while it runs (where their primary copy is).  A job recorded
+        without staging (no stage action) is only recorded."""
         now = time.time()
         with self.db.session() as s:
             sj = self._row(s, slurm_id)
             self._hook(sj, "pre-run", node, now)
             sj.ran_on, sj.state = node, "running"
             staged_on, inputs, manifest = sj.staged_on, list(sj.inputs), (sj.manifest_id, sj.job)
-        if staged_on != node:
+            staged = sj.stage_action_id is not None
+        if staged and staged_on != node:
             self._stage(slurm_id, node, actor)
-        pin = self._file_action("pin", inputs, actor)
+        pin = self._file_action("pin", inputs, actor, on=node) if staged else None
         with self.db.session() as s:
             self._row(s, slurm_id).pin_action_id = pin
         self._manifest_event(slurm_id, manifest, "start", actor)
@@ -169,7 +175,7 @@ class SlurmService:
             if not again:
                 self._hook(sj, "post-run", f"exit {exit_code}" if exit_code is not None else None, now)
                 sj.state, sj.exit_code = "finished", exit_code
-            inputs, outputs, pinned = list(sj.inputs), list(sj.outputs), sj.pin_action_id
+            outputs, pinned = list(sj.outputs), sj.pin_action_id
             manifest = (sj.manifest_id, sj.job)
         if again:  # the hook asks again while outputs are not in the namespace yet: only publish
             published = self._publish(outputs)
@@ -177,7 +183,7 @@ class SlurmService:
                 self._row(s, slurm_id).published = published
             return self.get(slurm_id)
         if pinned is not None:
-            self._file_action("unpin", inputs, actor)
+            self._file_action("unpin", self._action_paths(pinned), actor)
         published = self._publish(outputs)
         with self.db.session() as s:
             self._row(s, slurm_id).published = published
@@ -251,7 +257,8 @@ class SlurmService:
         return {"id": sj.id, "manifest_id": sj.manifest_id, "job": sj.job, "inputs": list(sj.inputs),
                 "outputs": list(sj.outputs), "state": sj.state, "staged_on": sj.staged_on, "ran_on": sj.ran_on,
                 "staging": staging, "failures": failures,
-                "steps": {"total": len(items), **counts}, "step_items": [item_view(i) for i in items],
+                "steps": {"total": len(items), **counts},
+                "step_items": [{**item_view(i), "updated_at": i.updated_at} for i in items],
                 "hooks": [{"hook": h[0], "at": h[1], "detail": h[2]} for h in sj.hooks],
                 "published": sj.published,
                 "outputs_missing": sum(1 for v in (sj.published or {}).values() if v is None),
@@ -270,13 +277,20 @@ class SlurmService:
             it.state, it.detail, it.updated_at = "cancelled", detail, now
         return [item_view(i) for i in items]
 
-    def _file_action(self, action: str, paths: list[str], actor: str | None) -> int | None:
-        """pin/unpin the files that exist (on their primary node); None when there are none
-        or no DHT is configured."""
+    def _file_action(self, action: str, paths: list[str], actor: str | None, on: str | None = None) -> int | None:
+        """pin/unpin the files that exist (on their primary node; with ``on``, only those
+        whose primary is that node: a job's staged copy of another node's file is in its
+        node's remote cache, which pinning the primary does not keep);
+        None when there are none or no DHT is configured."""
         if not paths or not self.namespace.configured:
             return None
-        present = [p for p, m in zip(paths, self.namespace.get_many(paths), strict=True) if m is not None]
+        present = [p for p, m in zip(paths, self.namespace.get_many(paths), strict=True)
+                   if m is not None and (on is None or m.primary == on)]
         return self.actions.create(action, present, actor)["id"] if present else None
+
+    def _action_paths(self, action_id: int) -> list[str]:
+        with self.db.session() as s:
+            return list(s.scalars(select(ActionItem.path).where(ActionItem.action_id == action_id)))
 
     def _publish(self, outputs: list[str]) -> dict[str, Any]:
         if not outputs or not self.namespace.configured:
