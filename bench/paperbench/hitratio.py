@@ -1,0 +1,221 @@
+"""The hit-ratio row (issue 31; journal §7.5, heuristic vs LRU): per policy, the simulator's
+predicted hit ratio and the one measured live on a HyCache mount, for the same trace.
+
+The trace: ``refs`` reads of ``files`` files with Zipf(``alpha``) popularity (seeded), file
+sizes of four kinds (1-4 units) independent of popularity, the whole set about twice the
+fast tier.  A *hit* is, on both sides, an open for reading that finds the file's bytes on
+the fast tier (the papers count whole-file accesses; the agent's ``counters.fast.hits`` and
+``counters.misses``: a promotion the open waits for is a miss).
+
+Live, one agent per policy, each on a fresh fast tier of ``fast_bytes`` and a slow tier on
+the HyCache target's HDD model; the files are written through the mount, demoted (the
+trace starts with an empty fast tier, as the simulation does), and read in trace order,
+one whole file per reference.  The page cache is kept out per file (``drop_caches`` per
+reference took ~1-2 s on this shared machine): before each reference every blob of both
+tiers is fadvised ``DONTNEED`` (clean pages dropped; the HDD model's loop device uses
+direct I/O, so nothing lies below), and the reader drops its file's pages on the mount
+before closing it.
+
+* An online policy (``--policy``: every one the agent offers) runs as the agent runs it
+  with ``--promote-mode before-open`` (the papers' Algorithm 1: an opened slow-tier file is
+  promoted before the open returns, if the admission rule takes it) and watermarks 1.0/0.9
+  (room is made at each promotion, the evictor never wakes).  The simulator predicts it
+  with ``admission="agent"``, seeded with the opens that created the files.
+* The heuristic (Algorithms 4-5) sees the future, so it is a plan, not an agent policy:
+  its steps (``plan_heuristic``, the control plane's layer 2) are carried out by this row
+  through the agent's ``user.hycache.tier`` control — after a reference the plan fetches,
+  its victims are demoted and the file promoted, waited for and timed — on an agent with
+  ``--no-promote-on-open``.
+
+Seconds: per policy, the sum over the references of open + read + close (+ the plan's
+moves for the heuristic); the page-cache drops are not in it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from hycache_core.policies import available_policies, plan_heuristic
+from hycache_core.sim import SimOptions, Trace, simulate
+from hycache_harness import Agent, drop_caches, wait_for
+
+from .targets import Target
+
+Tick = Callable[[str], None]
+CACHES = ("drop_caches before the replay; before each reference (not timed) every blob of both tiers is "
+          "fadvised DONTNEED, and the reader drops the mount's pages of its file before closing it; each reference "
+          "opens, reads whole and closes one file; a hit is an open that finds the bytes on the fast tier")
+TIER = "user.hycache.tier"
+CHUNK = 1 << 20
+TOLERANCE = 0.10
+
+
+def policies() -> list[str]:
+    """Every policy the agent's ``--policy`` offers, then the planned heuristic."""
+    return [*available_policies(), "heuristic"]
+
+
+def make_trace(fast_bytes: int, files: int, refs: int, seed: int, alpha: float = 0.9) -> Trace:
+    """Zipf(``alpha``) reads of ``files`` files of 1-4 units each, the set ~2x ``fast_bytes``."""
+    rng = np.random.default_rng(seed)
+    unit = max(4096, int(2 * fast_bytes / (2.5 * files)) // 4096 * 4096)
+    sizes = [unit * (1 + i % 4) for i in range(files)]
+    rank = rng.permutation(files)  # popularity independent of size
+    weights = np.arange(1, files + 1, dtype=np.float64) ** -alpha
+    picks = rng.choice(files, size=refs, p=weights / weights.sum())
+    trace = Trace()
+    for i in range(files):
+        trace.key_of(f"f{i:04d}")
+    for p in picks:
+        trace.append(f"f{int(rank[p]):04d}", sizes[int(rank[p])])
+    return trace
+
+
+def predict(trace: Trace, fast_bytes: int, policy: str) -> dict:
+    """The simulator's hit ratio for ``policy`` (files created in name order, one open each)."""
+    usage = {k: (1, k + 1) for k in range(len(trace.names))}
+    r = simulate(trace, fast_bytes, [policy], options=SimOptions(usage=usage)).results[policy]
+    return {"hits": r.stats.hits, "refs": r.stats.refs, "hit_ratio": r.stats.hits / r.stats.refs,
+            "declined": r.extra.get("declined", 0)}
+
+
+def _counts(agent: Agent) -> tuple[int, int]:
+    c = agent.status()["counters"]
+    return int(c["fast"]["hits"]), int(c["misses"])
+
+
+def _read(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while os.read(fd, CHUNK):
+            pass
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the mount's pages of the file
+    finally:
+        os.close(fd)
+
+
+def _drop_blobs(dirs: tuple[Path, ...]) -> None:
+    """Drop the clean cached pages of every file under ``dirs`` (the tiers' blobs)."""
+    for d in dirs:
+        for top, _dirs, names in os.walk(d):
+            for n in names:
+                try:
+                    fd = os.open(os.path.join(top, n), os.O_RDONLY | os.O_NOATIME)
+                except OSError:  # a blob renamed or removed meanwhile
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+def _move(paths: list[Path], tier: str) -> None:
+    """Move files through the agent's ``user.hycache.tier`` control and wait for them."""
+    for p in paths:
+        os.setxattr(p, TIER, tier.encode())
+    wait_for(lambda: all(os.getxattr(p, TIER) == tier.encode() for p in paths), timeout=300,
+             what=f"moves to {tier}", interval=0.002)
+
+
+def _populate(agent: Agent, trace: Trace) -> list[Path]:
+    size = {k: s for k, s in zip(trace.keys, trace.sizes, strict=True)}
+    paths = []
+    for k, name in enumerate(trace.names):
+        p = agent.mnt / name
+        p.write_bytes(os.urandom(size.get(k, 4096)))
+        paths.append(p)
+    os.sync()
+    agent.cli("demote", "--timeout", "600", *map(str, paths))
+    return paths
+
+
+def live(trace: Trace, fast_bytes: int, policy: str, root: Path, slow: Path) -> dict:
+    """Replay ``trace`` on a fresh agent running ``policy``: live hits and seconds."""
+    planned = policy == "heuristic"
+    opts: dict[str, object] = {"high_watermark": 1.0, "low_watermark": 0.9}
+    if planned:
+        extra: tuple[str, ...] = ("--no-promote-on-open",)
+    else:
+        extra, opts["policy"], opts["promote_mode"] = (), policy, "before-open"
+    (root / "fast").mkdir(parents=True, exist_ok=True)
+    agent = Agent(root, f"hitratio-{policy}", *extra, fast=root / "fast", slow=slow, fast_capacity=fast_bytes,
+                  log=root.parent / f"hitratio-{policy}.log", **opts)
+    agent.start(timeout=60)
+    try:
+        paths = _populate(agent, trace)
+        steps = plan_heuristic(list(zip(trace.keys, trace.sizes, strict=True)), fast_bytes) if planned else []
+        hits0, misses0 = _counts(agent)
+        seconds = 0.0
+        drop_caches()
+        for i, key in enumerate(trace.keys):
+            _drop_blobs((root / "fast", slow))
+            t0 = time.perf_counter()
+            _read(paths[key])
+            if planned and steps[i].action == "fetch":
+                if steps[i].evict:
+                    _move([paths[int(v)] for v in steps[i].evict], "slow")
+                _move([paths[key]], "fast")
+            seconds += time.perf_counter() - t0
+        hits1, misses1 = _counts(agent)
+    finally:
+        agent.stop(timeout=60)
+    hits, misses = hits1 - hits0, misses1 - misses0
+    return {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses), "seconds": seconds}
+
+
+def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int, tick: Tick,
+        names: list[str] | None = None) -> dict:
+    """Predicted and live hit ratios and live seconds, per policy (on the hycache target's HDD model)."""
+    hyc = next((t for t in targets if t.name == "hycache"), None)
+    if hyc is None or hyc.hdd is None:
+        raise RuntimeError("the hitratio row needs the hycache target")
+    work = hyc.dir.parent.parent  # the target's agent root's parent: the run's directory
+    trace = make_trace(fast_bytes, files, refs, seed)
+    out: dict = {"fast_bytes": fast_bytes, "files": files, "refs": refs, "seed": seed,
+                 "set_bytes": sum(dict(zip(trace.keys, trace.sizes, strict=True)).values()),
+                 "tolerance": TOLERANCE, "policies": {}}
+    for p in names or policies():
+        pred = predict(trace, fast_bytes, p)
+        got = live(trace, fast_bytes, p, work / f"hr-{p}", hyc.hdd.share(f"hitratio-{p}"))
+        if got["refs"] != len(trace):
+            raise RuntimeError(f"hitratio {p}: the agent counted {got['refs']} opens for {len(trace)} references")
+        rel = abs(got["hit_ratio"] - pred["hit_ratio"]) / pred["hit_ratio"] if pred["hit_ratio"] else None
+        out["policies"][p] = {"predicted": pred, "live": got, "rel_diff": rel}
+        tick(f"hitratio {p}")
+    return out
+
+
+def table(r: dict) -> list[str]:
+    """The row's Markdown table."""
+    head = "| policy | predicted hit ratio | live hit ratio | relative difference | live seconds |"
+    lines = [f"Hit ratio, predicted vs live: {r['refs']} Zipf reads of {r['files']} files "
+             f"({r['set_bytes'] / 2**20:,.0f} MiB) through a {r['fast_bytes'] / 2**20:,.0f} MiB fast tier",
+             "", head, "|---|---|---|---|---|"]
+    for p, v in r["policies"].items():
+        rel = "-" if v["rel_diff"] is None else f"{100 * v['rel_diff']:.1f} %"
+        lines.append(f"| {p} | {v['predicted']['hit_ratio']:.3f} | {v['live']['hit_ratio']:.3f} | {rel} | "
+                     f"{v['live']['seconds']:.1f} |")
+    return lines
+
+
+def figure(plt, r: dict, path: Path) -> Path:
+    """Predicted vs live hit ratio per policy, and the live seconds."""
+    names = list(r["policies"])
+    x = np.arange(len(names))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax.bar(x - 0.2, [r["policies"][p]["predicted"]["hit_ratio"] for p in names], 0.4, label="simulator")
+    ax.bar(x + 0.2, [r["policies"][p]["live"]["hit_ratio"] for p in names], 0.4, label="live on the mount")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("hit ratio (opens on the fast tier)")
+    ax.set_title(f"set {r['set_bytes'] / r['fast_bytes']:.1f}x the fast tier, Zipf reads")
+    ax.legend(fontsize=8)
+    ax2.bar(names, [r["policies"][p]["live"]["seconds"] for p in names], color="C2")
+    ax2.set_ylabel("live seconds (reads + the plan's moves)")
+    ax2.set_title("heuristic vs online policies (journal §7.5)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
