@@ -10,7 +10,8 @@ the fast tier (the papers count whole-file accesses; the agent's ``counters.fast
 Live, one agent per policy, each on a fresh fast tier of ``fast_bytes`` and a slow tier on
 the HyCache target's HDD model; the files are written through the mount, demoted (the
 trace starts with an empty fast tier, as the simulation does), and read in trace order,
-one whole file per reference.  The page cache is kept out per file (``drop_caches`` per
+one whole file per reference, the agents interleaved (reference i on every agent, in a
+rotated order, before reference i + 1: background load falls on all policies alike).  The page cache is kept out per file (``drop_caches`` per
 reference took ~1-2 s on this shared machine): before each reference every blob of both
 tiers is fadvised ``DONTNEED`` (clean pages dropped; the HDD model's loop device uses
 direct I/O, so nothing lies below), and the reader drops its file's pages on the mount
@@ -48,6 +49,8 @@ Tick = Callable[[str], None]
 CACHES = ("drop_caches before the replay; before each reference (not timed) every blob of both tiers is "
           "fadvised DONTNEED, and the reader drops the mount's pages of its file before closing it; each reference "
           "opens, reads whole and closes one file; a hit is an open that finds the bytes on the fast tier")
+HIT = ("an open for reading that finds the file's bytes on the fast tier (agent: counters.fast.hits; a miss: "
+       "counters.misses, a promotion the open waits for included); simulator: a reference to a resident file")
 TIER = "user.hycache.tier"
 CHUNK = 1 << 20
 TOLERANCE = 0.10
@@ -132,38 +135,77 @@ def _populate(agent: Agent, trace: Trace) -> list[Path]:
     return paths
 
 
-def live(trace: Trace, fast_bytes: int, policy: str, root: Path, slow: Path) -> dict:
-    """Replay ``trace`` on a fresh agent running ``policy``: live hits and seconds."""
-    planned = policy == "heuristic"
-    opts: dict[str, object] = {"high_watermark": 1.0, "low_watermark": 0.9}
-    if planned:
-        extra: tuple[str, ...] = ("--no-promote-on-open",)
-    else:
-        extra, opts["policy"], opts["promote_mode"] = (), policy, "before-open"
-    (root / "fast").mkdir(parents=True, exist_ok=True)
-    agent = Agent(root, f"hitratio-{policy}", *extra, fast=root / "fast", slow=slow, fast_capacity=fast_bytes,
-                  log=root.parent / f"hitratio-{policy}.log", **opts)
-    agent.start(timeout=60)
+class Replay:
+    """One policy's agent and its replay of the trace, one reference at a time."""
+
+    def __init__(self, trace: Trace, fast_bytes: int, policy: str, root: Path, slow: Path) -> None:
+        self.trace, self.policy, self.root, self.slow = trace, policy, root, slow
+        self.planned = policy == "heuristic"
+        opts: dict[str, object] = {"high_watermark": 1.0, "low_watermark": 0.9}
+        extra: tuple[str, ...] = ("--no-promote-on-open",) if self.planned else ()
+        if not self.planned:
+            opts["policy"], opts["promote_mode"] = policy, "before-open"
+        for d in (root / "fast", slow):
+            d.mkdir(parents=True, exist_ok=True)
+        self.agent = Agent(root, f"hitratio-{policy}", *extra, fast=root / "fast", slow=slow,
+                           fast_capacity=fast_bytes, log=root.parent / f"hitratio-{policy}.log", **opts)
+        refs = list(zip(trace.keys, trace.sizes, strict=True))
+        self.steps = plan_heuristic(refs, fast_bytes) if self.planned else []
+        self.paths: list[Path] = []
+        self.seconds = 0.0
+        self.before = (0, 0)
+
+    def start(self) -> None:
+        """Mount, write the files through the mount and demote them all."""
+        self.agent.start(timeout=60)
+        self.paths = _populate(self.agent, self.trace)
+        self.before = _counts(self.agent)
+
+    def step(self, i: int) -> None:
+        """Reference ``i``: read its file whole (then carry out the plan's step), timed."""
+        key = self.trace.keys[i]
+        _drop_blobs((self.root / "fast", self.slow))
+        t0 = time.perf_counter()
+        _read(self.paths[key])
+        if self.planned and self.steps[i].action == "fetch":
+            if self.steps[i].evict:
+                _move([self.paths[int(v)] for v in self.steps[i].evict], "slow")
+            _move([self.paths[key]], "fast")
+        self.seconds += time.perf_counter() - t0
+
+    def result(self) -> dict:
+        hits1, misses1 = _counts(self.agent)
+        hits, misses = hits1 - self.before[0], misses1 - self.before[1]
+        return {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses),
+                "seconds": self.seconds}
+
+    def stop(self) -> None:
+        self.agent.stop(timeout=60)
+
+
+def live(trace: Trace, fast_bytes: int, policies: list[str], work: Path, slow: Callable[[str], Path],
+         tick: Tick = lambda _what: None) -> dict[str, dict]:
+    """Replay ``trace`` on one fresh agent per policy (root ``work/hr-<policy>``, slow tier
+    ``slow(policy)``), interleaved: reference ``i`` is replayed on every agent, in an order
+    rotated at each reference, before reference ``i + 1``, so the machine's background load
+    falls on every policy alike.  Live hits and seconds, per policy."""
+    replays: list[Replay] = []
     try:
-        paths = _populate(agent, trace)
-        steps = plan_heuristic(list(zip(trace.keys, trace.sizes, strict=True)), fast_bytes) if planned else []
-        hits0, misses0 = _counts(agent)
-        seconds = 0.0
+        for p in policies:
+            replays.append(Replay(trace, fast_bytes, p, work / f"hr-{p}", slow(p)))
+            replays[-1].start()
         drop_caches()
-        for i, key in enumerate(trace.keys):
-            _drop_blobs((root / "fast", slow))
-            t0 = time.perf_counter()
-            _read(paths[key])
-            if planned and steps[i].action == "fetch":
-                if steps[i].evict:
-                    _move([paths[int(v)] for v in steps[i].evict], "slow")
-                _move([paths[key]], "fast")
-            seconds += time.perf_counter() - t0
-        hits1, misses1 = _counts(agent)
+        for i in range(len(trace)):
+            k = i % len(replays)
+            for r in replays[k:] + replays[:k]:
+                r.step(i)
+        out = {r.policy: r.result() for r in replays}
+        for p in policies:
+            tick(f"hitratio {p}")
+        return out
     finally:
-        agent.stop(timeout=60)
-    hits, misses = hits1 - hits0, misses1 - misses0
-    return {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses), "seconds": seconds}
+        for r in replays:
+            r.stop()
 
 
 def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int, tick: Tick,
@@ -172,19 +214,21 @@ def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int
     hyc = next((t for t in targets if t.name == "hycache"), None)
     if hyc is None or hyc.hdd is None:
         raise RuntimeError("the hitratio row needs the hycache target")
+    hdd = hyc.hdd
     work = hyc.dir.parent.parent  # the target's agent root's parent: the run's directory
     trace = make_trace(fast_bytes, files, refs, seed)
+    names = names or policies()
     out: dict = {"fast_bytes": fast_bytes, "files": files, "refs": refs, "seed": seed,
                  "set_bytes": sum(dict(zip(trace.keys, trace.sizes, strict=True)).values()),
-                 "tolerance": TOLERANCE, "policies": {}}
-    for p in names or policies():
+                 "tolerance": TOLERANCE, "slow_tier": hdd.describe(), "hit": HIT, "caches": CACHES,
+                 "policies": {}}
+    got = live(trace, fast_bytes, names, work, lambda p: hdd.share(f"hitratio-{p}"), tick)
+    for p in names:
         pred = predict(trace, fast_bytes, p)
-        got = live(trace, fast_bytes, p, work / f"hr-{p}", hyc.hdd.share(f"hitratio-{p}"))
-        if got["refs"] != len(trace):
-            raise RuntimeError(f"hitratio {p}: the agent counted {got['refs']} opens for {len(trace)} references")
-        rel = abs(got["hit_ratio"] - pred["hit_ratio"]) / pred["hit_ratio"] if pred["hit_ratio"] else None
-        out["policies"][p] = {"predicted": pred, "live": got, "rel_diff": rel}
-        tick(f"hitratio {p}")
+        if got[p]["refs"] != len(trace):
+            raise RuntimeError(f"hitratio {p}: the agent counted {got[p]['refs']} opens for {len(trace)} references")
+        rel = abs(got[p]["hit_ratio"] - pred["hit_ratio"]) / pred["hit_ratio"] if pred["hit_ratio"] else None
+        out["policies"][p] = {"predicted": pred, "live": got[p], "rel_diff": rel}
     return out
 
 
