@@ -29,10 +29,15 @@ before closing it.
   ``--no-promote-on-open``.
 
 Seconds: per policy, the sum over the references of open + read + close (+ the plan's
-moves for the heuristic); the page-cache drops are not in it."""
+moves for the heuristic) + a ``syncfs`` of both tiers (the writes a reference caused, e.g.
+an eviction's copy to the HDD model, are billed to it, not to the next agent's reference);
+the page-cache drops are not in it.  With the HDD model, its device's bytes read and
+written during each policy's references are counted too (``slow_read_mb``,
+``slow_written_mb``): the part of the time that does not depend on the machine's load."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -82,12 +87,15 @@ def predict(trace: Trace, fast_bytes: int, policy: str) -> dict:
     usage = {k: (1, k + 1) for k in range(len(trace.names))}
     r = simulate(trace, fast_bytes, [policy], options=SimOptions(usage=usage)).results[policy]
     return {"hits": r.stats.hits, "refs": r.stats.refs, "hit_ratio": r.stats.hits / r.stats.refs,
-            "declined": r.extra.get("declined", 0)}
+            "declined": r.extra.get("declined", 0), "admissions": r.stats.admissions,
+            "evictions": r.stats.evictions, "slow_read_mb": r.stats.slow_bytes_read / 1e6}
 
 
-def _counts(agent: Agent) -> tuple[int, int]:
+def _counts(agent: Agent) -> dict[str, int]:
+    """The agent's hits and misses (opens for reading) and the bytes its migrations moved."""
     c = agent.status()["counters"]
-    return int(c["fast"]["hits"]), int(c["misses"])
+    return {"hits": int(c["fast"]["hits"]), "misses": int(c["misses"]),
+            "promoted_bytes": int(c["promoted_bytes"]), "evicted_bytes": int(c["evicted_bytes"])}
 
 
 def _read(path: Path) -> None:
@@ -115,6 +123,19 @@ def _drop_blobs(dirs: tuple[Path, ...]) -> None:
                     os.close(fd)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _syncfs(path: Path) -> None:
+    """Write back the dirty pages of the file system holding ``path`` (syncfs(2))."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), f"syncfs {path}")
+    finally:
+        os.close(fd)
+
+
 def _move(paths: list[Path], tier: str) -> None:
     """Move files through the agent's ``user.hycache.tier`` control and wait for them."""
     for p in paths:
@@ -138,8 +159,10 @@ def _populate(agent: Agent, trace: Trace) -> list[Path]:
 class Replay:
     """One policy's agent and its replay of the trace, one reference at a time."""
 
-    def __init__(self, trace: Trace, fast_bytes: int, policy: str, root: Path, slow: Path) -> None:
-        self.trace, self.policy, self.root, self.slow = trace, policy, root, slow
+    def __init__(self, trace: Trace, fast_bytes: int, policy: str, root: Path, slow: Path,
+                 device: Callable[[], tuple[int, int]] | None = None) -> None:
+        self.trace, self.policy, self.root, self.slow, self.device = trace, policy, root, slow, device
+        self.device_bytes = [0, 0]  # the slow device's (read, written) bytes during this policy's references
         self.planned = policy == "heuristic"
         opts: dict[str, object] = {"high_watermark": 1.0, "low_watermark": 0.9}
         extra: tuple[str, ...] = ("--no-promote-on-open",) if self.planned else ()
@@ -153,7 +176,7 @@ class Replay:
         self.steps = plan_heuristic(refs, fast_bytes) if self.planned else []
         self.paths: list[Path] = []
         self.seconds = 0.0
-        self.before = (0, 0)
+        self.before: dict = {}
 
     def start(self) -> None:
         """Mount, write the files through the mount and demote them all."""
@@ -165,34 +188,46 @@ class Replay:
         """Reference ``i``: read its file whole (then carry out the plan's step), timed."""
         key = self.trace.keys[i]
         _drop_blobs((self.root / "fast", self.slow))
+        d0 = self.device() if self.device else (0, 0)
         t0 = time.perf_counter()
         _read(self.paths[key])
         if self.planned and self.steps[i].action == "fetch":
             if self.steps[i].evict:
                 _move([self.paths[int(v)] for v in self.steps[i].evict], "slow")
             _move([self.paths[key]], "fast")
+        _syncfs(self.slow)
+        _syncfs(self.root / "fast")
         self.seconds += time.perf_counter() - t0
+        if self.device:
+            d1 = self.device()
+            self.device_bytes[0] += d1[0] - d0[0]
+            self.device_bytes[1] += d1[1] - d0[1]
 
     def result(self) -> dict:
-        hits1, misses1 = _counts(self.agent)
-        hits, misses = hits1 - self.before[0], misses1 - self.before[1]
-        return {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses),
-                "seconds": self.seconds}
+        now = _counts(self.agent)
+        d = {k: now[k] - self.before[k] for k in now}
+        hits, misses = d.pop("hits"), d.pop("misses")
+        out = {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses),
+               "seconds": self.seconds, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in d.items()}}
+        if self.device:
+            out["slow_read_mb"], out["slow_written_mb"] = self.device_bytes[0] / 1e6, self.device_bytes[1] / 1e6
+        return out
 
     def stop(self) -> None:
         self.agent.stop(timeout=60)
 
 
 def live(trace: Trace, fast_bytes: int, policies: list[str], work: Path, slow: Callable[[str], Path],
-         tick: Tick = lambda _what: None) -> dict[str, dict]:
+         tick: Tick = lambda _what: None, device: Callable[[], tuple[int, int]] | None = None) -> dict[str, dict]:
     """Replay ``trace`` on one fresh agent per policy (root ``work/hr-<policy>``, slow tier
     ``slow(policy)``), interleaved: reference ``i`` is replayed on every agent, in an order
     rotated at each reference, before reference ``i + 1``, so the machine's background load
-    falls on every policy alike.  Live hits and seconds, per policy."""
+    falls on every policy alike.  ``device``: the slow device's (read, written) bytes so
+    far, if there is one.  Live hits, seconds and bytes moved, per policy."""
     replays: list[Replay] = []
     try:
         for p in policies:
-            replays.append(Replay(trace, fast_bytes, p, work / f"hr-{p}", slow(p)))
+            replays.append(Replay(trace, fast_bytes, p, work / f"hr-{p}", slow(p), device))
             replays[-1].start()
         drop_caches()
         for i in range(len(trace)):
@@ -222,7 +257,8 @@ def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int
                  "set_bytes": sum(dict(zip(trace.keys, trace.sizes, strict=True)).values()),
                  "tolerance": TOLERANCE, "slow_tier": hdd.describe(), "hit": HIT, "caches": CACHES,
                  "policies": {}}
-    got = live(trace, fast_bytes, names, work, lambda p: hdd.share(f"hitratio-{p}"), tick)
+    got = live(trace, fast_bytes, names, work, lambda p: hdd.share(f"hitratio-{p}"), tick,
+               lambda: (hdd.read_bytes(), hdd.write_bytes()))
     for p in names:
         pred = predict(trace, fast_bytes, p)
         if got[p]["refs"] != len(trace):
@@ -234,14 +270,17 @@ def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int
 
 def table(r: dict) -> list[str]:
     """The row's Markdown table."""
-    head = "| policy | predicted hit ratio | live hit ratio | relative difference | live seconds |"
+    head = ("| policy | predicted hit ratio | live hit ratio | relative difference | live seconds | "
+            "slow device MB read / written (live) | slow MB read (simulator) |")
     lines = [f"Hit ratio, predicted vs live: {r['refs']} Zipf reads of {r['files']} files "
              f"({r['set_bytes'] / 2**20:,.0f} MiB) through a {r['fast_bytes'] / 2**20:,.0f} MiB fast tier",
-             "", head, "|---|---|---|---|---|"]
+             "", head, "|---|---|---|---|---|---|---|"]
     for p, v in r["policies"].items():
         rel = "-" if v["rel_diff"] is None else f"{100 * v['rel_diff']:.1f} %"
-        lines.append(f"| {p} | {v['predicted']['hit_ratio']:.3f} | {v['live']['hit_ratio']:.3f} | {rel} | "
-                     f"{v['live']['seconds']:.1f} |")
+        live = v["live"]
+        dev = f"{live['slow_read_mb']:,.0f} / {live['slow_written_mb']:,.0f}" if "slow_read_mb" in live else "-"
+        lines.append(f"| {p} | {v['predicted']['hit_ratio']:.3f} | {live['hit_ratio']:.3f} | {rel} | "
+                     f"{live['seconds']:.1f} | {dev} | {v['predicted']['slow_read_mb']:,.0f} |")
     return lines
 
 
