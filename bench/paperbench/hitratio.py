@@ -92,9 +92,12 @@ def predict(trace: Trace, fast_bytes: int, policy: str) -> dict:
 
 
 def _counts(agent: Agent) -> dict[str, int]:
-    """The agent's hits and misses (opens for reading) and the bytes its migrations moved."""
-    c = agent.status()["counters"]
+    """The agent's hits and misses (opens for reading), its declined promotions and the
+    bytes its migrations moved."""
+    st = agent.status()
+    c = st["counters"]
     return {"hits": int(c["fast"]["hits"]), "misses": int(c["misses"]),
+            "declined": int(st["migrations"].get("promotions_declined", 0)),
             "promoted_bytes": int(c["promoted_bytes"]), "evicted_bytes": int(c["evicted_bytes"])}
 
 
@@ -206,8 +209,8 @@ class Replay:
     def result(self) -> dict:
         now = _counts(self.agent)
         d = {k: now[k] - self.before[k] for k in now}
-        hits, misses = d.pop("hits"), d.pop("misses")
-        out = {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses),
+        hits, misses, declined = d.pop("hits"), d.pop("misses"), d.pop("declined")
+        out = {"hits": hits, "refs": hits + misses, "hit_ratio": hits / max(1, hits + misses), "declined": declined,
                "seconds": self.seconds, **{k.replace("_bytes", "_mb"): v / 1e6 for k, v in d.items()}}
         if self.device:
             out["slow_read_mb"], out["slow_written_mb"] = self.device_bytes[0] / 1e6, self.device_bytes[1] / 1e6

@@ -50,3 +50,5 @@ def test_live_hit_ratios_are_within_the_tolerance_of_the_predictions() -> None:
         assert abs(got[policy]["hit_ratio"] - pred["hit_ratio"]) <= hitratio.TOLERANCE * pred["hit_ratio"], \
             (policy, pred, got[policy])
         assert got[policy]["seconds"] > 0
+    # the same admission decisions: every miss LRU declined live, the simulator declined
+    assert got["lru"]["declined"] == hitratio.predict(trace, fast, "lru")["declined"] > 0
