@@ -274,16 +274,18 @@ def row(targets: list[Target], fast_bytes: int, files: int, refs: int, seed: int
 def table(r: dict) -> list[str]:
     """The row's Markdown table."""
     head = ("| policy | predicted hit ratio | live hit ratio | relative difference | live seconds | "
-            "slow device MB read / written (live) | slow MB read (simulator) |")
+            "declined promotions (simulator / live) | slow device MB read / written (live) | "
+            "slow MB read (simulator) |")
     lines = [f"Hit ratio, predicted vs live: {r['refs']} Zipf reads of {r['files']} files "
              f"({r['set_bytes'] / 2**20:,.0f} MiB) through a {r['fast_bytes'] / 2**20:,.0f} MiB fast tier",
-             "", head, "|---|---|---|---|---|---|---|"]
+             "", head, "|---|---|---|---|---|---|---|---|"]
     for p, v in r["policies"].items():
         rel = "-" if v["rel_diff"] is None else f"{100 * v['rel_diff']:.1f} %"
         live = v["live"]
         dev = f"{live['slow_read_mb']:,.0f} / {live['slow_written_mb']:,.0f}" if "slow_read_mb" in live else "-"
         lines.append(f"| {p} | {v['predicted']['hit_ratio']:.3f} | {live['hit_ratio']:.3f} | {rel} | "
-                     f"{live['seconds']:.1f} | {dev} | {v['predicted']['slow_read_mb']:,.0f} |")
+                     f"{live['seconds']:.1f} | {v['predicted']['declined']} / {live.get('declined', '-')} | {dev} | "
+                     f"{v['predicted']['slow_read_mb']:,.0f} |")
     return lines
 
 

@@ -72,9 +72,10 @@ def tables(res: dict) -> list[str]:
     if "postmark_small" in r:
         rows.append(line("PostMark small set, s", {n: r["postmark_small"][n]["total_s"] for n in names},
                          seconds=True))
-    out += _table(head, rows)
+    if rows:
+        out += _table(head, rows)
     if "hitratio" in r:
-        out += ["", *hitratio.table(r["hitratio"])]
+        out += ["", *hitratio.table(r["hitratio"])] if out else hitratio.table(r["hitratio"])
     return out
 
 
