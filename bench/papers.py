@@ -11,7 +11,8 @@ Rows (--rows, in this order): seq (IOzone-style sequential write and read, 4 KiB
 HyCache Fig. 7-8), iops (4 KiB random writes + fsync and O_DIRECT random reads; Table 2),
 aggregate (1-12 reader processes at 4 KiB and 64 KiB; Fig. 9), cold (a demoted file read
 back from the slow tier), postmark (the data set 0.5x-2x the fast tier; Fig. 11-12) and
-postmark_small (PostMark's small-file set).  How each row keeps the page cache out is
+postmark_small (PostMark's small-file set) and hitratio (per policy, the simulator's predicted hit ratio
+beside the one measured live on a mount, same trace; journal §7.5; paperbench/hitratio.py).  How each row keeps the page cache out is
 printed at its start and stored in the JSON.
 
 Writes the results and every target's exact commands as JSON (--json), the tables as
@@ -36,18 +37,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from paperbench import pmrow, report, rows
+from paperbench import hitratio, pmrow, report, rows
 from paperbench.targets import NAMES, close_targets, open_targets
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-ROWS = ["seq", "iops", "aggregate", "cold", "postmark", "postmark_small"]
+ROWS = ["seq", "iops", "aggregate", "cold", "postmark", "postmark_small", "hitratio"]
 FULL = {"seq_sizes": ["4k", "16k", "64k", "256k", "1m", "4m", "16m"], "seq_file": "256M", "ios": 2500,
         "runtime": 10, "iops_file": "64M", "counts": [1, 2, 4, 8, 12], "agg_file": "64M", "cold_size": "512M",
-        "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "pm_fast_mib": 512, "small": [5000, 20000]}
+        "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "pm_fast_mib": 512, "small": [5000, 20000],
+        "hr": {"fast_mib": 256, "files": 40, "refs": 400, "seed": 31}}
 QUICK = {"seq_sizes": ["4k", "64k", "1m", "16m"], "seq_file": "32M", "ios": 250, "runtime": 2, "iops_file": "16M",
          "counts": [1, 4, 12], "agg_file": "8M", "cold_size": "64M", "factors": [0.5, 2.0], "fast_mib": 256, "pm_fast_mib": 256,
-         "small": [500, 2000]}
+         "small": [500, 2000], "hr": {"fast_mib": 64, "files": 24, "refs": 150, "seed": 31}}
 console = Console()
 
 
@@ -86,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def steps(a: argparse.Namespace, row: str) -> int:
     p, n = a.params, len(a.targets)
     return {"seq": n * len(p["seq_sizes"]), "iops": n, "aggregate": n * 2 * len(p["counts"]), "cold": n,
-            "postmark": n * len(p["factors"]), "postmark_small": n}[row]
+            "postmark": n * len(p["factors"]), "postmark_small": n, "hitratio": len(hitratio.policies())}[row]
 
 
 def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick) -> dict:
@@ -101,6 +103,9 @@ def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick)
         return rows.cold_row(targets, p["cold_size"], tick)
     if row == "postmark":
         return pmrow.sweep_row(targets, fast_mib << 20, p["factors"], tick)
+    if row == "hitratio":
+        hr = p["hr"]
+        return hitratio.row(targets, hr["fast_mib"] << 20, hr["files"], hr["refs"], hr["seed"], tick)
     return pmrow.small_row(targets, *p["small"], tick)
 
 
@@ -115,7 +120,7 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
             if not progress.console.is_terminal:  # a log: one line per step
                 progress.console.print(f"  {what} done")
 
-        how = rows.CACHES.get(row) or pmrow.CACHES
+        how = rows.CACHES.get(row) or (hitratio.CACHES if row == "hitratio" else pmrow.CACHES)
         progress.console.print(f"[bold]{row}[/] (fast tiers of {fast_mib} MiB): {how}")
         t0 = time.monotonic()
         try:

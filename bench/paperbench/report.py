@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import hitratio
 from .targets import LABELS
 
 # what the papers report (speedup over their HDD Ext4, or absolute numbers)
@@ -71,7 +72,10 @@ def tables(res: dict) -> list[str]:
     if "postmark_small" in r:
         rows.append(line("PostMark small set, s", {n: r["postmark_small"][n]["total_s"] for n in names},
                          seconds=True))
-    out += _table(head, rows)
+    if rows:
+        out += _table(head, rows)
+    if "hitratio" in r:
+        out += ["", *hitratio.table(r["hitratio"])] if out else hitratio.table(r["hitratio"])
     return out
 
 
@@ -148,6 +152,8 @@ def figures(res: dict, img: Path, prefix: str = "papers") -> list[Path]:
         ax.set_title("PostMark sweep (HyCache Fig. 11-12)")
         ax.legend(fontsize=8)
         made.append(_save(plt, fig, img / f"{prefix}_fig11_postmark.png"))
+    if "hitratio" in r:
+        made.append(hitratio.figure(plt, r["hitratio"], img / f"{prefix}_hitratio.png"))
     return made
 
 

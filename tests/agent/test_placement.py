@@ -193,3 +193,19 @@ def test_a_scan_larger_than_the_fast_tier_is_read_through_not_cycled(tmp_path):
 
     # the watermarks at the top: room is made by the writes' room_for, not the evictor
     run_engine(tmp_path, body, fast_capacity=1000 * K, high_watermark=1.0, low_watermark=0.95)
+
+
+def test_a_before_open_refusal_is_counted_once_per_open(tmp_path):
+    """promote_mode before-open asks the admission rule before the open and again after
+    it (a passthrough open promotes once released): each declined open counts once."""
+    async def body(h):
+        e = h.engine
+        inos = [await h.write_file(b"f%d" % i, b"x" * (100 * K)) for i in range(20)]  # 2000 KiB
+        await settle(e)
+        for ino in inos[:10]:  # the ten evicted by the writes: colder than every resident
+            assert await h.read_file(ino) == b"x" * (100 * K)
+        await settle(e)
+        assert e.counters.promotions == 0 and e.counters.promotions_declined == 10
+
+    run_engine(tmp_path, body, fast_capacity=1000 * K, high_watermark=1.0, low_watermark=0.95,
+               promote_mode="before-open")

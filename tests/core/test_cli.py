@@ -34,10 +34,21 @@ def test_simulate_json(trace_csv, capsys):
         for key in REQUIRED:
             assert key in d, (name, key)
         assert d["hits"] + d["misses"] == 19
-    # round-robin over 120 bytes in a 100-byte cache: LRU always misses, the heuristic does not
-    assert out["lru"]["hits"] == 0
+    # round-robin over 120 bytes in a 100-byte cache: with the agent's admission LRU keeps
+    # what it holds instead of thrashing (a and b stay: 2 hits a round after the first)
+    assert out["lru"]["admission"] == "agent" and out["lru"]["declined"] > 0
+    assert out["lru"]["hits"] == 11
     assert out["heuristic"]["hits"] > 0
     assert out["optimal"]["slow_bytes_read"] <= out["heuristic"]["slow_bytes_read"]
+
+
+def test_simulate_admission_all_is_the_papers_algorithm_1(trace_csv, capsys):
+    argv = ["simulate", "--trace", str(trace_csv), "--capacity", "100", "--policies", "lru", "--json"]
+    assert main([*argv, "--admission", "all"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # every miss admitted: round-robin over 120 bytes in a 100-byte cache, LRU always misses
+    assert out["lru"]["admission"] == "all" and out["lru"]["declined"] == 0
+    assert out["lru"]["hits"] == 0
 
 
 def test_simulate_table_and_plot(trace_csv, tmp_path, capsys):
@@ -120,8 +131,8 @@ def test_generate_and_policies(tmp_path, capsys):
                     reason="console script not installed")
 def test_console_script(trace_csv):
     exe = shutil.which("hycache") or shutil.which("hycache", path=f"{sys.prefix}/bin")
-    res = subprocess.run([exe, "simulate", "--trace", str(trace_csv), "--capacity", "100", "--policies", "lru", "--json"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([exe, "simulate", "--trace", str(trace_csv), "--capacity", "100", "--policies", "lru", "--json",
+                          "--admission", "all"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["lru"]["misses"] == 19
 

@@ -148,9 +148,9 @@ def test_write_back_and_model_accounting():
     trace = Trace.from_refs([("a", 60, True), ("a", 60), ("b", 60), ("b", 60)])
     model = CostModel(fast_read_bw=100, fast_write_bw=50, slow_read_bw=10, slow_write_bw=5,
                       fast_latency=0.5, slow_latency=2)
-    sim = simulate(trace, 100, ["lru"], model)
+    sim = simulate(trace, 100, ["lru"], model, SimOptions(admission="all"))
     s = sim.results["lru"].stats
-    # a: write-allocated (fast write 60), read hit (fast read 60);
+    # Algorithm 1 (every miss admitted); a: write-allocated (fast write 60), read hit (fast read 60);
     # b: miss (slow read 60 + fast write 60) evicts dirty a (fast read 60 + slow write 60); b hit.
     assert (s.hits, s.misses) == (2, 2)
     assert (s.slow_bytes_read, s.slow_bytes_written) == (60, 60)

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per file operation (default 1/360 IOPS)")
     o = p.add_argument_group("policy options")
     o.add_argument("--fallback", default="lru", help="the heuristic's online fallback for unplanned accesses")
+    o.add_argument("--admission", choices=("agent", "all"), default="agent",
+                   help="an online policy's read miss: admitted as the agent's promotion on open admits it "
+                        "(agent, default) or always when it fits (all: the papers' Algorithm 1)")
     o.add_argument("--ilp-max-intervals", type=int, default=3000,
                    help="solve the exact ILP for 'optimal' up to this many variables (default 3000; 0 disables)")
     o.add_argument("--ilp-time-limit", type=_positive, default=20.0, metavar="S", help="seconds (default 20)")
@@ -244,7 +247,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     show = not args.no_progress and len(trace) >= PROGRESS_MIN_REFS and err.is_terminal
     progress, factory = _progress_factory(err, show)
     options = SimOptions(fallback=args.fallback, ilp_max_intervals=args.ilp_max_intervals,
-                         ilp_time_limit=args.ilp_time_limit)
+                         ilp_time_limit=args.ilp_time_limit, admission=args.admission)
     with _native_stdout_to_stderr():
         if progress is not None:
             with progress:

@@ -324,6 +324,7 @@ class TieringEngine:
             raise FsError(errno.EISDIR)
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
+        arrived = inode.tier
         before_open = await self.placement.before_open(inode, self.passthrough["enabled"])
         h = Handle(inode, flags, uid)
         inode.open_count += 1
@@ -340,8 +341,12 @@ class TieringEngine:
         self.ns.touch_access(inode)
         assert inode.tier is not None, "a regular file's bytes are on a tier"
         if not created and (flags & O_ACCMODE) != os.O_WRONLY:
-            self.io.tiers[inode.tier].hits += 1
-            if inode.tier != T.FAST:
+            # counted on the tier the bytes were on when the open arrived (a promotion
+            # the open waited for is a miss), or the one it is served from if they left
+            # the fast tier meanwhile (an eviction it waited for is a miss too)
+            tier = arrived if arrived is not None and arrived != T.FAST else inode.tier
+            self.io.tiers[tier].hits += 1
+            if tier != T.FAST:
                 self.io.misses += 1
         await self.placement.opened(inode, before_open, prior)
         return fh

@@ -323,13 +323,15 @@ class Placement:
         return (self.config.promote_on_open and inode.tier != T.FAST
                 and inode.size <= self.config.high_watermark * self.space.capacity)
 
-    def admits(self, inode: Inode, prior: Usage) -> bool:
+    def admits(self, inode: Inode, prior: Usage, *, count: bool = True) -> bool:
         """Admission of an on-open promotion (Algorithm 1 promotes every opened slow-tier
         file; the room it takes is what this rule weighs).  Room up to the high watermark
         is free; beyond it the file comes in only if every victim the room would displace
         (policy order, the evictor's choice) ranks below the file's ``prior`` usage by
         the policy's own :meth:`~hycache_core.policies.OnlinePolicy.admits`.  A file
-        with fewer candidates than the room it needs is left to :meth:`room_for`."""
+        with fewer candidates than the room it needs is left to :meth:`room_for`.
+        ``count``: a refusal counts in ``promotions_declined`` (once per open: an open
+        asks again after :meth:`before_open` decided with ``count=False``)."""
         space = self.space
         need = space.used + inode.size - self.config.high_watermark * space.capacity
         if need <= 0:
@@ -342,7 +344,8 @@ class Placement:
                 break
         if space.policy.admits(prior, victims):
             return True
-        self.migrations.counters.promotions_declined += 1
+        if count:
+            self.migrations.counters.promotions_declined += 1
         return False
 
     async def before_open(self, inode: Inode, passthrough: bool) -> bool:
@@ -371,7 +374,8 @@ class Placement:
         elif self._promotes_on_open(inode):
             if before_open:
                 await self.background_migration(inode, T.FAST, "promote")
-            elif self.admits(inode, prior):  # with passthrough: once the last handle is released
+            # with passthrough: once the last handle is released; before-open asked already
+            elif self.admits(inode, prior, count=self.config.promote_mode != "before-open"):
                 self.start_migration(inode, T.FAST, "promote")
 
     # ------------------------------------------------------------------ moving in the background

@@ -155,6 +155,11 @@ class CacheDriver:
     def is_pinned(self, key: Hashable) -> bool:
         return key in self.pinned
 
+    @property
+    def writing(self) -> bool:
+        """Is the reference being missed a write?"""
+        return bool(self._current_write)
+
     # -- actions for strategies ------------------------------------------------------
     def admit(self, key: Hashable, size: int) -> None:
         """Store the file being referenced in the fast tier (only during its miss)."""

@@ -4,6 +4,10 @@ Policy names: the online policies registered in the ``hycache.policies`` entry-p
 group (``lru``, ``lfu``, ``gdsf``, ``arc``, plug-ins) see only the past; the planned
 ones see the whole trace as the future:
 
+An online policy admits a read miss as the agent does (``SimOptions.admission``
+``"agent"``: :meth:`~hycache_core.policies.OnlinePolicy.admits`) or, with ``"all"``, as
+the papers' Algorithm 1 (every miss that fits): see :class:`OnlineStrategy`.
+
 * ``heuristic`` — Algorithms 4–5 (:mod:`hycache_core.policies.heuristic`);
 * ``belady`` — Belady's furthest-next-use rule with bypass (MIN for equal sizes);
 * ``optimal`` — the offline reference: the best schedule (fewest slow-tier bytes
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..policies import available_policies, load_policy
@@ -38,6 +42,11 @@ class SimOptions:
     ilp_max_intervals: int = 3000   # solve the exact ILP up to this many variables
     ilp_time_limit: float = 20.0    # seconds
     record: bool = False            # keep each driver's admit/evict event log
+    # the online policies' admission of a read miss: "agent" (the agent's promotion on
+    # open: OnlinePolicy.admits) or "all" (the papers' Algorithm 1: every miss that fits)
+    admission: str = "agent"
+    # the files' usage before the trace, key -> (hits, last access): see OnlineStrategy
+    usage: Mapping[Hashable, tuple[int, int]] | None = None
 
 
 @dataclass
@@ -120,7 +129,11 @@ def simulate(
             _run(d, trace, BeladyStrategy(d, nxt), tick(name))
         else:
             online = load_policy(name, capacity=capacity)
-            _run(d, trace, OnlineStrategy(d, online), tick(name))
+            strategy = OnlineStrategy(d, online, options.admission, options.usage)
+            _run(d, trace, strategy, tick(name))
+            sim.results[name] = _result(name, d, time.perf_counter() - t0,
+                                        {"admission": options.admission, "declined": strategy.declined})
+            continue
         sim.results[name] = _result(name, d, time.perf_counter() - t0)
     sim.results = {p: sim.results[p] for p in dict.fromkeys(policies)}
     return sim

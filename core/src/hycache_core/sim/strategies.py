@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 
 from ..policies._heap import iter_sorted
-from ..policies.base import OnlinePolicy, make_room
+from ..policies.base import OnlinePolicy, Usage, make_room
 from ..policies.heuristic import HeuristicPolicy
 from .driver import CacheDriver, Strategy
+
+ADMISSIONS = ("agent", "all")  # OnlineStrategy's admission of a miss
 
 
 def _victims(d: CacheDriver, size: int, order: Iterable[Hashable]) -> list[Hashable] | None:
@@ -21,18 +23,55 @@ def _victims(d: CacheDriver, size: int, order: Iterable[Hashable]) -> list[Hasha
 
 
 class OnlineStrategy(Strategy):
-    """An :class:`OnlinePolicy`: always caches a miss if it fits after evicting in the
-    policy's order (skipping pinned files); reads the file from the slow tier without
-    caching it otherwise."""
+    """An :class:`OnlinePolicy`.  ``admission`` ``"agent"`` (the default) runs a read miss
+    as the agent's promotion on open (``promote_mode`` before-open) does; ``"all"`` is
+    the papers' Algorithm 1: every miss is cached if it fits after evicting in the
+    policy's order (skipping pinned files), else read from the slow tier uncached.
 
-    def __init__(self, driver: CacheDriver, policy: OnlinePolicy) -> None:
+    The agent's way, per reference, with each file's usage (the agent's ``hits`` and
+    ``last_access``: every open counts and takes the next sequence number):
+
+    * a read miss whose room displaces files is cached only if
+      :meth:`OnlinePolicy.admits` takes its usage *before* this access over the
+      victims' (``declined`` counts the others); room is then made in the policy's
+      order, the file admitted as the most recently used (a sequence number of its
+      own) with its accumulated hits, and the access touches it;
+    * a write miss is always cached if it fits (the agent writes new data to the fast
+      tier); ``will_admit`` is not called (the agent does not).
+
+    ``usage``: the files' usage before the trace, key -> (hits, last access), e.g. the
+    opens that created them; sequence numbers continue after the largest."""
+
+    def __init__(self, driver: CacheDriver, policy: OnlinePolicy, admission: str = "agent",
+                 usage: Mapping[Hashable, tuple[int, int]] | None = None) -> None:
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, got {admission!r}")
         self.driver = driver
         self.policy = policy
+        self.agent = admission == "agent"
+        self.usage: dict[Hashable, list[int]] = {k: [h, last] for k, (h, last) in (usage or {}).items()}
+        self.seq = max((u[1] for u in self.usage.values()), default=0)
+        self.declined = 0
+
+    def _opened(self, key: Hashable) -> None:
+        """The agent's ``touch_access``: one more hit, the next sequence number."""
+        self.seq += 1
+        u = self.usage.get(key)
+        if u is None:
+            self.usage[key] = [1, self.seq]
+        else:
+            u[0] += 1
+            u[1] = self.seq
 
     def hit(self, pos: int, key: Hashable, size: int) -> None:
+        if self.agent:
+            self._opened(key)
         self.policy.touch(key, size)
 
     def miss(self, pos: int, key: Hashable, size: int) -> None:
+        if self.agent:
+            self._agent_miss(key, size)
+            return
         d, policy = self.driver, self.policy
 
         def order() -> Iterator[Hashable]:  # runs only when room must be made
@@ -42,11 +81,34 @@ class OnlineStrategy(Strategy):
         victims = _victims(d, size, order())
         if victims is None:
             return
+        self._cache(key, size, victims, 1)
+
+    def _cache(self, key: Hashable, size: int, victims: list[Hashable], hits: int) -> None:
+        d, policy = self.driver, self.policy
         for v in victims:
             d.evict(v)
             policy.remove(v)
         d.admit(key, size)
-        policy.admit(key, size)
+        policy.admit(key, size, hits)
+
+    def _agent_miss(self, key: Hashable, size: int) -> None:
+        d, policy = self.driver, self.policy
+        prior = self.usage.get(key, (0, 0))
+        victims = _victims(d, size, policy.eviction_order())
+        if victims is None:
+            self._opened(key)
+            return
+        if victims and not d.writing and not policy.admits(
+                Usage(prior[0], prior[1]), [Usage(*self.usage[v]) for v in victims]):
+            self.declined += 1
+            self._opened(key)
+            return
+        self.seq += 1  # the agent's promotion: admitted as the most recently used
+        self.usage.setdefault(key, [0, 0])[1] = self.seq
+        self._cache(key, size, victims, max(1, prior[0]))
+        self._opened(key)
+        if not d.writing:
+            policy.touch(key, size)  # the open that waited for the promotion
 
     def dropped(self, key: Hashable) -> None:
         self.policy.remove(key)
