@@ -246,7 +246,8 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "tiers": {
             T.FAST: {"path": str(engine.tiers[T.FAST].path), "capacity": engine.capacity,
                      "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
-                     "used": engine.space.used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                     "used": engine.space.used, "write_ceiling": engine.space.write_ceiling,
+                     "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
                      "remote_cache_bytes": engine.space.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
                      **moving(engine), "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
             T.SLOW: {"path": str(engine.tiers[T.SLOW].path),

@@ -40,10 +40,11 @@ from hycache_agent.fs.space import Space
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
-# evictions in flight at once: on a slow device each move's fsyncs wait for the device, and
-# concurrent ones share its journal commits and request queue (one at a time, a hard disk
-# took ~17 files/s: 14 MB/s of 512 KiB files where it writes 150 MB/s)
-EVICT_PARALLEL = 8
+# one group commit's victims (Migrations.evict_batch): at most this many files and, past
+# the first, this many bytes; the batch costs one syncfs of the slow tier, so on a slow
+# device files per commit, not bytes, set the eviction rate
+EVICT_BATCH = 32
+EVICT_BATCH_BYTES = 64 << 20
 PLAN_HOLD_S = 60.0  # a staged file unopened this long is evictable again (a plan that never unpins it)
 
 
@@ -153,17 +154,24 @@ class Placement:
             if inode is not exclude and self.evictable(inode):
                 yield inode
 
-    async def room_for(self, nbytes: int, exclude: Inode | None, *, wait_leaving: bool = False) -> bool:
+    async def room_for(self, nbytes: int, exclude: Inode | None, *, wait_leaving: bool = False,
+                       slack: bool = False) -> bool:
         """Make ``nbytes`` fit on the fast tier, evicting closed files if needed.
 
         ``wait_leaving`` (promotions and prefetches, never writes): files already being
         moved off the fast tier still take their room until their switch; when that room
-        is what is missing, wait for those moves instead of evicting more or failing."""
+        is what is missing, wait for those moves instead of evicting more or failing.
+        ``slack`` (writes): up to the write ceiling above the capacity
+        (:meth:`~hycache_agent.fs.space.Space.write_room`) the write goes on at once and
+        the evictor catches up behind it; past the ceiling it waits for evictions."""
         space = self.space
         if space.fits(nbytes):
             return True
         if nbytes > space.capacity:
             return False
+        if slack and space.write_room(nbytes):
+            self._evict_wakeup.set()
+            return True
         if wait_leaving:
             leaving = [m for m in self.migrations.active.values() if m.src == T.FAST and m.dst != T.FAST]
             for m in leaving:
@@ -173,49 +181,41 @@ class Placement:
             if space.fits(nbytes):
                 return True
         tried = 0
-        while not space.fits(nbytes) and tried < 64:
+        while not (space.fits(nbytes) or slack and space.write_room(nbytes)) and tried < 256:
             victims = self._victims(space.used + nbytes - space.capacity, exclude)
             if not victims:
                 break
             tried += len(victims)
             await self._evict_batch(victims)
-        return space.fits(nbytes)
+        return space.fits(nbytes) or slack and space.write_room(nbytes)
 
     def _victims(self, nbytes: int, exclude: Inode | None) -> list[Inode]:
         """The next victims in policy order whose sizes add up to ``nbytes``, at most
-        ``EVICT_PARALLEL`` of them."""
+        one batch of them (``EVICT_BATCH`` files, ``EVICT_BATCH_BYTES``)."""
         victims: list[Inode] = []
         total = 0
         for victim in self.eviction_candidates(exclude):
-            if total >= nbytes or len(victims) >= EVICT_PARALLEL:
+            if total >= nbytes or len(victims) >= EVICT_BATCH or victims and total >= EVICT_BATCH_BYTES:
                 break
             victims.append(victim)
             total += victim.size
         return victims
 
     async def _evict_batch(self, victims: list[Inode]) -> int:
-        """Evict ``victims`` at once; returns how many moved.  A failed move is logged and
-        counts as not moved (the slow tier failed: EIO, vanished, full)."""
-        moved = 0
+        """Evict those of ``victims`` still evictable (one may have been opened since it
+        was chosen) with one group commit; returns how many moved.  A failed move is
+        logged and counts as not moved (the slow tier failed: EIO, vanished, full)."""
+        victims = [v for v in victims if self.evictable(v)]
+        try:
+            return await self.migrations.evict_batch(victims)
+        except OSError as exc:
+            log.error("eviction of %d files failed: %s", len(victims), exc)
+            return 0
 
-        async def one(victim: Inode) -> None:
-            nonlocal moved
-            try:
-                moved += await self._evict(victim)
-            except OSError as exc:
-                log.error("eviction of inode %d failed: %s", victim.ino, exc)
-
-        async with trio.open_nursery() as nursery:
-            for victim in victims:
-                nursery.start_soon(one, victim)
-        return moved
-
-    async def _evict(self, victim: Inode) -> bool:
-        """Move a chosen victim to the slow tier, if it is still evictable (it may have
-        been opened since it was chosen)."""
-        if not self.evictable(victim):
-            return False
-        return await self.migrations.migrate(victim, T.SLOW, reason="evict")
+    async def refresh_write_ceiling(self) -> None:
+        """Measure the fast file system's free space for the write ceiling (a thread)."""
+        fast_vfs = await trio.to_thread.run_sync(self.migrations.tiers[T.FAST].statvfs)
+        self.space.set_write_ceiling(self.config.write_slack, fast_vfs)
 
     def check_watermark(self) -> None:
         if self.space.used > self.config.high_watermark * self.space.capacity:
@@ -233,6 +233,7 @@ class Placement:
             target = self.config.low_watermark * space.capacity
             failures = 0
             while space.used > target:
+                await self.refresh_write_ceiling()
                 victims = self._victims(int(space.used - target), None)
                 if not victims:
                     break
