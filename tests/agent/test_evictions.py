@@ -246,3 +246,38 @@ def test_a_fast_disk_that_fills_under_the_slack_still_spills(tmp_path, tmpfs_dir
         (tmpfs_dir / "someone-else").unlink()
 
     run_engine(tmp_path, body, fast=fast, fast_capacity=6 * M, promote_on_open=False, write_slack=0.5)
+
+
+def test_an_open_takes_back_a_file_its_eviction_has_not_switched(tmp_path, monkeypatch):
+    """With passthrough an open waits for a migration of its file; an eviction not switched
+    yet is cancelled instead (the file is in use again): the open goes on at once, the
+    batch leaves that file on the fast tier and moves the others."""
+    gate = Gate(monkeypatch)
+
+    async def body(h):
+        e, p = h.engine, h.engine.placement
+        files = {await h.write_file(b"f%d" % i, data(100 * K, i)): data(100 * K, i) for i in range(6)}
+        victims = list(p.eviction_candidates())[:4]
+        moved: list[int] = []
+
+        async def evict() -> None:
+            moved.append(await p._evict_batch(victims))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(evict)
+            with trio.fail_after(10):
+                while not gate.waiting:  # staged, held before its renames and syncfs
+                    await trio.sleep(0.01)
+            wanted = victims[1]
+            assert wanted.migration is not None
+            with trio.fail_after(1):  # no wait for the batch
+                assert await p.before_open(wanted, True) is False
+            assert wanted.migration.cancelled and e.counters.evictions_taken_back == 1
+            gate.open()
+        assert moved == [3] and wanted.tier == T.FAST
+        assert [v.tier for v in victims if v is not wanted] == [T.SLOW] * 3
+        assert not os.path.exists(e.tiers[T.SLOW].blob(wanted.ino)) and not _temps(e)
+        for ino, payload in files.items():
+            assert await h.read_file(ino) == payload
+
+    run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, write_slack=0)

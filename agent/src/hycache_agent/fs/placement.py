@@ -102,6 +102,8 @@ class Placement:
         self.policy_version = 0  # the control plane's policy version applied (0: none)
         self._nursery: trio.Nursery | None = None  # background moves (run)
         self._evict_wakeup = trio.Event()
+        self._evicting = False  # the evictor is bringing ``used`` down to the low watermark
+        self._evicted = trio.Event()  # set after each of the evictor's batches (then renewed)
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
         self.fetching: dict[bytes, int] = {}
@@ -173,6 +175,10 @@ class Placement:
             self._evict_wakeup.set()
             return True
         if wait_leaving:
+            # above the capacity (writes in the slack) bringing ``used`` down is the
+            # evictor's work: a promotion waits for it rather than evicting the overage
+            while space.used > space.capacity and self._evicting:
+                await self._evicted.wait()
             leaving = [m for m in self.migrations.active.values() if m.src == T.FAST and m.dst != T.FAST]
             for m in leaving:
                 if space.fits(nbytes):
@@ -226,23 +232,34 @@ class Placement:
         return self._evict_wakeup.is_set()
 
     async def evictor(self) -> None:
-        space = self.space
         while True:
             await self._evict_wakeup.wait()
             self._evict_wakeup = trio.Event()
-            target = self.config.low_watermark * space.capacity
-            failures = 0
-            while space.used > target:
-                await self.refresh_write_ceiling()
-                victims = self._victims(int(space.used - target), None)
-                if not victims:
-                    break
-                moved = await self._evict_batch(victims)  # a failing slow tier: logged, keep serving
-                if moved:
-                    failures = 0
-                else:  # back off: a full or failing slow tier must not become a busy loop
-                    failures += 1
-                    await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
+            self._evicting = True
+            try:
+                await self._evict_to_low_watermark()
+            finally:
+                self._evicting = False
+                self._evicted.set()
+                self._evicted = trio.Event()
+
+    async def _evict_to_low_watermark(self) -> None:
+        space = self.space
+        target = self.config.low_watermark * space.capacity
+        failures = 0
+        while space.used > target:
+            await self.refresh_write_ceiling()
+            victims = self._victims(int(space.used - target), None)
+            if not victims:
+                break
+            moved = await self._evict_batch(victims)  # a failing slow tier: logged, keep serving
+            self._evicted.set()
+            self._evicted = trio.Event()
+            if moved:
+                failures = 0
+            else:  # back off: a full or failing slow tier must not become a busy loop
+                failures += 1
+                await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
 
     # ------------------------------------------------------------------ policy
     def restore_saved_policy(self) -> None:
@@ -335,6 +352,9 @@ class Placement:
         need = space.used + inode.size - self.config.high_watermark * space.capacity
         if need <= 0:
             return True
+        if space.used > space.capacity:  # writes use the slack: the evictor is behind
+            self.migrations.counters.promotions_declined += 1
+            return False
         victims: list[Usage] = []
         for victim in self.eviction_candidates(inode):
             victims.append(Usage(victim.hits, victim.last_access))
@@ -358,11 +378,24 @@ class Placement:
             return before
         if before and not inode.open_count and inode.migration is None:
             await self.background_migration(inode, T.FAST, "promote")
-        while inode.migration is not None:
+        while inode.migration is not None and not self.take_back(inode):
             await inode.migration.done.wait()
         if not self.files.live(inode):
             raise FsError(errno.ENOENT)
         return False
+
+    def take_back(self, inode: Inode) -> bool:
+        """An open of a file whose eviction has not switched it yet takes the file back:
+        the eviction is cancelled (its batch leaves the file where it is and removes its
+        slow copy) and the open goes on with the fast copy at once, instead of waiting for
+        the whole batch's commit on the slow device.  (No await between the batch's last
+        check of ``cancelled`` and its switch of the tier: one of the two comes first.)"""
+        mig = inode.migration
+        if mig is None or mig.reason != "evict" or inode.tier != mig.src:
+            return False
+        mig.cancelled = True
+        self.migrations.counters.evictions_taken_back += 1
+        return True
 
     async def opened(self, inode: Inode, before_open: bool, prior: Usage) -> None:
         """A local file was opened: it is used now (the policy queue), or promoted
