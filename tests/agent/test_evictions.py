@@ -19,7 +19,7 @@ import trio.testing
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import ROOT_INO
 from hycache_agent.fs.space import FAST_RESERVE, Space
-from hycache_core.policies import load_policy
+from hycache_core.policies import Usage, load_policy
 
 from .harness import Ctx, run_engine
 from .invariants import settle
@@ -281,3 +281,37 @@ def test_an_open_takes_back_a_file_its_eviction_has_not_switched(tmp_path, monke
             assert await h.read_file(ino) == payload
 
     run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, write_slack=0)
+
+
+def test_promotions_wait_for_the_evictor_while_writes_use_the_slack(tmp_path, monkeypatch):
+    """Above the capacity an on-open promotion is declined, and a promotion already on its
+    way waits for the evictor instead of evicting the writes' overage itself."""
+    gate = Gate(monkeypatch)
+
+    async def body(h):
+        e, p = h.engine, h.engine.placement
+        cold = await h.write_file(b"cold", data(100 * K, 50))
+        assert await p.move(h.ns.get(cold), T.SLOW) is None  # (one move: no group commit)
+        for i in range(14):
+            await _write_raw(h, b"f%d" % i, data(100 * K, i))
+        with trio.fail_after(10):
+            while not gate.waiting:
+                await trio.sleep(0.01)
+        assert e.fast_used == 1400 * K > e.capacity
+        declined = e.counters.promotions_declined
+        assert not p.admits(h.ns.get(cold), Usage(99, 10**9))  # hotter than any: still no
+        assert e.counters.promotions_declined == declined + 1
+        in_flight = set(e.active)
+        got: list[bool] = []
+
+        async def promotion_room() -> None:
+            got.append(await p.room_for(100 * K, h.ns.get(cold), wait_leaving=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(promotion_room)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert not got and set(e.active) == in_flight  # waiting, and no batch of its own
+            gate.open()
+        assert got == [True] and e.fast_used + 100 * K <= e.capacity
+
+    run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, write_slack=0.5)
