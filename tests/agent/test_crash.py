@@ -7,12 +7,27 @@ copy (or the duplicate) — no temp or second blob may remain.  (DESIGN invarian
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
+import threading
 import time
 
 import pytest
 
-from .conftest import check_tiers_from_outside, cli, info, kill_agent, recovery_reports, tier_blobs, wait_for, wait_idle
+# bench/ is on pytest's pythonpath (pyproject.toml)
+from slowtier import BLKIO, SlowTier
+
+from .conftest import (
+    check_tiers_from_outside,
+    cli,
+    info,
+    kill_agent,
+    recovery_reports,
+    status,
+    tier_blobs,
+    wait_for,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -183,3 +198,63 @@ def test_sigkill_right_after_many_closes(agents):
         assert (m.mountpoint / name).read_bytes() == payload, name
     assert sorted(str(p.relative_to(m.mountpoint)) for p in m.mountpoint.rglob("f*")) == sorted(files)
     check_tiers_from_outside(m)
+
+
+@pytest.fixture
+def hdd(tmp_path):
+    """A slow device for the slow tier (the HDD model, bench/slowtier.py, 40 MB/s and 50
+    IOPS: a group commit takes about a second); set up before ``agents``, so it is
+    removed after their unmount."""
+    if os.geteuid() != 0 or not (BLKIO / "blkio.throttle.write_iops_device").exists():
+        pytest.skip("the HDD model needs root and the cgroup v1 blkio throttle")
+    st = SlowTier(40, size="1G", base=tmp_path, iops=50)
+    yield st
+    st.close()
+
+
+def test_sigkill_during_group_commits_on_a_slow_device(hdd, agents):
+    """Files written and closed while evictions go in group commits to a slow device;
+    SIGKILL the agent with a batch in flight (its copies staged, its syncfs or its metadata
+    commit running), three times at different delays, restart on the same root: every
+    closed file reads back bit for bit, on one tier, and no staged copy is left."""
+    slow = hdd.share("a")
+    m = agents.start("16M", slow=slow)
+    m.slow = slow  # (where the checks from outside look for the slow tier's blobs)
+    closed: dict[str, str] = {}
+    hit = 0
+    for rnd, delay in enumerate((0.0, 0.3, 0.7)):
+        stop = threading.Event()
+
+        def writer(rnd: int = rnd, stop: threading.Event = stop) -> None:
+            for i in range(400):
+                if stop.is_set():
+                    return
+                name = f"r{rnd}/f{i}"
+                payload = hashlib.shake_256(b"%d/%d" % (rnd, i)).digest(200_000 + 1_000 * (i % 300))
+                try:
+                    (m.mountpoint / name).parent.mkdir(exist_ok=True)
+                    with open(m.mountpoint / name, "wb") as fh:
+                        fh.write(payload)
+                except OSError:  # the agent was killed under this file: not closed, not counted
+                    return
+                closed[name] = hashlib.sha256(payload).hexdigest()
+
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        wait_for(lambda: sum(a["reason"] == "evict" for a in status(m)["migrations"]["active"]) >= 2,
+                 timeout=120, what="a batch of evictions in flight")
+        time.sleep(delay)
+        kill_agent(m)
+        stop.set()
+        t.join(30)
+        m = agents.restart(m)
+        m.slow = slow
+        report = recovery_reports(m.stderr)[-1]
+        print(f"round {rnd}: {len(closed)} files closed, recovery {report}")
+        hit += report["temp_removed"] + report["duplicates_removed"]
+        assert report["missing_blobs"] == 0, report
+        for name, want in closed.items():
+            assert digest(m.mountpoint / name) == want, f"{name} after the kill of round {rnd}"
+        check_tiers_from_outside(m)
+        assert not [b for b in {**tier_blobs(m.fast), **tier_blobs(m.slow)} if b.endswith(".migrating")]
+    assert hit > 0, "no kill landed inside a group commit (no staged copy or duplicate to resolve)"

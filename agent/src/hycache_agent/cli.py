@@ -59,6 +59,9 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--fast-capacity", help="bytes of the fast tier to use, K/M/G suffixes (default: its file system's size)")
     m.add_argument("--high-watermark", type=float, help="start evicting above this fraction of capacity (default 0.9)")
     m.add_argument("--low-watermark", type=float, help="evict down to this fraction (default 0.7)")
+    m.add_argument("--write-slack", type=float,
+                   help="fraction of the capacity writes may go above it while the evictor catches up, "
+                        "bounded by the fast file system's free space (default 0.5; 0: a hard capacity)")
     m.add_argument("--policy", help="eviction policy: lru, lfu or an installed plug-in (default lru)")
     m.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
     m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,
@@ -279,6 +282,11 @@ def _status(root: Path, as_json: bool) -> int:
                   f"{100 * tier['used'] / cap:.1f}%" if cap else "-", str(tier["files"]),
                   format_size(tier["device_capacity"]), format_size(tier["device_free"]))
     console.print(t)
+    fast = st["tiers"]["fast"]
+    if fast.get("write_ceiling", 0) > fast["capacity"]:
+        over = max(0, fast["used"] - fast["capacity"])
+        console.print(f"write slack: writes may fill the fast tier up to {format_size(fast['write_ceiling'])} "
+                      f"while evictions catch up ({format_size(over)} above the capacity now)")
     mig = st["migrations"]
     console.print(f"watermarks high {st['watermarks']['high']:.2f} / low {st['watermarks']['low']:.2f}; "
                   f"migrations done {mig['migrations_done']} (evictions {mig['evictions']}, promotions "
@@ -331,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
             from hycache_agent.mount import run_mount
 
             overrides = {k: getattr(args, k) for k in (
-                "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb", "open_prefetch_mb",
+                "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
+                "open_prefetch_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",

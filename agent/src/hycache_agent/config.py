@@ -27,6 +27,10 @@ class AgentConfig(BaseModel):
     fast_capacity: int | None = Field(default=None, description="bytes; default: size of the fast file system")
     high_watermark: float = Field(default=0.90, gt=0, le=1)
     low_watermark: float = Field(default=0.70, ge=0, lt=1)
+    # writes may take this fraction of the capacity above it while the evictor catches up
+    # (never more than the fast file system has free beyond 5 % of its size); 0: writes
+    # wait for evictions at the capacity
+    write_slack: float = Field(default=0.5, ge=0, le=4)
     policy: str = "lru"
     log_level: str = "INFO"
     allow_other: bool = Field(default_factory=lambda: os.geteuid() == 0)

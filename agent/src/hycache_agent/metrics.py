@@ -94,6 +94,7 @@ def _io_families(c: dict[str, Any]):
 def _migration_families(mig: dict[str, Any]):
     for key, doc in (("evictions", "Evictions to the slow tier"), ("promotions", "Promotions to the fast tier"),
                      ("promotions_declined", "Promotions on open the admission rule turned down"),
+                     ("evictions_taken_back", "Evictions an open of the file cancelled before its switch"),
                      ("spills", "Files spilled to the slow tier while written"),
                      ("migrations_failed", "Migrations that failed"),
                      ("migrations_abandoned", "Migrations abandoned (file changed or deleted)")):

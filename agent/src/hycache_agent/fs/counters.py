@@ -35,6 +35,7 @@ class Counters:
     bytes_promoted: int = 0
     bytes_demoted: int = 0
     spills: int = 0
+    evictions_taken_back: int = 0  # opens that cancelled an eviction before its switch
     evictions: int = 0
     promotions: int = 0
     promotions_declined: int = 0  # on-open promotions the admission rule turned down
@@ -246,7 +247,8 @@ async def status(engine: Any, max_age: float = 0.0) -> dict[str, Any]:
         "tiers": {
             T.FAST: {"path": str(engine.tiers[T.FAST].path), "capacity": engine.capacity,
                      "device_capacity": fast_vfs.f_blocks * fast_vfs.f_frsize,
-                     "used": engine.space.used, "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
+                     "used": engine.space.used, "write_ceiling": engine.space.write_ceiling,
+                     "files": counts[T.FAST][0], "bytes": counts[T.FAST][1],
                      "remote_cache_bytes": engine.space.remote_cache_used, "pinned_bytes": counts[T.FAST][2],
                      **moving(engine), "device_free": fast_vfs.f_bavail * fast_vfs.f_frsize},
             T.SLOW: {"path": str(engine.tiers[T.SLOW].path),

@@ -359,7 +359,7 @@ class TieringEngine:
         if not self.passthrough["enabled"]:
             return False
         if writing and inode.tier == T.FAST and self.space.used >= self.space.capacity:
-            return await self._room_for(1, inode)
+            return await self._room_for(1, inode, slack=True)
         return True
 
     def written_through(self, inode: Inode, size: int, mtime_ns: int) -> None:
@@ -408,7 +408,7 @@ class TieringEngine:
         async with self.lock(inode):
             end = off + len(buf)
             growth = max(0, end - inode.size)
-            if inode.tier == T.FAST and growth and not await self._room_for(growth, inode):
+            if inode.tier == T.FAST and growth and not await self._room_for(growth, inode, slack=True):
                 await self.migrations.spill(inode)
             reaped = spilled = False
             while True:
@@ -449,7 +449,7 @@ class TieringEngine:
     async def truncate(self, inode: Inode, size: int, uid: int) -> None:
         async with self.lock(inode):
             growth = size - inode.size
-            if inode.tier == T.FAST and growth > 0 and not await self._room_for(growth, inode):
+            if inode.tier == T.FAST and growth > 0 and not await self._room_for(growth, inode, slack=True):
                 await self.migrations.spill(inode)
             try:
                 await trio.to_thread.run_sync(os.truncate, self.blob(inode), size)

@@ -18,6 +18,7 @@ accounting and policy queue (:mod:`~hycache_agent.fs.space`), given to its const
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -95,18 +96,10 @@ class Migrations:
 
         ``locked``: the caller holds the inode's lock (a spill from inside a write).  An
         eviction's caller checks, right before the call, that the file is still evictable."""
-        if (not inode.is_reg or inode.tier == dst or inode.migration is not None
-                or not self.files.live(inode)):  # deleted since it was chosen
+        if not self._may_move(inode, dst, reason):
             return False
-        if self.passthrough["enabled"] and (inode.open_count and reason != "spill" or inode.ino in self.backed):
-            return False  # the kernel writes the blob itself: it must not move under an open
-        self.blob_leaving(inode.ino)
-        src = inode.tier
-        assert src is not None, "a regular file's bytes are on a tier"
-        src_tier, dst_tier = self.tiers[src], self.tiers[dst]
-        mig = Migration(inode.ino, src, dst, inode.size, reason)
-        inode.migration = mig
-        self.active[inode.ino] = mig
+        mig = self._begin(inode, dst, reason)
+        src_tier, dst_tier = self.tiers[mig.src], self.tiers[dst]
         reserved = 0
         if dst == T.FAST:
             reserved = inode.size
@@ -137,7 +130,7 @@ class Migrations:
                 self.counters.migrations_abandoned += 1
                 return False
             self.counters.migrations_failed += 1
-            log.error("migration of inode %d %s→%s failed: %s", inode.ino, src, dst, exc)
+            log.error("migration of inode %d %s→%s failed: %s", inode.ino, mig.src, dst, exc)
             if exc.errno == errno.ENOSPC:
                 return False
             raise
@@ -147,10 +140,29 @@ class Migrations:
                 # its own copy under the same temp name (O_EXCL) right after
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(T.remove_blob, temp)
-            inode.migration = None
-            self.active.pop(inode.ino, None)
-            mig.done.set()
+            self._end(inode, mig)
             self.space.used -= reserved
+
+    def _may_move(self, inode: Inode, dst: str, reason: str) -> bool:
+        if (not inode.is_reg or inode.tier == dst or inode.migration is not None
+                or not self.files.live(inode)):  # deleted since it was chosen
+            return False
+        # passthrough: the kernel writes the blob itself, so it must not move under an open
+        return not (self.passthrough["enabled"]
+                    and (inode.open_count and reason != "spill" or inode.ino in self.backed))
+
+    def _begin(self, inode: Inode, dst: str, reason: str) -> Migration:
+        self.blob_leaving(inode.ino)
+        assert inode.tier is not None, "a regular file's bytes are on a tier"
+        mig = Migration(inode.ino, inode.tier, dst, inode.size, reason)
+        inode.migration = mig
+        self.active[inode.ino] = mig
+        return mig
+
+    def _end(self, inode: Inode, mig: Migration) -> None:
+        inode.migration = None
+        self.active.pop(inode.ino, None)
+        mig.done.set()
 
     async def _acquire_for_switch(self, inode: Inode, mig: Migration) -> trio.Lock | None:
         """Take the file's lock for the switch.  An eviction never waits for a writer;
@@ -177,8 +189,17 @@ class Migrations:
             # deleted during the rename: maybe_free() may have run before the new name existed
             await trio.to_thread.run_sync(T.remove_blob, dst_blob)
             return False
-        # Switch the tier, the accounting and the policy together, before the commit
-        # awaits: a deletion (maybe_free) running during the commit must find them agreeing.
+        self._switched(inode, mig)
+        # from here the metadata (or, if the commit fails, the recovery pass, which keeps
+        # the copy the metadata names) decides; both copies are complete
+        await self.files.ns.journal.sync()
+        await trio.to_thread.run_sync(T.remove_blob, src_blob)
+        self._count_done(inode, mig)
+        return True
+
+    def _switched(self, inode: Inode, mig: Migration) -> None:
+        """The tier, the accounting and the policy switched together, before the commit
+        awaits: a deletion (maybe_free) running during the commit must find them agreeing."""
         inode.tier = mig.dst
         self.blob_gens[inode.ino] = self.blob_gens.get(inode.ino, 0) + 1  # open fds are stale
         if mig.dst == T.FAST:
@@ -194,10 +215,8 @@ class Migrations:
             self.space.policy.remove(inode.ino)
             self.counters.bytes_demoted += inode.size
         self.files.ns.journal.inode(inode.ino)
-        # from here the metadata (or, if the commit fails, the recovery pass, which keeps
-        # the copy the metadata names) decides; both copies are complete
-        await self.files.ns.journal.sync()
-        await trio.to_thread.run_sync(T.remove_blob, src_blob)
+
+    def _count_done(self, inode: Inode, mig: Migration) -> None:
         self.counters.migrations_done += 1
         if mig.reason == "evict":
             self.counters.evictions += 1
@@ -207,7 +226,111 @@ class Migrations:
             self.counters.promotions += 1
         log.debug("migrated inode %d %s→%s (%s, %s)", inode.ino, mig.src, mig.dst, mig.reason,
                   format_size(inode.size))
-        return True
+
+    # ------------------------------------------------------------------ group commit
+    async def evict_batch(self, victims: list[Inode]) -> int:
+        """Evict ``victims`` to the slow tier with one group commit; returns how many moved.
+
+        The copies are staged at once and without an fsync; the files unchanged since
+        (checked under their locks, taken without waiting: an eviction never waits for a
+        writer) take their final names and are made durable by one ``syncfs`` of the slow
+        tier (:func:`~hycache_agent.fs.tiers.commit_blobs`); then their tiers switch with
+        one metadata commit, then their fast copies go.  Until that commit the metadata
+        names the fast copies, complete and untouched: a crash at any point loses nothing
+        (the recovery pass removes the slow ones).  A failed copy leaves its file where it
+        was, a failed ``syncfs`` the whole batch."""
+        batch = [(v, self._begin(v, T.SLOW, "evict"), v.data_gen) for v in victims
+                 if self._may_move(v, T.SLOW, "evict")]
+        staged: list[tuple[Inode, Migration, int]] = []
+        locks: list[trio.Lock] = []
+        moved: list[tuple[Inode, Migration]] = []
+        try:
+            if batch:
+                await self._stage_batch(batch, staged)
+                ready = self._lock_unchanged(staged, locks)
+                if ready:
+                    await self._commit_batch(ready, moved)
+            return len(moved)
+        finally:
+            for lock in locks:
+                lock.release()
+            slow = self.tiers[T.SLOW]
+            left = [path for inode, _mig, _gen in batch if inode.tier != T.SLOW
+                    for path in (slow.temp_blob(inode.ino), slow.blob(inode.ino))]
+            if left:  # before the migrations count as over (a spill stages under the same temp name)
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(T.remove_blobs, left)
+            for inode, mig, _gen in batch:
+                self._end(inode, mig)
+
+    async def _stage_batch(self, batch: list[tuple[Inode, Migration, int]],
+                           staged: list[tuple[Inode, Migration, int]]) -> None:
+        """Copy each file of ``batch`` to its temp name on the slow tier, at once, without
+        an fsync; those copied go into ``staged``."""
+        fast, slow = self.tiers[T.FAST], self.tiers[T.SLOW]
+
+        async def one(inode: Inode, mig: Migration, gen: int) -> None:
+            copy = functools.partial(T.copy_blob, fast.blob(inode.ino), slow.temp_blob(inode.ino), mig.progress,
+                                     lambda: mig.cancelled, durable=False)
+            try:
+                await trio.to_thread.run_sync(copy, abandon_on_cancel=False)
+            except InterruptedError:
+                self.counters.migrations_abandoned += 1
+            except OSError as exc:
+                if mig.cancelled or not self.files.live(inode):  # deleted under the copy
+                    self.counters.migrations_abandoned += 1
+                else:
+                    self.counters.migrations_failed += 1
+                    log.error("eviction of inode %d failed: %s", inode.ino, exc)
+            else:
+                staged.append((inode, mig, gen))
+
+        async with trio.open_nursery() as nursery:
+            for item in batch:
+                nursery.start_soon(one, *item)
+
+    def _lock_unchanged(self, staged: list[tuple[Inode, Migration, int]],
+                        locks: list[trio.Lock]) -> list[tuple[Inode, Migration]]:
+        """The staged files still to switch, their locks taken (into ``locks``): unchanged
+        since their copy began, not deleted, no writer holding them."""
+        ready = []
+        for inode, mig, gen in staged:
+            lock = self.files.lock(inode)
+            if inode.data_gen == gen and not mig.cancelled and self.files.live(inode) and not lock.locked():
+                lock.acquire_nowait()
+                locks.append(lock)
+                ready.append((inode, mig))
+            else:
+                self.counters.migrations_abandoned += 1
+        return ready
+
+    async def _commit_batch(self, ready: list[tuple[Inode, Migration]],
+                            moved: list[tuple[Inode, Migration]]) -> None:
+        """The group commit of ``ready`` (their locks held): the final names and one
+        ``syncfs``, the switch, one metadata commit, the fast copies removed; the files
+        switched go into ``moved``."""
+        fast, slow = self.tiers[T.FAST], self.tiers[T.SLOW]
+        renames = [(slow.temp_blob(inode.ino), slow.blob(inode.ino)) for inode, _mig in ready]
+        try:
+            await trio.to_thread.run_sync(T.commit_blobs, renames, slow.path)
+        except OSError as exc:
+            self.counters.migrations_failed += len(ready)
+            log.error("the group commit of %d evictions failed: %s", len(ready), exc)
+            return
+        for inode, mig in ready:
+            if mig.cancelled or not self.files.live(inode):  # deleted during the commit
+                self.counters.migrations_abandoned += 1
+                continue
+            self._switched(inode, mig)
+            moved.append((inode, mig))
+        if not moved:
+            return
+        # from here the metadata (or, if the commit fails, the recovery pass, which keeps
+        # the copy the metadata names) decides; both copies are complete
+        await self.files.ns.journal.sync()
+        await trio.to_thread.run_sync(T.remove_blobs, [fast.blob(inode.ino) for inode, _mig in moved])
+        for inode, mig in moved:
+            self._count_done(inode, mig)
 
     async def spill(self, inode: Inode) -> None:
         """Move the file being written to the slow tier (caller holds its lock)."""

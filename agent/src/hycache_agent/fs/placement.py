@@ -40,10 +40,11 @@ from hycache_agent.fs.space import Space
 log = logging.getLogger(__name__)
 
 POLICY_FILE = "policy.json"
-# evictions in flight at once: on a slow device each move's fsyncs wait for the device, and
-# concurrent ones share its journal commits and request queue (one at a time, a hard disk
-# took ~17 files/s: 14 MB/s of 512 KiB files where it writes 150 MB/s)
-EVICT_PARALLEL = 8
+# one group commit's victims (Migrations.evict_batch): at most this many files and, past
+# the first, this many bytes; the batch costs one syncfs of the slow tier, so on a slow
+# device files per commit, not bytes, set the eviction rate
+EVICT_BATCH = 32
+EVICT_BATCH_BYTES = 64 << 20
 PLAN_HOLD_S = 60.0  # a staged file unopened this long is evictable again (a plan that never unpins it)
 
 
@@ -101,6 +102,8 @@ class Placement:
         self.policy_version = 0  # the control plane's policy version applied (0: none)
         self._nursery: trio.Nursery | None = None  # background moves (run)
         self._evict_wakeup = trio.Event()
+        self._evicting = False  # the evictor is bringing ``used`` down to the low watermark
+        self._evicted = trio.Event()  # set after each of the evictor's batches (then renewed)
         # remote copies a prefetch is fetching: path → bytes reserved on the fast tier
         # (the census of moves under way, counters.moving, reports them)
         self.fetching: dict[bytes, int] = {}
@@ -153,18 +156,29 @@ class Placement:
             if inode is not exclude and self.evictable(inode):
                 yield inode
 
-    async def room_for(self, nbytes: int, exclude: Inode | None, *, wait_leaving: bool = False) -> bool:
+    async def room_for(self, nbytes: int, exclude: Inode | None, *, wait_leaving: bool = False,
+                       slack: bool = False) -> bool:
         """Make ``nbytes`` fit on the fast tier, evicting closed files if needed.
 
         ``wait_leaving`` (promotions and prefetches, never writes): files already being
         moved off the fast tier still take their room until their switch; when that room
-        is what is missing, wait for those moves instead of evicting more or failing."""
+        is what is missing, wait for those moves instead of evicting more or failing.
+        ``slack`` (writes): up to the write ceiling above the capacity
+        (:meth:`~hycache_agent.fs.space.Space.write_room`) the write goes on at once and
+        the evictor catches up behind it; past the ceiling it waits for evictions."""
         space = self.space
         if space.fits(nbytes):
             return True
         if nbytes > space.capacity:
             return False
+        if slack and space.write_room(nbytes):
+            self._evict_wakeup.set()
+            return True
         if wait_leaving:
+            # above the capacity (writes in the slack) bringing ``used`` down is the
+            # evictor's work: a promotion waits for it rather than evicting the overage
+            while space.used > space.capacity and self._evicting:
+                await self._evicted.wait()
             leaving = [m for m in self.migrations.active.values() if m.src == T.FAST and m.dst != T.FAST]
             for m in leaving:
                 if space.fits(nbytes):
@@ -173,49 +187,41 @@ class Placement:
             if space.fits(nbytes):
                 return True
         tried = 0
-        while not space.fits(nbytes) and tried < 64:
+        while not (space.fits(nbytes) or slack and space.write_room(nbytes)) and tried < 256:
             victims = self._victims(space.used + nbytes - space.capacity, exclude)
             if not victims:
                 break
             tried += len(victims)
             await self._evict_batch(victims)
-        return space.fits(nbytes)
+        return space.fits(nbytes) or slack and space.write_room(nbytes)
 
     def _victims(self, nbytes: int, exclude: Inode | None) -> list[Inode]:
         """The next victims in policy order whose sizes add up to ``nbytes``, at most
-        ``EVICT_PARALLEL`` of them."""
+        one batch of them (``EVICT_BATCH`` files, ``EVICT_BATCH_BYTES``)."""
         victims: list[Inode] = []
         total = 0
         for victim in self.eviction_candidates(exclude):
-            if total >= nbytes or len(victims) >= EVICT_PARALLEL:
+            if total >= nbytes or len(victims) >= EVICT_BATCH or victims and total >= EVICT_BATCH_BYTES:
                 break
             victims.append(victim)
             total += victim.size
         return victims
 
     async def _evict_batch(self, victims: list[Inode]) -> int:
-        """Evict ``victims`` at once; returns how many moved.  A failed move is logged and
-        counts as not moved (the slow tier failed: EIO, vanished, full)."""
-        moved = 0
+        """Evict those of ``victims`` still evictable (one may have been opened since it
+        was chosen) with one group commit; returns how many moved.  A failed move is
+        logged and counts as not moved (the slow tier failed: EIO, vanished, full)."""
+        victims = [v for v in victims if self.evictable(v)]
+        try:
+            return await self.migrations.evict_batch(victims)
+        except OSError as exc:
+            log.error("eviction of %d files failed: %s", len(victims), exc)
+            return 0
 
-        async def one(victim: Inode) -> None:
-            nonlocal moved
-            try:
-                moved += await self._evict(victim)
-            except OSError as exc:
-                log.error("eviction of inode %d failed: %s", victim.ino, exc)
-
-        async with trio.open_nursery() as nursery:
-            for victim in victims:
-                nursery.start_soon(one, victim)
-        return moved
-
-    async def _evict(self, victim: Inode) -> bool:
-        """Move a chosen victim to the slow tier, if it is still evictable (it may have
-        been opened since it was chosen)."""
-        if not self.evictable(victim):
-            return False
-        return await self.migrations.migrate(victim, T.SLOW, reason="evict")
+    async def refresh_write_ceiling(self) -> None:
+        """Measure the fast file system's free space for the write ceiling (a thread)."""
+        fast_vfs = await trio.to_thread.run_sync(self.migrations.tiers[T.FAST].statvfs)
+        self.space.set_write_ceiling(self.config.write_slack, fast_vfs)
 
     def check_watermark(self) -> None:
         if self.space.used > self.config.high_watermark * self.space.capacity:
@@ -226,22 +232,34 @@ class Placement:
         return self._evict_wakeup.is_set()
 
     async def evictor(self) -> None:
-        space = self.space
         while True:
             await self._evict_wakeup.wait()
             self._evict_wakeup = trio.Event()
-            target = self.config.low_watermark * space.capacity
-            failures = 0
-            while space.used > target:
-                victims = self._victims(int(space.used - target), None)
-                if not victims:
-                    break
-                moved = await self._evict_batch(victims)  # a failing slow tier: logged, keep serving
-                if moved:
-                    failures = 0
-                else:  # back off: a full or failing slow tier must not become a busy loop
-                    failures += 1
-                    await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
+            self._evicting = True
+            try:
+                await self._evict_to_low_watermark()
+            finally:
+                self._evicting = False
+                self._evicted.set()
+                self._evicted = trio.Event()
+
+    async def _evict_to_low_watermark(self) -> None:
+        space = self.space
+        target = self.config.low_watermark * space.capacity
+        failures = 0
+        while space.used > target:
+            await self.refresh_write_ceiling()
+            victims = self._victims(int(space.used - target), None)
+            if not victims:
+                break
+            moved = await self._evict_batch(victims)  # a failing slow tier: logged, keep serving
+            self._evicted.set()
+            self._evicted = trio.Event()
+            if moved:
+                failures = 0
+            else:  # back off: a full or failing slow tier must not become a busy loop
+                failures += 1
+                await trio.sleep(min(2.0, 0.05 * 2 ** min(failures - 1, 6)))
 
     # ------------------------------------------------------------------ policy
     def restore_saved_policy(self) -> None:
@@ -336,6 +354,9 @@ class Placement:
         need = space.used + inode.size - self.config.high_watermark * space.capacity
         if need <= 0:
             return True
+        if space.used > space.capacity:  # writes use the slack: the evictor is behind
+            self.migrations.counters.promotions_declined += 1
+            return False
         victims: list[Usage] = []
         for victim in self.eviction_candidates(inode):
             victims.append(Usage(victim.hits, victim.last_access))
@@ -360,11 +381,24 @@ class Placement:
             return before
         if before and not inode.open_count and inode.migration is None:
             await self.background_migration(inode, T.FAST, "promote")
-        while inode.migration is not None:
+        while inode.migration is not None and not self.take_back(inode):
             await inode.migration.done.wait()
         if not self.files.live(inode):
             raise FsError(errno.ENOENT)
         return False
+
+    def take_back(self, inode: Inode) -> bool:
+        """An open of a file whose eviction has not switched it yet takes the file back:
+        the eviction is cancelled (its batch leaves the file where it is and removes its
+        slow copy) and the open goes on with the fast copy at once, instead of waiting for
+        the whole batch's commit on the slow device.  (No await between the batch's last
+        check of ``cancelled`` and its switch of the tier: one of the two comes first.)"""
+        mig = inode.migration
+        if mig is None or mig.reason != "evict" or inode.tier != mig.src:
+            return False
+        mig.cancelled = True
+        self.migrations.counters.evictions_taken_back += 1
+        return True
 
     async def opened(self, inode: Inode, before_open: bool, prior: Usage) -> None:
         """A local file was opened: it is used now (the policy queue), or promoted

@@ -20,6 +20,10 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import Inode
 
+# the share of the fast file system the write slack never fills (another tenant's files,
+# the growth of files written through passthrough that the agent learns of on release)
+FAST_RESERVE = 0.05
+
 
 class Space:
     def __init__(self, policy: OnlinePolicy) -> None:
@@ -28,6 +32,9 @@ class Space:
         self.device_capacity = 0
         self.used = 0
         self.remote_cache_used = 0
+        # the most ``used`` may reach with writes while the evictor catches up: the
+        # capacity plus the write slack the fast file system has room for (set_write_ceiling)
+        self.write_ceiling = 0
 
     def size_up(self, config: AgentConfig, fast_vfs: os.statvfs_result, inodes: Iterable[Inode]) -> None:
         """(start-up) The capacity, the policy queue in last-access order and the bytes
@@ -45,6 +52,20 @@ class Space:
         for inode in resident:
             self.policy.admit(inode.ino, inode.size, max(1, inode.hits))
         self.used = sum(i.size for i in resident)
+        self.set_write_ceiling(config.write_slack, fast_vfs)
+
+    def set_write_ceiling(self, slack: float, fast_vfs: os.statvfs_result) -> None:
+        """Writes may take ``slack`` × the capacity above it (a soft capacity: the evictor
+        brings ``used`` back under the watermarks behind them), as far as the fast file
+        system has that room free beyond ``FAST_RESERVE`` of its size, as measured now."""
+        free = fast_vfs.f_bavail * fast_vfs.f_frsize
+        reserve = int(FAST_RESERVE * fast_vfs.f_blocks * fast_vfs.f_frsize)
+        self.write_ceiling = max(self.capacity, min(self.capacity + int(slack * self.capacity),
+                                                    self.used + free - reserve))
+
+    def write_room(self, nbytes: int) -> bool:
+        """A write of ``nbytes`` more stays under the write ceiling."""
+        return self.used + nbytes <= self.write_ceiling
 
     def fits(self, nbytes: int) -> bool:
         return self.used + nbytes <= self.capacity

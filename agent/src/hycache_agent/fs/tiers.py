@@ -10,6 +10,7 @@ Every function here blocks; callers run them with ``trio.to_thread.run_sync``.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
@@ -86,6 +87,11 @@ def remove_blob(path: str) -> None:
         pass
 
 
+def remove_blobs(paths: list[str]) -> None:
+    for path in paths:
+        remove_blob(path)
+
+
 def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
     """(offset, length) of the data regions of a possibly sparse file."""
     off = 0
@@ -112,10 +118,11 @@ def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def copy_blob(src: str, dst: str, progress: Callable[[int], None] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> int:
+              cancelled: Callable[[], bool] | None = None, *, durable: bool = True) -> int:
     """Stage ``dst`` (O_EXCL) as a durable copy of ``src``: copy, fsync the file and its
-    directory.  Holes stay holes.  Returns the bytes copied.  Raises InterruptedError if
-    ``cancelled()`` turns true (the partial ``dst`` is removed)."""
+    directory (``durable`` False: neither; a group commit makes a batch of copies durable
+    with one :func:`commit_blobs`).  Holes stay holes.  Returns the bytes copied.  Raises
+    InterruptedError if ``cancelled()`` turns true (the partial ``dst`` is removed)."""
     copied = 0
     sfd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -152,13 +159,15 @@ def copy_blob(src: str, dst: str, progress: Callable[[int], None] | None = None,
                     if progress is not None:
                         progress(copied)
             os.ftruncate(dfd, size)
-            os.fsync(dfd)
+            if durable:
+                os.fsync(dfd)
         except BaseException:
             os.close(dfd)
             remove_blob(dst)
             raise
         os.close(dfd)
-        fsync_dir(dst)
+        if durable:
+            fsync_dir(dst)
     finally:
         os.close(sfd)
     return copied
@@ -168,3 +177,32 @@ def commit_blob(temp: str, final: str) -> None:
     """The atomic switch's first half: the staged copy takes its final name, durably."""
     os.rename(temp, final)
     fsync_dir(final)
+
+
+def sync_fs(path: Path) -> None:
+    """syncfs(2) of the file system holding ``path``: every dirty byte and name on it
+    durable, in one journal commit."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc().syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def commit_blobs(renames: list[tuple[str, str]], tier: Path) -> None:
+    """A group commit's switch on ``tier``: each staged copy (written without fsync) takes
+    its final name, then one :func:`sync_fs` makes the copies and the names durable
+    together.  Until that returns none may be trusted (a crash may leave a final name on a
+    partial copy): the caller commits the metadata that names them only afterwards, and
+    the recovery pass keeps the copy the metadata names.  On an error the caller removes
+    the staged and the final names of every copy of the batch."""
+    for temp, final in renames:
+        os.rename(temp, final)
+    sync_fs(tier)
