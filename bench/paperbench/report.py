@@ -71,8 +71,11 @@ def tables(res: dict) -> list[str]:
     if "postmark_small" in r:
         rows.append(line("PostMark small set, s", {n: r["postmark_small"][n]["total_s"] for n in names},
                          seconds=True))
-    out += _table(head, rows)
-    return out
+    if rows:
+        out += _table(head, rows)
+    from . import report_db_shared  # it imports this module's helpers
+
+    return out + report_db_shared.db_table(res) + report_db_shared.shared_table(res)
 
 
 def _plt():
@@ -148,7 +151,9 @@ def figures(res: dict, img: Path, prefix: str = "papers") -> list[Path]:
         ax.set_title("PostMark sweep (HyCache Fig. 11-12)")
         ax.legend(fontsize=8)
         made.append(_save(plt, fig, img / f"{prefix}_fig11_postmark.png"))
-    return made
+    from . import report_db_shared
+
+    return made + report_db_shared.figures(res, img, prefix, plt)
 
 
 def _save(plt, fig, path: Path) -> Path:
