@@ -47,7 +47,7 @@ OWN_FAST = {"postmark": "pm_fast_mib", "postmark_small": "pm_fast_mib", "db": "d
 FULL = {"seq_sizes": ["4k", "16k", "64k", "256k", "1m", "4m", "16m"], "seq_file": "256M", "ios": 2500,
         "runtime": 10, "iops_file": "64M", "counts": [1, 2, 4, 8, 12], "agg_file": "64M", "cold_size": "512M",
         "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "pm_fast_mib": 512, "small": [5000, 20000],
-        "db_fast_mib": 256, "db_factor": 2.0, "db_partitions": 16, "db_seconds": 30, "db_clients": 4, "nodes": 3,
+        "db_fast_mib": 128, "db_factor": 2.0, "db_partitions": 16, "db_seconds": 30, "db_clients": 4, "nodes": 3,
         "sh_files": 8, "sh_file_mib": 32, "sh_fast_mib": 512, "sh_passes": 4}
 QUICK = {"seq_sizes": ["4k", "64k", "1m", "16m"], "seq_file": "32M", "ios": 250, "runtime": 2, "iops_file": "16M",
          "counts": [1, 4, 12], "agg_file": "8M", "cold_size": "64M", "factors": [0.5, 2.0], "fast_mib": 256, "pm_fast_mib": 256,

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hycache_harness import drop_caches, free_port
+from hycache_harness import drop_caches, free_port, stop_pid
 
 from .rows import Tick, rotated
 from .targets import Target
@@ -119,7 +119,7 @@ class PgCluster:
 
     def start(self, prefix: list[str] | None = None) -> list[str]:
         opts = (f"-p {self.port} -k {self.sock} -c listen_addresses='' -c shared_buffers={SHARED_BUFFERS} "
-                "-c max_wal_size=2GB -c fsync=on -c synchronous_commit=on")
+                "-c max_wal_size=2GB -c fsync=on -c synchronous_commit=on -c autovacuum=off")
         argv = [*(prefix or []), *_as_pg([pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t",
                                           "300", "-o", opts, "start"])]
         _run(argv, "pg_ctl start", self.log)
@@ -127,10 +127,17 @@ class PgCluster:
         return argv
 
     def stop(self) -> None:
-        if self.pid is not None:
+        """A fast shutdown; if pg_ctl cannot (its data directory broken under it), an immediate
+        SIGTERM then SIGKILL, so no server outlives the row."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        try:
             _run(_as_pg([pg_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", "300", "-m", "fast", "stop"]),
                  "pg_ctl stop", self.log)
-            self.pid = None
+        except RuntimeError:
+            stop_pid(pid, timeout=30)
+            raise
 
     def client(self, tool: str, *args: str) -> list[str]:
         return _as_pg([pg_bin(tool), "-h", str(self.sock), "-p", str(self.port), *args])
