@@ -36,6 +36,7 @@ MEMCG = Path("/sys/fs/cgroup/memory")
 PG_MEM = 160 << 20
 DAEMON_SLACK = 128 << 20
 SHARED_BUFFERS = "32MB"
+LOAD_TIMEOUT = 300  # s: a target that cannot load the database in this time fails the row
 MB_PER_SCALE = 15.6  # pgbench -i: the database's size per unit of scale (tables and indexes)
 CACHES = (f"drop_caches and a server restart (shared_buffers={SHARED_BUFFERS}) before each phase; the server in a "
           f"memory cgroup v1 of {PG_MEM >> 20} MiB, each FUSE daemon in one of its RSS + {DAEMON_SLACK >> 20} MiB")
@@ -202,7 +203,7 @@ def one_target(t: Target, scale: int, partitions: int, seconds: int, clients: in
         commands = [" ".join(pg.initdb()), " ".join(pg.start())]
         init = pg.client("pgbench", "-i", "-q", "-s", str(scale), f"--partitions={partitions}", "postgres")
         t0 = time.perf_counter()
-        _run(init, f"pgbench -i on {t.name}", pg.log)
+        _run(init, f"pgbench -i on {t.name}", pg.log, timeout=LOAD_TIMEOUT)
         pg.sql("CHECKPOINT")
         os.sync()
         load_s = time.perf_counter() - t0
