@@ -19,7 +19,6 @@ promotions) can keep the database in memory."""
 from __future__ import annotations
 
 import glob
-import os
 import re
 import shutil
 import subprocess
