@@ -13,6 +13,13 @@ DB_METRICS = [("select", "tps", "pgbench -S (read-only), TPS"), ("tpcb", "tps", 
               ("select", "latency_ms", "pgbench -S latency, ms"), ("tpcb", "latency_ms", "pgbench TPC-B latency, ms")]
 
 
+def _why(error: str) -> str:
+    """A failure's first line and the server's first ERROR or FATAL line."""
+    lines = error.splitlines()
+    logged = [line for line in lines if "ERROR:" in line or "FATAL:" in line]
+    return lines[0][:200] + (f" (server: {logged[0][-200:]})" if logged else "")
+
+
 def db_table(res: dict) -> list[str]:
     db = res["rows"].get("db")
     if not db:
@@ -33,7 +40,7 @@ def db_table(res: dict) -> list[str]:
     size = max((g.get("db_mb", 0) for g in got.values()), default=0)
     note = (f"scale {db['scale']}, {db['partitions']} partitions, database {size:,.0f} MB, fast tiers "
             f"{db['fast_mib']} MiB, {db['clients']} clients, {db['seconds']} s per phase")
-    errors = [f"{n}: {got[n]['error'][-300:]}" for n in names if "error" in got[n]]
+    errors = [f"{n}: {_why(got[n]['error'])}" for n in names if "error" in got[n]]
     return ["", note, "", *_table(head, rows), *[f"- failed: {e}" for e in errors]]
 
 
