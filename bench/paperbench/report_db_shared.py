@@ -80,7 +80,7 @@ def figures(res: dict, img: Path, prefix: str, plt) -> list[Path]:
                            label="goal: 1.15x HDD Ext4 (journal Fig. 17)")
                 ax.legend(fontsize=8)
             ax.set_ylabel("TPS")
-            ax.set_title(f"{title}, database 2x the fast tier")
+            ax.set_title(f"{title}: {db['scale']} scale, {db['fast_mib']} MiB fast tiers")
             ax.tick_params(axis="x", labelsize=7, rotation=20)
         made.append(_save(plt, fig, img / f"{prefix}_fig17_db.png"))
     sh = res["rows"].get("shared")
