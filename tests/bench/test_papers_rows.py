@@ -86,7 +86,7 @@ def test_db_row_runs_pgbench_on_every_target(work: Path) -> None:
         assert r["db_mb"] >= 1.5 * fast / 1e6, r  # the database outgrows the fast tier
         for phase in ("select", "tpcb"):
             assert r[phase]["tps"] > 0 and r[phase]["latency_ms"] > 0 and r[phase]["transactions"] > 0, (name, r)
-        assert any("pgbench -n -S -T 4" in c for c in r["commands"])
+        assert any(c.endswith("-n -S -T 4 -c 2 -j 2 postgres") for c in r["commands"]), r["commands"]
     # every phase started with the caches dropped: the HDD model served the database's pages
     assert res["targets"]["hdd"]["select"]["slow_read_mb"] > 0
     assert res["targets"]["fast"]["select"]["slow_read_mb"] == 0
