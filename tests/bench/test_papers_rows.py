@@ -112,4 +112,4 @@ def test_shared_row_three_agents_outread_one_on_one_shared_device(work: Path) ->
     assert c["hycache3"]["warm_mbps"] > c["hycache1"]["warm_mbps"]  # aggregate re-reads grow with nodes
     assert c["hycache3"]["warm_mbps"] > 1.5 * c["alone3"]["warm_mbps"]
     assert res["hycache_scaling"]["warm_mbps"] > 1
-    assert list(work.iterdir()) == []  # agents stopped, HDD model detached
+    assert [p.name for p in work.iterdir() if p.suffix != ".log"] == []  # agents stopped, HDD model detached
