@@ -11,12 +11,13 @@ Rows (--rows, in this order): seq (IOzone-style sequential write and read, 4 KiB
 HyCache Fig. 7-8), iops (4 KiB random writes + fsync and O_DIRECT random reads; Table 2),
 aggregate (1-12 reader processes at 4 KiB and 64 KiB; Fig. 9), cold (a demoted file read
 back from the slow tier), postmark (the data set 0.5x-2x the fast tier; Fig. 11-12) and
-postmark_small (PostMark's small-file set).  How each row keeps the page cache out is
-printed at its start and stored in the JSON.
+postmark_small (PostMark's small-file set), db (pgbench on a database twice its fast
+tiers; journal Fig. 17) and shared (1 and 3 agents on one shared HDD model; HyCache+ §IV).
+How each row keeps the page cache out is printed at its start and stored in the JSON.
 
 Writes the results and every target's exact commands as JSON (--json), the tables as
 Markdown (--md) and one PNG per paper figure (--img).  Needs root, fio, mergerfs,
-redis-server and juicefs (scripts/bootstrap.sh).  Everything is unmounted, detached and
+redis-server, juicefs and PostgreSQL (scripts/bootstrap.sh).  Everything is unmounted, detached and
 its throttle rules removed on exit, Ctrl-C and SIGTERM included.
 
     python bench/papers.py --quick               # a smoke run of a few minutes
