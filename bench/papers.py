@@ -11,13 +11,15 @@ Rows (--rows, in this order): seq (IOzone-style sequential write and read, 4 KiB
 HyCache Fig. 7-8), iops (4 KiB random writes + fsync and O_DIRECT random reads; Table 2),
 aggregate (1-12 reader processes at 4 KiB and 64 KiB; Fig. 9), cold (a demoted file read
 back from the slow tier), postmark (the data set 0.5x-2x the fast tier; Fig. 11-12) and
-postmark_small (PostMark's small-file set) and hitratio (per policy, the simulator's predicted hit ratio
-beside the one measured live on a mount, same trace; journal §7.5; paperbench/hitratio.py).  How each row keeps the page cache out is
-printed at its start and stored in the JSON.
+postmark_small (PostMark's small-file set), hitratio (per policy, the simulator's predicted
+hit ratio beside the one measured live on a mount, same trace; journal §7.5), db (pgbench on a
+database twice its fast tiers; journal Fig. 17) and shared (1 and 3 agents on one shared HDD
+model; HyCache+ §IV).  How each row keeps the page cache out is printed at its start and
+stored in the JSON.
 
 Writes the results and every target's exact commands as JSON (--json), the tables as
 Markdown (--md) and one PNG per paper figure (--img).  Needs root, fio, mergerfs,
-redis-server and juicefs (scripts/bootstrap.sh).  Everything is unmounted, detached and
+redis-server, juicefs and PostgreSQL (scripts/bootstrap.sh).  Everything is unmounted, detached and
 its throttle rules removed on exit, Ctrl-C and SIGTERM included.
 
     python bench/papers.py --quick               # a smoke run of a few minutes
@@ -37,19 +39,25 @@ import tempfile
 import time
 from pathlib import Path
 
-from paperbench import hitratio, pmrow, report, rows
+from paperbench import dbrow, hitratio, pmrow, report, rows, shared
 from paperbench.targets import NAMES, close_targets, open_targets
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-ROWS = ["seq", "iops", "aggregate", "cold", "postmark", "postmark_small", "hitratio"]
+ROWS = ["seq", "iops", "aggregate", "cold", "postmark", "postmark_small", "hitratio", "db", "shared"]
+# rows with fast tiers of their own size (a params key), and the row that builds its own nodes
+OWN_FAST = {"postmark": "pm_fast_mib", "postmark_small": "pm_fast_mib", "db": "db_fast_mib"}
 FULL = {"seq_sizes": ["4k", "16k", "64k", "256k", "1m", "4m", "16m"], "seq_file": "256M", "ios": 2500,
         "runtime": 10, "iops_file": "64M", "counts": [1, 2, 4, 8, 12], "agg_file": "64M", "cold_size": "512M",
         "factors": [0.5, 1.0, 2.0], "fast_mib": 2048, "pm_fast_mib": 512, "small": [5000, 20000],
-        "hr": {"fast_mib": 256, "files": 40, "refs": 400, "seed": 31}}
+        "hr": {"fast_mib": 256, "files": 40, "refs": 400, "seed": 31},
+        "db_fast_mib": 128, "db_factor": 2.0, "db_partitions": 16, "db_seconds": 30, "db_clients": 4, "nodes": 3,
+        "sh_files": 8, "sh_file_mib": 32, "sh_fast_mib": 512, "sh_passes": 4}
 QUICK = {"seq_sizes": ["4k", "64k", "1m", "16m"], "seq_file": "32M", "ios": 250, "runtime": 2, "iops_file": "16M",
          "counts": [1, 4, 12], "agg_file": "8M", "cold_size": "64M", "factors": [0.5, 2.0], "fast_mib": 256, "pm_fast_mib": 256,
-         "small": [500, 2000], "hr": {"fast_mib": 64, "files": 24, "refs": 150, "seed": 31}}
+         "small": [500, 2000], "hr": {"fast_mib": 64, "files": 24, "refs": 150, "seed": 31},
+         "db_fast_mib": 64, "db_factor": 2.0, "db_partitions": 8, "db_seconds": 10,
+         "db_clients": 4, "nodes": 3, "sh_files": 4, "sh_file_mib": 16, "sh_fast_mib": 128, "sh_passes": 3}
 console = Console()
 
 
@@ -88,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def steps(a: argparse.Namespace, row: str) -> int:
     p, n = a.params, len(a.targets)
     return {"seq": n * len(p["seq_sizes"]), "iops": n, "aggregate": n * 2 * len(p["counts"]), "cold": n,
-            "postmark": n * len(p["factors"]), "postmark_small": n, "hitratio": len(hitratio.policies())}[row]
+            "postmark": n * len(p["factors"]), "postmark_small": n, "hitratio": len(hitratio.policies()),
+            "db": n, "shared": 2 * (2 + len({"hycache", "juicefs"} & set(a.targets)))}[row]
 
 
 def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick) -> dict:
@@ -106,6 +115,12 @@ def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick)
     if row == "hitratio":
         hr = p["hr"]
         return hitratio.row(targets, hr["fast_mib"] << 20, hr["files"], hr["refs"], hr["seed"], tick)
+    if row == "db":
+        return dbrow.db_row(targets, fast_mib << 20, p["db_factor"], p["db_partitions"], p["db_seconds"],
+                            p["db_clients"], tick)
+    if row == "shared":
+        return shared.shared_row(a.work / "shared", a.hdd_args, a.targets, p["nodes"], p["sh_files"], p["sh_file_mib"],
+                                 p["sh_fast_mib"], p["sh_passes"], tick)
     return pmrow.small_row(targets, *p["small"], tick)
 
 
@@ -120,7 +135,7 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
             if not progress.console.is_terminal:  # a log: one line per step
                 progress.console.print(f"  {what} done")
 
-        how = rows.CACHES.get(row) or (hitratio.CACHES if row == "hitratio" else pmrow.CACHES)
+        how = {**rows.CACHES, "hitratio": hitratio.CACHES, "db": dbrow.CACHES, "shared": shared.CACHES}.get(row, pmrow.CACHES)
         progress.console.print(f"[bold]{row}[/] (fast tiers of {fast_mib} MiB): {how}")
         t0 = time.monotonic()
         try:
@@ -138,27 +153,32 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    work = Path(tempfile.mkdtemp(prefix="papers-", dir=a.workdir))
-    hdd_args = {"mbps": a.mbps, "iops": a.iops, "size": a.hdd_size}
+    a.work = work = Path(tempfile.mkdtemp(prefix="papers-", dir=a.workdir))
+    a.hdd_args = hdd_args = {"mbps": a.mbps, "iops": a.iops, "size": a.hdd_size}
     t0 = time.monotonic()
     console.print(f"papers: targets {', '.join(a.targets)}; rows {', '.join(a.rows)}; work in {work}")
     res: dict = {"targets": a.targets, "params": a.params, "hdd_model": hdd_args, "commands": {},
                  "machine": {"kernel": platform.release(), "cpus": os.cpu_count()}}
     measured: dict = {}
     # the PostMark sweep's fast tiers may be smaller (its sets are 0.5x-2x of them): its own targets
-    groups = [([r for r in a.rows if not r.startswith("postmark")], a.params["fast_mib"]),
-              ([r for r in a.rows if r.startswith("postmark")], a.params["pm_fast_mib"])]
+    groups = [([r for r in a.rows if r not in OWN_FAST and r != "shared"], a.params["fast_mib"]),
+              *[([r for r in a.rows if OWN_FAST.get(r) == key], a.params[key]) for key in dict.fromkeys(OWN_FAST.values())]]
     with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         for group, fast_mib in groups:
             if not group:
                 continue
-            targets = open_targets(a.targets, work / f"fast{fast_mib}", fast_mib << 20, hdd_args, a.mover_period)
+            targets = open_targets(a.targets, work / f"fast{fast_mib}-{group[0]}", fast_mib << 20, hdd_args,
+                                   a.mover_period)
             try:
-                res["commands"][f"{fast_mib} MiB fast tiers"] = {t.name: t.commands for t in targets}
+                key = f"{fast_mib} MiB fast tiers"
+                key += f" ({group[0]})" if key in res["commands"] else ""
+                res["commands"][key] = {t.name: t.commands for t in targets}
                 run_rows(a, group, fast_mib, targets, progress, measured)
             finally:
                 close_targets(targets)
+        if "shared" in a.rows:  # its own nodes on one shared HDD model
+            run_rows(a, ["shared"], a.params["sh_fast_mib"], [], progress, measured)
     res["caches"], res["seconds"] = measured.pop("_caches"), measured.pop("_seconds")
     res["errors"] = measured.pop("_errors", {})
     res["rows"] = measured

@@ -68,14 +68,27 @@ class Mover:
                 moved += size
         return moved
 
+    def _mirror_dirs(self, rel: Path) -> None:
+        """The slow branch's copy of the fast branch's directories down to ``rel``, with their
+        owners and modes (a directory the mover creates must let their users in)."""
+        for part in reversed([rel, *rel.parents]):
+            src, dst = self.fast / part, self.slow / part
+            if not dst.exists():
+                st = src.stat()
+                dst.mkdir(exist_ok=True)
+                os.chown(dst, st.st_uid, st.st_gid)
+                dst.chmod(st.st_mode & 0o7777)
+
     def move(self, path: Path) -> bool:
         """Move one file of the fast branch to the same path on the slow branch."""
         with self._lock:
             dest = self.slow / path.relative_to(self.fast)
-            dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.with_name(f".{dest.name}.mover")
             try:
+                self._mirror_dirs(path.parent.relative_to(self.fast))
                 shutil.copy2(path, tmp)
+                st = path.stat()
+                os.chown(tmp, st.st_uid, st.st_gid)  # rsync -a keeps the owner: its user must still open it
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, dest)

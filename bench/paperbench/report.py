@@ -76,7 +76,9 @@ def tables(res: dict) -> list[str]:
         out += _table(head, rows)
     if "hitratio" in r:
         out += ["", *hitratio.table(r["hitratio"])] if out else hitratio.table(r["hitratio"])
-    return out
+    from . import report_db_shared  # it imports this module's helpers
+
+    return out + report_db_shared.db_table(res) + report_db_shared.shared_table(res)
 
 
 def _plt():
@@ -154,7 +156,9 @@ def figures(res: dict, img: Path, prefix: str = "papers") -> list[Path]:
         made.append(_save(plt, fig, img / f"{prefix}_fig11_postmark.png"))
     if "hitratio" in r:
         made.append(hitratio.figure(plt, r["hitratio"], img / f"{prefix}_hitratio.png"))
-    return made
+    from . import report_db_shared
+
+    return made + report_db_shared.figures(res, img, prefix, plt)
 
 
 def _save(plt, fig, path: Path) -> Path:
