@@ -1,6 +1,7 @@
 """A real Slurm cluster in a temp dir (removed by :meth:`SlurmCluster.stop`): munged on its own key and socket, slurmctld, and one
 slurmd per node on this host (``slurmd -N NODE``, each on its own port: Slurm's per-node
-``Port=``), with HyCache's plugins (deploy/slurm) beside slurm.conf.  Everything it starts
+``Port=``), with HyCache's plugins (deploy/slurm) beside slurm.conf, or without them
+(``hycache_conf=None``: the ansible role installs them before :meth:`SlurmCluster.start`).  Everything it starts
 it stops, by pid, in :meth:`SlurmCluster.stop`."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def missing() -> str | None:
 
 
 class SlurmCluster:
-    def __init__(self, nodes: list[str], *, hycache_conf: str, stage_timeout: int = 300) -> None:
+    def __init__(self, nodes: list[str], *, hycache_conf: str | None, stage_timeout: int = 300) -> None:
         # every user reaches it: the jobs run as nobody, and sbatch reads slurm.conf as them
         base = Path(tempfile.mkdtemp(prefix="hycache-slurm-"))
         base.chmod(0o755)
@@ -51,7 +52,7 @@ class SlurmCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.etc / "slurm.conf")}
         self._write_config(hycache_conf, stage_timeout)
 
-    def _write_config(self, hycache_conf: str, stage_timeout: int) -> None:
+    def _write_config(self, hycache_conf: str | None, stage_timeout: int) -> None:
         b = self.base
         node_lines = "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} "
                                "CPUs=1 RealMemory=100 State=UNKNOWN" for n in self.nodes)
@@ -84,11 +85,13 @@ ReturnToService=2
 MpiDefault=none
 MailProg=/bin/true
 PluginDir={PLUGIN_DIR}
-BurstBufferType=burst_buffer/lua
-JobSubmitPlugins=lua
 {node_lines}
 PartitionName=debug Nodes={",".join(self.nodes)} Default=YES MaxTime=10 State=UP
 """)
+        if hycache_conf is None:
+            return
+        with (self.etc / "slurm.conf").open("a") as f:
+            f.write("BurstBufferType=burst_buffer/lua\nJobSubmitPlugins=lua\n")
         (self.etc / "burst_buffer.conf").write_text(
             f"StageInTimeout={stage_timeout}\nStageOutTimeout={stage_timeout}\nOtherTimeout={stage_timeout}\n")
         (self.etc / "hycache-slurm.conf").write_text(hycache_conf)

@@ -1,0 +1,1 @@
+../../../../deploy/slurm/burst_buffer.lua

@@ -1,0 +1,1 @@
+../../../../deploy/slurm/hycache_slurm.lua

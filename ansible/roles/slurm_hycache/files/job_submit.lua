@@ -1,0 +1,1 @@
+../../../../deploy/slurm/job_submit.lua
