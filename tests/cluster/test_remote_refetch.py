@@ -67,3 +67,25 @@ def test_a_forgotten_inodes_copy_serves_the_same_bytes_and_never_changed_ones(
     assert s2["cluster"]["copies_kept"] == {"files": 0, "bytes": 0, "adopted": 1}
     assert s2["tiers"]["fast"]["remote_cache_bytes"] == 2 * MiB
     wait_for(lambda: len(os.listdir(b.fast / "remote-cache")) == 1, what="the old copy removed")
+
+
+def test_a_pin_on_the_holder_costs_no_refetch(hycache_mount, redis_cluster, dht_namespace, secret_file):
+    # a pin republishes the holder's entry (a new version of the same bytes); the
+    # announcement makes the reader's kernel forget the name, and with it the inode
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    data = os.urandom(2 * MiB)
+    (a.mountpoint / "f").write_bytes(data)
+    wait_published(a)
+    wait_for(lambda: (b.mountpoint / "f").exists(), what="a's file on b")
+    assert (b.mountpoint / "f").read_bytes() == data
+    assert status(b)["counters"]["remote"]["fetches"] == 1
+    announced = cluster_status(b)["invalidations"]["kernel_invalidations"]
+    os.setxattr(a.mountpoint / "f", "user.hycache.pinned", b"1")  # what the burst buffer's stage-in does
+    wait_published(a)
+    wait_for(lambda: cluster_status(b)["invalidations"]["kernel_invalidations"] > announced,
+             what="the pin announced to b")
+    wait_for(lambda: cluster_status(b)["remote_nodes_cached"] == 0, what="b's kernel forgot the inode")
+    assert (b.mountpoint / "f").read_bytes() == data
+    s = status(b)
+    assert s["counters"]["remote"]["fetches"] == 1
+    assert s["cluster"]["copies_kept"]["adopted"] == 1
