@@ -223,14 +223,11 @@ def test_a_large_file_streams_in_then_reads_through_passthrough(hycache_mount, r
     reads, random then sequential, are right; a later open reads the copy without a new
     fetch, through passthrough where the host has it (the agent then sees no read).
 
-    The copy lives as long as the kernel keeps c's inode (ClusterLink.forget drops a
-    forgotten inode's copy, as test_remote_counters wants), and the kernel may forget an
-    inode nobody holds at any moment: a cache drop anywhere on the machine (benchmarks
-    write /proc/sys/vm/drop_caches before every step) between the two opens made this
-    test fetch twice now and then.  An O_PATH descriptor holds the name (no FUSE open:
-    the agent sees the second open after the first one's release, as before), and the
-    test drops the caches itself between the opens, so that case is the one run every
-    time."""
+    The kernel may forget an inode nobody holds at any moment (a cache drop anywhere on
+    the machine: benchmarks write /proc/sys/vm/drop_caches before every step); the copy
+    then outlives it (cluster/kept.py, test_remote_refetch.py).  An O_PATH descriptor
+    holds the name here (no FUSE open: the agent sees the second open after the first
+    one's release), and the test drops the caches itself between the opens."""
     a, c = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a", "c"),
                         hccache_size=hccache_size, fast_capacity="512M")
     data = os.urandom(48 * MiB)

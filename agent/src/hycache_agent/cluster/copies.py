@@ -52,15 +52,23 @@ class RemoteCopies:
         return self._fetch_locks.setdefault(path, trio.Lock())
 
     async def forgotten(self, node: RemoteNode, current: bool) -> None:
-        """The kernel forgot ``node`` (``current``: it was its path's node): its copy goes."""
+        """The kernel forgot ``node`` (``current``: it was its path's node): a copy of its
+        current version is kept (cluster/kept.py) for the next node of the same bytes;
+        any other copy goes."""
         if current:
             lock = self._fetch_locks.get(node.path)
             if lock is not None and not lock.locked():
                 del self._fetch_locks[node.path]
-        if node.cache_blob:
-            await trio.to_thread.run_sync(T.remove_blob, node.cache_blob)
+        if not node.cache_blob:
+            return
+        if current and not node.superseded and self.has_copy(node):
+            gone = self.view.kept.keep(node)
+        else:
+            gone = [node.cache_blob]
             self.engine.remote_copy_removed(node.cache_size)
-            node.cache_blob, node.cache_size = None, 0
+        node.cache_blob, node.cache_size = None, 0
+        for blob in gone:
+            await trio.to_thread.run_sync(T.remove_blob, blob)
 
     def has_copy(self, node: RemoteNode) -> bool:
         """Whether this node's fast tier already holds the node's current version."""
@@ -205,7 +213,10 @@ class RemoteCopies:
         or being fetched or streamed): it stays."""
         node = self.view.remote_by_path(path)
         if node is None or not node.cache_blob:
-            return 0
+            freed = self.view.kept.size_of(path)  # a forgotten inode's kept copy, if any
+            for blob in self.view.kept.take(path):  # (its bytes taken off the fast tier's use)
+                await trio.to_thread.run_sync(T.remove_blob, blob)
+            return freed
         lock = self._fetch_locks.get(path)
         if (node.open_count or (lock is not None and lock.locked())
                 or any(key[0] == path for key in self._streams)):

@@ -27,6 +27,7 @@ from hycache_dht.meta import EntryMeta, MetaStore
 from hycache_agent.cluster.copies import RemoteCopies
 from hycache_agent.cluster.entries import LATER, UNREACHABLE, RemoteNode
 from hycache_agent.cluster.invalidation import Invalidations
+from hycache_agent.cluster.kept import KeptCopies
 from hycache_agent.cluster.local_files import LocalPeerFiles
 from hycache_agent.cluster.nodes import NodeRegistry
 from hycache_agent.cluster.ownership import INBOX_POLL_SECONDS, Ownership
@@ -75,8 +76,9 @@ class ClusterLink:
         self.reader = RemoteReader(self, hccache, second_level=hccache_second_level) \
             if hccache is not None else None
         self.inval = Invalidations(self)  # remote entries kept valid by announced changes
+        self.kept = KeptCopies(engine.space)
         self.view = RemoteView(engine.ns, self.store_link, node_id=node_id, inval=self.inval, reader=self.reader,
-                               drain_outbox=self.publisher.drain_outbox, spawn=self.tasks.spawn)
+                               kept=self.kept, drain_outbox=self.publisher.drain_outbox, spawn=self.tasks.spawn)
         self.remote: dict[int, RemoteNode] = self.view.remote
         self.cache_dir = engine.tiers[T.FAST].path / "remote-cache"
         self.copies = RemoteCopies(engine, self.view, status=self.status, peers=peer_client,
@@ -141,6 +143,7 @@ class ClusterLink:
         d["rebalance"] = self.rebalancer.status()
         d["remote_read"] = "hccache" if self.reader is not None else "whole-file"
         d["copies_filling"] = self.copies.filling
+        d["copies_kept"] = self.kept.status()
         d["invalidations"] = self.inval.status()
         return d
 

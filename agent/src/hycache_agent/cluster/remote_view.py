@@ -10,11 +10,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import trio
 from hycache_dht.meta import EntryMeta
 from hycache_dht.registry import HIDDEN_ROOT_NAMES
 
 from hycache_agent.cluster.entries import LATER, REMOTE_INO_BASE, UNREACHABLE, RemoteNode, same_bytes
+from hycache_agent.cluster.kept import KeptCopies
 from hycache_agent.cluster.store_link import StoreLink
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import join_path as join
 
 log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
@@ -33,13 +36,14 @@ class RemoteView:
     reads) learns new versions, ``drain_outbox`` waits for this node's own changes to be
     published, ``spawn`` starts a background task once the link runs."""
 
-    def __init__(self, ns, link: StoreLink, *, node_id: str, inval, reader,
+    def __init__(self, ns, link: StoreLink, *, node_id: str, inval, reader, kept: KeptCopies,
                  drain_outbox: Callable[[], Awaitable[None]], spawn: Callable[..., None]) -> None:
         self.ns = ns
         self.link = link
         self.node_id = node_id
         self.inval = inval
         self.reader = reader
+        self.kept = kept  # copies of forgotten inodes, adopted by a new node of the same bytes
         self._drain_outbox = drain_outbox
         self._spawn = spawn
         self.remote: dict[int, RemoteNode] = {}
@@ -74,8 +78,11 @@ class RemoteView:
         if node is None or (meta.kind != "dir" and node.meta.version != meta.version) \
                 or node.meta.kind != meta.kind:
             node = RemoteNode(next(self._next_remote), path, meta, time.monotonic())
-            if self.reader is not None and meta.kind == "file":
-                self.reader.learn_version(path, meta.version)
+            if meta.kind == "file":
+                for blob in self.kept.adopt(node):
+                    self._spawn(trio.to_thread.run_sync, T.remove_blob, blob)
+                if self.reader is not None:
+                    self.reader.learn_version(path, node.meta.version)
             self.remote[node.ino] = node
             self._remote_by_path[path] = node
         else:
