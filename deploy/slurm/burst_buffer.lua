@@ -62,6 +62,20 @@ local function wait_staged(cfg, job_id, answer, deadline)
 	return state, answer
 end
 
+-- Whether every failure of a staging is an input no node holds (yet).
+local function unpublished(answer)
+	local list = answer:match('"failures"%s*:%s*%[(.-)%]')
+	if list == nil then
+		return false
+	end
+	for item in list:gmatch('"([^"]*)"') do
+		if not item:find(": no such file: ", 1, true) then
+			return false
+		end
+	end
+	return list:find('"', 1, true) ~= nil
+end
+
 -- The answer of a staging: success, or the error Slurm shows on the job.
 local function staging_result(job_id, state, answer, started)
 	local waited = os.time() - started
@@ -120,6 +134,17 @@ function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
 		return slurm.SUCCESS
 	end
 	local state, last = wait_staged(cfg, job_id, answer, started + cfg.stage_wait)
+	-- an input a parent job wrote reaches the namespace a moment after Slurm saw the parent
+	-- end: a staging that failed only for files no node holds yet is asked for again, until
+	-- publish_wait (the control plane makes it anew only in that case)
+	while state == "failed" and unpublished(last) and os.time() < started + cfg.publish_wait do
+		hc.sleep(cfg.poll_interval)
+		code, answer = hc.request(cfg, "POST", job_path(job_id, "/stage-in"), body, cfg.http_timeout)
+		if code ~= 200 then
+			break
+		end
+		state, last = wait_staged(cfg, job_id, answer, started + cfg.stage_wait)
+	end
 	return staging_result(job_id, state, last, started)
 end
 

@@ -172,6 +172,26 @@ def test_a_staging_failure_and_the_status_text(api: Api, files):
     assert api.post("/api/v1/slurm/jobs/8/teardown", {}, token=api.read).status_code == 403
 
 
+def test_an_input_published_after_the_stage_in_is_staged_when_asked_again(api: Api, files):
+    """A parent job's output may reach the namespace just after Slurm starts its child's
+    stage-in: the staging fails for the file no node holds, the hook asks again, and only
+    then (every failure a missing file) the staging is made anew; another failure stays."""
+    r = api.post("/api/v1/slurm/jobs/61/stage-in", {"node": "a", "inputs": ["/in/small.dat", "/in/late.dat"]})
+    j = r.json()
+    assert j["staging"] == "failed" and j["failures"] == ["/in/late.dat: no such file: /in/late.dat"], j
+    files.create(b"/in/late.dat", file_meta("b", size=2 * MB, tier="fast"))
+    j = api.post("/api/v1/slurm/jobs/61/stage-in", {"node": "a", "inputs": ["/in/small.dat", "/in/late.dat"]}).json()
+    assert (j["staged_on"], j["staging"], j["steps"]["total"]) == ("a", "staging", 2), j
+    assert sorted(d["path"] for d in beat(api, "a")) == ["/in/late.dat", "/in/small.dat"]
+    # a prefetch the node failed is not asked for again
+    api.post("/api/v1/slurm/jobs/62/stage-in", {"node": "b", "inputs": ["/in/small.dat"]})
+    (d,) = beat(api, "b")
+    beat(api, "b", [{"id": d["id"], "state": "failed", "detail": "/in/small.dat: no room on the fast tier"}])
+    j = api.post("/api/v1/slurm/jobs/62/stage-in", {"node": "b", "inputs": ["/in/small.dat"]}).json()
+    assert j["staging"] == "failed" and "no room" in j["failures"][0], j
+    assert beat(api, "b") == []
+
+
 def test_a_manifest_job_run_by_slurm_shows_where(api: Api, files):
     doc = {"version": 1, "name": "w", "jobs": [
         {"name": "j1", "accesses": [{"path": "in/small.dat", "size": "1M"}]}]}

@@ -40,6 +40,9 @@ HOOKS = ("stage-in", "pre-run", "post-run", "teardown")
 STATUS_JOBS = 50
 
 
+NOT_PUBLISHED = "no such file"  # a staged input that no node holds (yet)
+
+
 def staging_state(items: list[ActionItem]) -> tuple[str, list[str]]:
     """(``none`` | ``staging`` | ``staged`` | ``failed``, the failed steps' details) of a
     job's prefetch steps."""
@@ -114,9 +117,19 @@ class SlurmService:
             self._hook(sj, "stage-in", node if stage else f"{node} (no staging)", now)
             if not stage and sj.stage_action_id is None:
                 sj.staged_on = node
-        if stage and sj.staged_on != node:
+            again = sj.staged_on == node and self._waits_for_publication(s, sj.stage_action_id)
+        if stage and (sj.staged_on != node or again):
             self._stage(slurm_id, node, actor)
         return self.get(slurm_id)
+
+    @staticmethod
+    def _waits_for_publication(s: Session, action_id: int | None) -> bool:
+        """Whether a staging failed only for inputs no node held yet: a parent job's output
+        reaches the namespace a moment after Slurm saw the parent end, so the hook asks
+        again (bounded by its ``publish_wait``) and the staging is made anew."""
+        action = s.get(Action, action_id) if action_id is not None else None
+        failed = [i for i in action.items if i.state == "failed"] if action is not None else []
+        return bool(failed) and all((i.detail or "").startswith(NOT_PUBLISHED) for i in failed)
 
     def _stage(self, slurm_id: int, node: str, actor: str | None) -> None:
         """One prefetch step per input onto ``node``; an input no node holds fails at once."""
@@ -129,7 +142,7 @@ class SlurmService:
                 meta = metas[k] if metas is not None else None
                 state, detail = "pending", None
                 if metas is not None and meta is None:
-                    state, detail = "failed", f"no such file: {path}"
+                    state, detail = "failed", f"{NOT_PUBLISHED}: {path}"
                 items.append(ActionItem(path=path, node=node, state=state, detail=detail, kind="prefetch",
                                         size=meta.size if meta is not None else None, updated_at=now))
             self._cancel_open(s, sj.stage_action_id, f"Slurm job {slurm_id} staged on {node} instead", now)
