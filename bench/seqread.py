@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hycache_harness import Agent
 from paperbench import rows
-from paperbench.targets import Fast, HyCache, JuiceFS, Target, close_targets
+from paperbench.targets import Fast, HyCache, JuiceFS, Target, close_targets, on_hdd
 from slowtier import SlowTier
 
 PEERS = {"fast": "fast-disk Ext4", "juicefs": "JuiceFS"}
@@ -79,20 +79,12 @@ def open_all(a: argparse.Namespace) -> list[Target]:
     try:
         if "fast" in a.peers:
             started.append(Fast(work))
+        hdd_args = {"mbps": a.mbps, "size": "16G", "iops": a.iops}
         for name, flags in a.variants.items():
-            hdd = SlowTier(a.mbps, size="16G", base=work, iops=a.iops)
-            try:
-                started.append(Variant(work, hdd, fast_bytes, name, shlex.split(flags)))
-            except BaseException:
-                hdd.close()
-                raise
+            started.append(on_hdd(work, hdd_args, lambda hdd, name=name, flags=flags:
+                                  Variant(work, hdd, fast_bytes, name, shlex.split(flags))))
         if "juicefs" in a.peers:
-            hdd = SlowTier(a.mbps, size="16G", base=work, iops=a.iops)
-            try:
-                started.append(JuiceFS(work, hdd, fast_bytes))
-            except BaseException:
-                hdd.close()
-                raise
+            started.append(on_hdd(work, hdd_args, lambda hdd: JuiceFS(work, hdd, fast_bytes)))
         return started
     except BaseException:
         close_targets(started)

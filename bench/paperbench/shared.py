@@ -70,21 +70,9 @@ def run_passes(hdd: SlowTier, dirs: list[Path], passes: int, set_bytes: int) -> 
 
 
 @contextmanager
-def alone(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int) -> Iterator[list[Path]]:
-    dirs = [hdd.share(f"alone{n}-{i}") for i in range(n)]
-    for d in dirs:
-        write_set(d, files, file_mib)
-    try:
-        yield dirs
-    finally:
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-@contextmanager
-def fast_nodes(work: Path, n: int, files: int, file_mib: int) -> Iterator[list[Path]]:
-    """Each node's set straight on the local disk: the fast tiers' own ceiling."""
-    dirs = [work / f"fast{n}-{i}" for i in range(n)]
+def plain_sets(dirs: list[Path], files: int, file_mib: int) -> Iterator[list[Path]]:
+    """Each node's set written straight into its directory (the shared device alone, or the
+    local disk: the fast tiers' own ceiling), removed afterwards."""
     for d in dirs:
         write_set(d, files, file_mib)
     try:
@@ -171,9 +159,9 @@ def shared_row(work: Path, hdd_args: dict, names: list[str], nodes: int, files: 
             for n in (1, nodes):
                 cmds: list[str] = []
                 if kind == "alone":
-                    ctx = alone(hdd, work, n, files, file_mib)
+                    ctx = plain_sets([hdd.share(f"alone{n}-{i}") for i in range(n)], files, file_mib)
                 elif kind == "fast":
-                    ctx = fast_nodes(work, n, files, file_mib)
+                    ctx = plain_sets([work / f"fast{n}-{i}" for i in range(n)], files, file_mib)
                 elif kind == "hycache":
                     ctx = hycache_nodes(hdd, work, n, files, file_mib, fast, cmds)
                 else:

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hycache_harness import Agent, FuseDaemon, executable, free_port, wait_for
@@ -159,6 +160,16 @@ class Mergerfs(Target):
         super().close()
 
 
+def on_hdd(work: Path, hdd_args: dict, make: Callable[[SlowTier], Target]) -> Target:
+    """A target started on an HDD model of its own; the model is closed if the start fails."""
+    hdd = SlowTier(base=work, **hdd_args)
+    try:
+        return make(hdd)
+    except BaseException:
+        hdd.close()
+        raise
+
+
 def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, period: float) -> list[Target]:
     """Start the named targets in order (each with its own HDD model where it has a slow tier);
     on a failure, close the ones started and raise."""
@@ -169,19 +180,10 @@ def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, 
             if name == "fast":
                 started.append(Fast(work))
                 continue
-            hdd = SlowTier(base=work, **hdd_args)
-            try:
-                if name == "hdd":
-                    started.append(Hdd(work, hdd))
-                elif name == "hycache":
-                    started.append(HyCache(work, hdd, fast_bytes))
-                elif name == "juicefs":
-                    started.append(JuiceFS(work, hdd, fast_bytes))
-                else:
-                    started.append(Mergerfs(work, hdd, fast_bytes, period))
-            except BaseException:
-                hdd.close()
-                raise
+            make = {"hdd": lambda hdd: Hdd(work, hdd), "hycache": lambda hdd: HyCache(work, hdd, fast_bytes),
+                    "juicefs": lambda hdd: JuiceFS(work, hdd, fast_bytes)}.get(
+                name, lambda hdd: Mergerfs(work, hdd, fast_bytes, period))
+            started.append(on_hdd(work, hdd_args, make))
         return started
     except BaseException:
         close_targets(started)

@@ -63,13 +63,13 @@ class KeptCopies:
         describes the copy's bytes (its meta then keeps the copy's version, as a node kept
         across a republish does: cluster/remote_view.py); a copy of other bytes goes
         (returned)."""
-        kept = self._kept.pop(node.path, None)
+        kept = self._kept.get(node.path)
         if kept is None:
             return []
-        self.bytes -= kept.size
         if node.cache_blob or not same_bytes(kept.meta, node.meta):
-            self.space.remote_copy_removed(kept.size)
-            return [kept.blob]
+            return self._pop(node.path)
+        del self._kept[node.path]
+        self.bytes -= kept.size
         node.meta = node.meta.copy(version=kept.meta.version)
         node.cache_blob, node.cache_size = kept.blob, kept.size
         node.cache_version, node.cache_etag = kept.meta.version, kept.etag
