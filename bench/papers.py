@@ -153,6 +153,8 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    if a.workdir:
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
     a.work = work = Path(tempfile.mkdtemp(prefix="papers-", dir=a.workdir))
     a.hdd_args = hdd_args = {"mbps": a.mbps, "iops": a.iops, "size": a.hdd_size}
     t0 = time.monotonic()
