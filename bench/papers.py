@@ -34,6 +34,7 @@ import os
 import platform
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -141,8 +142,9 @@ def run_rows(a: argparse.Namespace, group: list[str], fast_mib: int, targets: li
         try:
             out[row] = one_row(a, row, targets, fast_mib, tick)
         except Exception as e:  # a failed row is reported, the others still run
-            progress.console.print(f"[red]{row} failed[/]: {e}")
-            out.setdefault("_errors", {})[row] = str(e)[-3000:]
+            said = f"{e}\n{e.stderr or ''}" if isinstance(e, subprocess.CalledProcessError) else str(e)
+            progress.console.print(f"[red]{row} failed[/]: {said[-1500:]}")
+            out.setdefault("_errors", {})[row] = said[-3000:]
             for t in targets:
                 rows.clear(t)
         out.setdefault("_caches", {})[row] = how
