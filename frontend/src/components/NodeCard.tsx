@@ -4,9 +4,11 @@ import { formatAgo, formatBytes, formatPercent, formatRate } from '../format';
 import { NodeStateBadge } from './NodeStateBadge';
 import { TierBar } from './TierBar';
 import { MigrationList } from './MigrationList';
+import { MoveCounters } from './MoveCounters';
 
-/** One node of the cluster: state, both tiers, hit ratio, throughput now, migrations. */
-export function NodeCard({ node }: { node: Node }) {
+/** One node of the cluster: state, both tiers, hit ratio, throughput now, migrations.
+ * `explain`: say under the counters what each includes (the node's own page). */
+export function NodeCard({ node, explain = false }: { node: Node; explain?: boolean }) {
   const r: Partial<Rates> = node.rates ?? {};
   return (
     <article className={`card nodecard nodecard-${node.state}`} aria-labelledby={`node-${node.id}`}>
@@ -52,6 +54,7 @@ export function NodeCard({ node }: { node: Node }) {
           </dd>
         </div>
       </dl>
+      <MoveCounters node={node} explain={explain} />
       <MigrationList migrations={node.migrations.active} />
     </article>
   );

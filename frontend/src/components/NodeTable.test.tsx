@@ -12,7 +12,7 @@ const node = (i: number): Node =>
     policy: { policy: 'lru', high_watermark: 0.9, low_watermark: 0.7, version: 0, applied_version: 0 },
     tiers: { fast: { capacity: 1 << 30, used: i << 20, files: 1, device_capacity: null, device_free: null, high_watermark_bytes: null, low_watermark_bytes: null } },
     hit_ratio: 0.5, rates: null, counters: null, hccache: null, passthrough: null,
-    migrations: { active: [], done: 0, bytes: 0 }, updated_at: 0,
+    migrations: { active: [], done: 0, bytes: 0, evictions: 0, promotions: 0, evictions_taken_back: 0, promotions_declined: 0, spills: 0, failed: 0, abandoned: 0 }, updated_at: 0,
   }) as Node;
 
 function setup(over: Partial<NodeTableProps> = {}) {
