@@ -57,3 +57,12 @@ test('the last page and an empty match', () => {
   expect(screen.getByRole('status')).toHaveTextContent('951–1,000 of 1,000');
   expect(screen.getByRole('button', { name: 'Next' })).toBeDisabled();
 });
+
+test('a node whose fast tier is above its capacity says how much is in the write slack', () => {
+  const over = node(3);
+  over.tiers.fast = { ...over.tiers.fast!, capacity: 8 << 20, used: 12 << 20, write_ceiling: 16 << 20 };
+  setup({ items: [over, node(4)], total: 2 });
+  const rows = within(screen.getByRole('table', { name: 'Nodes' })).getAllByRole('row');
+  expect(rows[1]).toHaveTextContent('12.0 MiB, 4.00 MiB in the write slack');
+  expect(rows[2]).not.toHaveTextContent('in the write slack');
+});
