@@ -22,7 +22,7 @@ export function NodeCard({ node, explain = false }: { node: Node; explain?: bool
         {node.address ?? 'standalone'} · heartbeat {formatAgo(node.last_heartbeat)}
         {node.policy.policy ? ` · policy ${node.policy.policy}` : ''}
       </p>
-      <TierBar name="fast" tier={node.tiers.fast} />
+      <TierBar name="fast" tier={node.tiers.fast} explain={explain} />
       <TierBar name="slow" tier={node.tiers.slow} />
       <dl className="stats">
         <div>

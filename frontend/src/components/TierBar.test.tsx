@@ -40,4 +40,11 @@ test('under the capacity nothing is in the slack, but the ceiling is still drawn
   expect(screen.queryByTestId('tierbar-slack')).toBeNull();
   expect(screen.getByTestId('tierbar-ceiling')).toBeInTheDocument();
   expect(screen.getByRole('meter', { name: 'fast tier' })).toHaveAttribute('aria-valuetext', '6.00 MiB of 8.00 MiB used (75.0%), 3 files');
+  // a card keeps its legend short while nothing is in the slack; the node's page explains it
+  expect(screen.getByTestId('tierbar-legend')).toHaveTextContent(/capacity 8.00 MiB · write ceiling 12.0 MiB$/);
+});
+
+test('the node page says what the slack is even while nothing is in it', () => {
+  render(<TierBar name="fast" tier={{ ...tier, write_ceiling: 12 * 1024 * 1024 }} explain />);
+  expect(screen.getByTestId('tierbar-legend')).toHaveTextContent('writes go on above the capacity up to the ceiling while the evictor catches up');
 });

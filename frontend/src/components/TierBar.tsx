@@ -5,9 +5,9 @@ import { formatBytes, formatPercent } from '../format';
  * write slack (the fast tier's `write_ceiling` above its `capacity`) the bar runs to the
  * ceiling: the capacity is a mark on it, and bytes used above the capacity (writes that went
  * on while the evictor catches up) are drawn past that mark as "in the write slack". */
-export function TierBar({ name, tier }: { name: 'fast' | 'slow'; tier: Tier | undefined }) {
+export function TierBar({ name, tier, explain = false }: { name: 'fast' | 'slow'; tier: Tier | undefined; explain?: boolean }) {
   if (!tier) return <p className="muted small">{name === 'fast' ? 'Fast' : 'Slow'} tier: not reported yet.</p>;
-  return <TierBarInner name={name} tier={tier} />;
+  return <TierBarInner name={name} tier={tier} explain={explain} />;
 }
 
 /** The bar's geometry: fractions of the bar's full length (its `scale` in bytes). */
@@ -41,7 +41,7 @@ function usageText(tier: Tier, g: ReturnType<typeof geometry>): string {
   return text;
 }
 
-function TierBarInner({ name, tier }: { name: 'fast' | 'slow'; tier: Tier }) {
+function TierBarInner({ name, tier, explain }: { name: 'fast' | 'slow'; tier: Tier; explain: boolean }) {
   const g = geometry(tier);
   const over = g.cap > 0 && tier.high_watermark_bytes != null && g.used >= tier.high_watermark_bytes;
   const text = usageText(tier, g);
@@ -87,12 +87,14 @@ function TierBarInner({ name, tier }: { name: 'fast' | 'slow'; tier: Tier }) {
           />
         )}
       </div>
-      <TierLegend tier={tier} g={g} />
+      <TierLegend tier={tier} g={g} explain={explain || g.slack > 0} />
     </div>
   );
 }
 
-function TierLegend({ tier, g }: { tier: Tier; g: ReturnType<typeof geometry> }) {
+/** The marks' values; `explain`: what the write slack is, and what the used bytes include
+ * (on the node's page, and on any card whose tier is in the slack). */
+function TierLegend({ tier, g, explain }: { tier: Tier; g: ReturnType<typeof geometry>; explain: boolean }) {
   const watermarks = tier.high_watermark_bytes != null && tier.low_watermark_bytes != null;
   if (!watermarks && g.ceiling === null) return null;
   return (
@@ -104,10 +106,16 @@ function TierLegend({ tier, g }: { tier: Tier; g: ReturnType<typeof geometry> })
       )}
       {g.ceiling !== null && (
         <>
-          {watermarks ? ' · ' : ''}capacity {formatBytes(g.cap)} · write ceiling {formatBytes(g.ceiling)}: writes go on
-          above the capacity up to the ceiling while the evictor catches up; used bytes past the capacity mark are in
-          the write slack
-          {tier.remote_cache_bytes ? ` · ${formatBytes(tier.remote_cache_bytes)} of the used bytes are copies of other nodes\u2019 files` : ''}
+          {watermarks ? ' · ' : ''}capacity {formatBytes(g.cap)} · write ceiling {formatBytes(g.ceiling)}
+          {explain && (
+            <>
+              : writes go on above the capacity up to the ceiling while the evictor catches up; used bytes past the
+              capacity mark are in the write slack
+              {tier.remote_cache_bytes
+                ? ` · ${formatBytes(tier.remote_cache_bytes)} of the used bytes are copies of other nodes\u2019 files`
+                : ''}
+            </>
+          )}
         </>
       )}
     </div>
