@@ -189,6 +189,28 @@ def test_writes_take_the_slack_while_evictions_lag_then_wait(tmp_path, monkeypat
     run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, write_slack=0.5)
 
 
+def test_the_last_close_of_a_file_that_filled_the_slack_wakes_the_evictor(tmp_path):
+    """Open, the file is no victim: the evictor finds nothing to move and sleeps.  Its last
+    close (passthrough off too) wakes it, with no other write to do it."""
+    async def body(h):
+        e, ops = h.engine, h.ops
+        fi, attrs = await ops.create(ROOT_INO, b"held", stat.S_IFREG | 0o644, os.O_RDWR | os.O_CREAT, Ctx())
+        payload = data(1400 * K, 3)  # above the capacity, under the ceiling
+        off = 0
+        while off < len(payload):
+            off += await ops.write(fi.fh, off, payload[off:off + (128 << 10)])
+        await settle(e)
+        assert e.fast_used == 1400 * K and e.counters.evictions == 0  # held open: in the slack
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        await ops.forget([(attrs.st_ino, 1)])
+        await settle(e)
+        assert e.counters.evictions == 1 and e.fast_used == 0 and h.tier(attrs.st_ino) == T.SLOW
+        assert await h.read_file(attrs.st_ino) == payload
+
+    run_engine(tmp_path, body, fast_capacity=M, promote_on_open=False, write_slack=0.5, passthrough="off")
+
+
 def test_no_slack_means_a_hard_capacity(tmp_path):
     async def body(h):
         e = h.engine

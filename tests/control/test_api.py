@@ -130,15 +130,25 @@ def test_nodes_from_registry_and_heartbeats(api: Api, store):
     assert node["dht"]["registry_alive"] is True
 
     status = {"policy": "lru", "watermarks": {"high": 0.9, "low": 0.7},
-              "tiers": {"fast": {"capacity": 1000, "used": 100, "files": 2, "device_free": 5000},
+              "tiers": {"fast": {"capacity": 1000, "used": 1200, "files": 2, "device_free": 5000,
+                                 "write_ceiling": 1500, "remote_cache_bytes": 40},
                         "slow": {"capacity": 9000, "used": 300, "files": 3, "device_free": 8000}},
-              "cluster": {"state": "ok", "backlog": 4}, "migrations": {"migrations_done": 3, "active": []}}
+              "cluster": {"state": "ok", "backlog": 4, "copies_kept": {"files": 2, "bytes": 30, "adopted": 1}},
+              "migrations": {"migrations_done": 9, "evictions": 5, "promotions": 3, "spills": 1,
+                             "evictions_taken_back": 2, "promotions_declined": 4, "migrations_failed": 0,
+                             "migrations_abandoned": 1, "active": []}}
     assert api.beat("hb-node", status=status, address="127.0.0.1:7071").status_code == 200
     r = api.get("/api/v1/nodes/hb-node")
     assert r.status_code == 200
     n = r.json()
     assert n["state"] == "up" and n["address"] == "127.0.0.1:7071" and n["heartbeats"] == 1
     assert n["tiers"]["fast"]["capacity"] == 1000 and n["tiers"]["fast"]["high_watermark_bytes"] == 900
+    # the write slack (used above capacity, up to the ceiling), the eviction counts and the kept copies
+    assert n["tiers"]["fast"]["used"] == 1200 and n["tiers"]["fast"]["write_ceiling"] == 1500
+    assert n["tiers"]["fast"]["remote_cache_bytes"] == 40 and n["tiers"]["slow"]["write_ceiling"] is None
+    assert n["migrations"] == {"active": [], "done": 9, "bytes": 0, "evictions": 5, "promotions": 3, "spills": 1,
+                               "evictions_taken_back": 2, "promotions_declined": 4, "failed": 0, "abandoned": 1}
+    assert n["copies_kept"] == {"files": 2, "bytes": 30, "adopted": 1}
     assert n["dht"] == {"state": "ok", "backlog": 4, "registry_alive": None, "registry_age": None}
     assert n["policy"]["policy"] == "lru" and n["policy"]["version"] == 0
     # ETag: unchanged -> 304; changed -> 200 with a new tag

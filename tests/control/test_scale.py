@@ -154,18 +154,23 @@ def test_token_table_sees_other_processes(plane):
 
 STATUSES = [
     {"policy": "lru", "watermarks": {"high": 0.9, "low": 0.7},
-     "tiers": {"fast": {"capacity": 1 << 30, "device_capacity": 2 << 30, "used": 5, "files": 1, "device_free": 9},
+     "tiers": {"fast": {"capacity": 1 << 30, "device_capacity": 2 << 30, "used": 5, "files": 1, "device_free": 9,
+                        "write_ceiling": 3 << 29, "remote_cache_bytes": 2},
                "slow": {"capacity": 1 << 40, "used": 7, "files": 2, "device_free": 10}},
-     "migrations": {"migrations_done": 3, "bytes_promoted": 10, "bytes_demoted": 5,
+     "migrations": {"migrations_done": 3, "bytes_promoted": 10, "bytes_demoted": 5, "evictions": 2,
+                    "evictions_taken_back": 1, "promotions": 1,
                     "active": [{"path": "/a", "src": "slow", "dst": "fast", "copied": 1, "total": 9}]},
-     "cluster": {"state": "ok", "backlog": 0}, "hccache": {"mode": "on", "hit_ratio": 0.5},
+     "cluster": {"state": "ok", "backlog": 0, "copies_kept": {"files": 1, "bytes": 4, "adopted": 0}}, "hccache": {"mode": "on", "hit_ratio": 0.5},
      "passthrough": {"enabled": True, "reason": None}},
     # what a broken or hostile agent could send: the views must still conform
     {"policy": 7, "watermarks": {"high": "x", "low": None},
-     "tiers": {"fast": {"capacity": "big", "used": 1.5, "files": True, "device_free": float("nan")}, "slow": []},
-     "migrations": {"migrations_done": "many", "bytes_promoted": None, "active": [{"path": 3, "copied": "x"}, 5]},
-     "cluster": {"state": 1, "backlog": "x"}, "hccache": "yes", "passthrough": [1]},
+     "tiers": {"fast": {"capacity": "big", "used": 1.5, "files": True, "device_free": float("nan"),
+                        "write_ceiling": "high", "remote_cache_bytes": [1]}, "slow": []},
+     "migrations": {"migrations_done": "many", "bytes_promoted": None, "evictions": "x", "evictions_taken_back": None,
+                    "active": [{"path": 3, "copied": "x"}, 5]},
+     "cluster": {"state": 1, "backlog": "x", "copies_kept": {"files": "x", "bytes": None}}, "hccache": "yes", "passthrough": [1]},
     {"tiers": "none", "migrations": [], "cluster": "down"},
+    {"cluster": {"copies_kept": 3}, "tiers": {"fast": {"write_ceiling": 2}}},
     None,
 ]
 

@@ -71,10 +71,20 @@ class TierView(BaseModel):
     capacity: int | None = Field(None, description="bytes the agent may use on this tier")
     device_capacity: int | None = Field(None, description="size of the tier's file system")
     device_free: int | None = None
+    #: bytes of the agent's files on this tier (fast: local files and copies of other nodes'
+    #: files, kept copies included); on the fast tier it may exceed ``capacity`` up to
+    #: ``write_ceiling``: that part is in the write slack
     used: int | None = None
     files: int | None = None
     high_watermark_bytes: int | None = None
     low_watermark_bytes: int | None = None
+    #: (fast tier) the most ``used`` may reach with writes while the evictor catches up:
+    #: ``capacity`` plus the write slack the tier's file system has room for (equal to
+    #: ``capacity``: no slack); null from an agent that does not report it
+    write_ceiling: int | None = None
+    #: (fast tier) the part of ``used`` that is copies of other nodes' files (the kept
+    #: copies included)
+    remote_cache_bytes: int | None = None
 
 
 class DhtView(BaseModel):
@@ -102,9 +112,36 @@ class MigrationActive(BaseModel):
 
 
 class MigrationsView(BaseModel):
+    """The agent's migrations, counted since it started."""
     active: list[MigrationActive] = []
+    #: migrations finished (evictions, promotions, spills) and the bytes they moved
     done: int = 0
     bytes: int = 0
+    #: files the evictor moved to the slow tier (an operator's or a plan's demotions count
+    #: in ``done`` only)
+    evictions: int = 0
+    #: files moved to the fast tier (on open, by a plan or an operator)
+    promotions: int = 0
+    #: evictions cancelled before their switch because a passthrough open took the file
+    #: back: the file stayed on the fast tier and its slow copy was dropped
+    evictions_taken_back: int = 0
+    #: on-open promotions the admission rule turned down
+    promotions_declined: int = 0
+    #: files a write moved to the slow tier because the fast tier had no room for it
+    spills: int = 0
+    failed: int = 0
+    abandoned: int = 0
+
+
+class CopiesKeptView(BaseModel):
+    """Copies of other nodes' files kept on the fast tier after the kernel forgot their
+    inodes, for the next open of the same bytes (counted in the fast tier's ``used`` and
+    ``remote_cache_bytes``)."""
+    files: int = 0
+    bytes: int = 0
+    #: kept copies a new open of the same bytes took over since the agent started (a
+    #: fetch saved each)
+    adopted: int = 0
 
 
 class Rates(BaseModel):
@@ -194,6 +231,8 @@ class NodeOut(BaseModel):
     #: kernel FUSE passthrough on that agent: {enabled, reason}
     passthrough: dict[str, Any] | None = None
     migrations: MigrationsView
+    #: kept remote copies (null: a standalone agent, or one too old to report them)
+    copies_kept: CopiesKeptView | None = None
     updated_at: float
 
 

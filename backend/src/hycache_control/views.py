@@ -30,7 +30,10 @@ def tier_view(status: dict | None, tier: str) -> dict[str, Any]:
         device_capacity = cap if tier == "slow" else None
     out = {"capacity": cap, "device_capacity": device_capacity, "device_free": device_free,
            "used": as_int(t.get("used")), "files": as_int(t.get("files")), "high_watermark_bytes": None,
-           "low_watermark_bytes": None}
+           "low_watermark_bytes": None, "write_ceiling": None, "remote_cache_bytes": None}
+    if tier == "fast":
+        out["write_ceiling"] = as_int(t.get("write_ceiling"))
+        out["remote_cache_bytes"] = as_int(t.get("remote_cache_bytes"))
     if tier == "fast" and cap is not None:
         if as_float(wm.get("high")) is not None:
             out["high_watermark_bytes"] = int(wm["high"] * cap)
@@ -70,10 +73,31 @@ def node_view(n: LiveNode, policy: dict[str, Any]) -> dict[str, Any]:
         "tiering": tiering_view(tiering_ints(n.counters), {counting_mode(n.counters): 1}),
         "hccache": as_dict(dig(st, "hccache", default=None)) if st else None,
         "passthrough": as_dict(dig(st, "passthrough", default=None)) if st else None,
-        "migrations": {"active": active, "done": as_int(mig.get("migrations_done")) or 0,
-                       "bytes": (as_int(mig.get("bytes_promoted")) or 0) + (as_int(mig.get("bytes_demoted")) or 0)},
+        "migrations": migrations_view(mig, active),
+        "copies_kept": copies_kept_view(cluster),
         "updated_at": n.updated_at,
     }
+
+
+#: MigrationsView's counts, by the agent's ``migrations`` key of each
+MIGRATION_COUNTS = {"done": "migrations_done", "evictions": "evictions", "promotions": "promotions",
+                    "evictions_taken_back": "evictions_taken_back", "promotions_declined": "promotions_declined",
+                    "spills": "spills", "failed": "migrations_failed", "abandoned": "migrations_abandoned"}
+
+
+def migrations_view(mig: dict[str, Any], active: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: as_int(mig.get(src)) or 0 for k, src in MIGRATION_COUNTS.items()}
+    out["active"] = active
+    out["bytes"] = (as_int(mig.get("bytes_promoted")) or 0) + (as_int(mig.get("bytes_demoted")) or 0)
+    return out
+
+
+def copies_kept_view(cluster: dict[str, Any] | None) -> dict[str, int] | None:
+    """The cluster link's ``copies_kept`` (null: standalone, or an agent without them)."""
+    kept = as_dict(cluster.get("copies_kept")) if cluster else None
+    if kept is None:
+        return None
+    return {k: as_int(kept.get(k)) or 0 for k in ("files", "bytes", "adopted")}
 
 
 def _age(reg: dict) -> float:

@@ -752,6 +752,29 @@ export interface components {
             /** Tier */
             tier?: string | null;
         };
+        /**
+         * CopiesKeptView
+         * @description Copies of other nodes' files kept on the fast tier after the kernel forgot their
+         *     inodes, for the next open of the same bytes (counted in the fast tier's ``used`` and
+         *     ``remote_cache_bytes``).
+         */
+        CopiesKeptView: {
+            /**
+             * Adopted
+             * @default 0
+             */
+            adopted: number;
+            /**
+             * Bytes
+             * @default 0
+             */
+            bytes: number;
+            /**
+             * Files
+             * @default 0
+             */
+            files: number;
+        };
         /** Counters */
         Counters: {
             fast?: components["schemas"]["TierCounters"];
@@ -955,8 +978,16 @@ export interface components {
         } & {
             [key: string]: unknown;
         };
-        /** MigrationsView */
+        /**
+         * MigrationsView
+         * @description The agent's migrations, counted since it started.
+         */
         MigrationsView: {
+            /**
+             * Abandoned
+             * @default 0
+             */
+            abandoned: number;
             /**
              * Active
              * @default []
@@ -972,6 +1003,36 @@ export interface components {
              * @default 0
              */
             done: number;
+            /**
+             * Evictions
+             * @default 0
+             */
+            evictions: number;
+            /**
+             * Evictions Taken Back
+             * @default 0
+             */
+            evictions_taken_back: number;
+            /**
+             * Failed
+             * @default 0
+             */
+            failed: number;
+            /**
+             * Promotions
+             * @default 0
+             */
+            promotions: number;
+            /**
+             * Promotions Declined
+             * @default 0
+             */
+            promotions_declined: number;
+            /**
+             * Spills
+             * @default 0
+             */
+            spills: number;
         };
         /** NodeOut */
         NodeOut: {
@@ -979,6 +1040,7 @@ export interface components {
             address: string | null;
             /** Boot Id */
             boot_id?: string | null;
+            copies_kept?: components["schemas"]["CopiesKeptView"] | null;
             /** Counters */
             counters?: {
                 [key: string]: unknown;
@@ -1816,8 +1878,12 @@ export interface components {
             high_watermark_bytes?: number | null;
             /** Low Watermark Bytes */
             low_watermark_bytes?: number | null;
+            /** Remote Cache Bytes */
+            remote_cache_bytes?: number | null;
             /** Used */
             used?: number | null;
+            /** Write Ceiling */
+            write_ceiling?: number | null;
         };
         /** TokenCreate */
         TokenCreate: {

@@ -22,7 +22,9 @@ const node: Node = {
   },
   hit_ratio: 0.25,
   rates: null,
-  migrations: { active: [{ path: '/big', from: 'fast', to: 'slow', copied: MiB, total: 4 * MiB }], done: 3, bytes: 3 * MiB },
+  migrations: { active: [{ path: '/big', from: 'fast', to: 'slow', copied: MiB, total: 4 * MiB }], done: 3, bytes: 3 * MiB,
+    evictions: 2, promotions: 1, evictions_taken_back: 1, promotions_declined: 4, spills: 0, failed: 0, abandoned: 0 },
+  copies_kept: { files: 2, bytes: 3 * MiB, adopted: 5 },
   updated_at: 1763900000,
 };
 
@@ -42,6 +44,21 @@ test('a down node shows its state, tiers, hit ratio, backlog and migration progr
   expect(progress).toHaveAttribute('value', String(MiB));
   expect(progress).toHaveAttribute('max', String(4 * MiB));
   expect(within(card).getByText(/heartbeat never/)).toBeInTheDocument();
+  const moves = within(card);
+  expect(moves.getByText('Evictions taken back').nextElementSibling).toHaveTextContent('1');
+  expect(moves.getByText('Promotions', { exact: true }).nextElementSibling).toHaveTextContent('1 (—), 4 declined');
+  expect(moves.getByText('Kept remote copies').nextElementSibling).toHaveTextContent('2 (3.00 MiB), 5 reused');
+  expect(screen.queryByTestId('moves-caption')).toBeNull();
+});
+
+test('on the node page the counters say what they include', () => {
+  render(
+    <MemoryRouter>
+      <NodeCard node={node} explain />
+    </MemoryRouter>,
+  );
+  expect(screen.getByTestId('moves-caption')).toHaveTextContent('evictions a passthrough open cancelled before their switch');
+  expect(screen.getByTestId('moves-caption')).toHaveTextContent('Kept remote copies: copies of other nodes');
 });
 
 test('error states say what happened: unreachable, 401, 403', () => {

@@ -4,9 +4,11 @@ import { formatAgo, formatBytes, formatPercent, formatRate } from '../format';
 import { NodeStateBadge } from './NodeStateBadge';
 import { TierBar } from './TierBar';
 import { MigrationList } from './MigrationList';
+import { MoveCounters } from './MoveCounters';
 
-/** One node of the cluster: state, both tiers, hit ratio, throughput now, migrations. */
-export function NodeCard({ node }: { node: Node }) {
+/** One node of the cluster: state, both tiers, hit ratio, throughput now, migrations.
+ * `explain`: say under the counters what each includes (the node's own page). */
+export function NodeCard({ node, explain = false }: { node: Node; explain?: boolean }) {
   const r: Partial<Rates> = node.rates ?? {};
   return (
     <article className={`card nodecard nodecard-${node.state}`} aria-labelledby={`node-${node.id}`}>
@@ -20,7 +22,7 @@ export function NodeCard({ node }: { node: Node }) {
         {node.address ?? 'standalone'} · heartbeat {formatAgo(node.last_heartbeat)}
         {node.policy.policy ? ` · policy ${node.policy.policy}` : ''}
       </p>
-      <TierBar name="fast" tier={node.tiers.fast} />
+      <TierBar name="fast" tier={node.tiers.fast} explain={explain} />
       <TierBar name="slow" tier={node.tiers.slow} />
       <dl className="stats">
         <div>
@@ -52,6 +54,7 @@ export function NodeCard({ node }: { node: Node }) {
           </dd>
         </div>
       </dl>
+      <MoveCounters node={node} explain={explain} />
       <MigrationList migrations={node.migrations.active} />
     </article>
   );

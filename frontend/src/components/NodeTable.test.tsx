@@ -12,7 +12,7 @@ const node = (i: number): Node =>
     policy: { policy: 'lru', high_watermark: 0.9, low_watermark: 0.7, version: 0, applied_version: 0 },
     tiers: { fast: { capacity: 1 << 30, used: i << 20, files: 1, device_capacity: null, device_free: null, high_watermark_bytes: null, low_watermark_bytes: null } },
     hit_ratio: 0.5, rates: null, counters: null, hccache: null, passthrough: null,
-    migrations: { active: [], done: 0, bytes: 0 }, updated_at: 0,
+    migrations: { active: [], done: 0, bytes: 0, evictions: 0, promotions: 0, evictions_taken_back: 0, promotions_declined: 0, spills: 0, failed: 0, abandoned: 0 }, updated_at: 0,
   }) as Node;
 
 function setup(over: Partial<NodeTableProps> = {}) {
@@ -56,4 +56,13 @@ test('the last page and an empty match', () => {
   setup({ offset: 950, total: 1000 });
   expect(screen.getByRole('status')).toHaveTextContent('951–1,000 of 1,000');
   expect(screen.getByRole('button', { name: 'Next' })).toBeDisabled();
+});
+
+test('a node whose fast tier is above its capacity says how much is in the write slack', () => {
+  const over = node(3);
+  over.tiers.fast = { ...over.tiers.fast!, capacity: 8 << 20, used: 12 << 20, write_ceiling: 16 << 20 };
+  setup({ items: [over, node(4)], total: 2 });
+  const rows = within(screen.getByRole('table', { name: 'Nodes' })).getAllByRole('row');
+  expect(rows[1]).toHaveTextContent('12.0 MiB, 4.00 MiB in the write slack');
+  expect(rows[2]).not.toHaveTextContent('in the write slack');
 });

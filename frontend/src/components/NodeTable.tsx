@@ -1,5 +1,5 @@
 import { Link } from 'react-router';
-import type { Node, NodeSort, NodeState } from '../api/types';
+import type { Node, NodeSort, NodeState, Tier } from '../api/types';
 import { formatAgo, formatBytes, formatPercent, formatRate } from '../format';
 import { NodeStateBadge } from './NodeStateBadge';
 
@@ -76,7 +76,10 @@ export function NodeTable(p: NodeTableProps) {
               </th>
               <td><NodeStateBadge state={n.state} /></td>
               <td>{formatAgo(n.last_heartbeat)}</td>
-              <td>{formatBytes(n.tiers.fast?.used)}</td>
+              <td>
+                {formatBytes(n.tiers.fast?.used)}
+                <SlackNote tier={n.tiers.fast} />
+              </td>
               <td>{formatBytes(n.tiers.slow?.used)}</td>
               <td>{formatPercent(n.hit_ratio)}</td>
               <td>{formatRate((n.rates?.fast_read_bps ?? 0) + (n.rates?.slow_read_bps ?? 0))}</td>
@@ -97,4 +100,12 @@ export function NodeTable(p: NodeTableProps) {
       </nav>
     </div>
   );
+}
+
+/** ", N in slack" when the fast tier's used bytes are above its capacity (writes went on up
+ * to its write ceiling while the evictor catches up). */
+function SlackNote({ tier }: { tier: Tier | undefined }) {
+  const over = tier?.capacity && tier.used != null ? tier.used - tier.capacity : 0;
+  if (over <= 0) return null;
+  return <span className="muted small">, {formatBytes(over)} in the write slack</span>;
 }

@@ -16,7 +16,7 @@ export function NodeView() {
         <ErrorState error={q.error} title={`Cannot load node ${nodeId}`} />
       ) : (
         <>
-          <NodeCard node={q.data} />
+          <NodeCard node={q.data} explain />
           {q.data.tiering && <TieringPanel tiering={q.data.tiering} label={`What the tiering bought, node ${nodeId}`} />}
           <p>
             <Link to={`/throughput?node=${encodeURIComponent(nodeId)}`}>Throughput of this node</Link> ·{' '}

@@ -305,9 +305,10 @@ class TieringEngine:
         return self.files.held(inode)
 
     def _now_free(self, inode: Inode) -> None:
+        # a file no longer held may be the evictor's victim now: an open one above the high
+        # watermark (in the write slack) was none, and passthrough writes grew it unseen
         self.files.now_free(inode)
-        if self.passthrough["enabled"]:
-            self._check_watermark()  # passthrough writes grew it behind the evictor's back
+        self._check_watermark()
 
     def backing_dropped(self, ino: int) -> None:
         """The FUSE layer dropped the inode's backing file (passthrough) after taking its
