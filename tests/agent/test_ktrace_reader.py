@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from hycache_agent.fs.kreads import KernelReads
+from hycache_agent.fs.ktrace_reader import CHUNK, START, Follower
 
 MiB = 1 << 20
 
@@ -136,3 +137,39 @@ def test_the_reader_dies_with_the_agent(tmp_path, how):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(tmp_path):
+    """The follower's decisions on a real file's events (the mount tests,
+    test_follow_prefetch.py, show the pages arrive): whole chunks up to ``ahead`` past a
+    thread once it has read START bytes in order, counting a read(2) split in batches of
+    pages once; nothing for a few bytes, for jumps, or once the blob is released."""
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * (64 * MiB))
+    fo = Follower(4 * CHUNK)
+    try:
+        key = (1, 2)
+        fo.command(b"+ 1 2 " + bytes(blob))
+        fo.saw(10, key, 0, 100)  # a few bytes
+        for off in range(0, 60 * MiB, 3 * MiB):  # 64 KiB every 3 MiB
+            fo.saw(11, key, off, off + (64 << 10))
+        assert fo.requests == 0
+        for off in range(0, START - (8 << 10), 4096):  # in order, 8 KiB short of START
+            fo.saw(12, key, off, off + 4096)
+        fo.saw(12, key, START - (8 << 10), START)  # a read(2) of 8 KiB in two batches:
+        fo.saw(12, key, START - 4096, START)       # its second batch adds nothing
+        assert fo.requests == 4 and fo.blobs[key].asked == START + 4 * CHUNK
+        fo.saw(12, key, START, START + CHUNK // 2)  # half a chunk on: not a whole one missing
+        assert fo.requests == 4
+        fo.saw(12, key, START + CHUNK // 2, START + CHUNK)
+        assert fo.requests == 5
+        fo.command(b"+ 1 2 " + bytes(blob))  # a second open
+        fo.command(b"- 1 2")
+        assert key in fo.blobs
+        fo.command(b"- 1 2")  # the last release: no longer followed
+        assert not fo.blobs
+        fo.command(b"+ 1 nonsense")  # ignored
+        assert not fo.blobs
+    finally:
+        fo.close()

@@ -117,7 +117,7 @@ class Follower:
         once the thread has read ``START`` bytes in order, whole chunks up to ``ahead``
         bytes past ``end`` are asked for (those not asked already)."""
         f = self.blobs[key]
-        last, run = f.threads.get(tid, (-1, 0))
+        last, run = f.threads.get(tid, (start, 0))
         if last <= start <= last + SLACK:
             run += end - last
         elif not start < last == end:  # else the same read(2), its next pages
