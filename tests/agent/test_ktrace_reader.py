@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from hycache_agent.fs.kreads import KernelReads
-from hycache_agent.fs.ktrace_reader import CHUNK, START, Follower
+from hycache_agent.fs.ktrace_reader import CHUNK, GROWTH, START, Follower
 
 MiB = 1 << 20
 
@@ -171,5 +171,31 @@ def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(tmp_path):
         assert not fo.blobs
         fo.command(b"+ 1 nonsense")  # ignored
         assert not fo.blobs
+    finally:
+        fo.close()
+
+
+def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):
+    """A reader seen within a chunk of what was asked (it outran the follower) doubles its
+    blob's window, up to GROWTH times the first."""
+
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * MiB)
+    fo = Follower(2 * CHUNK)
+    try:
+        key = (1, 2)
+        fo.command(b"+ 1 2 " + bytes(blob))
+        fo.saw(1, key, 0, START)
+        f = fo.blobs[key]
+        assert f.asked == START + 2 * CHUNK and f.window == 2 * CHUNK
+        fo.saw(1, key, START, START + CHUNK)  # a chunk short of the asked end: keeps up
+        assert f.window == 2 * CHUNK
+        pos = START + CHUNK
+        for _ in range(10):  # the reader's next event is past what was asked each time
+            new = f.asked + (64 << 10)
+            fo.saw(1, key, pos, new)
+            pos = new
+        assert f.window == GROWTH * 2 * CHUNK and f.asked == pos + f.window
     finally:
         fo.close()

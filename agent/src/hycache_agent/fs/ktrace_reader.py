@@ -12,7 +12,7 @@ It also reads ahead of sequential readers (:class:`Follower`): the agent names o
 stdin the blobs to follow (``+ ST_DEV INO PATH`` at a passthrough open for reading of a
 fast-tier blob, ``- ST_DEV INO`` at its release); once a thread has read ``START`` bytes of
 one in order, the child keeps the next ``--follow-mb`` MiB past that thread's position
-asked for (``POSIX_FADV_WILLNEED``, ``CHUNK`` bytes a request, on ``LANES`` worker
+asked for (more when the reader catches up with it: ``Follower.saw``) (``POSIX_FADV_WILLNEED``, ``CHUNK`` bytes a request, on ``LANES`` worker
 threads), so several requests are in flight where the kernel's read-ahead keeps one
 stream.  A reader of a few bytes, or one that jumps around, costs nothing; a blob's last
 release stops it.  Here, and not in the agent, because the events arrive here as the
@@ -50,19 +50,22 @@ CHUNK = 8 << 20  # bytes of one read-ahead request
 START = 2 << 20  # bytes a thread reads of a blob in order before it is read ahead of
 SLACK = 1 << 20  # a read starting this far past the thread's last end is still in order
 LANES = 4
+GROWTH = 8  # a followed blob's window grows up to this many times the starting one
 MAX_FOLLOWED = 4096
 
 
 class Followed:
-    """A blob followed: its path, its opens, the end of what was asked ahead, and per
-    thread its last read's end and the bytes it read in order up to there."""
+    """A blob followed: its path, its opens, the end of what was asked ahead, the window
+    kept asked past its readers, and per thread its last read's end and the bytes it read
+    in order up to there."""
 
-    __slots__ = ("path", "opens", "asked", "threads")
+    __slots__ = ("path", "opens", "asked", "window", "threads")
 
-    def __init__(self, path: bytes) -> None:
+    def __init__(self, path: bytes, window: int) -> None:
         self.path = path
         self.opens = 1
         self.asked = 0
+        self.window = window
         self.threads: dict[int, tuple[int, int]] = {}
 
 
@@ -106,7 +109,7 @@ class Follower:
             if f is not None:
                 f.opens += 1
             elif len(self.blobs) < MAX_FOLLOWED:
-                self.blobs[key] = Followed(parts[3])
+                self.blobs[key] = Followed(parts[3], self.ahead)
         elif parts[0] == b"-" and f is not None:
             f.opens -= 1
             if f.opens <= 0:
@@ -114,8 +117,10 @@ class Follower:
 
     def saw(self, tid: int, key: tuple[int, int], start: int, end: int) -> None:
         """A read of bytes ``start``-``end`` of the followed blob ``key`` by thread ``tid``:
-        once the thread has read ``START`` bytes in order, whole chunks up to ``ahead``
-        bytes past ``end`` are asked for (those not asked already)."""
+        once the thread has read ``START`` bytes in order, whole chunks up to the blob's
+        window past ``end`` are asked for (those not asked already).  The window starts at
+        ``ahead`` and doubles, up to ``GROWTH`` times, each time a reader is seen within a
+        chunk of what was asked: it reads faster than this process follows (busy CPUs)."""
         f = self.blobs[key]
         last, run = f.threads.get(tid, (start, 0))
         if last <= start <= last + SLACK:
@@ -127,8 +132,10 @@ class Follower:
         f.threads[tid] = (end, run)
         if run < START:
             return
+        if f.asked and end + CHUNK > f.asked:
+            f.window = min(2 * f.window, GROWTH * self.ahead)
         off = max(f.asked, end)
-        while off + CHUNK <= end + self.ahead:
+        while off + CHUNK <= end + f.window:
             assert self.pool is not None
             self.pool.submit(willneed, f, off, CHUNK)
             self.requests += 1
