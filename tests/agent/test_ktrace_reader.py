@@ -199,3 +199,26 @@ def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):
         assert f.window == GROWTH * 2 * CHUNK and f.asked == pos + f.window
     finally:
         fo.close()
+
+
+def test_the_reader_runs_at_the_agents_priority_only_while_it_reads_ahead(tmp_path):
+    """A follower that waits for a CPU falls behind its reader: while it reads ahead the
+    process (every thread) drops its extra niceness, and takes it back after HOLD."""
+
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    script = textwrap.dedent(f"""
+        import os, threading, time
+        from hycache_agent.fs.ktrace_reader import Follower, Priority, START
+        os.nice(10)
+        fo, pr = Follower(8 << 20), Priority({base} + 10, {base})
+        fo.command(b"+ 1 2 /nonexistent")
+        waiter = threading.Thread(target=time.sleep, args=(3,)); waiter.start()
+        nice = lambda: {{os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}}
+        pr.update(fo, time.monotonic()); idle = nice()
+        fo.saw(1, (1, 2), 0, START); pr.update(fo, time.monotonic()); busy = nice()
+        time.sleep(Priority.HOLD + 0.2); pr.update(fo, time.monotonic()); after = nice()
+        print(sorted(idle), sorted(busy), sorted(after)); fo.close(); os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[0] == f"[{base + 10}] [{base}] [{base + 10}]", out

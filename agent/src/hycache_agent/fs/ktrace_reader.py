@@ -19,7 +19,9 @@ release stops it.  Here, and not in the agent, because the events arrive here as
 kernel emits them: the agent sees them only once per batch.
 
 It dies with the agent: ``PR_SET_PDEATHSIG`` (SIGKILL), and an EOF on its stdin (the
-agent holds the other end) ends it too.  It runs at a lower priority (``--nice``): when
+agent holds the other end) ends it too.  It runs at a lower priority (``--nice``),
+except while it reads ahead of a reader (a follower that waits for a CPU falls behind its
+reader, and the read-ahead is then no use; back to ``--nice`` a second after): when
 the CPUs are busy the mount's readers and the agent come first, and the ring buffer
 overflows (the events lost are counted) rather than a reader waiting.
 """
@@ -96,6 +98,7 @@ class Follower:
         self.blobs: dict[tuple[int, int], Followed] = {}
         self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="ahead") if ahead else None
         self.requests = 0  # read-ahead requests submitted
+        self.reading = False  # a followed thread read in order since the flag was last cleared
 
     def command(self, line: bytes) -> None:
         """``+ ST_DEV INO PATH`` or ``- ST_DEV INO`` (malformed lines are ignored)."""
@@ -132,6 +135,7 @@ class Follower:
         f.threads[tid] = (end, run)
         if run < START:
             return
+        self.reading = True
         if f.asked and end + CHUNK > f.asked:
             f.window = min(2 * f.window, GROWTH * self.ahead)
         off = max(f.asked, end)
@@ -219,8 +223,34 @@ def _die_with(parent: int) -> None:
         sys.exit(0)
 
 
+class Priority:
+    """The process's niceness: ``idle`` (its own), ``busy`` while a follower reads ahead
+    and ``HOLD`` seconds after (the kernel refuses a lower niceness without CAP_SYS_NICE:
+    it stays as it is)."""
+
+    HOLD = 1.0
+
+    def __init__(self, idle: int, busy: int = 0) -> None:
+        self.idle, self.busy = idle, busy
+        self.now = idle
+        self.until = 0.0
+
+    def update(self, follower: Follower | None, now: float) -> None:
+        if follower is not None and follower.reading:
+            follower.reading = False
+            self.until = now + self.HOLD
+        want = self.busy if now < self.until else self.idle
+        if want != self.now:
+            try:  # every thread's (Linux: a niceness per thread): the follower's workers too
+                for tid in os.listdir("/proc/self/task"):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), want)
+                self.now = want
+            except OSError:
+                self.until = 0.0 if want == self.busy else self.until
+
+
 def run(fd: int, instance: Path, me: int, every: float, out: int, control: int,
-        follower: Follower | None = None) -> None:
+        follower: Follower | None = None, priority: Priority | None = None) -> None:
     """Read, sum and report until ``control`` (the agent's pipe) reaches EOF; the lines
     the agent writes there go to ``follower``."""
     summer = Summer(me, follower)
@@ -250,6 +280,8 @@ def run(fd: int, instance: Path, me: int, every: float, out: int, control: int,
                     summer.feed(buf[:cut])
                     buf = buf[cut:]
         now = time.monotonic()
+        if priority is not None:
+            priority.update(follower, now)
         if now - sent >= every or ended:
             sent = now
             n = lost_events(instance)
@@ -275,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="MiB kept asked for ahead of a followed blob's sequential reader (0: off)")
     a = p.parse_args(argv)
     _die_with(a.parent)
-    os.nice(a.nice)
+    idle = os.nice(a.nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's ^C is the agent's to handle
     follower = Follower(a.follow_mb << 20) if a.follow_mb else None
     try:
-        run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno(), follower)
+        run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno(), follower,
+            Priority(idle, idle - a.nice) if follower is not None else None)
     except BrokenPipeError:
         pass  # the agent is gone
     finally:
