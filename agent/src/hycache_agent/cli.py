@@ -135,7 +135,7 @@ def _kernel_options(m) -> None:
                         "this many MiB of it ahead in parallel (default 0: only the kernel's read-ahead)")
     m.add_argument("--follow-prefetch-mb", type=int,
                    help="keep this many MiB asked for just ahead of each process that reads a file on the "
-                        "fast tier in order through passthrough, from the kernel read trace (0: off)")
+                        "fast tier in order through passthrough, from the kernel read trace (default 32; 0: off)")
     m.add_argument("--no-kernel-read-counts", dest="kernel_read_counts", action="store_false", default=None,
                    help="do not trace the kernel's reads of the tiers' files (the per-tier read bytes "
                         "then leave out what passthrough opens read)")
