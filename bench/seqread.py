@@ -8,11 +8,13 @@ passes lack for comparing designs on a loaded machine: any number of HyCache mou
 different ``mount`` flags side by side (``--variant NAME=FLAGS``, each on its own HDD
 model), the peers of the papers' matrix (``--peers``, default fast-disk Ext4 and JuiceFS),
 ``--passes`` passes with the order reversed every other pass, and the range (min-max) of
-every cell over the passes.
+every cell over the passes.  A ``--variant NAME`` without ``=`` is one of the named modes
+(``VARIANTS``): ``hycache`` (the defaults), ``nofollow`` (``--follow-prefetch-mb 0``),
+``follow`` (``--follow-prefetch-mb 32``) and ``openpf`` (``--open-prefetch-mb 256``).
 
-    PYTHONPATH=... python bench/seqread.py --passes 2 \\
-        --variant hycache= --variant fusecache='--passthrough off --read-ahead-kb 8192' \\
-        --json /tmp/seqread.json
+    PYTHONPATH=... python bench/seqread.py --passes 3 \\
+        --variant hycache --variant nofollow --variant openpf \\
+        --variant fusecache='--passthrough off --read-ahead-kb 8192' --json /tmp/seqread.json
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from paperbench.targets import Fast, HyCache, JuiceFS, Target, close_targets, on
 from slowtier import SlowTier
 
 PEERS = {"fast": "fast-disk Ext4", "juicefs": "JuiceFS"}
+VARIANTS = {"hycache": "", "nofollow": "--follow-prefetch-mb 0", "follow": "--follow-prefetch-mb 32",
+            "openpf": "--open-prefetch-mb 256 --follow-prefetch-mb 0"}
 
 
 class Variant(HyCache):
@@ -51,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
-                    help="a HyCache mount named NAME with these extra mount flags (repeat; default: hycache=)")
+                    help="a HyCache mount named NAME with these extra mount flags, or a named mode "
+                         f"({', '.join(VARIANTS)}) (repeat; default: hycache)")
     ap.add_argument("--peers", default="fast,juicefs", help="comma-separated subset of fast,juicefs (or empty)")
     ap.add_argument("--rows", default="seq,aggregate", help="seq and/or aggregate")
     ap.add_argument("--sizes", default="4k,16k,64k,1m", help="the seq row's block sizes")
@@ -65,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/seqread"))
     ap.add_argument("--json", type=Path, help="write every pass here (after each pass)")
     a = ap.parse_args(argv)
-    a.variants = dict(v.split("=", 1) if "=" in v else (v, "") for v in a.variant) or {"hycache": ""}
+    a.variants = dict(v.split("=", 1) if "=" in v else (v, VARIANTS.get(v, "")) for v in a.variant) \
+        or {"hycache": ""}
     a.peers = [p for p in a.peers.split(",") if p]
     if unknown := set(a.peers) - set(PEERS):
         ap.error(f"unknown peers: {', '.join(sorted(unknown))}")
@@ -115,6 +121,29 @@ def table(res: dict) -> list[str]:
     return lines
 
 
+def ratios(res: dict, against: str = "juicefs") -> list[str]:
+    """Each target's value over ``against``'s, pass by pass (the passes' order), and for
+    the aggregate rows over the HDD model's nominal bandwidth too."""
+    names = [n for n in res["targets"] if n != against]
+    mbps = res["params"]["hdd_model"]["mbps"]
+    lines = [f"| per pass: x {against} (aggregate: and x the {mbps:.0f} MB/s HDD) | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for row, per in cells(res).items():
+        if not row.startswith(("seq read", "aggregate")) or against not in per:
+            continue
+        base = per[against]
+
+        def cell(n: str) -> str:
+            if n not in per:
+                return "-"
+            txt = " / ".join(f"{v / b:.2f}" for v, b in zip(per[n], base, strict=False))
+            if row.startswith("aggregate"):
+                txt += "; HDD " + " / ".join(f"{v / mbps:.1f}" for v in per[n])
+            return txt
+        lines.append(f"| {row} | " + " | ".join(cell(n) for n in names) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     sizes = [s.strip().lower() for s in a.sizes.split(",") if s.strip()]
@@ -145,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         close_targets(targets)
     shutil.rmtree(a.workdir, ignore_errors=True)  # kept (with the agents' logs) when something raised
     print("\n".join(table(res)))
+    print()
+    print("\n".join(ratios(res)))
     return 0
 
 

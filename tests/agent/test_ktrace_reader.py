@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from hycache_agent.fs.kreads import KernelReads
+from hycache_agent.fs.ktrace_reader import CHUNK, GROWTH, START, Follower
 
 MiB = 1 << 20
 
@@ -136,3 +137,88 @@ def test_the_reader_dies_with_the_agent(tmp_path, how):
         if agent.poll() is None:
             agent.kill()
             agent.wait()
+
+
+def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(tmp_path):
+    """The follower's decisions on a real file's events (the mount tests,
+    test_follow_prefetch.py, show the pages arrive): whole chunks up to ``ahead`` past a
+    thread once it has read START bytes in order, counting a read(2) split in batches of
+    pages once; nothing for a few bytes, for jumps, or once the blob is released."""
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * (64 * MiB))
+    fo = Follower(4 * CHUNK)
+    try:
+        key = (1, 2)
+        fo.command(b"+ 1 2 " + bytes(blob))
+        fo.saw(10, key, 0, 100)  # a few bytes
+        for off in range(0, 60 * MiB, 3 * MiB):  # 64 KiB every 3 MiB
+            fo.saw(11, key, off, off + (64 << 10))
+        assert fo.requests == 0
+        for off in range(0, START - (8 << 10), 4096):  # in order, 8 KiB short of START
+            fo.saw(12, key, off, off + 4096)
+        fo.saw(12, key, START - (8 << 10), START)  # a read(2) of 8 KiB in two batches:
+        fo.saw(12, key, START - 4096, START)       # its second batch adds nothing
+        assert fo.requests == 4 and fo.blobs[key].asked == START + 4 * CHUNK
+        fo.saw(12, key, START, START + CHUNK // 2)  # half a chunk on: not a whole one missing
+        assert fo.requests == 4
+        fo.saw(12, key, START + CHUNK // 2, START + CHUNK)
+        assert fo.requests == 5
+        fo.command(b"+ 1 2 " + bytes(blob))  # a second open
+        fo.command(b"- 1 2")
+        assert key in fo.blobs
+        fo.command(b"- 1 2")  # the last release: no longer followed
+        assert not fo.blobs
+        fo.command(b"+ 1 nonsense")  # ignored
+        assert not fo.blobs
+    finally:
+        fo.close()
+
+
+def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):
+    """A reader seen within a chunk of what was asked (it outran the follower) doubles its
+    blob's window, up to GROWTH times the first."""
+
+
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * MiB)
+    fo = Follower(2 * CHUNK)
+    try:
+        key = (1, 2)
+        fo.command(b"+ 1 2 " + bytes(blob))
+        fo.saw(1, key, 0, START)
+        f = fo.blobs[key]
+        assert f.asked == START + 2 * CHUNK and f.window == 2 * CHUNK
+        fo.saw(1, key, START, START + CHUNK)  # a chunk short of the asked end: keeps up
+        assert f.window == 2 * CHUNK
+        pos = START + CHUNK
+        for _ in range(10):  # the reader's next event is past what was asked each time
+            new = f.asked + (64 << 10)
+            fo.saw(1, key, pos, new)
+            pos = new
+        assert f.window == GROWTH * 2 * CHUNK and f.asked == pos + f.window
+    finally:
+        fo.close()
+
+
+def test_the_reader_runs_at_the_agents_priority_only_while_it_reads_ahead(tmp_path):
+    """A follower that waits for a CPU falls behind its reader: while it reads ahead the
+    process (every thread) drops its extra niceness, and takes it back after HOLD."""
+
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    script = textwrap.dedent(f"""
+        import os, threading, time
+        from hycache_agent.fs.ktrace_reader import Follower, Priority, START
+        os.nice(10)
+        fo, pr = Follower(8 << 20), Priority({base} + 10, {base})
+        fo.command(b"+ 1 2 /nonexistent")
+        waiter = threading.Thread(target=time.sleep, args=(3,)); waiter.start()
+        nice = lambda: {{os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}}
+        pr.update(fo, time.monotonic()); idle = nice()
+        fo.saw(1, (1, 2), 0, START); pr.update(fo, time.monotonic()); busy = nice()
+        time.sleep(Priority.HOLD + 0.2); pr.update(fo, time.monotonic()); after = nice()
+        print(sorted(idle), sorted(busy), sorted(after)); fo.close(); os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[0] == f"[{base + 10}] [{base}] [{base + 10}]", out

@@ -47,6 +47,10 @@ class AgentConfig(BaseModel):
     # MiB of a blob read ahead, in parallel, when a file on the fast tier is opened for
     # reading through passthrough (fs/prefetch.py); 0: only the kernel's read-ahead
     open_prefetch_mb: int = Field(default=0, ge=0, le=1 << 20)
+    # MiB kept asked for just past each thread that reads a fast-tier blob in order through
+    # passthrough, by the kernel read trace's reader (fs/ktrace_reader.py); 0: off (it needs
+    # the trace: off too with --no-kernel-read-counts)
+    follow_prefetch_mb: int = Field(default=32, ge=0, le=4096)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow

@@ -409,7 +409,7 @@ def run_mount(config: AgentConfig) -> int:
     mountpoint = config.mountpoint
     token = _check_start(config)
     _reserve_fd_table()
-    engine = TieringEngine(config, kreads=KernelReads())
+    engine = TieringEngine(config, kreads=KernelReads(follow_mb=config.follow_prefetch_mb))
     report = engine.start()
     agent = build_agent(config, engine, token)
     _count_kernel_reads(config, engine)

@@ -97,14 +97,15 @@ class TieringEngine:
         # last release of a file drops its backing registration (fs/passthrough.py)
         self.backings_lane = Lane("backings")
         self.lanes: list[Lane] = [self.backings_lane]
-        # a passthrough reader's blob read ahead at open (fs/prefetch.py), off at 0
+        self.kreads = kreads if kreads is not None else KernelReads()  # started by the mount
+        # a passthrough reader's blob read ahead at open (off at 0) and as it reads in order
+        # (the trace's reader, when it follows: fs/prefetch.py)
         self.prefetch = OpenPrefetch(config.open_prefetch_mb << 20, [Lane(f"prefetch-{i}", hold=False)
                                                                      for i in range(LANES)]
-                                     if config.open_prefetch_mb else [])
+                                     if config.open_prefetch_mb else [], self.kreads)
         self.lanes += self.prefetch.lanes
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
-        self.kreads = kreads if kreads is not None else KernelReads()  # started by the mount
         self.census = census if census is not None else Census()
         # (the cluster link's ownership, when the agent joins a global namespace) called
         # with each regular file create_file makes, inside the create

@@ -31,6 +31,12 @@ reads by any process of a blob file opened
 directly on the tier rather than through the mount (indistinguishable: same inode).
 Needs a writable tracefs (root on the host, or a container that mounts it); without one
 ``reason`` says why and nothing is counted.
+
+With ``follow_mb`` the reader also reads ahead of the sequential readers of the blobs the
+agent names (:meth:`KernelReads.follow`, fs/prefetch.py; the ``Follower`` of
+fs/ktrace_reader.py): one line each on the reader's stdin, written without blocking (a
+line the pipe has no room for is dropped: a reader not followed, or one followed until
+the blob's next release).
 """
 
 from __future__ import annotations
@@ -73,8 +79,9 @@ class KernelReads:
     thread hands them batches through a deque (append and popleft are thread-safe) and
     sets ``lost_events`` in one assignment."""
 
-    def __init__(self, tracefs: Path = TRACEFS) -> None:
+    def __init__(self, tracefs: Path = TRACEFS, follow_mb: int = 0) -> None:
         self.tracefs = tracefs
+        self.follow_mb = follow_mb  # MiB the reader keeps asked for ahead of a followed reader
         self.instance: Path | None = None
         self.reason = "not started"
         self.known: dict[tuple[int, int], str] = {}  # (st_dev, ino) -> tier
@@ -122,6 +129,8 @@ class KernelReads:
                 self._remove(inst)
             return False
         os.close(fd)  # the child holds its own copy
+        assert self.child.stdin is not None
+        os.set_blocking(self.child.stdin.fileno(), False)  # follow() never waits for the reader
         self.instance = inst
         self.reason = "traced (filemap:mm_filemap_get_pages)"
         self._thread = threading.Thread(target=self._take_batches, args=(self.child,), name="kernel-reads",
@@ -134,7 +143,7 @@ class KernelReads:
         return subprocess.Popen(
             [sys.executable, "-m", "hycache_agent.fs.ktrace_reader", "--fd", str(fd), "--instance", str(inst),
              "--me", str(self.me), "--parent", str(os.getpid()), "--every", str(BATCH_SECONDS),
-             "--nice", str(READER_NICE)],
+             "--nice", str(READER_NICE), "--follow-mb", str(self.follow_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,), close_fds=True)
 
     @staticmethod
@@ -227,6 +236,28 @@ class KernelReads:
             self.reason = "the trace reader exited"
 
     # -- the event loop's side ----------------------------------------------------------------
+    @property
+    def following(self) -> bool:
+        return self.follow_mb > 0 and self.child is not None
+
+    def follow(self, key: tuple[int, int], path: str) -> bool:
+        """One more open reads the blob ``key`` (st_dev, st_ino) at ``path``: read ahead of
+        its sequential readers.  False when the line could not be sent."""
+        return self._tell(b"+ %d %d %s\n" % (key[0], key[1], os.fsencode(path)))
+
+    def unfollow(self, key: tuple[int, int]) -> None:
+        """One open of the blob ``key`` is released (the last one stops its read-ahead)."""
+        self._tell(b"- %d %d\n" % key)
+
+    def _tell(self, line: bytes) -> bool:
+        child = self.child
+        if child is None or child.stdin is None or b"\n" in line[:-1] or len(line) > select.PIPE_BUF:
+            return False
+        try:
+            return os.write(child.stdin.fileno(), line) == len(line)  # atomic: at most PIPE_BUF
+        except OSError:  # full (BlockingIOError) or the reader is gone
+            return False
+
     def learn(self, tier: str, st_dev: int, ino: int) -> None:
         """The blob with this device and inode number is on ``tier`` now."""
         if len(self.known) >= MAX_KNOWN:

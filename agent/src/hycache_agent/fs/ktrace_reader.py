@@ -8,8 +8,20 @@ writes one batch to its stdout: a header ``<QI`` (events the ring buffer dropped
 entry count) and that many ``<QQQ`` entries (``st_dev``, inode, bytes).  Its own process
 keeps the parsing off the agent's interpreter: the agent wakes once per batch.
 
+It also reads ahead of sequential readers (:class:`Follower`): the agent names on its
+stdin the blobs to follow (``+ ST_DEV INO PATH`` at a passthrough open for reading of a
+fast-tier blob, ``- ST_DEV INO`` at its release); once a thread has read ``START`` bytes of
+one in order, the child keeps the next ``--follow-mb`` MiB past that thread's position
+asked for (more when the reader catches up with it: ``Follower.saw``) (``POSIX_FADV_WILLNEED``, ``CHUNK`` bytes a request, on ``LANES`` worker
+threads), so several requests are in flight where the kernel's read-ahead keeps one
+stream.  A reader of a few bytes, or one that jumps around, costs nothing; a blob's last
+release stops it.  Here, and not in the agent, because the events arrive here as the
+kernel emits them: the agent sees them only once per batch.
+
 It dies with the agent: ``PR_SET_PDEATHSIG`` (SIGKILL), and an EOF on its stdin (the
-agent holds the other end) ends it too.  It runs at a lower priority (``--nice``): when
+agent holds the other end) ends it too.  It runs at a lower priority (``--nice``),
+except while it reads ahead of a reader (a follower that waits for a CPU falls behind its
+reader, and the read-ahead is then no use; back to ``--nice`` a second after): when
 the CPUs are busy the mount's readers and the agent come first, and the ring buffer
 overflows (the events lost are counted) rather than a reader waiting.
 """
@@ -26,6 +38,7 @@ import struct
 import sys
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # "comm-TID (TGID) [CPU] flags TS: mm_filemap_get_pages: dev=MAJ:MIN ino=HEX ofs=START-END"
@@ -35,19 +48,126 @@ HEADER = struct.Struct("<QI")
 ENTRY = struct.Struct("<QQQ")
 PR_SET_PDEATHSIG = 1
 MAX_THREADS = 4096  # continuations are tracked per thread; forgotten past this many
+CHUNK = 8 << 20  # bytes of one read-ahead request
+START = 2 << 20  # bytes a thread reads of a blob in order before it is read ahead of
+SLACK = 1 << 20  # a read starting this far past the thread's last end is still in order
+LANES = 4
+GROWTH = 8  # a followed blob's window grows up to this many times the starting one
+MAX_FOLLOWED = 4096
+
+
+class Followed:
+    """A blob followed: its path, its opens, the end of what was asked ahead, the window
+    kept asked past its readers, and per thread its last read's end and the bytes it read
+    in order up to there."""
+
+    __slots__ = ("path", "opens", "asked", "window", "threads")
+
+    def __init__(self, path: bytes, window: int) -> None:
+        self.path = path
+        self.opens = 1
+        self.asked = 0
+        self.window = window
+        self.threads: dict[int, tuple[int, int]] = {}
+
+
+def willneed(f: Followed, offset: int, length: int) -> None:
+    """(a worker thread) Ask for ``length`` bytes of ``f`` at ``offset``, unless its last
+    open is gone meanwhile; the blob is opened by its path for each request (a moved or
+    removed blob is skipped; nothing is held open between requests)."""
+    if f.opens <= 0:
+        return
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Follower:
+    """Read-ahead of the followed blobs' sequential readers (see the module's doc).
+    ``ahead``: bytes kept asked for past a sequential reader's position (0: off)."""
+
+    def __init__(self, ahead: int, lanes: int = LANES) -> None:
+        self.ahead = max(ahead, CHUNK) if ahead else 0
+        self.blobs: dict[tuple[int, int], Followed] = {}
+        self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="ahead") if ahead else None
+        self.requests = 0  # read-ahead requests submitted
+        self.reading = False  # a followed thread read in order since the flag was last cleared
+
+    def command(self, line: bytes) -> None:
+        """``+ ST_DEV INO PATH`` or ``- ST_DEV INO`` (malformed lines are ignored)."""
+        parts = line.split(b" ", 3)
+        try:
+            key = (int(parts[1]), int(parts[2]))
+        except (IndexError, ValueError):
+            return
+        f = self.blobs.get(key)
+        if parts[0] == b"+" and len(parts) == 4 and self.pool is not None:
+            if f is not None:
+                f.opens += 1
+            elif len(self.blobs) < MAX_FOLLOWED:
+                self.blobs[key] = Followed(parts[3], self.ahead)
+        elif parts[0] == b"-" and f is not None:
+            f.opens -= 1
+            if f.opens <= 0:
+                del self.blobs[key]
+
+    def saw(self, tid: int, key: tuple[int, int], start: int, end: int) -> None:
+        """A read of bytes ``start``-``end`` of the followed blob ``key`` by thread ``tid``:
+        once the thread has read ``START`` bytes in order, whole chunks up to the blob's
+        window past ``end`` are asked for (those not asked already).  The window starts at
+        ``ahead`` and doubles, up to ``GROWTH`` times, each time a reader is seen within a
+        chunk of what was asked: it reads faster than this process follows (busy CPUs)."""
+        f = self.blobs[key]
+        last, run = f.threads.get(tid, (start, 0))
+        if last <= start <= last + SLACK:
+            run += end - last
+        elif not start < last == end:  # else the same read(2), its next pages
+            run = end - start
+        if len(f.threads) > MAX_THREADS:
+            f.threads.clear()
+        f.threads[tid] = (end, run)
+        if run < START:
+            return
+        self.reading = True
+        if f.asked and end + CHUNK > f.asked:
+            f.window = min(2 * f.window, GROWTH * self.ahead)
+        off = max(f.asked, end)
+        while off + CHUNK <= end + f.window:
+            assert self.pool is not None
+            self.pool.submit(willneed, f, off, CHUNK)
+            self.requests += 1
+            off += CHUNK
+        f.asked = off
+
+    def close(self) -> None:
+        for f in self.blobs.values():
+            f.opens = 0
+        self.blobs.clear()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Summer:
-    """Bytes per (st_dev, inode) of the events of other processes than ``me``."""
+    """Bytes per (st_dev, inode) of the events of other processes than ``me``; the
+    events of followed blobs go to ``follower`` too."""
 
-    def __init__(self, me: int) -> None:
+    def __init__(self, me: int, follower: Follower | None = None) -> None:
         self.me = me
+        self.follower = follower
         self.sums: dict[tuple[int, int], int] = {}
         self._last: dict[int, tuple[int, int, int, int]] = {}  # tid -> (dev, ino, start, end)
 
     def feed(self, text: bytes) -> None:
         """Add the events of ``text`` (whole lines)."""
         me, last, sums = self.me, self._last, self.sums
+        followed = self.follower.blobs if self.follower is not None else {}
         makedev = os.makedev
         for tid_s, tgid_s, major, minor, ino_hex, start_s, end_s in LINE.findall(text):
             if int(tgid_s) == me:
@@ -56,6 +176,8 @@ class Summer:
             ino = int(ino_hex, 16)
             start, end = int(start_s), int(end_s) + 1
             tid = int(tid_s)
+            if followed and (dev, ino) in followed:
+                self.follower.saw(tid, (dev, ino), start, end)  # type: ignore[union-attr]
             prev = last.get(tid)
             last[tid] = (dev, ino, start, end)
             if prev is not None and prev[3] == end and prev[0] == dev and prev[1] == ino and prev[2] < start < end:
@@ -101,16 +223,51 @@ def _die_with(parent: int) -> None:
         sys.exit(0)
 
 
-def run(fd: int, instance: Path, me: int, every: float, out: int, control: int) -> None:
-    """Read, sum and report until ``control`` (the agent's pipe) reaches EOF."""
-    summer = Summer(me)
-    buf = b""
+class Priority:
+    """The process's niceness: ``idle`` (its own), ``busy`` while a follower reads ahead
+    and ``HOLD`` seconds after (the kernel refuses a lower niceness without CAP_SYS_NICE:
+    it stays as it is)."""
+
+    HOLD = 1.0
+
+    def __init__(self, idle: int, busy: int = 0) -> None:
+        self.idle, self.busy = idle, busy
+        self.now = idle
+        self.until = 0.0
+
+    def update(self, follower: Follower | None, now: float) -> None:
+        if follower is not None and follower.reading:
+            follower.reading = False
+            self.until = now + self.HOLD
+        want = self.busy if now < self.until else self.idle
+        if want != self.now:
+            try:  # every thread's (Linux: a niceness per thread): the follower's workers too
+                for tid in os.listdir("/proc/self/task"):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), want)
+                self.now = want
+            except OSError:
+                self.until = 0.0 if want == self.busy else self.until
+
+
+def run(fd: int, instance: Path, me: int, every: float, out: int, control: int,
+        follower: Follower | None = None, priority: Priority | None = None) -> None:
+    """Read, sum and report until ``control`` (the agent's pipe) reaches EOF; the lines
+    the agent writes there go to ``follower``."""
+    summer = Summer(me, follower)
+    buf = commands = b""
     lost = reported_lost = 0
     sent = time.monotonic()
     ended = False
     while not ended:
         ready, _, _ = select.select([fd, control], [], [], every)
-        ended = control in ready and not os.read(control, 4096)
+        if control in ready:
+            got = os.read(control, 1 << 16)
+            ended = not got
+            commands += got
+            if follower is not None and b"\n" in commands:
+                *lines, commands = commands.split(b"\n")
+                for line in lines:
+                    follower.command(line)
         if fd in ready:
             try:
                 chunk = os.read(fd, 1 << 18)
@@ -123,6 +280,8 @@ def run(fd: int, instance: Path, me: int, every: float, out: int, control: int) 
                     summer.feed(buf[:cut])
                     buf = buf[cut:]
         now = time.monotonic()
+        if priority is not None:
+            priority.update(follower, now)
         if now - sent >= every or ended:
             sent = now
             n = lost_events(instance)
@@ -144,14 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--every", type=float, default=0.5)
     p.add_argument("--nice", type=int, default=0, help="added to its niceness")
+    p.add_argument("--follow-mb", type=int, default=0,
+                   help="MiB kept asked for ahead of a followed blob's sequential reader (0: off)")
     a = p.parse_args(argv)
     _die_with(a.parent)
-    os.nice(a.nice)
+    idle = os.nice(a.nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's ^C is the agent's to handle
+    follower = Follower(a.follow_mb << 20) if a.follow_mb else None
     try:
-        run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno())
+        run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno(), follower,
+            Priority(idle, idle - a.nice) if follower is not None else None)
     except BrokenPipeError:
         pass  # the agent is gone
+    finally:
+        if follower is not None:
+            follower.close()
     return 0
 
 

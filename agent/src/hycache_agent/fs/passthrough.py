@@ -124,6 +124,7 @@ class Backing:
     mtime_ns: int = 0
     closed: trio.Event | None = None  # set while the last release drops it (and once dropped)
     blob_gen: int = 0  # the engine's blob generation of the inode when registered
+    blob_key: tuple[int, int] | None = None  # the blob's (st_dev, st_ino), when the reads are traced
 
 
 class Backings:
@@ -295,11 +296,18 @@ class Backings:
                 log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
                 return 0
         assert inode.tier is not None, "a regular file's bytes are on a tier"
+        key = None
         if self.engine.kreads.active:  # its reads are counted by the blob's device and inode
             full = st if isinstance(st, os.stat_result) else os.fstat(fd)
             self.engine.kreads.learn(inode.tier, full.st_dev, full.st_ino)
-        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen)
+            key = (full.st_dev, full.st_ino)
+        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen, blob_key=key)
         return bid
+
+    def blob_key(self, ino: int) -> tuple[int, int] | None:
+        """The (st_dev, st_ino) of ``ino``'s registered blob, when its reads are traced."""
+        b = self.by_ino.get(ino)
+        return b.blob_key if b is not None else None
 
     def refresh_now(self, inode: Inode) -> bool:
         """:meth:`refresh` when it needs no waiting (no backing, or a fast-tier blob not

@@ -12,12 +12,18 @@ requests fill is the one the kernel's passthrough reads are served from.  Each r
 opens the blob by its path (the registration's descriptor may be closed meanwhile); a
 blob moved or removed meanwhile is skipped.  Off (``limit`` 0) by default: a reader of a
 few bytes of a large file costs ``limit`` bytes of device reads.
+
+The read-ahead that follows the reader instead (``--follow-prefetch-mb``, on by default):
+such an open's blob is named to the kernel read trace's reader (fs/kreads.py), which asks
+for a few chunks just past each thread that reads it in order, and stops at the blob's
+last release (fs/ktrace_reader.py, ``Follower``).
 """
 
 from __future__ import annotations
 
 import os
 
+from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fs.lane import Lane
 
 CHUNK = 8 << 20
@@ -43,13 +49,30 @@ def willneed(path: str, offset: int, length: int) -> int:
 
 class OpenPrefetch:
     """``limit``: bytes of a blob asked for at an open (0: off); ``lanes``: the worker
-    threads the requests are spread over (the engine runs and closes them)."""
+    threads the requests are spread over (the engine runs and closes them); ``kreads``:
+    the kernel read trace, whose reader follows the opens named to it (when it runs with
+    a follow window)."""
 
-    def __init__(self, limit: int, lanes: list[Lane]) -> None:
+    def __init__(self, limit: int, lanes: list[Lane], kreads: KernelReads | None = None) -> None:
         self.limit = limit
         self.lanes = lanes
+        self.kreads = kreads
         self.opens = 0  # opens that asked for read-ahead
         self.bytes = 0  # bytes asked for
+        self.followed: dict[int, tuple[int, int]] = {}  # open handle -> its blob's (st_dev, st_ino)
+
+    def follow(self, fh: int, key: tuple[int, int] | None, path: str) -> None:
+        """The open ``fh`` reads the blob ``path`` (``key``: its device and inode, None when
+        its reads are not traced): have the trace's reader follow it until :meth:`unfollow`."""
+        if key is None or self.kreads is None or not self.kreads.following:
+            return
+        if self.kreads.follow(key, path):
+            self.followed[fh] = key
+
+    def unfollow(self, fh: int) -> None:
+        key = self.followed.pop(fh, None)
+        if key is not None and self.kreads is not None:
+            self.kreads.unfollow(key)
 
     def start(self, path: str) -> None:
         """Ask for the first ``limit`` bytes of the blob ``path``, without waiting: its first

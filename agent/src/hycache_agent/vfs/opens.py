@@ -93,7 +93,8 @@ class Opens(Part):
     async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False) -> Opened:
         """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
         EIO to both together); a reader of a fast-tier blob through it gets the blob's
-        start read ahead (fs/prefetch.py), unless it reads around the page cache."""
+        start read ahead and is followed (fs/prefetch.py), unless it reads around the page
+        cache."""
 
         async def wanted() -> bool:  # set-ID files are written through the agent, which clears the bits
             return not node.mode & (stat.S_ISUID | stat.S_ISGID) and await self.engine.passthrough_for(node, writing)
@@ -106,7 +107,9 @@ class Opens(Part):
         if bid:
             self._backed[fh] = node
             if not writing and not direct and node.tier == T.FAST:
-                self.engine.prefetch.start(self.engine.blob(node))
+                path = self.engine.blob(node)
+                self.engine.prefetch.start(path)
+                self.engine.prefetch.follow(fh, self.backings.blob_key(node.ino), path)
         quiet = not writing or bool(bid and self._nothing_at_close(node))
         return Opened(fh, bid, quiet, keep_cache=not bid and self.engine.config.kernel_cache)
 
@@ -215,6 +218,7 @@ class Opens(Part):
         # evictable at once; then the backing id (a last refresh for writes through a
         # mapping after close, which aborts a migration that started meanwhile)
         node = self._backed.pop(fh, None)
+        self.engine.prefetch.unfollow(fh)
         if node is None:
             self.backings.served_closed(self.engine.handles[fh].inode.ino)
         await self.engine.release(fh)

@@ -1,0 +1,125 @@
+"""The read-ahead that follows a passthrough reader (``--follow-prefetch-mb``: the kernel
+read trace's reader, fs/ktrace_reader.py ``Follower``), through a real mount: a thread that
+reads a fast-tier file in order gets the blob's pages well past the kernel's own read-ahead
+window resident; a reader of a few bytes, or one that jumps around, gets none; a released
+blob is no longer followed; a mount with 0 follows nothing."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import status
+from .test_open_prefetch import PAGE, M, big_file, evict, resident
+
+FOLLOW_MB = 40
+SIZE = 64 * M
+# the kernel's own read-ahead after a 4 MiB sequential read stays below this (its window
+# is at most the device's read_ahead_kb, 8 MiB here, twice); the follower asks for
+# chunks up to ~2 + FOLLOW_MB MiB: the pages of [FAR, NEAR_END) are the follower's alone
+FAR, NEAR_END = 24 * M, 40 * M
+
+
+def traced(m) -> None:
+    kr = status(m)["counters"]["counting"]["kernel_reads"]
+    if not kr["active"]:
+        pytest.skip("no kernel read trace on this host: " + kr["reason"])
+
+
+def cached_between(blob: str, start: int, end: int, seconds: float = 3.0) -> float:
+    """MiB of ``blob``'s [start, end) in the page cache once they stop arriving (up to ``seconds``)."""
+    deadline, last = time.monotonic() + seconds, -1.0
+    now = 0.0
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = sum(resident(blob)[start // PAGE: end // PAGE]) * PAGE / M
+        if now == last and now > 0:
+            break
+        last = now
+    return now
+
+
+def read_in_order(fd: int, nbytes: int, bs: int = 64 << 10) -> None:
+    off = 0
+    while off < nbytes:
+        assert os.pread(fd, bs, off)
+        off += bs
+
+
+def mounted(hycache_mount, follow_mb: int = FOLLOW_MB) -> tuple[object, Path, str]:
+    m = hycache_mount("512M", follow_prefetch_mb=follow_mb)
+    path, blob = big_file(m, "big", SIZE)
+    traced(m)
+    evict(blob)
+    assert sum(resident(blob)) == 0
+    return m, path, blob
+
+
+@pytest.mark.mount
+def test_pages_ahead_of_a_sequential_reader_are_resident(hycache_mount):
+    _, path, blob = mounted(hycache_mount)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_in_order(fd, 4 * M)
+        ahead = cached_between(blob, FAR, NEAR_END)
+    finally:
+        os.close(fd)
+    assert ahead >= 0.9 * (NEAR_END - FAR) / M, ahead
+    assert sum(resident(blob)[(FOLLOW_MB + 10) * M // PAGE:]) * PAGE < M  # no further than asked
+
+
+@pytest.mark.mount
+def test_without_the_flag_a_sequential_reader_gets_the_kernels_read_ahead_only(hycache_mount):
+    _, path, blob = mounted(hycache_mount, follow_mb=0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read_in_order(fd, 4 * M)
+        assert cached_between(blob, FAR, NEAR_END, seconds=1.5) < 1
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.mount
+def test_a_reader_of_a_few_bytes_or_jumping_around_gets_nothing_ahead(hycache_mount):
+    _, path, blob = mounted(hycache_mount)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 100, 0)
+        for off in range(0, SIZE, 3 * M):  # 64 KiB every 3 MiB: never 2 MiB in order
+            assert os.pread(fd, 64 << 10, off)
+        beyond = [i for i, r in enumerate(resident(blob)) if r]
+        time.sleep(1.5)
+        assert len([r for r in resident(blob) if r]) == len(beyond)  # nothing arrived after the reads
+    finally:
+        os.close(fd)
+    # the kernel's read-ahead of each jump, not the follower's chunks
+    assert sum(resident(blob)) * PAGE < SIZE // 2
+
+
+@pytest.mark.mount
+def test_a_released_blob_is_no_longer_followed(hycache_mount):
+    """The follower goes by the blob's device and inode, so a reader of the blob file
+    itself (beside the mount) is followed while the mount holds it open, and not once the
+    mount's last open is released."""
+    _, path, blob = mounted(hycache_mount)
+    held = os.open(path, os.O_RDONLY)
+    try:
+        direct = os.open(blob, os.O_RDONLY)
+        try:
+            read_in_order(direct, 4 * M)
+            assert cached_between(blob, FAR, NEAR_END) >= 0.9 * (NEAR_END - FAR) / M
+        finally:
+            os.close(direct)
+    finally:
+        os.close(held)
+    time.sleep(1.0)  # the RELEASE reaches the agent after close(2) returns
+    evict(blob)
+    direct = os.open(blob, os.O_RDONLY)
+    try:
+        read_in_order(direct, 4 * M)
+        assert cached_between(blob, FAR, NEAR_END, seconds=1.5) < 1
+    finally:
+        os.close(direct)
