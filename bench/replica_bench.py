@@ -104,56 +104,59 @@ def main() -> int:
 
     try:
         with own_device(work / "dev", a.device_size) as dev:
-            writers: dict[str, Agent] = {}
-            holders: dict[str, Agent] = {}
-            names = [m + build for m in MODES for build in ("", "@base")[:1 + (a.baseline_src is not None)]]
-            for key in names:
-                mode, _, build = key.partition("@")
-                env = None if not build else {**os.environ, "PYTHONPATH": os.pathsep.join(
-                    [str(a.baseline_src.resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
-                ns, tag = f"repbench-{os.getpid()}-{mode}{build}", f"{mode}{build}"
-                h = Agent(dev / f"h-{tag}", f"h{tag}", "--rebalance-interval", "0", *extra, namespace=ns, env=env,
-                          **common).start()
-                agents.append(h)
-                w = Agent(work / f"w-{tag}", f"w{tag}", "--rebalance-interval", "0", *MODES[mode], *extra,
-                          namespace=ns, env=env, **common).start()
-                agents.append(w)
-                writers[key], holders[key] = w, h
-            for ag in agents:
-                ready(ag)
-            time.sleep(2.5)  # a heartbeat: the writers know their holders
-            for i in range(a.passes):
-                k = i % len(names)
-                for key in names[k:] + names[:k]:
-                    mode = key.partition("@")[0]
-                    w, h = writers[key], holders[key]
-                    drop_caches()
-                    perf = None
-                    if a.perf and mode != "none":
-                        perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "499", "-o", f"{a.perf}.{key}.{i}",
-                                                 "-p", f"{w.pid},{h.pid}"], stdout=subprocess.DEVNULL,
-                                                stderr=subprocess.DEVNULL)
-                        time.sleep(0.5)
-                    c0 = (cpu_seconds(w.pid), cpu_seconds(h.pid), sum(os.times()[:2]))
-                    t0 = time.perf_counter()
-                    add(f"write {key}", write_files(w.mnt / f"p{i}", a.writes, wsize))
-                    add(f"cpu {key} writer agent", cpu_seconds(w.pid) - c0[0])
-                    add(f"cpu {key} holder agent", cpu_seconds(h.pid) - c0[1])
-                    add(f"cpu {key} dd", sum(os.times()[:2]) - c0[2])
-                    if mode != "none":  # (sync: already there when the writes return)
-                        pushed([w.mnt / f"p{i}" / f"w{k}" for k in range(a.writes)])
-                    if mode == "async":
-                        add(f"write {key}, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
-                        add(f"cpu {key}, pushed writer agent", cpu_seconds(w.pid) - c0[0])
-                        add(f"cpu {key}, pushed holder agent", cpu_seconds(h.pid) - c0[1])
-                        add(f"cpu {key}, pushed dd", sum(os.times()[:2]) - c0[2])
-                    if perf is not None:
-                        perf.send_signal(signal.SIGINT)
-                        perf.wait(30)
-                    shutil.rmtree(w.mnt / f"p{i}")  # (the holder drops its replicas: the device stays small)
-                print(f"pass {i} done", flush=True)
-            for ag in agents:
-                ag.stop()
+            try:
+                writers: dict[str, Agent] = {}
+                holders: dict[str, Agent] = {}
+                names = [m + build for m in MODES for build in ("", "@base")[:1 + (a.baseline_src is not None)]]
+                for key in names:
+                    mode, _, build = key.partition("@")
+                    env = None if not build else {**os.environ, "PYTHONPATH": os.pathsep.join(
+                        [str(a.baseline_src.resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+                    ns, tag = f"repbench-{os.getpid()}-{mode}{build}", f"{mode}{build}"
+                    h = Agent(dev / f"h-{tag}", f"h{tag}", "--rebalance-interval", "0", *extra, namespace=ns, env=env,
+                              **common).start()
+                    agents.append(h)
+                    w = Agent(work / f"w-{tag}", f"w{tag}", "--rebalance-interval", "0", *MODES[mode], *extra,
+                              namespace=ns, env=env, **common).start()
+                    agents.append(w)
+                    writers[key], holders[key] = w, h
+                for ag in agents:
+                    ready(ag)
+                time.sleep(2.5)  # a heartbeat: the writers know their holders
+                for i in range(a.passes):
+                    r = i % len(names)
+                    for key in names[r:] + names[:r]:
+                        mode = key.partition("@")[0]
+                        w, h = writers[key], holders[key]
+                        drop_caches()
+                        perf = None
+                        if a.perf and mode != "none":
+                            perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "499", "-o", f"{a.perf}.{key}.{i}",
+                                                     "-p", f"{w.pid},{h.pid}"], stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL)
+                            time.sleep(0.5)
+                        c0 = (cpu_seconds(w.pid), cpu_seconds(h.pid), sum(os.times()[:2]))
+                        t0 = time.perf_counter()
+                        add(f"write {key}", write_files(w.mnt / f"p{i}", a.writes, wsize))
+                        add(f"cpu {key} writer agent", cpu_seconds(w.pid) - c0[0])
+                        add(f"cpu {key} holder agent", cpu_seconds(h.pid) - c0[1])
+                        add(f"cpu {key} dd", sum(os.times()[:2]) - c0[2])
+                        if mode != "none":  # (sync: already there when the writes return)
+                            pushed([w.mnt / f"p{i}" / f"w{k}" for k in range(a.writes)])
+                        if mode == "async":
+                            add(f"write {key}, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
+                            add(f"cpu {key}, pushed writer agent", cpu_seconds(w.pid) - c0[0])
+                            add(f"cpu {key}, pushed holder agent", cpu_seconds(h.pid) - c0[1])
+                            add(f"cpu {key}, pushed dd", sum(os.times()[:2]) - c0[2])
+                        if perf is not None:
+                            perf.send_signal(signal.SIGINT)
+                            perf.wait(30)
+                        for k in range(a.writes):  # (the holder drops its replicas: its device stays small)
+                            (w.mnt / f"p{i}" / f"w{k}").unlink()
+                    print(f"pass {i} done", flush=True)
+            finally:  # (stopped before the device is unmounted)
+                for ag in agents:
+                    ag.stop()
     finally:
         for ag in agents:
             ag.stop()
