@@ -14,8 +14,12 @@ reported too ("async, pushed": MB/s up to then).  CPU seconds of the writer agen
 holder agent and the writing process itself are taken from /proc over the writes (for
 async: until pushed), so a change can be read as "less CPU on the writer's side".
 
+``--baseline-src DIR`` (another checkout's agent/src): every mode also run by a writer and
+a holder of that build (``MODE@base``), in the same rotation, each build's modes read
+against its own "none".
+
 Usage: bench/replica_bench.py [--passes 3] [--writes 8] [--write-size 64M] [--json FILE]
-                              [--agent-bin PATH] [--extra "ARGS"]
+                              [--agent-bin PATH] [--extra "ARGS"] [--baseline-src DIR]
 Needs root (FUSE mounts, drop_caches, the loop device).
 """
 
@@ -79,6 +83,7 @@ def main() -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--perf", type=Path, metavar="PREFIX",
                    help="perf record -g the writer and holder agents over each replica turn into PREFIX.MODE.PASS")
+    p.add_argument("--baseline-src", type=Path, help="agent/src of another checkout: every mode also as MODE@base")
     a = p.parse_args()
     if os.geteuid() != 0:
         print("replica_bench: needs root", file=sys.stderr)
@@ -99,50 +104,59 @@ def main() -> int:
 
     try:
         with own_device(work / "dev", a.device_size) as dev:
-            writers: dict[str, Agent] = {}
-            for mode, args in MODES.items():
-                ns = f"repbench-{os.getpid()}-{mode}"
-                h = Agent(dev / f"h-{mode}", f"h{mode}", "--rebalance-interval", "0", *extra, namespace=ns,
-                          **common).start()
-                agents.append(h)
-                w = Agent(work / f"w-{mode}", f"w{mode}", "--rebalance-interval", "0", *args, *extra,
-                          namespace=ns, **common).start()
-                agents.append(w)
-                writers[mode] = w
-            for ag in agents:
-                ready(ag)
-            time.sleep(2.5)  # a heartbeat: the writers know their holders
-            holders = {m: agents[2 * i] for i, m in enumerate(MODES)}
-            names = list(MODES)
-            for i in range(a.passes):
-                for mode in names[i % 3:] + names[: i % 3]:
-                    w, h = writers[mode], holders[mode]
-                    drop_caches()
-                    perf = None
-                    if a.perf and mode != "none":
-                        perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "499", "-o", f"{a.perf}.{mode}.{i}",
-                                                 "-p", f"{w.pid},{h.pid}"], stdout=subprocess.DEVNULL,
-                                                stderr=subprocess.DEVNULL)
-                        time.sleep(0.5)
-                    c0 = (cpu_seconds(w.pid), cpu_seconds(h.pid), sum(os.times()[:2]))
-                    t0 = time.perf_counter()
-                    add(f"write {mode}", write_files(w.mnt / f"p{i}", a.writes, wsize))
-                    add(f"cpu {mode} writer agent", cpu_seconds(w.pid) - c0[0])
-                    add(f"cpu {mode} holder agent", cpu_seconds(h.pid) - c0[1])
-                    add(f"cpu {mode} dd", sum(os.times()[:2]) - c0[2])
-                    if mode != "none":  # (sync: already there when the writes return)
-                        pushed([w.mnt / f"p{i}" / f"w{k}" for k in range(a.writes)])
-                    if mode == "async":
-                        add("write async, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
-                        add("cpu async, pushed writer agent", cpu_seconds(w.pid) - c0[0])
-                        add("cpu async, pushed holder agent", cpu_seconds(h.pid) - c0[1])
-                        add("cpu async, pushed dd", sum(os.times()[:2]) - c0[2])
-                    if perf is not None:
-                        perf.send_signal(signal.SIGINT)
-                        perf.wait(30)
-                print(f"pass {i} done", flush=True)
-            for ag in agents:
-                ag.stop()
+            try:
+                writers: dict[str, Agent] = {}
+                holders: dict[str, Agent] = {}
+                names = [m + build for m in MODES for build in ("", "@base")[:1 + (a.baseline_src is not None)]]
+                for key in names:
+                    mode, _, build = key.partition("@")
+                    env = None if not build else {**os.environ, "PYTHONPATH": os.pathsep.join(
+                        [str(a.baseline_src.resolve()), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+                    ns, tag = f"repbench-{os.getpid()}-{mode}{build}", f"{mode}{build}"
+                    h = Agent(dev / f"h-{tag}", f"h{tag}", "--rebalance-interval", "0", *extra, namespace=ns, env=env,
+                              **common).start()
+                    agents.append(h)
+                    w = Agent(work / f"w-{tag}", f"w{tag}", "--rebalance-interval", "0", *MODES[mode], *extra,
+                              namespace=ns, env=env, **common).start()
+                    agents.append(w)
+                    writers[key], holders[key] = w, h
+                for ag in agents:
+                    ready(ag)
+                time.sleep(2.5)  # a heartbeat: the writers know their holders
+                for i in range(a.passes):
+                    r = i % len(names)
+                    for key in names[r:] + names[:r]:
+                        mode = key.partition("@")[0]
+                        w, h = writers[key], holders[key]
+                        drop_caches()
+                        perf = None
+                        if a.perf and mode != "none":
+                            perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "499", "-o", f"{a.perf}.{key}.{i}",
+                                                     "-p", f"{w.pid},{h.pid}"], stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL)
+                            time.sleep(0.5)
+                        c0 = (cpu_seconds(w.pid), cpu_seconds(h.pid), sum(os.times()[:2]))
+                        t0 = time.perf_counter()
+                        add(f"write {key}", write_files(w.mnt / f"p{i}", a.writes, wsize))
+                        add(f"cpu {key} writer agent", cpu_seconds(w.pid) - c0[0])
+                        add(f"cpu {key} holder agent", cpu_seconds(h.pid) - c0[1])
+                        add(f"cpu {key} dd", sum(os.times()[:2]) - c0[2])
+                        if mode != "none":  # (sync: already there when the writes return)
+                            pushed([w.mnt / f"p{i}" / f"w{k}" for k in range(a.writes)])
+                        if mode == "async":
+                            add(f"write {key}, pushed", a.writes * wsize / (time.perf_counter() - t0) / 1e6)
+                            add(f"cpu {key}, pushed writer agent", cpu_seconds(w.pid) - c0[0])
+                            add(f"cpu {key}, pushed holder agent", cpu_seconds(h.pid) - c0[1])
+                            add(f"cpu {key}, pushed dd", sum(os.times()[:2]) - c0[2])
+                        if perf is not None:
+                            perf.send_signal(signal.SIGINT)
+                            perf.wait(30)
+                        for k in range(a.writes):  # (the holder drops its replicas: its device stays small)
+                            (w.mnt / f"p{i}" / f"w{k}").unlink()
+                    print(f"pass {i} done", flush=True)
+            finally:  # (stopped before the device is unmounted)
+                for ag in agents:
+                    ag.stop()
     finally:
         for ag in agents:
             ag.stop()
@@ -158,17 +172,23 @@ def main() -> int:
 def print_table(rows: dict[str, list[float]], a) -> None:
     print(f"\nreplica_bench: {a.writes} × {a.write_size} per pass, {a.passes} passes, modes interleaved, holder on "
           f"its own device{' (' + a.extra + ')' if a.extra else ''}; load average {os.getloadavg()[0]:.2f}")
-    print("| replicas | writer MB/s: median (× none) | min–max | per pass (× none) | CPU s writer agent / holder / dd |")
+    print("| replicas | writer MB/s: median | per-pass ratio to none: median (IQR) | per pass (× none) "
+          "| CPU s writer agent / holder / dd |")
     print("|---|---:|---:|---|---|")
-    none = rows["write none"]
-    for key in ("write none", "write async", "write async, pushed", "write sync"):
-        xs = rows[key]
-        cpu = " / ".join(f"{statistics.median(rows[f'cpu {key[6:]} {who}']):.2f}"
-                         for who in ("writer agent", "holder agent", "dd"))
-        per = ", ".join(f"{x / n:.2f}" for x, n in zip(xs, none))
-        print(f"| {key[6:]} | {statistics.median(xs):,.0f} ({statistics.median(xs) / statistics.median(none):.2f}×)"
-              f" | {min(xs):,.0f}–{max(xs):,.0f} | {per} | {cpu} |")
-
+    for build in ("", "@base"):
+        if f"write none{build}" not in rows:
+            continue
+        none = rows[f"write none{build}"]
+        for mode in ("none", "async", "async, pushed", "sync"):
+            key = f"write {mode.replace(',', build + ',') if ',' in mode else mode + build}"
+            xs = rows[key]
+            cpu = " / ".join(f"{statistics.median(rows[f'cpu {key[6:]} {who}']):.2f}"
+                             for who in ("writer agent", "holder agent", "dd"))
+            ratios = [x / n for x, n in zip(xs, none)]
+            q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+            per = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"| {key[6:]} | {statistics.median(xs):,.0f} | {statistics.median(ratios):.2f} "
+                  f"({q[0]:.2f}–{q[2]:.2f}) | {per} | {cpu} |")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from hycache_agent.transport import direct_in
 from hycache_agent.transport.auth import authorization
 from hycache_agent.transport.client import (
     PeerAuthError,
@@ -280,6 +281,63 @@ async def test_push_replica_lands(server, client, files, tmp_path):
     empty.write_bytes(b"")
     await client.push_replica(server.addr, b"/rep/lica", empty, {"X-HyCache-Version": "43"})
     assert Path(os.fsdecode(landed)).read_bytes() == b"" and files.versions[b"/rep/lica"] == "43"
+
+
+@pytest.mark.parametrize("size", [3 * MiB + 17, 4 * MiB, 9 * MiB + 5, 300 * 1024 + 1])
+async def test_pushed_replica_is_written_past_the_page_cache(server, client, files, tmp_path, size):
+    """A pushed body goes to the staging file with O_DIRECT writes of whole blocks (the
+    holder never reads a replica it keeps) and its unaligned tail through the page cache:
+    byte-exact for sizes around the direct buffer's and the block's edges, in the
+    foreground and in the background."""
+    stats = server.server.stats
+    for background in (False, True):
+        src = tmp_path / f"src{background}"
+        data = os.urandom(size)
+        src.write_bytes(data)
+        before = stats.bytes_received_direct
+        await client.push_replica(server.addr, b"/direct", src, {"X-HyCache-Version": str(size)},
+                                  background=background)
+        assert Path(os.fsdecode(files.local(b"/direct"))).read_bytes() == data
+        # (the staging dir is on a file system that takes O_DIRECT: ext4 or tmpfs)
+        assert stats.bytes_received_direct - before == size - size % direct_in.ALIGN
+        assert os.listdir(files.staging_dir) == []
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_direct_body_keeps_the_head_bytes_and_falls_back_without_o_direct(tmp_path, direct):
+    """direct_body: the bytes h11 read with the request head come first and the direct
+    writes stay aligned after them; without a direct descriptor (a file system refusing
+    O_DIRECT) every byte goes through the ordinary one; a body cut short writes nothing
+    of its last, incomplete buffer and says why."""
+    import socket
+    import threading
+
+    data = os.urandom(direct_in.DIRECT_HOP + 3 * direct_in.ALIGN + 11)
+    head = [data[:1000], data[1000:70001]]
+    for cut in (False, True):
+        body = data[70001:len(data) - (5000 if cut else 0)]
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        sender = threading.Thread(target=lambda b=b, body=body: (b.sendall(body), b.close()))
+        sender.start()
+        target = tmp_path / f"out{cut}"
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        dfd = direct_in.open_direct(str(target)) if direct else -1
+        try:
+            r, went_direct = await trio.to_thread.run_sync(direct_in.direct_body, a.fileno(), fd, dfd, head,
+                                                           len(data), 5.0, lambda: None)
+        finally:
+            sender.join()
+            a.close()
+            os.close(fd)
+            if dfd >= 0:
+                os.close(dfd)
+        if cut:
+            assert isinstance(r.error, Exception) and r.n == direct_in.DIRECT_HOP
+            assert target.read_bytes() == data[:direct_in.DIRECT_HOP]
+        else:
+            assert r.error is None and r.n == len(data) and target.read_bytes() == data
+            assert went_direct == (len(data) - len(data) % direct_in.ALIGN if direct else 0)
 
 
 async def test_background_push_lands_on_niced_threads_of_both_sides(server, client, files, tmp_path):

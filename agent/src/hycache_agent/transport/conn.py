@@ -31,6 +31,7 @@ class PeerStats:
     aborted: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    bytes_received_direct: int = 0  # of those, written past the page cache (replicas: transport/direct_in.py)
     active_transfers: int = 0
 
     def as_dict(self) -> dict[str, int]:

@@ -22,6 +22,7 @@ from hycache_agent.transport.blob_io import (
     write_behind,
 )
 from hycache_agent.transport.conn import Conn, PeerStats, Stalled, describe, error_status
+from hycache_agent.transport.direct_in import direct_body, open_direct
 from hycache_agent.transport.idle import BackgroundThreads
 from hycache_agent.transport.wire import PUSH_HEADER, PeerFiles
 
@@ -64,7 +65,8 @@ class ReplicaIntake:
             length = headers.get("content-length", "")
             t0 = time.monotonic()
             if length.isascii() and length.isdigit() and "transfer-encoding" not in headers:
-                received = await self._receive_raw(c, fd, int(length), headers.get(PUSH_HEADER) == "background")
+                received = await self._receive_raw(c, fd, temp, int(length),
+                                                   headers.get(PUSH_HEADER) == "background")
             else:
                 received = await self._receive_to(c, fd)
             t1 = time.monotonic()
@@ -147,22 +149,43 @@ class ReplicaIntake:
             raise errors[0]
         return received
 
-    async def _receive_raw(self, c: Conn, fd: int, length: int, background: bool) -> int:
-        """A body of ``length`` bytes into ``fd``, moved in the kernel: what h11 already
-        read with the head is written first, the rest is spliced socket → pipe → file in
-        one worker-thread job (``blob_io.splice_body``), write-back started every
-        WRITEBACK_KICK bytes so the final fsync finds little left.  h11 does not see those
+    async def _receive_raw(self, c: Conn, fd: int, temp: str, length: int, background: bool) -> int:
+        """A body of ``length`` bytes into ``fd`` (the temp file ``temp``), moved without
+        h11: past the page cache where the staging file system allows it
+        (``direct_in.direct_body``), else spliced socket → pipe → file with its write-back
+        started every WRITEBACK_KICK bytes (``blob_io.splice_body``); either way in one
+        worker-thread job, so the final fsync finds little left.  h11 does not see those
         bytes, so the connection closes after the response."""
         pieces, ended = bulk.buffered_body(c)
-        received = 0
-        kicked = 0
-        if pieces:
-            n, kicked = await self._thread(write_behind, fd, pieces, kicked, 0)
-            received += n
-            self.stats.bytes_received += n
         if ended:
-            return received
+            n, _ = await self._thread(write_behind, fd, pieces, 0, 0)
+            self.stats.bytes_received += n
+            return n
         c.close_after = True
+        dfd = await self._thread(open_direct, temp)
+        try:
+            if dfd >= 0:
+                job = (direct_body, c.stream.socket.fileno(), fd, dfd, pieces, length, self.idle_timeout)
+                r, direct = await (self.background.run(*job) if background else self._thread(*job))
+                self.stats.bytes_received_direct += direct
+            else:
+                r = await self._splice(c, fd, pieces, length, background)
+        finally:
+            if dfd >= 0:
+                with trio.CancelScope(shield=True):
+                    await self._thread(os.close, dfd)
+        self.stats.bytes_received += r.n
+        if isinstance(r.error, TimeoutError):
+            raise Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
+        if r.error is not None:
+            raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
+        return r.n
+
+    async def _splice(self, c: Conn, fd: int, pieces: list[bytes], length: int, background: bool) -> bulk.Received:
+        """``pieces`` written, then the rest of the body spliced in (``blob_io.splice_body``)."""
+        received, kicked = 0, 0
+        if pieces:
+            received, kicked = await self._thread(write_behind, fd, pieces, kicked, 0)
         pipe = await self._thread(bulk.make_pipe)
         hop = (c.stream.socket.fileno(), fd, received, length - received, self.idle_timeout, pipe, kicked)
         try:
@@ -173,10 +196,5 @@ class ReplicaIntake:
         finally:
             with trio.CancelScope(shield=True):
                 await self._thread(close_pipe, pipe)
-        received += r.n
-        self.stats.bytes_received += r.n
-        if isinstance(r.error, TimeoutError):
-            raise Stalled(f"request body from {c.peer} stalled for {self.idle_timeout:.0f} s")
-        if r.error is not None:
-            raise trio.BrokenResourceError(f"peer {c.peer} closed the connection mid-body: {r.error}")
-        return received
+        r.n += received
+        return r
