@@ -122,10 +122,12 @@ end
 """
 
 SOURCES: dict[str, str] = {}
+_BODIES: dict[str, str] = {}
 
 
 def _script(name: str, body: str) -> None:
     SOURCES[name] = _PRELUDE + body
+    _BODIES[name] = body
 
 
 # ARGV: dir path, name, kind, rid, body
@@ -436,3 +438,24 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return {0}
 """)
+
+
+# Several single-entry scripts on ONE directory hash in one call (RedisClusterStore.apply):
+# ARGV: (script name, argument count, its arguments...)* -> one result per step, each the
+# named script's own.  Each step runs as that script would on its own (a body sees only
+# its own arguments as ARGV), in order, so a batch is replay-safe when its steps are.
+BATCHED = ("put", "create", "delete", "acquire", "release")
+SOURCES["batch"] = _PRELUDE + "".join(
+    f"local function step_{n}(ARGV)\n{_BODIES[n]}\nend\n" for n in BATCHED) + """
+local steps = {""" + ", ".join(f"{n} = step_{n}" for n in BATCHED) + """}
+local out = {}
+local i = 1
+while i <= #ARGV do
+  local argc = tonumber(ARGV[i + 1])
+  local a = {}
+  for j = 1, argc do a[j] = ARGV[i + 1 + j] end
+  out[#out + 1] = steps[ARGV[i]](a)
+  i = i + 2 + argc
+end
+return out
+"""

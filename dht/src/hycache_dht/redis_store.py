@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from .invalidations import InvalidationFeed
 
 
+# steps of one wave on one directory hash per script call (lua.py ``batch``): a call runs
+# atomically on its master, so a large batch holds that master this long at most
+BATCH_STEPS = 64
+
+
 def _exp(expect_version: int | None) -> str:
     if expect_version is None:
         return ""
@@ -163,13 +168,14 @@ class RedisClusterStore(CrossSlotProtocols):
     # -- batches --------------------------------------------------------------------------
 
     def apply(self, ops: list[Op]) -> list[object]:
-        """Pipelined: one round trip per master per *wave* (plus WAIT). A wave ends before
-        an op whose parent directory the wave creates (the new directory's header must be
-        in place first). Per op its method's result, or the exception it would raise. A
-        directory removal, or an op that met a rename in progress, is finished on its own
-        after its wave."""
+        """Pipelined: one round trip per master per *wave* (plus WAIT), the wave's steps on
+        one directory hash as one script call (lua.py ``batch``, up to BATCH_STEPS each). A
+        wave ends before an op whose parent directory the wave creates (the new
+        directory's header must be in place first). Per op its method's result, or the
+        exception it would raise. A directory removal, or an op that met a rename in
+        progress, is finished on its own after its wave."""
         results: list[object] = [None] * len(ops)
-        wave: list[tuple[int, Item]] = []
+        wave: list[tuple[int, bytes, tuple]] = []  # (op index, hash key, (script, *argv)); () = on its own
         new_dirs: set[bytes] = set()
         for i, op in enumerate(ops):
             try:
@@ -182,25 +188,46 @@ class RedisClusterStore(CrossSlotProtocols):
                 self._apply_wave(ops, wave, results)
                 wave, new_dirs = [], set()
             if op.path == paths.ROOT:
-                wave.append((i, Item(key, ())))  # answered by _one (rare)
+                wave.append((i, key, ()))  # answered by _one (rare)
                 continue
             if op.op == "delete":
-                args = self.c.script_args("delete", key, name, _exp(op.expect_version))
+                step: tuple = ("delete", name, _exp(op.expect_version))
             elif op.op == "acquire":
-                args = self.c.script_args("acquire", key, name, op.node, max(1, int(op.lease_seconds * 1000)))
+                step = ("acquire", name, op.node, max(1, int(op.lease_seconds * 1000)))
             elif op.op == "release":
-                args = self.c.script_args("release", key, name, op.node)
+                step = ("release", name, op.node)
             else:
                 m = op.entry()
-                argv = [parent, name, m.kind, new_id(), pack_body(m)]
+                step = (op.op, parent, name, m.kind, new_id(), pack_body(m))
                 if op.op == "put":
-                    argv += [_exp(op.expect_version), owners_arg(op.owners)]
-                args = self.c.script_args(op.op, key, *argv)
+                    step += (_exp(op.expect_version), owners_arg(op.owners))
                 if m.kind == "dir":
                     new_dirs.add(op.path)
-            wave.append((i, Item(key, args)))
+            wave.append((i, key, step))
         self._apply_wave(ops, wave, results)
         return results
+
+    def _wave_items(self, wave: list[tuple[int, bytes, tuple]]) -> list[tuple[Item, list[int]]]:
+        """The wave's steps as script calls: one ``batch`` per directory hash (and per
+        BATCH_STEPS steps), each with the indexes (in ``wave``) of the steps it carries."""
+        by_key: dict[bytes, list[int]] = {}
+        for w, (_i, key, step) in enumerate(wave):
+            if step:
+                by_key.setdefault(key, []).append(w)
+        out: list[tuple[Item, list[int]]] = []
+        for key, members in by_key.items():
+            for start in range(0, len(members), BATCH_STEPS):
+                chunk = members[start:start + BATCH_STEPS]
+                if len(chunk) == 1:
+                    step = wave[chunk[0]][2]
+                    out.append((Item(key, self.c.script_args(step[0], key, *step[1:])), chunk))
+                    continue
+                argv: list = []
+                for w in chunk:
+                    step = wave[w][2]
+                    argv += [step[0], len(step) - 1, *step[1:]]
+                out.append((Item(key, self.c.script_args("batch", key, *argv)), chunk))
+        return out
 
     def _announce(self, path_list: Iterable[bytes]) -> list[Item]:
         """SPUBLISH of each changed path on its directory's channel (keys.inval_channel),
@@ -225,16 +252,24 @@ class RedisClusterStore(CrossSlotProtocols):
             except DHTError:
                 pass
 
-    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list[object]) -> None:
-        items = [it for _, it in wave if it.args]
-        if items:
-            self.c.run(items + self._announce(
-                [ops[i].path for i, it in wave if it.args and ops[i].op in ("put", "create", "delete")]))
+    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]], results: list[object]) -> None:
+        calls = self._wave_items(wave)
+        if calls:
+            self.c.run([it for it, _ in calls] + self._announce(
+                [ops[i].path for i, _k, step in wave if step and ops[i].op in ("put", "create", "delete")]))
+        replies: list[tuple[object, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
+        for it, members in calls:
+            if len(members) == 1 or isinstance(it.result, BaseException):
+                for w in members:
+                    replies[w] = (it.result, it.ambiguous)
+            else:
+                for w, r in zip(members, it.result):
+                    replies[w] = (r, it.ambiguous)
         later: list[int] = []
         made: list[bytes] = []
-        for i, it in wave:
-            op, r = ops[i], it.result
-            if not it.args:
+        for w, (i, _key, step) in enumerate(wave):
+            op, (r, ambiguous) = ops[i], replies[w]
+            if not step:
                 later.append(i)
             elif isinstance(r, BaseException):
                 results[i] = r
@@ -256,7 +291,7 @@ class RedisClusterStore(CrossSlotProtocols):
                 else:
                     results[i] = None if r[0] == ST_CASFAIL else self._error(r[0], op.path, r)
             else:
-                results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and it.ambiguous)
+                results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and ambiguous)
                 if r[0] not in (ST_OK, ST_NOTFOUND, ST_CASFAIL):
                     results[i] = self._error(r[0], op.path)
         if made:
