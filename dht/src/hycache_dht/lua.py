@@ -440,11 +440,19 @@ return {0}
 """)
 
 
+# ARGV: channel (keys.inval_channel of the directory: the slot of K), path -> {0}.  The
+# announcement of a change (SPUBLISH) from inside a batch, after the change's step.
+_script("announce", r"""
+redis.call('SPUBLISH', ARGV[1], ARGV[2])
+return {0}
+""")
+
 # Several single-entry scripts on ONE directory hash in one call (RedisClusterStore.apply):
 # ARGV: (script name, argument count, its arguments...)* -> one result per step, each the
 # named script's own.  Each step runs as that script would on its own (a body sees only
-# its own arguments as ARGV), in order, so a batch is replay-safe when its steps are.
-BATCHED = ("put", "create", "delete", "acquire", "release")
+# its own arguments as ARGV), in order, so a batch is replay-safe when its steps are (an
+# announcement repeated by a replay is harmless: subscribers read the entry again).
+BATCHED = ("put", "create", "delete", "acquire", "release", "announce")
 SOURCES["batch"] = _PRELUDE + "".join(
     f"local function step_{n}(ARGV)\n{_BODIES[n]}\nend\n" for n in BATCHED) + """
 local steps = {""" + ", ".join(f"{n} = step_{n}" for n in BATCHED) + """}

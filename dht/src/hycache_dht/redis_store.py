@@ -207,9 +207,12 @@ class RedisClusterStore(CrossSlotProtocols):
         self._apply_wave(ops, wave, results)
         return results
 
-    def _wave_items(self, wave: list[tuple[int, bytes, tuple]]) -> list[tuple[Item, list[int]]]:
+    def _wave_items(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]]) -> list[tuple[Item, list[int]]]:
         """The wave's steps as script calls: one ``batch`` per directory hash (and per
-        BATCH_STEPS steps), each with the indexes (in ``wave``) of the steps it carries."""
+        BATCH_STEPS steps), each with the indexes (in ``wave``) of the steps it carries.
+        A put, create or delete is followed in its batch by its announcement (SPUBLISH on
+        the directory's channel, in the slot of its hash): a subscriber that hears it and
+        reads the entry again reads the new one."""
         by_key: dict[bytes, list[int]] = {}
         for w, (_i, key, step) in enumerate(wave):
             if step:
@@ -218,14 +221,13 @@ class RedisClusterStore(CrossSlotProtocols):
         for key, members in by_key.items():
             for start in range(0, len(members), BATCH_STEPS):
                 chunk = members[start:start + BATCH_STEPS]
-                if len(chunk) == 1:
-                    step = wave[chunk[0]][2]
-                    out.append((Item(key, self.c.script_args(step[0], key, *step[1:])), chunk))
-                    continue
                 argv: list = []
                 for w in chunk:
-                    step = wave[w][2]
+                    i, _key, step = wave[w]
                     argv += [step[0], len(step) - 1, *step[1:]]
+                    if step[0] in ("put", "create", "delete"):
+                        path = ops[i].path
+                        argv += ["announce", 2, keys.inval_channel(self.ns, paths.split(path)[0]), path]
                 out.append((Item(key, self.c.script_args("batch", key, *argv)), chunk))
         return out
 
@@ -253,18 +255,20 @@ class RedisClusterStore(CrossSlotProtocols):
                 pass
 
     def _apply_wave(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]], results: list[object]) -> None:
-        calls = self._wave_items(wave)
+        calls = self._wave_items(ops, wave)
         if calls:
-            self.c.run([it for it, _ in calls] + self._announce(
-                [ops[i].path for i, _k, step in wave if step and ops[i].op in ("put", "create", "delete")]))
+            self.c.run([it for it, _ in calls])
         replies: list[tuple[object, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
         for it, members in calls:
-            if len(members) == 1 or isinstance(it.result, BaseException):
+            if isinstance(it.result, BaseException):
                 for w in members:
                     replies[w] = (it.result, it.ambiguous)
-            else:
-                for w, r in zip(members, it.result):
-                    replies[w] = (r, it.ambiguous)
+                continue
+            answers = iter(it.result)
+            for w in members:  # (each put, create or delete has its announcement's {0} next)
+                replies[w] = (next(answers), it.ambiguous)
+                if wave[w][2][0] in ("put", "create", "delete"):
+                    next(answers)
         later: list[int] = []
         made: list[bytes] = []
         for w, (i, _key, step) in enumerate(wave):
