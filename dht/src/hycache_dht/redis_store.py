@@ -209,10 +209,11 @@ class RedisClusterStore(CrossSlotProtocols):
 
     def _wave_items(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]]) -> list[tuple[Item, list[int]]]:
         """The wave's steps as script calls: one ``batch`` per directory hash (and per
-        BATCH_STEPS steps), each with the indexes (in ``wave``) of the steps it carries.
-        A put, create or delete is followed in its batch by its announcement (SPUBLISH on
-        the directory's channel, in the slot of its hash): a subscriber that hears it and
-        reads the entry again reads the new one."""
+        BATCH_STEPS steps), each with its answers' layout: the index (in ``wave``) each
+        answer belongs to, -1 for an announcement's. A put, create or delete is followed
+        in its batch by its announcement (SPUBLISH on the directory's channel, in the slot
+        of its hash): a subscriber that hears it and reads the entry again reads the new
+        one. A put followed by the acquire of the same name (a create's) is one step."""
         by_key: dict[bytes, list[int]] = {}
         for w, (_i, key, step) in enumerate(wave):
             if step:
@@ -222,13 +223,27 @@ class RedisClusterStore(CrossSlotProtocols):
             for start in range(0, len(members), BATCH_STEPS):
                 chunk = members[start:start + BATCH_STEPS]
                 argv: list = []
-                for w in chunk:
+                layout: list[int] = []
+                skip = -1
+                for n, w in enumerate(chunk):
+                    if w == skip:
+                        continue
                     i, _key, step = wave[w]
-                    argv += [step[0], len(step) - 1, *step[1:]]
+                    nxt = chunk[n + 1] if n + 1 < len(chunk) else -1
+                    if (step[0] == "put" and nxt == w + 1 and wave[nxt][2][0] == "acquire"
+                            and ops[wave[nxt][0]].path == ops[i].path):
+                        acq = wave[nxt][2]
+                        argv += ["putacq", len(step) + 1, *step[1:], acq[2], acq[3]]
+                        layout += [w, nxt]
+                        skip = nxt
+                    else:
+                        argv += [step[0], len(step) - 1, *step[1:]]
+                        layout.append(w)
                     if step[0] in ("put", "create", "delete"):
                         path = ops[i].path
                         argv += ["announce", 2, keys.inval_channel(self.ns, paths.split(path)[0]), path]
-                out.append((Item(key, self.c.script_args("batch", key, *argv)), chunk))
+                        layout.append(-1)
+                out.append((Item(key, self.c.script_args("batch", key, *argv)), layout))
         return out
 
     def _announce(self, path_list: Iterable[bytes]) -> list[Item]:
@@ -259,16 +274,15 @@ class RedisClusterStore(CrossSlotProtocols):
         if calls:
             self.c.run([it for it, _ in calls])
         replies: list[tuple[object, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
-        for it, members in calls:
+        for it, layout in calls:
             if isinstance(it.result, BaseException):
-                for w in members:
-                    replies[w] = (it.result, it.ambiguous)
+                for w in layout:
+                    if w >= 0:
+                        replies[w] = (it.result, it.ambiguous)
                 continue
-            answers = iter(it.result)
-            for w in members:  # (each put, create or delete has its announcement's {0} next)
-                replies[w] = (next(answers), it.ambiguous)
-                if wave[w][2][0] in ("put", "create", "delete"):
-                    next(answers)
+            for w, r in zip(layout, it.result, strict=True):
+                if w >= 0:
+                    replies[w] = (r, it.ambiguous)
         later: list[int] = []
         made: list[bytes] = []
         for w, (i, _key, step) in enumerate(wave):
