@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import keys, paths
 from .cluster_client import Item
@@ -37,6 +37,8 @@ from .redis_protocols import CrossSlotProtocols
 if TYPE_CHECKING:
     from .invalidations import InvalidationFeed
 
+
+Step = tuple[Any, ...]  # (script name, *its arguments) of one op in RedisClusterStore.apply
 
 # steps of one wave on one directory hash per script call (lua.py ``batch``): a call runs
 # atomically on its master, so a large batch holds that master this long at most
@@ -175,7 +177,7 @@ class RedisClusterStore(CrossSlotProtocols):
         exception it would raise. A directory removal, or an op that met a rename in
         progress, is finished on its own after its wave."""
         results: list[object] = [None] * len(ops)
-        wave: list[tuple[int, bytes, tuple]] = []  # (op index, hash key, (script, *argv)); () = on its own
+        wave: list[tuple[int, bytes, Step]] = []  # (op index, hash key, (script, *argv)); () = on its own
         new_dirs: set[bytes] = set()
         for i, op in enumerate(ops):
             try:
@@ -191,7 +193,7 @@ class RedisClusterStore(CrossSlotProtocols):
                 wave.append((i, key, ()))  # answered by _one (rare)
                 continue
             if op.op == "delete":
-                step: tuple = ("delete", name, _exp(op.expect_version))
+                step: Step = ("delete", name, _exp(op.expect_version))
             elif op.op == "acquire":
                 step = ("acquire", name, op.node, max(1, int(op.lease_seconds * 1000)))
             elif op.op == "release":
@@ -207,7 +209,7 @@ class RedisClusterStore(CrossSlotProtocols):
         self._apply_wave(ops, wave, results)
         return results
 
-    def _wave_items(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]]) -> list[tuple[Item, list[int]]]:
+    def _wave_items(self, ops: list[Op], wave: list[tuple[int, bytes, Step]]) -> list[tuple[Item, list[int]]]:
         """The wave's steps as script calls: one ``batch`` per directory hash (and per
         BATCH_STEPS steps), each with its answers' layout: the index (in ``wave``) each
         answer belongs to, -1 for an announcement's. A put, create or delete is followed
@@ -222,7 +224,7 @@ class RedisClusterStore(CrossSlotProtocols):
         for key, members in by_key.items():
             for start in range(0, len(members), BATCH_STEPS):
                 chunk = members[start:start + BATCH_STEPS]
-                argv: list = []
+                argv: list[Any] = []
                 layout: list[int] = []
                 skip = -1
                 for n, w in enumerate(chunk):
@@ -269,11 +271,11 @@ class RedisClusterStore(CrossSlotProtocols):
             except DHTError:
                 pass
 
-    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, bytes, tuple]], results: list[object]) -> None:
+    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, bytes, Step]], results: list[object]) -> None:
         calls = self._wave_items(ops, wave)
         if calls:
             self.c.run([it for it, _ in calls])
-        replies: list[tuple[object, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
+        replies: list[tuple[Any, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
         for it, layout in calls:
             if isinstance(it.result, BaseException):
                 for w in layout:
