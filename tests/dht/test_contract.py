@@ -507,6 +507,19 @@ def test_apply_batch_write_leases(store):
     assert store.acquire_write(b"/l/a", "n2", 30)
 
 
+def test_apply_batch_put_then_acquire(store):
+    """A put followed by the acquire of the same name (one step on Redis): the flag is
+    taken only from nobody or from its own holder, and the put is applied either way."""
+    assert store.apply([Op.create(b"/h", D), Op.put(b"/h/a", F()), Op.acquire(b"/h/a", "n1", 30)])[2] is True
+    res = store.apply([Op.put(b"/h/a", F(size=5)), Op.acquire(b"/h/a", "n2", 30),
+                       Op.put(b"/h/a", F(size=6)), Op.acquire(b"/h/a", "n1", 30),
+                       Op.put(b"/h/b", F(size=7)), Op.acquire(b"/h/b", "n2", 30)])
+    assert isinstance(res[0], int) and res[1] is False and isinstance(res[2], int) and res[3] is True
+    assert isinstance(res[4], int) and res[5] is True
+    a, b = store.get(b"/h/a"), store.get(b"/h/b")
+    assert a.size == 6 and a.writer == "n1" and b.size == 7 and b.writer == "n2"
+
+
 def test_huge_directory_create_stays_o1(store, engine, capsys):
     """100k entries in one directory: per-create time at 1k vs 100k entries (printed),
     listing streams them all."""

@@ -1,8 +1,8 @@
 """Announcements of changed entries, heard through Redis Cluster's sharded pub/sub.
 
 Every write of an entry (``put``/``create``/``delete`` and their batches, ``rename``) is
-followed, in the same pipeline to the same master, by ``SPUBLISH`` of the path on its
-directory's channel (:func:`keys.inval_channel`).  A reader that keeps entries of a
+followed on the same master by ``SPUBLISH`` of the path on its directory's channel
+(:func:`keys.inval_channel`): in a batch from inside its script, right after the write.  A reader that keeps entries of a
 directory subscribes to its channel (``SSUBSCRIBE``) and hears of every later change of
 them, so it can keep what it read without asking again.
 

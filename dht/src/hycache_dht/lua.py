@@ -122,10 +122,12 @@ end
 """
 
 SOURCES: dict[str, str] = {}
+_BODIES: dict[str, str] = {}
 
 
 def _script(name: str, body: str) -> None:
     SOURCES[name] = _PRELUDE + body
+    _BODIES[name] = body
 
 
 # ARGV: dir path, name, kind, rid, body
@@ -145,7 +147,9 @@ return {0, v}
 
 # ARGV: dir path, name, kind, rid, body, expect ('' | '0' | version),
 #       owners ('' = no guard | '|node|node|': the existing entry's primary must be one of them)
-# -> {0, version, 1 if a directory entry was created} | {13, version, primary}
+#       [, node, lease_ms: the write flag taken as ``acquire`` would right after the put,
+#        in the same write; its answer is the 4th element (not given: call acquire)]
+# -> {0, version, 1 if a directory entry was created[, acquire's answer]} | {13, version, primary}
 _script("put", r"""
 local st = writable(K, ARGV[1])
 if st ~= 'live' then return refuse(st) end
@@ -172,9 +176,21 @@ elseif ARGV[6] ~= '' and ARGV[6] ~= '0' then
   return {3, 0}
 end
 local v = bump(K)
+local acq = nil
+if ARGV[8] then
+  local now = now_ms()
+  if writer == '' or writer == ARGV[8] or lease <= now then
+    writer, lease = ARGV[8], now + tonumber(ARGV[9])
+    acq = {0, lease}
+  else
+    acq = {9, writer, lease}
+  end
+end
 redis.call('HSET', K, ARGV[2], enc({v, writer, lease, ARGV[3], ARGV[4], ARGV[5], ''}))
-if (not existed) and ARGV[3] == 'dir' then return {0, v, 1} end
-return {0, v, 0}
+local made = 0
+if (not existed) and ARGV[3] == 'dir' then made = 1 end
+if acq then return {0, v, made, acq} end
+return {0, v, made}
 """)
 
 # mkdir step 2 (after the entry): give the new directory's own hash its live header.
@@ -436,3 +452,42 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 return {0}
 """)
+
+
+# ARGV: channel (keys.inval_channel of the directory: the slot of K), path -> {0}.  The
+# announcement of a change (SPUBLISH) from inside a batch, after the change's step.
+_script("announce", r"""
+redis.call('SPUBLISH', ARGV[1], ARGV[2])
+return {0}
+""")
+
+# Several single-entry scripts on ONE directory hash in one call (RedisClusterStore.apply):
+# ARGV: (script name, argument count, its arguments...)* -> one result per step, each the
+# named script's own.  Each step runs as that script would on its own (a body sees only
+# its own arguments as ARGV), in order, so a batch is replay-safe when its steps are (an
+# announcement repeated by a replay is harmless: subscribers read the entry again).
+# ``putacq`` (put's arguments, node, lease_ms): a put and then the acquire of the same
+# name, two answers; the flag is set in the put's own write when the put writes.
+BATCHED = ("put", "create", "delete", "acquire", "release", "announce")
+SOURCES["batch"] = _PRELUDE + "".join(
+    f"local function step_{n}(ARGV)\n{_BODIES[n]}\nend\n" for n in BATCHED) + """
+local steps = {""" + ", ".join(f"{n} = step_{n}" for n in BATCHED) + """}
+steps.putacq = function(a)
+  local r = step_put(a)
+  local acq = r[4]
+  if acq then r[4] = nil else acq = step_acquire({a[2], a[8], a[9]}) end
+  return r, acq
+end
+local out = {}
+local i = 1
+while i <= #ARGV do
+  local argc = tonumber(ARGV[i + 1])
+  local a = {}
+  for j = 1, argc do a[j] = ARGV[i + 1 + j] end
+  local r, r2 = steps[ARGV[i]](a)
+  out[#out + 1] = r
+  if r2 then out[#out + 1] = r2 end
+  i = i + 2 + argc
+end
+return out
+"""

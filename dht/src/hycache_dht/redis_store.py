@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import keys, paths
 from .cluster_client import Item
@@ -36,6 +36,13 @@ from .redis_protocols import CrossSlotProtocols
 
 if TYPE_CHECKING:
     from .invalidations import InvalidationFeed
+
+
+Step = tuple[Any, ...]  # (script name, *its arguments) of one op in RedisClusterStore.apply
+
+# steps of one wave on one directory hash per script call (lua.py ``batch``): a call runs
+# atomically on its master, so a large batch holds that master this long at most
+BATCH_STEPS = 64
 
 
 def _exp(expect_version: int | None) -> str:
@@ -163,13 +170,14 @@ class RedisClusterStore(CrossSlotProtocols):
     # -- batches --------------------------------------------------------------------------
 
     def apply(self, ops: list[Op]) -> list[object]:
-        """Pipelined: one round trip per master per *wave* (plus WAIT). A wave ends before
-        an op whose parent directory the wave creates (the new directory's header must be
-        in place first). Per op its method's result, or the exception it would raise. A
-        directory removal, or an op that met a rename in progress, is finished on its own
-        after its wave."""
+        """Pipelined: one round trip per master per *wave* (plus WAIT), the wave's steps on
+        one directory hash as one script call (lua.py ``batch``, up to BATCH_STEPS each). A
+        wave ends before an op whose parent directory the wave creates (the new
+        directory's header must be in place first). Per op its method's result, or the
+        exception it would raise. A directory removal, or an op that met a rename in
+        progress, is finished on its own after its wave."""
         results: list[object] = [None] * len(ops)
-        wave: list[tuple[int, Item]] = []
+        wave: list[tuple[int, bytes, Step]] = []  # (op index, hash key, (script, *argv)); () = on its own
         new_dirs: set[bytes] = set()
         for i, op in enumerate(ops):
             try:
@@ -182,25 +190,63 @@ class RedisClusterStore(CrossSlotProtocols):
                 self._apply_wave(ops, wave, results)
                 wave, new_dirs = [], set()
             if op.path == paths.ROOT:
-                wave.append((i, Item(key, ())))  # answered by _one (rare)
+                wave.append((i, key, ()))  # answered by _one (rare)
                 continue
             if op.op == "delete":
-                args = self.c.script_args("delete", key, name, _exp(op.expect_version))
+                step: Step = ("delete", name, _exp(op.expect_version))
             elif op.op == "acquire":
-                args = self.c.script_args("acquire", key, name, op.node, max(1, int(op.lease_seconds * 1000)))
+                step = ("acquire", name, op.node, max(1, int(op.lease_seconds * 1000)))
             elif op.op == "release":
-                args = self.c.script_args("release", key, name, op.node)
+                step = ("release", name, op.node)
             else:
                 m = op.entry()
-                argv = [parent, name, m.kind, new_id(), pack_body(m)]
+                step = (op.op, parent, name, m.kind, new_id(), pack_body(m))
                 if op.op == "put":
-                    argv += [_exp(op.expect_version), owners_arg(op.owners)]
-                args = self.c.script_args(op.op, key, *argv)
+                    step += (_exp(op.expect_version), owners_arg(op.owners))
                 if m.kind == "dir":
                     new_dirs.add(op.path)
-            wave.append((i, Item(key, args)))
+            wave.append((i, key, step))
         self._apply_wave(ops, wave, results)
         return results
+
+    def _wave_items(self, ops: list[Op], wave: list[tuple[int, bytes, Step]]) -> list[tuple[Item, list[int]]]:
+        """The wave's steps as script calls: one ``batch`` per directory hash (and per
+        BATCH_STEPS steps), each with its answers' layout: the index (in ``wave``) each
+        answer belongs to, -1 for an announcement's. A put, create or delete is followed
+        in its batch by its announcement (SPUBLISH on the directory's channel, in the slot
+        of its hash): a subscriber that hears it and reads the entry again reads the new
+        one. A put followed by the acquire of the same name (a create's) is one step."""
+        by_key: dict[bytes, list[int]] = {}
+        for w, (_i, key, step) in enumerate(wave):
+            if step:
+                by_key.setdefault(key, []).append(w)
+        out: list[tuple[Item, list[int]]] = []
+        for key, members in by_key.items():
+            for start in range(0, len(members), BATCH_STEPS):
+                chunk = members[start:start + BATCH_STEPS]
+                argv: list[Any] = []
+                layout: list[int] = []
+                skip = -1
+                for n, w in enumerate(chunk):
+                    if w == skip:
+                        continue
+                    i, _key, step = wave[w]
+                    nxt = chunk[n + 1] if n + 1 < len(chunk) else -1
+                    if (step[0] == "put" and nxt == w + 1 and wave[nxt][2][0] == "acquire"
+                            and ops[wave[nxt][0]].path == ops[i].path):
+                        acq = wave[nxt][2]
+                        argv += ["putacq", len(step) + 1, *step[1:], acq[2], acq[3]]
+                        layout += [w, nxt]
+                        skip = nxt
+                    else:
+                        argv += [step[0], len(step) - 1, *step[1:]]
+                        layout.append(w)
+                    if step[0] in ("put", "create", "delete"):
+                        path = ops[i].path
+                        argv += ["announce", 2, keys.inval_channel(self.ns, paths.split(path)[0]), path]
+                        layout.append(-1)
+                out.append((Item(key, self.c.script_args("batch", key, *argv)), layout))
+        return out
 
     def _announce(self, path_list: Iterable[bytes]) -> list[Item]:
         """SPUBLISH of each changed path on its directory's channel (keys.inval_channel),
@@ -225,16 +271,25 @@ class RedisClusterStore(CrossSlotProtocols):
             except DHTError:
                 pass
 
-    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, Item]], results: list[object]) -> None:
-        items = [it for _, it in wave if it.args]
-        if items:
-            self.c.run(items + self._announce(
-                [ops[i].path for i, it in wave if it.args and ops[i].op in ("put", "create", "delete")]))
+    def _apply_wave(self, ops: list[Op], wave: list[tuple[int, bytes, Step]], results: list[object]) -> None:
+        calls = self._wave_items(ops, wave)
+        if calls:
+            self.c.run([it for it, _ in calls])
+        replies: list[tuple[Any, bool]] = [(None, False)] * len(wave)  # (reply or error, ambiguous)
+        for it, layout in calls:
+            if isinstance(it.result, BaseException):
+                for w in layout:
+                    if w >= 0:
+                        replies[w] = (it.result, it.ambiguous)
+                continue
+            for w, r in zip(layout, it.result, strict=True):
+                if w >= 0:
+                    replies[w] = (r, it.ambiguous)
         later: list[int] = []
         made: list[bytes] = []
-        for i, it in wave:
-            op, r = ops[i], it.result
-            if not it.args:
+        for w, (i, _key, step) in enumerate(wave):
+            op, (r, ambiguous) = ops[i], replies[w]
+            if not step:
                 later.append(i)
             elif isinstance(r, BaseException):
                 results[i] = r
@@ -256,7 +311,7 @@ class RedisClusterStore(CrossSlotProtocols):
                 else:
                     results[i] = None if r[0] == ST_CASFAIL else self._error(r[0], op.path, r)
             else:
-                results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and it.ambiguous)
+                results[i] = r[0] == ST_OK or (r[0] == ST_NOTFOUND and ambiguous)
                 if r[0] not in (ST_OK, ST_NOTFOUND, ST_CASFAIL):
                     results[i] = self._error(r[0], op.path)
         if made:
