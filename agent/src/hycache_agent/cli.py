@@ -235,8 +235,8 @@ def _move(paths: list[Path], tier: str, wait: bool, timeout: float) -> int:
                 if "migration" not in info:
                     time.sleep(0.05)
                     info = _info(path)
-                    if info["tier"] != tier and "migration" not in info:
-                        break
+                    if info["tier"] != tier and "migration" not in info and info.get("move_wanted") != tier:
+                        break  # neither moving nor waiting to: the agent refused or gave up
                 else:
                     bar.update(task, completed=info["migration"]["copied"], total=max(1, info["migration"]["total"]))
                 time.sleep(0.05)
