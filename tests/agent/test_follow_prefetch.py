@@ -90,9 +90,10 @@ def test_a_reader_of_a_few_bytes_or_jumping_around_gets_nothing_ahead(hycache_mo
         assert os.pread(fd, 100, 0)
         for off in range(0, SIZE, 3 * M):  # 64 KiB every 3 MiB: never 2 MiB in order
             assert os.pread(fd, 64 << 10, off)
-        beyond = [i for i, r in enumerate(resident(blob)) if r]
+        beyond = {i for i, r in enumerate(resident(blob)) if r}
         time.sleep(1.5)
-        assert len([r for r in resident(blob) if r]) == len(beyond)  # nothing arrived after the reads
+        later = {i for i, r in enumerate(resident(blob)) if r}
+        assert later <= beyond, sorted(later - beyond)[:8]  # nothing arrived after the reads
     finally:
         os.close(fd)
     # the kernel's read-ahead of each jump, not the follower's chunks
