@@ -136,6 +136,9 @@ def _kernel_options(m) -> None:
     m.add_argument("--follow-prefetch-mb", type=int,
                    help="keep this many MiB asked for just ahead of each process that reads a file on the "
                         "fast tier in order through passthrough, from the kernel read trace (default 32; 0: off)")
+    m.add_argument("--follow-first-mb", type=int,
+                   help="when a process is first seen reading such a file in order, ask for this many "
+                        "MiB past it at once (default: --follow-prefetch-mb)")
     m.add_argument("--no-kernel-read-counts", dest="kernel_read_counts", action="store_false", default=None,
                    help="do not trace the kernel's reads of the tiers' files (the per-tier read bytes "
                         "then leave out what passthrough opens read)")
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
-                "open_prefetch_mb", "follow_prefetch_mb",
+                "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
