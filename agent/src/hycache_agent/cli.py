@@ -138,7 +138,7 @@ def _kernel_options(m) -> None:
                         "fast tier in order through passthrough, from the kernel read trace (default 32; 0: off)")
     m.add_argument("--follow-first-mb", type=int,
                    help="when a process is first seen reading such a file in order, ask for this many "
-                        "MiB past it at once (default: --follow-prefetch-mb)")
+                        "MiB past it at once (default 256; at least --follow-prefetch-mb)")
     m.add_argument("--no-kernel-read-counts", dest="kernel_read_counts", action="store_false", default=None,
                    help="do not trace the kernel's reads of the tiers' files (the per-tier read bytes "
                         "then leave out what passthrough opens read)")
