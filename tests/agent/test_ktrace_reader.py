@@ -202,11 +202,14 @@ def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):
 
 
 def test_the_first_ask_reaches_further_and_what_is_asked_stays_bounded(tmp_path):
-    """``first``: a blob's first reader seen in order gets that much asked at once (a few
-    bytes, or jumps, still nothing); after it the window rule holds, and nothing is ever
-    asked further than max(first, GROWTH x ahead) past the reader."""
-    blob = tmp_path / "blob"
-    blob.write_bytes(b"\0" * MiB)
+    """``first``: a blob's first reader seen in order gets that much asked at once, or up
+    to the blob's end (a few bytes, or jumps, still nothing); after it the window rule
+    holds, and nothing is ever asked further than max(first, GROWTH x ahead) past the
+    reader."""
+    blob, small = tmp_path / "blob", tmp_path / "small"
+    with open(blob, "wb") as f:
+        f.truncate(1 << 30)  # sparse
+    small.write_bytes(b"\0" * (20 * MiB))
     ahead, first = 2 * CHUNK, 16 * CHUNK
     fo = Follower(ahead, first=first)
     try:
@@ -228,7 +231,11 @@ def test_the_first_ask_reaches_further_and_what_is_asked_stays_bounded(tmp_path)
             pos = new
             most = max(most, f.asked - pos)
         assert fo.requests > 16 and most <= max(first, GROWTH * ahead)
+        asked = fo.requests
         assert Follower(ahead).first == ahead and Follower(ahead, first=CHUNK).first == ahead
+        fo.command(b"+ 1 3 " + bytes(small))  # 20 MiB: the first ask stops at its last chunk
+        fo.saw(13, (1, 3), 0, START)
+        assert fo.requests == asked + 3 and fo.blobs[(1, 3)].asked == START + 3 * CHUNK
     finally:
         fo.close()
 

@@ -91,6 +91,14 @@ def willneed(f: Followed, offset: int, length: int) -> None:
         os.close(fd)
 
 
+def _size(path: bytes) -> int:
+    """The blob's size now (0 when it is gone): the first ask past the window stops at it."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 class Follower:
     """Read-ahead of the followed blobs' sequential readers (see the module's doc).
     ``ahead``: bytes kept asked for past a sequential reader's position (0: off);
@@ -127,10 +135,11 @@ class Follower:
         """A read of bytes ``start``-``end`` of the followed blob ``key`` by thread ``tid``:
         once the thread has read ``START`` bytes in order, whole chunks up to the blob's
         window past ``end`` are asked for (those not asked already); the blob's first ask
-        reaches ``first`` past ``end`` (the requests then run while the follower waits for
-        the reader's next events, which come late when the CPUs are busy).  The window
-        starts at ``ahead`` and doubles, up to ``GROWTH`` times, each time a reader is seen
-        within a chunk of what was asked: it reads faster than this process follows."""
+        reaches ``first`` past ``end``, or the blob's end if that is nearer (the requests
+        then run while the follower waits for the reader's next events, which come late
+        when the CPUs are busy).  The window starts at ``ahead`` and doubles, up to
+        ``GROWTH`` times, each time a reader is seen within a chunk of what was asked: it
+        reads faster than this process follows."""
         f = self.blobs[key]
         last, run = f.threads.get(tid, (start, 0))
         if last <= start <= last + SLACK:
@@ -146,7 +155,10 @@ class Follower:
         if f.asked and end + CHUNK > f.asked:
             f.window = min(2 * f.window, GROWTH * self.ahead)
         off = max(f.asked, end)
-        reach = end + (f.window if f.asked else self.first)
+        if f.asked:
+            reach = end + f.window
+        else:  # up to the chunk that holds the blob's last byte
+            reach = max(end + f.window, min(end + self.first, _size(f.path) + CHUNK - 1))
         while off + CHUNK <= reach:
             assert self.pool is not None
             self.pool.submit(willneed, f, off, CHUNK)
