@@ -52,7 +52,8 @@ class AgentConfig(BaseModel):
     # the trace: off too with --no-kernel-read-counts)
     follow_prefetch_mb: int = Field(default=32, ge=0, le=4096)
     # MiB of a followed blob asked for at once past its first thread seen reading it in
-    # order (at least follow_prefetch_mb); the window above is kept past it afterwards
+    # order, or to its end if nearer (at least follow_prefetch_mb); the window above is kept
+    # past it afterwards
     follow_first_mb: int = Field(default=256, ge=0, le=4096)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
