@@ -2,7 +2,8 @@
 read trace's reader, fs/ktrace_reader.py ``Follower``), through a real mount: a thread that
 reads a fast-tier file in order gets the blob's pages well past the kernel's own read-ahead
 window resident; a reader of a few bytes, or one that jumps around, gets none; a released
-blob is no longer followed; a mount with 0 follows nothing."""
+blob is no longer followed; a mount with 0 follows nothing; a slow-tier file is read
+around in whole blocks."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hycache_agent.fs.ktrace_reader import BLOCK
 
-from .conftest import status
+from .conftest import cli, info, status, tier_blobs, wait_idle
 from .test_open_prefetch import PAGE, M, big_file, evict, resident
 
 FOLLOW_MB = 40
@@ -145,3 +147,31 @@ def test_a_released_blob_is_no_longer_followed(hycache_mount):
         assert cached_between(blob, FAR, NEAR_END, seconds=1.5) < 1
     finally:
         os.close(direct)
+
+
+@pytest.mark.mount
+def test_a_random_reader_of_a_slow_tier_file_gets_whole_blocks(hycache_mount):
+    """A slow-tier file is read around in whole 4 MiB blocks (JuiceFS's block): one 8 KiB
+    read in the middle of a block brings the rest of that block into the page cache, and
+    nothing of the blocks it did not touch (a database's random page reads on an HDD:
+    one seek a block, not one a page)."""
+    m = hycache_mount("512M", follow_prefetch_mb=FOLLOW_MB)
+    path, fast_blob = big_file(m, "big", 32 * M)
+    traced(m)
+    cli("demote", path, check=True)
+    wait_idle(m)
+    slow = [b for b, n in tier_blobs(m.slow).items() if n == 32 * M]
+    assert len(slow) == 1 and info(path)["tier"] == "slow", (tier_blobs(m.slow), info(path))
+    blob = slow[0]
+    evict(blob)
+    assert sum(resident(blob)) == 0
+    fd = os.open(path, os.O_RDWR)  # a database opens its files for writing too
+    try:
+        time.sleep(1.0)  # the open's message to the trace reader (see the released-blob test)
+        assert os.pread(fd, 8192, 2 * BLOCK + BLOCK // 2)
+        block = cached_between(blob, 2 * BLOCK, 3 * BLOCK)
+    finally:
+        os.close(fd)
+    assert block >= 0.9 * BLOCK / M, block
+    assert sum(resident(blob)[: 2 * BLOCK // PAGE]) * PAGE < M  # the blocks before it: untouched
+    assert sum(resident(blob)[4 * BLOCK // PAGE:]) * PAGE < M  # and well after it

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from hycache_agent.fs.kreads import KernelReads
-from hycache_agent.fs.ktrace_reader import CHUNK, GROWTH, START, Follower
+from hycache_agent.fs.ktrace_reader import BLOCK, CHUNK, GROWTH, START, Follower
 
 MiB = 1 << 20
 
@@ -171,6 +171,37 @@ def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(tmp_path):
         assert not fo.blobs
         fo.command(b"+ 1 nonsense")  # ignored
         assert not fo.blobs
+    finally:
+        fo.close()
+
+
+def test_a_slow_tier_blob_is_read_around_in_whole_blocks(tmp_path):
+    """``*``: a slow-tier blob.  Each BLOCK a read touches is asked for once, whole (a
+    random reader's 8 KiB pages: one request per block, not one per page), and a thread
+    reading in order also gets the next block; a fast-tier blob (``+``) random reader
+    gets nothing."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * (64 * MiB))
+    fo = Follower(4 * CHUNK)
+    try:
+        key = (1, 3)
+        fo.command(b"* 1 3 " + bytes(blob))
+        assert fo.blobs[key].blocks == set()
+        fo.saw(10, key, 5 * BLOCK + 8192, 5 * BLOCK + 16384)  # a page in block 5
+        fo.saw(11, key, 5 * BLOCK + 65536, 5 * BLOCK + 73728)  # another page of it: asked already
+        assert fo.requests == 1 and fo.blobs[key].blocks == {5}
+        fo.saw(10, key, 2 * BLOCK - 4096, 2 * BLOCK + 4096)  # across blocks 1 and 2
+        assert fo.requests == 3 and fo.blobs[key].blocks == {1, 2, 5}
+        for off in range(8 * BLOCK, 8 * BLOCK + START, 1 << 20):  # in order from block 8
+            fo.saw(12, key, off, off + (1 << 20))
+        assert fo.blobs[key].blocks == {1, 2, 5, 8, 9}  # and, once in order, the next one
+        fo.command(b"- 1 3")
+        assert not fo.blobs
+        fast = (1, 4)
+        fo.command(b"+ 1 4 " + bytes(blob))
+        before = fo.requests
+        fo.saw(13, fast, 5 * BLOCK, 5 * BLOCK + 8192)
+        assert fo.requests == before  # a fast-tier blob's random reader: nothing
     finally:
         fo.close()
 

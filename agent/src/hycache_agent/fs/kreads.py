@@ -242,10 +242,11 @@ class KernelReads:
     def following(self) -> bool:
         return self.follow_mb > 0 and self.child is not None
 
-    def follow(self, key: tuple[int, int], path: str) -> bool:
+    def follow(self, key: tuple[int, int], path: str, *, blocks: bool = False) -> bool:
         """One more open reads the blob ``key`` (st_dev, st_ino) at ``path``: read ahead of
-        its sequential readers.  False when the line could not be sent."""
-        return self._tell(b"+ %d %d %s\n" % (key[0], key[1], os.fsencode(path)))
+        its sequential readers, or (``blocks``: a slow-tier blob) read around its readers in
+        whole blocks.  False when the line could not be sent."""
+        return self._tell(b"%s %d %d %s\n" % (b"*" if blocks else b"+", key[0], key[1], os.fsencode(path)))
 
     def unfollow(self, key: tuple[int, int]) -> None:
         """One open of the blob ``key`` is released (the last one stops its read-ahead)."""

@@ -61,12 +61,13 @@ class OpenPrefetch:
         self.bytes = 0  # bytes asked for
         self.followed: dict[int, tuple[int, int]] = {}  # open handle -> its blob's (st_dev, st_ino)
 
-    def follow(self, fh: int, key: tuple[int, int] | None, path: str) -> None:
+    def follow(self, fh: int, key: tuple[int, int] | None, path: str, *, blocks: bool = False) -> None:
         """The open ``fh`` reads the blob ``path`` (``key``: its device and inode, None when
-        its reads are not traced): have the trace's reader follow it until :meth:`unfollow`."""
+        its reads are not traced): have the trace's reader follow it until :meth:`unfollow`
+        (``blocks``: a slow-tier blob, read around in blocks; ktrace_reader.Follower)."""
         if key is None or self.kreads is None or not self.kreads.following:
             return
-        if self.kreads.follow(key, path):
+        if self.kreads.follow(key, path, blocks=blocks):
             self.followed[fh] = key
 
     def unfollow(self, fh: int) -> None:

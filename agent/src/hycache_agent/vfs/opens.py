@@ -93,7 +93,8 @@ class Opens(Part):
     async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False) -> Opened:
         """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
         EIO to both together); a reader of a fast-tier blob through it gets the blob's
-        start read ahead and is followed (fs/prefetch.py), unless it reads around the page
+        start read ahead and is followed (fs/prefetch.py), and a slow-tier blob's reads are
+        read around in whole blocks (ktrace_reader.Follower), unless it reads around the page
         cache."""
 
         async def wanted() -> bool:  # set-ID files are written through the agent, which clears the bits
@@ -110,6 +111,8 @@ class Opens(Part):
                 path = self.engine.blob(node)
                 self.engine.prefetch.start(path)
                 self.engine.prefetch.follow(fh, self.backings.blob_key(node.ino), path)
+            elif not direct and node.tier == T.SLOW:  # read or written: its reads go around in blocks
+                self.engine.prefetch.follow(fh, self.backings.blob_key(node.ino), self.engine.blob(node), blocks=True)
         quiet = not writing or bool(bid and self._nothing_at_close(node))
         return Opened(fh, bid, quiet, keep_cache=not bid and self.engine.config.kernel_cache)
 
