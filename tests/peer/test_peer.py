@@ -456,7 +456,9 @@ async def test_parts_at_their_offsets_in_any_order(server, files):
     data = os.urandom(2 * hop + 100)
     last = await _send_part(server, b"/order", "p1", 3, 2 * hop, data[2 * hop:], len(data))
     mid = await _send_part(server, b"/order", "p1", 3, hop, data[hop:2 * hop], len(data))
-    await trio.sleep(0.2)
+    pushes = server.server.parts.pushes
+    await wait_for(lambda: ("client-1", "p1") in pushes
+                   and sorted(pushes[("client-1", "p1")].ranges) == [(hop, hop), (2 * hop, 100)])
     assert not os.path.exists(files.local(b"/order"))  # two of three parts: nothing adopted
     assert len(os.listdir(files.staging_dir)) == 1
     first = await _send_part(server, b"/order", "p1", 3, 0, data[:hop], len(data))
