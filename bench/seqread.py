@@ -9,8 +9,10 @@ different ``mount`` flags side by side (``--variant NAME=FLAGS``, each on its ow
 model), the peers of the papers' matrix (``--peers``, default fast-disk Ext4 and JuiceFS),
 ``--passes`` passes with the order reversed every other pass, and the range (min-max) of
 every cell over the passes.  A ``--variant NAME`` without ``=`` is one of the named modes
-(``VARIANTS``): ``hycache`` (the defaults), ``nofollow`` (``--follow-prefetch-mb 0``),
-``follow`` (``--follow-prefetch-mb 32``) and ``openpf`` (``--open-prefetch-mb 256``).
+(``VARIANTS``): ``hycache`` (the defaults: a follow window of 32 MiB, a first ask of 256),
+``nofollow`` (``--follow-prefetch-mb 0``), ``follow`` (``--follow-prefetch-mb 32``, first
+ask 32 MiB), ``first256`` (the same window, first ask 256 MiB: ``--follow-first-mb 256``)
+and ``openpf`` (``--open-prefetch-mb 256``).
 
     PYTHONPATH=... python bench/seqread.py --passes 3 \\
         --variant hycache --variant nofollow --variant openpf \\
@@ -33,7 +35,9 @@ from paperbench.targets import Fast, HyCache, JuiceFS, Target, close_targets, on
 from slowtier import SlowTier
 
 PEERS = {"fast": "fast-disk Ext4", "juicefs": "JuiceFS"}
-VARIANTS = {"hycache": "", "nofollow": "--follow-prefetch-mb 0", "follow": "--follow-prefetch-mb 32",
+VARIANTS = {"hycache": "", "nofollow": "--follow-prefetch-mb 0",
+            "follow": "--follow-prefetch-mb 32 --follow-first-mb 32",
+            "first256": "--follow-prefetch-mb 32 --follow-first-mb 256",
             "openpf": "--open-prefetch-mb 256 --follow-prefetch-mb 0"}
 
 

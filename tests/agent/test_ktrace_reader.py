@@ -201,6 +201,45 @@ def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):
         fo.close()
 
 
+def test_the_first_ask_reaches_further_and_what_is_asked_stays_bounded(tmp_path):
+    """``first``: a blob's first reader seen in order gets that much asked at once, or up
+    to the blob's end (a few bytes, or jumps, still nothing); after it the window rule
+    holds, and nothing is ever asked further than max(first, GROWTH x ahead) past the
+    reader."""
+    blob, small = tmp_path / "blob", tmp_path / "small"
+    with open(blob, "wb") as f:
+        f.truncate(1 << 30)  # sparse
+    small.write_bytes(b"\0" * (20 * MiB))
+    ahead, first = 2 * CHUNK, 16 * CHUNK
+    fo = Follower(ahead, first=first)
+    try:
+        key = (1, 2)
+        fo.command(b"+ 1 2 " + bytes(blob))
+        fo.saw(10, key, 0, 100)
+        for off in range(0, 60 * MiB, 3 * MiB):
+            fo.saw(11, key, off, off + (64 << 10))
+        assert fo.requests == 0
+        fo.saw(12, key, 0, START)
+        f = fo.blobs[key]
+        assert fo.requests == 16 and f.asked == START + first and f.window == ahead
+        fo.saw(12, key, START, START + 8 * CHUNK)  # well inside the first ask: nothing more
+        assert fo.requests == 16
+        pos, most = START + 8 * CHUNK, 0
+        for _ in range(400):  # a long read in order, its events sometimes past what was asked
+            new = pos + (CHUNK // 2 if fo.requests % 3 else f.asked - pos + CHUNK)
+            fo.saw(12, key, pos, new)
+            pos = new
+            most = max(most, f.asked - pos)
+        assert fo.requests > 16 and most <= max(first, GROWTH * ahead)
+        asked = fo.requests
+        assert Follower(ahead).first == ahead and Follower(ahead, first=CHUNK).first == ahead
+        fo.command(b"+ 1 3 " + bytes(small))  # 20 MiB: the first ask stops at its last chunk
+        fo.saw(13, (1, 3), 0, START)
+        assert fo.requests == asked + 3 and fo.blobs[(1, 3)].asked == START + 3 * CHUNK
+    finally:
+        fo.close()
+
+
 def test_the_reader_runs_at_the_agents_priority_only_while_it_reads_ahead(tmp_path):
     """A follower that waits for a CPU falls behind its reader: while it reads ahead the
     process (every thread) drops its extra niceness, and takes it back after HOLD."""

@@ -122,3 +122,50 @@ def test_a_lane_that_does_not_hold_hands_each_job_over_at_once(long_drain) -> No
         lane.close()
 
     trio.run(main)
+
+
+def test_a_producer_waits_for_the_backlog_and_sees_it_shrink_as_jobs_finish(long_drain) -> None:
+    """wait_backlog is back-pressure: the producer (a blob registration, which holds a
+    descriptor until its drop job ran) waits while more than ``most`` jobs are
+    outstanding, and goes on as soon as the worker's progress brings them down — not at
+    the next drain (LONG away), and without the jobs being given up."""
+    gates = [threading.Event() for _ in range(20)]
+    finished: list[int] = []
+
+    async def main() -> None:
+        lane = Lane("test")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lane.drainer)
+            for i, gate in enumerate(gates):  # a slow worker: each job waits for its gate
+                lane.submit(gate.wait, then=lambda r, e, i=i: finished.append(i))
+            assert lane.backlog == 20
+            backlogs: list[int] = []
+
+            async def producer() -> None:
+                for _ in range(3):
+                    await lane.wait_backlog(5)
+                    backlogs.append(lane.backlog)
+                    lane.submit(lambda: None)
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(producer)
+                    await trio.sleep(0.2)
+                    assert backlogs == []  # 20 outstanding: it waits
+                    for gate in gates[:14]:
+                        gate.set()
+                    await trio.sleep(0.2)
+                    assert backlogs == []  # 6 left: still more than 5
+                    gates[14].set()  # 5 left: it goes, one submit; 6 again: waits
+                    while len(backlogs) < 1:
+                        await trio.sleep(0.01)
+                    await trio.sleep(0.2)
+                    assert backlogs == [5]
+                    for gate in gates[15:]:
+                        gate.set()
+            assert len(backlogs) == 3 and max(backlogs) <= 5
+            assert finished == list(range(20))  # every job ran, in order
+            nursery.cancel_scope.cancel()
+        lane.close()
+
+    trio.run(main)

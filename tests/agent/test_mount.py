@@ -152,6 +152,25 @@ def test_promote_and_demote(shared_mount, fresh_dir):
 
 
 @pytest.mark.mount
+def test_a_demote_of_a_file_held_open_waits_for_its_close(shared_mount, fresh_dir):
+    """With passthrough a blob moves only once its last handle is gone: the CLI waits for the
+    requested move (``move_wanted`` in ``user.hycache.info``) instead of calling it refused."""
+    f = fresh_dir / "held"
+    f.write_bytes(pattern(200 * K, 6))
+    fd = os.open(f, os.O_RDONLY)
+    closer = threading.Timer(4.0, os.close, (fd,))  # past the CLI's start-up
+    closer.start()
+    try:
+        p = cli("demote", f)
+    finally:
+        closer.join()
+    assert p.returncode == 0, p.stderr
+    assert first_word(p) == "slow" and info(f)["tier"] == "slow"
+    assert "move_wanted" not in info(f)
+    assert f.read_bytes() == pattern(200 * K, 6)
+
+
+@pytest.mark.mount
 def test_cli_without_an_agent(tmp_path, shared_mount):
     plain = tmp_path / "plain"
     plain.write_text("not in a mount")

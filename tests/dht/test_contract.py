@@ -520,6 +520,41 @@ def test_apply_batch_put_then_acquire(store):
     assert a.size == 6 and a.writer == "n1" and b.size == 7 and b.writer == "n2"
 
 
+# the agents' Redis user as deployed (deploy/redis/redis-start.sh, ansible/roles/redis_cluster):
+# the namespace's keys, scripting, no pub/sub channels
+DEPLOYED_RULES = ("resetchannels -@all +@read +@write +@scripting +@connection +@transaction -@dangerous "
+                  "+cluster|slots +cluster|shards +cluster|nodes +cluster|info +cluster|myid +cluster|keyslot "
+                  "+command +info +time +wait +readonly +readwrite +asking +client|setname +client|id").split()
+
+
+def test_a_batch_applies_for_a_user_without_pub_sub_channels(redis_cluster, dht_namespace):
+    """The announcements inside a batch are best effort: with the deployed ACL (no
+    channels) a create, a put and its acquire still apply, and nothing of them is lost."""
+    import redis as redis_py
+    from hycache_dht.redis_store import RedisClusterStore
+
+    user, password = f"acl-{dht_namespace}", "acl-password-0123456789"
+    admins = [redis_py.Redis(host=h, port=p) for h, p in redis_cluster.nodes]
+    for r in admins:
+        r.execute_command("ACL", "SETUSER", user, "on", f">{password}", "resetkeys", f"~{dht_namespace}:*",
+                          *DEPLOYED_RULES)
+    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace, username=user, password=password,
+                              op_timeout=30.0)
+    try:
+        res = store.apply([Op.create(b"/acl", D), Op.put(b"/acl/a", F(size=3)), Op.acquire(b"/acl/a", "n1", 30),
+                           Op.create(b"/acl/b", F(size=4))])
+        assert res[0] is True and isinstance(res[1], int) and res[2] is True and res[3] is True, res
+        assert store.get(b"/acl/a").size == 3 and store.get(b"/acl/b").size == 4
+        assert store.get(b"/acl/a").writer == "n1"
+        assert store.apply([Op.delete(b"/acl/b")])[0] is True
+        assert store.get(b"/acl/b") is None
+    finally:
+        store.close()
+        for r in admins:
+            r.execute_command("ACL", "DELUSER", user)
+            r.close()
+
+
 def test_huge_directory_create_stays_o1(store, engine, capsys):
     """100k entries in one directory: per-create time at 1k vs 100k entries (printed),
     listing streams them all."""

@@ -138,6 +138,9 @@ def _kernel_options(m) -> None:
     m.add_argument("--follow-prefetch-mb", type=int,
                    help="keep this many MiB asked for just ahead of each process that reads a file on the "
                         "fast tier in order through passthrough, from the kernel read trace (default 32; 0: off)")
+    m.add_argument("--follow-first-mb", type=int,
+                   help="when a process is first seen reading such a file in order, ask for this many "
+                        "MiB past it at once (default 256; at least --follow-prefetch-mb)")
     m.add_argument("--no-kernel-read-counts", dest="kernel_read_counts", action="store_false", default=None,
                    help="do not trace the kernel's reads of the tiers' files (the per-tier read bytes "
                         "then leave out what passthrough opens read)")
@@ -237,8 +240,8 @@ def _move(paths: list[Path], tier: str, wait: bool, timeout: float) -> int:
                 if "migration" not in info:
                     time.sleep(0.05)
                     info = _info(path)
-                    if info["tier"] != tier and "migration" not in info:
-                        break
+                    if info["tier"] != tier and "migration" not in info and info.get("move_wanted") != tier:
+                        break  # neither moving nor waiting to: the agent refused or gave up
                 else:
                     bar.update(task, completed=info["migration"]["copied"], total=max(1, info["migration"]["total"]))
                 time.sleep(0.05)
@@ -346,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
-                "open_prefetch_mb", "follow_prefetch_mb",
+                "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",

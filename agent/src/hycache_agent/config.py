@@ -51,6 +51,10 @@ class AgentConfig(BaseModel):
     # passthrough, by the kernel read trace's reader (fs/ktrace_reader.py); 0: off (it needs
     # the trace: off too with --no-kernel-read-counts)
     follow_prefetch_mb: int = Field(default=32, ge=0, le=4096)
+    # MiB of a followed blob asked for at once past its first thread seen reading it in
+    # order, or to its end if nearer (at least follow_prefetch_mb); the window above is kept
+    # past it afterwards
+    follow_first_mb: int = Field(default=256, ge=0, le=4096)
     writeback_cache: bool = True
     # FUSE passthrough: reads, writes and mmap of files on the local tiers go from the
     # kernel straight to the blob.  auto: when the kernel, pyfuse3 and the privileges allow

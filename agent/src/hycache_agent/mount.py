@@ -409,7 +409,8 @@ def run_mount(config: AgentConfig) -> int:
     mountpoint = config.mountpoint
     token = _check_start(config)
     _reserve_fd_table()
-    engine = TieringEngine(config, kreads=KernelReads(follow_mb=config.follow_prefetch_mb))
+    engine = TieringEngine(config, kreads=KernelReads(follow_mb=config.follow_prefetch_mb,
+                                                         follow_first_mb=config.follow_first_mb))
     report = engine.start()
     agent = build_agent(config, engine, token)
     _count_kernel_reads(config, engine)

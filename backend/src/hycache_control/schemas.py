@@ -228,7 +228,8 @@ class NodeOut(BaseModel):
     #: byte_hit_ratio, abd, ecdal, ecdab, memory_bytes, limit_bytes, dedup_saved_bytes, …;
     #: null when the agent runs without it
     hccache: dict[str, Any] | None = None
-    #: kernel FUSE passthrough on that agent: {enabled, reason}
+    #: kernel FUSE passthrough on that agent: {enabled, reason, drop_waits (registrations that
+    #: waited for dropped ones to be closed: a disk slow to free deleted files)}
     passthrough: dict[str, Any] | None = None
     migrations: MigrationsView
     #: kept remote copies (null: a standalone agent, or one too old to report them)

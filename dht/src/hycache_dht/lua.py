@@ -455,9 +455,13 @@ return {0}
 
 
 # ARGV: channel (keys.inval_channel of the directory: the slot of K), path -> {0}.  The
-# announcement of a change (SPUBLISH) from inside a batch, after the change's step.
+# announcement of a change (SPUBLISH) from inside a batch, after the change's step.  Best
+# effort, as announcements always were: a user whose ACL has no pub/sub channels (the
+# deployed rules: deploy/redis/redis-start.sh, the ansible role) gets an error reply from
+# SPUBLISH, and redis.call would abort the batch between its steps (a script's earlier
+# writes stay: the rest of the batch would be lost); subscribers then rely on their refresh.
 _script("announce", r"""
-redis.call('SPUBLISH', ARGV[1], ARGV[2])
+redis.pcall('SPUBLISH', ARGV[1], ARGV[2])
 return {0}
 """)
 

@@ -100,6 +100,7 @@ class BlobPool:
             path = self.tiers[tier].blob(ino)
             try:
                 if tier == T.FAST and pool is not None:
+                    await pool.room()
                     entry = await trio.to_thread.run_sync(pool.prepare, path, True)
                     if entry is not None:
                         self.pooled_backings[ino] = entry
@@ -153,6 +154,8 @@ class BlobPool:
                     ready[:] = [ino for ino in ready if ino in self.pooled_backings]
             filling = filling or len(ready) < self.low
             if (filling and len(ready) < 2 * self.low) or register:
+                if pool is not None:  # each blob made holds a descriptor
+                    await pool.room()
                 want = max(0, min(2 * self.low - len(ready) - len(register), BLOB_POOL_BATCH_MAX))
                 inos = [allocate_ino() for _ in range(want)]
                 self.pool_filling = set(inos) | set(register)

@@ -145,6 +145,8 @@ def file_info(inode: Inode, blob: str | None, agent_root: str, node_id: str | No
             info["replicas"] = list(inode.replicas)
     if inode.migration is not None:
         info["migration"] = inode.migration.as_dict()
+    elif inode.move_wanted is not None:  # requested, waiting for the file's last close or a move the other way
+        info["move_wanted"] = inode.move_wanted
     return info
 
 

@@ -79,9 +79,10 @@ class KernelReads:
     thread hands them batches through a deque (append and popleft are thread-safe) and
     sets ``lost_events`` in one assignment."""
 
-    def __init__(self, tracefs: Path = TRACEFS, follow_mb: int = 0) -> None:
+    def __init__(self, tracefs: Path = TRACEFS, follow_mb: int = 0, follow_first_mb: int = 0) -> None:
         self.tracefs = tracefs
         self.follow_mb = follow_mb  # MiB the reader keeps asked for ahead of a followed reader
+        self.follow_first_mb = follow_first_mb  # MiB it asks for at once ahead of a blob's first one
         self.instance: Path | None = None
         self.reason = "not started"
         self.known: dict[tuple[int, int], str] = {}  # (st_dev, ino) -> tier
@@ -143,7 +144,8 @@ class KernelReads:
         return subprocess.Popen(
             [sys.executable, "-m", "hycache_agent.fs.ktrace_reader", "--fd", str(fd), "--instance", str(inst),
              "--me", str(self.me), "--parent", str(os.getpid()), "--every", str(BATCH_SECONDS),
-             "--nice", str(READER_NICE), "--follow-mb", str(self.follow_mb)],
+             "--nice", str(READER_NICE), "--follow-mb", str(self.follow_mb),
+             "--follow-first-mb", str(self.follow_first_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(fd,), close_fds=True)
 
     @staticmethod

@@ -12,11 +12,13 @@ It also reads ahead of sequential readers (:class:`Follower`): the agent names o
 stdin the blobs to follow (``+ ST_DEV INO PATH`` at a passthrough open for reading of a
 fast-tier blob, ``- ST_DEV INO`` at its release); once a thread has read ``START`` bytes of
 one in order, the child keeps the next ``--follow-mb`` MiB past that thread's position
-asked for (more when the reader catches up with it: ``Follower.saw``) (``POSIX_FADV_WILLNEED``, ``CHUNK`` bytes a request, on ``LANES`` worker
-threads), so several requests are in flight where the kernel's read-ahead keeps one
-stream.  A reader of a few bytes, or one that jumps around, costs nothing; a blob's last
-release stops it.  Here, and not in the agent, because the events arrive here as the
-kernel emits them: the agent sees them only once per batch.
+asked for (more when the reader catches up with it: ``Follower.saw``; the blob's first
+ask reaches ``--follow-first-mb`` past it) (``POSIX_FADV_WILLNEED``, ``CHUNK`` bytes a
+request, on ``LANES`` worker threads), so several requests are in flight where the
+kernel's read-ahead keeps one stream.  A reader of a few bytes, or one that jumps
+around, costs nothing; a blob's last release stops it.  Here, and not in the agent,
+because the events arrive here as the kernel emits them: the agent sees them only once
+per batch.
 
 It dies with the agent: ``PR_SET_PDEATHSIG`` (SIGKILL), and an EOF on its stdin (the
 agent holds the other end) ends it too.  It runs at a lower priority (``--nice``),
@@ -89,12 +91,23 @@ def willneed(f: Followed, offset: int, length: int) -> None:
         os.close(fd)
 
 
+def _size(path: bytes) -> int:
+    """The blob's size now (0 when it is gone): the first ask past the window stops at it."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 class Follower:
     """Read-ahead of the followed blobs' sequential readers (see the module's doc).
-    ``ahead``: bytes kept asked for past a sequential reader's position (0: off)."""
+    ``ahead``: bytes kept asked for past a sequential reader's position (0: off);
+    ``first``: bytes asked for past it at once when a blob's first reader is seen reading
+    in order (at least ``ahead``)."""
 
-    def __init__(self, ahead: int, lanes: int = LANES) -> None:
+    def __init__(self, ahead: int, lanes: int = LANES, first: int = 0) -> None:
         self.ahead = max(ahead, CHUNK) if ahead else 0
+        self.first = max(first, self.ahead)
         self.blobs: dict[tuple[int, int], Followed] = {}
         self.pool = ThreadPoolExecutor(lanes, thread_name_prefix="ahead") if ahead else None
         self.requests = 0  # read-ahead requests submitted
@@ -121,9 +134,12 @@ class Follower:
     def saw(self, tid: int, key: tuple[int, int], start: int, end: int) -> None:
         """A read of bytes ``start``-``end`` of the followed blob ``key`` by thread ``tid``:
         once the thread has read ``START`` bytes in order, whole chunks up to the blob's
-        window past ``end`` are asked for (those not asked already).  The window starts at
-        ``ahead`` and doubles, up to ``GROWTH`` times, each time a reader is seen within a
-        chunk of what was asked: it reads faster than this process follows (busy CPUs)."""
+        window past ``end`` are asked for (those not asked already); the blob's first ask
+        reaches ``first`` past ``end``, or the blob's end if that is nearer (the requests
+        then run while the follower waits for the reader's next events, which come late
+        when the CPUs are busy).  The window starts at ``ahead`` and doubles, up to
+        ``GROWTH`` times, each time a reader is seen within a chunk of what was asked: it
+        reads faster than this process follows."""
         f = self.blobs[key]
         last, run = f.threads.get(tid, (start, 0))
         if last <= start <= last + SLACK:
@@ -139,7 +155,11 @@ class Follower:
         if f.asked and end + CHUNK > f.asked:
             f.window = min(2 * f.window, GROWTH * self.ahead)
         off = max(f.asked, end)
-        while off + CHUNK <= end + f.window:
+        if f.asked:
+            reach = end + f.window
+        else:  # up to the chunk that holds the blob's last byte
+            reach = max(end + f.window, min(end + self.first, _size(f.path) + CHUNK - 1))
+        while off + CHUNK <= reach:
             assert self.pool is not None
             self.pool.submit(willneed, f, off, CHUNK)
             self.requests += 1
@@ -305,11 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nice", type=int, default=0, help="added to its niceness")
     p.add_argument("--follow-mb", type=int, default=0,
                    help="MiB kept asked for ahead of a followed blob's sequential reader (0: off)")
+    p.add_argument("--follow-first-mb", type=int, default=0,
+                   help="MiB asked for at once ahead of a followed blob's first sequential reader "
+                        "(at least --follow-mb)")
     a = p.parse_args(argv)
     _die_with(a.parent)
     idle = os.nice(a.nice)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent's ^C is the agent's to handle
-    follower = Follower(a.follow_mb << 20) if a.follow_mb else None
+    follower = Follower(a.follow_mb << 20, first=a.follow_first_mb << 20) if a.follow_mb else None
     try:
         run(a.fd, a.instance, a.me, a.every, sys.stdout.fileno(), sys.stdin.fileno(), follower,
             Priority(idle, idle - a.nice) if follower is not None else None)

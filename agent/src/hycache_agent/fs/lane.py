@@ -59,6 +59,7 @@ class Lane:
         self._watchers = 0  # tasks waiting for a callback (read by the worker)
         self._wake_pending = False
         self._work = trio.Event()  # set by submit: the drainer has something to drain
+        self._progress: trio.Event | None = None  # set by the next drain (a task waits for the backlog)
         self.closing = False
 
     # -- trio thread ----------------------------------------------------------------------
@@ -90,9 +91,31 @@ class Lane:
         except trio.RunFinishedError:  # shutting down: nobody is waiting any more
             pass
 
+    @property
+    def backlog(self) -> int:
+        """Jobs submitted whose callbacks have not run yet."""
+        return self._outstanding
+
+    async def wait_backlog(self, most: int) -> None:
+        """Wait until at most ``most`` jobs are outstanding: back-pressure for a producer
+        of jobs that each hold something until they ran (a dropped backing file holds its
+        descriptor), so that a worker slower than the producer (the close of a deleted
+        file's last descriptor frees its blocks, which waits for the journal on a busy
+        disk) cannot let them pile up without bound."""
+        while self._outstanding > most:
+            with self.watching():  # each job's callback runs as soon as it is done
+                if self._outstanding <= most:  # (watching drained what was done)
+                    return
+                if self._progress is None:
+                    self._progress = trio.Event()
+                await self._progress.wait()
+
     def drain(self) -> None:
         """Run the callbacks of the jobs done so far."""
         self._wake_pending = False
+        if self._done and self._progress is not None:
+            self._progress.set()
+            self._progress = None
         while self._done:
             then, result, error = self._done.popleft()
             self._outstanding -= 1

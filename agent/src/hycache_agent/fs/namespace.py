@@ -60,6 +60,7 @@ class Inode:
     open_count: int = 0
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
     migration: Any = None
+    move_wanted: str | None = None  # a requested background move's tier until it starts or is refused
     # in a cluster: the global namespace has acknowledged this inode's name (inodes loaded
     # at start count as published; a new one is not until its first put is applied)
     published: bool = False

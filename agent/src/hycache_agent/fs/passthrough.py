@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import resource
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -144,6 +145,10 @@ class Backings:
         # registration of another blob generation is never handed out.
         self.parked: OrderedDict[int, Backing] = OrderedDict()
         self.max_parked = parked_limit()
+        # Registrations being dropped on the lane hold their descriptors until its worker
+        # gets to them; past this many, whatever would open another one waits (room).
+        self.max_dropping = max(16, parked_limit())
+        self._warned = -3600.0  # when room() last logged that it waits
         self._deciding: dict[int, trio.Event] = {}  # ino -> set when its deciding open is done
         # the last release of a file drops its backing here, without waiting for it
         self.lane = engine.backings_lane
@@ -189,6 +194,23 @@ class Backings:
     @property
     def enabled(self) -> bool:
         return bool(self.engine.passthrough["enabled"])
+
+    async def room(self) -> None:
+        """Wait, before registering another blob, while more than ``max_dropping``
+        registrations are queued to be dropped.  Each holds its descriptor until the lane
+        closes it, and closing the last descriptor of a deleted file frees its blocks,
+        which on a busy disk waits for the journal: a run of creates and removes then
+        queued drops faster than they went, and the agent ran out of descriptors (EMFILE
+        to the applications; tests/posix/test_migration_integrity.py under I/O load)."""
+        if self.lane.backlog > self.max_dropping:
+            state = self.engine.passthrough
+            state["drop_waits"] = state.get("drop_waits", 0) + 1  # (status: passthrough)
+            now = time.monotonic()
+            if now - self._warned > 60.0:
+                self._warned = now
+                log.warning("%d backing files wait to be dropped (the disk is slow to free deleted "
+                            "files): new registrations wait for them", self.lane.backlog)
+            await self.lane.wait_backlog(self.max_dropping)
 
     def probe(self) -> None:
         """(after INIT) Register and drop a blob-tier file once: the kernel may refuse
@@ -274,6 +296,8 @@ class Backings:
         if b is not None:
             b.refs += 1
             return b.backing_id
+        if ino not in self.parked and ino not in self.engine.pooled_backings:  # a new descriptor
+            await self.room()  # (none registers it meanwhile: the caller holds its gate)
         self.engine.backed.add(ino)  # before any hop: no migration may start now
         b = self.parked.pop(ino, None)
         if b is not None:

@@ -422,6 +422,7 @@ class Placement:
                 return True  # already on its way
         elif inode.tier == dst:
             return False
+        inode.move_wanted = dst
         self._nursery.start_soon(self.background_migration, inode, dst, reason)
         return True
 
@@ -430,6 +431,9 @@ class Placement:
             await self.move_now(inode, dst, reason)
         except Exception:
             log.exception("background migration of inode %d failed", inode.ino)
+        finally:
+            if inode.move_wanted == dst:
+                inode.move_wanted = None
 
     async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
         """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""

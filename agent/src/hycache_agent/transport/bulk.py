@@ -142,14 +142,18 @@ def splice_in(sock_fd: int, fd: int, offset: int, count: int, timeout: float,
                     m = os.write(fd, view)
                     view = view[m:]
                 out.n += k
-    except (ConnectionError, TimeoutError) as e:
-        out.error = e
     except OSError as e:
-        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
-            out.error = e
-        else:
+        if not peer_cut(e):
             raise
+        out.error = e
     return out
+
+
+def peer_cut(e: OSError) -> bool:
+    """A transfer's error that is the peer's or the network's: recorded on the transfer,
+    not raised (a local failure, e.g. ENOSPC or EIO on the file, is raised)."""
+    return isinstance(e, (ConnectionError, TimeoutError)) or e.errno in (errno.ECONNRESET, errno.EPIPE,
+                                                                         errno.ETIMEDOUT)
 
 
 def sendfile_out(sock_fd: int, fd: int, offset: int, count: int, timeout: float,

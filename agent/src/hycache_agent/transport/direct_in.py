@@ -119,13 +119,10 @@ def direct_body(sock_fd: int, fd: int, dfd: int, head: list[bytes], count: int, 
             if out.error is not None:
                 break
             check()
-    except (ConnectionError, TimeoutError) as e:
-        out.error = e
     except OSError as e:
-        if e.errno in (errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT):
-            out.error = e
-        else:
+        if not bulk.peer_cut(e):
             raise
+        out.error = e
     finally:
         view.release()
         buf.close()
