@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import pytest
 from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
@@ -213,3 +214,38 @@ def test_async_push_cut_by_the_writers_kill_resumes_at_restart(hycache_mount, re
     assert _replica_bytes(b, "big") == data
     assert (a2.mountpoint / "big").read_bytes() == data
     assert cluster_status(a2)["replication"]["pushed_files"] == 1
+
+
+def test_sync_push_in_parts_lands_and_a_cut_one_leaves_nothing(hycache_mount, redis_cluster, dht_namespace,
+                                                               secret_file):
+    """Sync replicas of large files go in byte ranges at once (--push-streams 2): the
+    replica is current when the close returns and byte-exact; the writer killed (-9) in the
+    middle of such a push leaves the holder no staged file and no replica, and the
+    restarted writer pushes the file again."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, replicas=1,
+                        replica_mode="sync", fast_capacity="512M")
+    wait_for(lambda: cluster_status(a)["nodes_alive"] == ["a", "b"], what="a sees b")
+    one = os.urandom(40 << 20)
+    _write_synced(a.mountpoint / "one", one)
+    assert info(a.mountpoint / "one")["replicas"] == ["b"]
+    assert _replica_bytes(b, "one") == one
+    big = os.urandom(192 << 20)
+
+    def write_big() -> None:
+        with contextlib.suppress(OSError):  # (the agent is killed under it)
+            _write_synced(a.mountpoint / "big", big)
+
+    writer = threading.Thread(target=write_big)
+    writer.start()
+    staging = b.slow / "peer-staging"
+    _mid_push(b)
+    # the parts write at their offsets into one file, sized whole before the first byte
+    assert [e.stat().st_size for e in os.scandir(staging) if e.name.endswith(".part")] == [len(big)]
+    a.proc.kill()
+    a.proc.wait()
+    writer.join()
+    wait_for(lambda: not [e for e in os.listdir(staging) if e.endswith(".part")], what="b dropped the cut push")
+    assert cluster_status(b)["replicas_kept"] == 1
+    a2 = hycache_mount.remount(a, after_kill=True)
+    wait_for(lambda: info(a2.mountpoint / "big")["replicas"] == ["b"], timeout=60, what="the push done again")
+    assert _replica_bytes(b, "big") == big and _replica_bytes(b, "one") == one

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hycache_agent.transport import direct_in
+from hycache_agent.transport import direct_in, push_parts
 from hycache_agent.transport.auth import authorization
 from hycache_agent.transport.client import (
     PeerAuthError,
@@ -378,6 +378,132 @@ async def test_cancelled_background_push_stops_and_leaves_nothing(server, client
     await client.push_replica(server.addr, b"/next", small, background=True)
     assert Path(os.fsdecode(files.local(b"/next"))).read_bytes() == b"after" * 1000
     assert client.background.jobs >= 2 and intake.jobs >= 1
+
+
+@pytest.mark.parametrize(("size", "streams"), [(16 * MiB, 2), (16 * MiB + 4097, 2), (37 * MiB + 5, 3),
+                                               (20 * MiB + 1, 8)])
+async def test_push_in_parts_lands_byte_exact(server, files, tmp_path, size, streams):
+    """A large foreground push goes in byte ranges at once, each on a connection of its
+    own, into one staged file at their offsets (whole direct buffers but the last
+    part's tail), adopted once with the metadata of a whole push."""
+    src = tmp_path / "src"
+    data = os.urandom(size)
+    src.write_bytes(data)
+    stats = server.server.stats
+    before = (stats.connections, stats.bytes_received_direct)
+    async with PeerClient("client-1", SECRET, retries=1, backoff=0.05, read_timeout=10,
+                          push_streams=streams) as c:
+        parts = push_parts.split(size, streams)
+        assert all(first % direct_in.DIRECT_HOP == 0 for first, _ in parts)
+        assert sum(n for _, n in parts) == size and len(parts) == min(streams, -(-size // direct_in.DIRECT_HOP))
+        answer = await c.push_replica(server.addr, b"/parts/f", src, {"X-HyCache-Version": "9",
+                                                                      "X-HyCache-Mode": "600"})
+    assert answer == {"path": "/parts/f", "size": size, "node": "server-1"}
+    assert Path(os.fsdecode(files.local(b"/parts/f"))).read_bytes() == data
+    h = files.replica_headers[b"/parts/f"]
+    assert h["content-length"] == str(size) and h["x-hycache-from"] == "client-1" and "x-hycache-part" not in h
+    assert files.versions[b"/parts/f"] == "9"
+    assert stats.connections - before[0] == len(parts)  # one connection per part
+    assert stats.bytes_received_direct - before[1] == size - size % direct_in.ALIGN
+    assert server.server.parts.pushes == {} and os.listdir(files.staging_dir) == []
+
+
+async def test_small_and_background_pushes_stay_one_stream(server, client, files, tmp_path):
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(push_parts.PARTS_MIN - 1))
+    before = server.server.stats.connections
+    await client.push_replica(server.addr, b"/one", src)
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(push_parts.PARTS_MIN))
+    await client.push_replica(server.addr, b"/one-bg", big, background=True)
+    assert server.server.stats.connections - before <= 2
+    assert Path(os.fsdecode(files.local(b"/one-bg"))).read_bytes() == big.read_bytes()
+
+
+async def _send_part(server, path: bytes, push_id: str, count: int, first: int, body: bytes, total: int,
+                     length: int | None = None):
+    """A hand-built part request on a socket of its own; the socket, once ``body`` is sent."""
+    s = trio.socket.socket()
+    await s.connect(server.address)
+    target = files_target(path, "parts").encode()
+    auth = authorization(SECRET, "client-1", "PUT", target).encode()
+    n = len(body) if length is None else length
+    await s.send(b"PUT " + target + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(n).encode()
+                 + b"\r\nContent-Range: bytes %d-%d/%d" % (first, first + n - 1, total)
+                 + b"\r\nX-HyCache-Part: " + f"{push_id} {count}".encode()
+                 + b"\r\nAuthorization: " + auth + b"\r\n\r\n")
+    view = memoryview(body)
+    while view:
+        view = view[await s.send(view):]
+    return s
+
+
+async def _answer(s) -> bytes:
+    got = b""
+    with trio.fail_after(10):
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            more = await s.recv(65536)
+            if not more:
+                break
+            got += more
+    return got
+
+
+async def test_parts_at_their_offsets_in_any_order(server, files):
+    """Parts arriving in any order land at their offsets; each is answered 201 only once
+    the last one is in."""
+    hop = direct_in.DIRECT_HOP
+    data = os.urandom(2 * hop + 100)
+    last = await _send_part(server, b"/order", "p1", 3, 2 * hop, data[2 * hop:], len(data))
+    mid = await _send_part(server, b"/order", "p1", 3, hop, data[hop:2 * hop], len(data))
+    pushes = server.server.parts.pushes
+    await wait_for(lambda: ("client-1", "p1") in pushes
+                   and sorted(pushes[("client-1", "p1")].ranges) == [(hop, hop), (2 * hop, 100)])
+    assert not os.path.exists(files.local(b"/order"))  # two of three parts: nothing adopted
+    assert len(os.listdir(files.staging_dir)) == 1
+    first = await _send_part(server, b"/order", "p1", 3, 0, data[:hop], len(data))
+    for s in (last, mid, first):
+        with s:
+            assert b" 201 " in (await _answer(s)).split(b"\r\n")[0]
+    assert Path(os.fsdecode(files.local(b"/order"))).read_bytes() == data
+    assert os.listdir(files.staging_dir) == []
+
+
+async def test_a_cut_part_fails_the_whole_push(server, files, tmp_path):
+    """One part cut mid-body: the other parts' requests get the error, nothing is adopted,
+    the staged file is removed; a misplaced part is refused (400); a whole push in parts
+    then lands."""
+    hop = direct_in.DIRECT_HOP
+    data = os.urandom(3 * hop)
+    whole = await _send_part(server, b"/cut", "c1", 2, 0, data[:hop], len(data))
+    cut = await _send_part(server, b"/cut", "c1", 2, hop, data[hop:hop + 5000], len(data), length=2 * hop)
+    await trio.sleep(0.2)
+    cut.close()
+    with whole:
+        head = (await _answer(whole)).split(b"\r\n")[0]
+    assert b" 502 " in head
+    await wait_for(lambda: os.listdir(files.staging_dir) == [] and server.server.parts.pushes == {})
+    assert not os.path.exists(files.local(b"/cut"))
+    with await _send_part(server, b"/cut", "c2", 2, 100, b"x" * 10, len(data)) as bad:
+        assert b" 400 " in (await _answer(bad)).split(b"\r\n")[0]
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(push_parts.PARTS_MIN + 1))
+    async with PeerClient("client-1", SECRET, retries=1, read_timeout=10, push_streams=2) as c:
+        await c.push_replica(server.addr, b"/cut", src)
+    assert Path(os.fsdecode(files.local(b"/cut"))).read_bytes() == src.read_bytes()
+    assert os.listdir(files.staging_dir) == []
+
+
+async def test_cancelled_push_in_parts_leaves_nothing(server, files, big_file):
+    """A push in parts cancelled mid-body (the writer's push given up, or the agent
+    killed): every part's connection closes, the holder drops the staged file."""
+    src, _ = big_file
+    async with PeerClient("client-1", SECRET, retries=1, read_timeout=10, push_streams=2) as c:
+        with trio.move_on_after(0.1) as scope:
+            await c.push_replica(server.addr, b"/gone", src)
+    assert scope.cancelled_caught
+    await wait_for(lambda: os.listdir(files.staging_dir) == [] and server.server.parts.pushes == {})
+    assert not os.path.exists(files.local(b"/gone"))
 
 
 async def test_push_replica_rejected_cleans_up(server, client, files, tmp_path):

@@ -98,6 +98,8 @@ def _cluster_options(g) -> None:
     g.add_argument("--replicas", type=int, help="push each written file to N other nodes (default 0)")
     g.add_argument("--replica-mode", choices=("async", "sync"),
                    help="sync: close(2) returns once the replicas are durable; async (default): pushed just after")
+    g.add_argument("--push-streams", type=int,
+                   help="a sync replica of 16 MiB or more is pushed in N byte ranges at once (default 2; 1: one stream)")
     g.add_argument("--rebalance-interval", type=float,
                    help="seconds between checks for a hot fast tier to hand files to cold nodes (default 30; 0: off)")
     g.add_argument("--rebalance-rounds", type=int,
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode",
+                "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",
                 "hccache_block_size", "hccache_second_level")}

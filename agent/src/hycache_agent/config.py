@@ -81,6 +81,8 @@ class AgentConfig(BaseModel):
     write_lease_wait: float = Field(default=30.0, ge=0, description="how long an open waits for another node's lease")
     replicas: int = Field(default=0, ge=0, description="copies of each file pushed to other nodes")
     replica_mode: Literal["async", "sync"] = "async"
+    push_streams: int = Field(default=2, ge=1, le=16,
+                              description="parallel streams of a large replica push a writer waits for")
     rebalance_interval: float = Field(default=30.0, ge=0, description="seconds between rebalance checks; 0: off")
     rebalance_rounds: int = Field(default=3, ge=1, description="checks the fast tier must stay hot before acting")
     # the control plane (docs/control-plane.md): heartbeats up, actions and policies down

@@ -147,7 +147,7 @@ def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on
     host, port = parse_addr(config.listen)
     advertise = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
     cluster = ClusterLink(engine, _store_factory(config), node_id=config.node_id, advertise=advertise,
-                          peer_client=PeerClient(config.node_id, secret), secret=secret,
+                          peer_client=PeerClient(config.node_id, secret, push_streams=config.push_streams), secret=secret,
                           lease_seconds=config.write_lease_seconds, lease_wait=config.write_lease_wait,
                           replicas=config.replicas, replica_mode=config.replica_mode,
                           rebalance_interval=config.rebalance_interval,

@@ -46,6 +46,7 @@ from hycache_agent.transport.errors import (
 )
 from hycache_agent.transport.fetch import Fetch, Progress
 from hycache_agent.transport.idle import BackgroundThreads
+from hycache_agent.transport.push_parts import PARTS_MIN, NoParts, PartPusher
 from hycache_agent.transport.retry import Again, Retry
 from hycache_agent.transport.wire import API, CHUNK, PUSH_HEADER, files_target, parse_addr, unquote_etag
 
@@ -155,7 +156,7 @@ class PeerClient:
                  max_backoff: float = 3.0, connect_timeout: float = 5.0, read_timeout: float = 30.0,
                  chunk_size: int = CHUNK, max_connections: int = 64, io_threads: int = 2,
                  bulk_threads: int = 8, background: BackgroundThreads | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 push_streams: int = 2, clock: Callable[[], float] = time.time) -> None:
         authorization(secret, node_id, "GET", "/")  # validates the node id early
         self.node_id = node_id
         self._secret = secret
@@ -174,6 +175,11 @@ class PeerClient:
         # threads of their own (transport/idle.py)
         self.background = background if background is not None else BackgroundThreads("hycache-push")
         self._raw = bulk.Pool(connect_timeout)
+        # a large push a request waits for (sync replicas) goes in ``push_streams`` byte
+        # ranges at once, each on a connection and a worker thread of its own
+        # (transport/push_parts.py), to peers that know /v1/parts
+        self.parts = PartPusher(self._raw, streams=push_streams, sign=self._sign_put,
+                                thread=self._thread_bulk, timeout=read_timeout, stats=self.stats)
         self.read_timeout = read_timeout
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
@@ -473,6 +479,10 @@ class PeerClient:
     async def _thread_bulk(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._bulk_limiter)
 
+    def _sign_put(self, target: bytes) -> str:
+        self.stats.requests += 1
+        return authorization(self._secret, self.node_id, "PUT", target, self.clock())
+
     async def push_replica(self, peer_addr: Addr, path: bytes, src_blob: str | os.PathLike[str],
                            headers: dict[str, str] | None = None, *, background: bool = False) -> dict[str, Any]:
         """PUT the whole of ``src_blob`` as ``path``'s replica on the peer, with metadata
@@ -506,7 +516,17 @@ class PeerClient:
                 with trio.CancelScope(shield=True):
                     await self._raw.put(conn, reusable)
 
+        async def in_parts() -> dict[str, Any]:
+            return await self.parts.push(host, port, path, fd, size, extra)
+
         try:
+            if not background and size >= PARTS_MIN and self.parts.wanted(host, port):
+                try:
+                    return await self._retry.run(in_parts, (*RAW_RETRYABLE, bulk.Broken, _Retry, PeerError),
+                                                self._unavailable(peer_addr, f"PUT {target.decode()} in parts", path),
+                                                retry_if=_retry_part)
+                except NoParts:
+                    log.info("peer %s:%d takes no pushes in parts: one stream from here on", host, port)
             return await self._retry.run(attempt, (*RAW_RETRYABLE, bulk.Broken, _Retry),
                                         self._unavailable(peer_addr, f"PUT {target.decode()}", path))
         finally:
@@ -565,6 +585,12 @@ class _Sent:
 
     def __len__(self) -> int:
         return self.n
+
+
+def _retry_part(e: BaseException) -> bool:
+    """A push in parts is tried again, whole, after a transport error, a 503 or a part the
+    holder lost (cut, stalled: 502/504); not after a refusal (4xx, 507, ...)."""
+    return not isinstance(e, PeerError) or e.status in (502, 503, 504)
 
 
 def _error_for(status: int, body: bytes, header: str | None, reason: str, addr: Addr,

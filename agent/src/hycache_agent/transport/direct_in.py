@@ -90,11 +90,12 @@ class _Sink:
 
 
 def direct_body(sock_fd: int, fd: int, dfd: int, head: list[bytes], count: int, timeout: float,
-                check: Callable[[], None] | None = None) -> tuple[bulk.Received, int]:
-    """(blocking) A whole request body of ``count`` bytes into the empty file ``fd`` from
-    offset 0: ``head`` (the bytes h11 read with the request head), then the socket's.
-    ``dfd`` is ``fd``'s file opened by :func:`open_direct` (-1: none).  Returns what was
-    written (``error``: what ended the body early) and how many bytes went direct."""
+                check: Callable[[], None] | None = None, offset: int = 0) -> tuple[bulk.Received, int]:
+    """(blocking) A whole request body of ``count`` bytes into the file ``fd`` from
+    ``offset`` (a multiple of ALIGN): ``head`` (the bytes h11 read with the request head),
+    then the socket's.  ``dfd`` is ``fd``'s file opened by :func:`open_direct` (-1: none).
+    Returns what was written (``error``: what ended the body early) and how many bytes
+    went direct."""
     check = check or trio.from_thread.check_cancelled
     buf = mmap.mmap(-1, DIRECT_HOP)
     view = memoryview(buf)
@@ -112,7 +113,7 @@ def direct_body(sock_fd: int, fd: int, dfd: int, head: list[bytes], count: int, 
                 out.error = bulk.Broken(f"connection closed {count - out.n - got} bytes before the end of the body")
             # (a cut body is dropped whole by the caller: what arrived is written only if complete)
             if out.error is None:
-                sink.write(view[:got], out.n)
+                sink.write(view[:got], offset + out.n)
                 out.n += got
             filled = 0
             if out.error is not None:

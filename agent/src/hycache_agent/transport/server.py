@@ -28,6 +28,7 @@ from hycache_agent.transport.auth import AUTH_SCHEME, MAX_SKEW, MIN_SECRET, Auth
 from hycache_agent.transport.blob_io import FileBody, open_for_read, pread_into, read_small
 from hycache_agent.transport.conn import Abort, Conn, PeerStats, Stalled, describe, error_status
 from hycache_agent.transport.idle import BackgroundThreads
+from hycache_agent.transport.parts import PartIntake
 from hycache_agent.transport.receive import ReplicaIntake
 from hycache_agent.transport.wire import (
     API,
@@ -37,6 +38,7 @@ from hycache_agent.transport.wire import (
     HEALTH,
     METRICS,
     NODE_ID_RE,
+    PARTS,
     PeerFiles,
     RangeError,
     agent_version,
@@ -94,6 +96,8 @@ class PeerServer:
         self.intake = ReplicaIntake(files, node_id=node_id, stats=self.stats, chunk_size=chunk_size,
                                     idle_timeout=idle_timeout, thread=self._thread, remove_temp=remove_temp,
                                     background=background or BackgroundThreads("hycache-intake"))
+        self.parts = PartIntake(files, node_id=node_id, stats=self.stats, idle_timeout=idle_timeout,
+                                thread=self._thread, remove_temp=remove_temp)
 
     # -------------------------------------------------------------- lifecycle
     async def serve(self, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -166,7 +170,9 @@ class PeerServer:
         path = await self._file_path(c, method, path_part, query)
         if path is None:
             return
-        if method in ("GET", "HEAD"):
+        if path_part == PARTS:
+            await self.parts.put(c, path, headers, sender)
+        elif method in ("GET", "HEAD"):
             await self._get(c, method, path, headers)
         elif method == "PUT":
             await self.intake.put(c, path, headers, sender)
@@ -213,7 +219,7 @@ class PeerServer:
 
     async def _file_path(self, c: Conn, method: str, path_part: bytes, query: bytes) -> bytes | None:
         """The file path a ``/v1/files`` request names, or None (answered: 404 or 400)."""
-        if path_part != FILES:
+        if path_part != FILES and not (path_part == PARTS and method == "PUT"):
             await c.send_json(404, {"error": f"no such endpoint {path_part.decode('latin-1')!r}"},
                               head=method == "HEAD", close=method == "PUT")
             return None

@@ -7,6 +7,8 @@ Protocol (see ``docs/peer.md``)::
     GET  /v1/files?path=<pct-bytes> the file's bytes; Range: bytes=a-b → 206; ETag; If-Range
     HEAD /v1/files?path=...         the same headers, no body
     PUT  /v1/files?path=...         a replica's full bytes; X-HyCache-* metadata headers → 201
+    PUT  /v1/parts?path=...         one byte range of a replica pushed in parts (X-HyCache-Part:
+                                    <push id> <count>, Content-Range) → 201 once every part is in
 
 Every request except health is signed (:mod:`hycache_agent.transport.auth`).  Errors are
 JSON objects ``{"error": "...", "status": N}``.
@@ -21,10 +23,12 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 API = "v1"
 CHUNK = 1 << 20  # file read / write unit
+PART_HEADER = "x-hycache-part"  # "<push id> <count>": a part of a push in byte ranges (transport/parts.py)
 PUSH_HEADER = "x-hycache-push"  # "background": a replica push nobody waits for (received at a low priority)
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 ETAG_RE = re.compile(r"[\x21\x23-\x7e]{1,200}\Z")  # RFC 9110 etagc, no quote
 FILES = b"/" + API.encode() + b"/files"
+PARTS = b"/" + API.encode() + b"/parts"
 HEALTH = b"/" + API.encode() + b"/health"
 METRICS = b"/metrics"
 
@@ -81,10 +85,10 @@ def parse_addr(addr: str | tuple[str, int], default_host: str = "0.0.0.0") -> tu
     return host or default_host, int(port)
 
 
-def files_target(path: bytes) -> str:
-    """The request-target of ``/v1/files`` for a path (every byte but unreserved ones and
-    '/' percent-encoded, so non-UTF-8 names travel intact)."""
-    return f"/{API}/files?path={quote_from_bytes(path, safe='/')}"
+def files_target(path: bytes, endpoint: str = "files") -> str:
+    """The request-target of ``/v1/files`` (or ``endpoint``) for a path (every byte but
+    unreserved ones and '/' percent-encoded, so non-UTF-8 names travel intact)."""
+    return f"/{API}/{endpoint}?path={quote_from_bytes(path, safe='/')}"
 
 
 def parse_query(query: bytes) -> dict[str, bytes]:
