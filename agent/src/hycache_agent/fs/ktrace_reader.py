@@ -118,7 +118,7 @@ class Follower:
 
     def command(self, line: bytes) -> None:
         """``+ ST_DEV INO PATH`` (a fast-tier blob: read ahead of its sequential readers),
-        ``* ST_DEV INO PATH`` (a slow-tier blob: read around in blocks) or ``- ST_DEV INO``
+        ``* ST_DEV INO PATH`` (a slow-tier blob: its random readers read around in blocks) or ``- ST_DEV INO``
         (one open fewer); malformed lines are ignored."""
         parts = line.split(b" ", 3)
         try:
@@ -146,7 +146,8 @@ class Follower:
         ``GROWTH`` times, each time a reader is seen within a chunk of what was asked: it
         reads faster than this process follows."""
         f = self.blobs[key]
-        last, run = f.threads.get(tid, (start, 0))
+        seen = f.threads.get(tid)
+        last, run = seen if seen is not None else (start, 0)
         if last <= start <= last + SLACK:
             run += end - last
         elif not start < last == end:  # else the same read(2), its next pages
@@ -155,7 +156,9 @@ class Follower:
             f.threads.clear()
         f.threads[tid] = (end, run)
         if f.blocks is not None:
-            self._around(f, start, end, run >= START)
+            # a jump: the thread's first read past the start, or one away from its last end
+            if (start > 0 if seen is None else not seen[0] <= start <= seen[0] + SLACK):
+                self._around(f, start, end)
             return
         if run < START:
             return
@@ -174,15 +177,17 @@ class Follower:
             off += CHUNK
         f.asked = off
 
-    def _around(self, f: Followed, start: int, end: int, in_order: bool) -> None:
-        """A read of a slow-tier blob: every ``BLOCK`` it touches that was not asked for yet
-        is asked for whole, and the next one too for a thread reading in order.  A random
-        reader of a slow device (a database's 8 KiB pages) otherwise pays one seek per
-        page the kernel does not read around; a block costs one seek and ~27 ms at 150
-        MB/s, and its other pages are then in the page cache — what JuiceFS's 4 MiB blocks
-        give its readers (the papers' db row)."""
+    def _around(self, f: Followed, start: int, end: int) -> None:
+        """A jump of a reader of a slow-tier blob: every ``BLOCK`` the read touches that was
+        not asked for yet is asked for whole.  A random reader of a slow device (a
+        database's 8 KiB pages) otherwise pays one seek per page, which the kernel does
+        not read around; a block costs one seek and ~27 ms at 150 MB/s, and its other
+        pages are then in the page cache — what JuiceFS's 4 MiB blocks give its readers
+        (the papers' db row).  A reader in order is left to the kernel's read-ahead (its
+        bytes are the same; more requests in flight on the slow device only compete with
+        the promotion that copies the file meanwhile)."""
         assert f.blocks is not None and self.pool is not None
-        last = (max(end, start + 1) - 1) // BLOCK + (1 if in_order else 0)
+        last = (max(end, start + 1) - 1) // BLOCK
         for b in range(start // BLOCK, last + 1):
             if b not in f.blocks:
                 f.blocks.add(b)
