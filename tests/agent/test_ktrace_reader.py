@@ -139,74 +139,76 @@ def test_the_reader_dies_with_the_agent(tmp_path, how):
             agent.wait()
 
 
-def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(tmp_path):
+@pytest.fixture
+def follower(tmp_path):
+    """A Follower with a window of 4 chunks, and a real 64 MiB blob for it to ask for."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"\0" * (64 * MiB))
+    fo = Follower(4 * CHUNK)
+    try:
+        yield fo, bytes(blob)
+    finally:
+        fo.close()
+
+
+def test_the_follower_asks_ahead_only_of_a_thread_reading_in_order(follower):
     """The follower's decisions on a real file's events (the mount tests,
     test_follow_prefetch.py, show the pages arrive): whole chunks up to ``ahead`` past a
     thread once it has read START bytes in order, counting a read(2) split in batches of
     pages once; nothing for a few bytes, for jumps, or once the blob is released."""
 
-    blob = tmp_path / "blob"
-    blob.write_bytes(b"\0" * (64 * MiB))
-    fo = Follower(4 * CHUNK)
-    try:
-        key = (1, 2)
-        fo.command(b"+ 1 2 " + bytes(blob))
-        fo.saw(10, key, 0, 100)  # a few bytes
-        for off in range(0, 60 * MiB, 3 * MiB):  # 64 KiB every 3 MiB
-            fo.saw(11, key, off, off + (64 << 10))
-        assert fo.requests == 0
-        for off in range(0, START - (8 << 10), 4096):  # in order, 8 KiB short of START
-            fo.saw(12, key, off, off + 4096)
-        fo.saw(12, key, START - (8 << 10), START)  # a read(2) of 8 KiB in two batches:
-        fo.saw(12, key, START - 4096, START)       # its second batch adds nothing
-        assert fo.requests == 4 and fo.blobs[key].asked == START + 4 * CHUNK
-        fo.saw(12, key, START, START + CHUNK // 2)  # half a chunk on: not a whole one missing
-        assert fo.requests == 4
-        fo.saw(12, key, START + CHUNK // 2, START + CHUNK)
-        assert fo.requests == 5
-        fo.command(b"+ 1 2 " + bytes(blob))  # a second open
-        fo.command(b"- 1 2")
-        assert key in fo.blobs
-        fo.command(b"- 1 2")  # the last release: no longer followed
-        assert not fo.blobs
-        fo.command(b"+ 1 nonsense")  # ignored
-        assert not fo.blobs
-    finally:
-        fo.close()
+    fo, blob = follower
+    key = (1, 2)
+    fo.command(b"+ 1 2 " + blob)
+    fo.saw(10, key, 0, 100)  # a few bytes
+    for off in range(0, 60 * MiB, 3 * MiB):  # 64 KiB every 3 MiB
+        fo.saw(11, key, off, off + (64 << 10))
+    assert fo.requests == 0
+    for off in range(0, START - (8 << 10), 4096):  # in order, 8 KiB short of START
+        fo.saw(12, key, off, off + 4096)
+    fo.saw(12, key, START - (8 << 10), START)  # a read(2) of 8 KiB in two batches:
+    fo.saw(12, key, START - 4096, START)       # its second batch adds nothing
+    assert fo.requests == 4 and fo.blobs[key].asked == START + 4 * CHUNK
+    fo.saw(12, key, START, START + CHUNK // 2)  # half a chunk on: not a whole one missing
+    assert fo.requests == 4
+    fo.saw(12, key, START + CHUNK // 2, START + CHUNK)
+    assert fo.requests == 5
+    fo.command(b"+ 1 2 " + blob)  # a second open
+    fo.command(b"- 1 2")
+    assert key in fo.blobs
+    fo.command(b"- 1 2")  # the last release: no longer followed
+    assert not fo.blobs
+    fo.command(b"+ 1 nonsense")  # ignored
+    assert not fo.blobs
 
 
-def test_a_slow_tier_blob_is_read_around_in_whole_blocks(tmp_path):
+def test_a_slow_tier_blob_is_read_around_in_whole_blocks(follower):
     """``*``: a slow-tier blob.  Each BLOCK a jump touches is asked for once, whole (a
     random reader's 8 KiB pages: one request per block, not one per page); a thread
     reading in order from the start is left to the kernel's read-ahead; a fast-tier blob
     (``+``) random reader gets nothing."""
-    blob = tmp_path / "blob"
-    blob.write_bytes(b"\0" * (64 * MiB))
-    fo = Follower(4 * CHUNK)
-    try:
-        key = (1, 3)
-        fo.command(b"* 1 3 " + bytes(blob))
-        assert fo.blobs[key].blocks == set()
-        fo.saw(10, key, 5 * BLOCK + 8192, 5 * BLOCK + 16384)  # a page in block 5
-        fo.saw(11, key, 5 * BLOCK + 65536, 5 * BLOCK + 73728)  # another page of it: asked already
-        assert fo.requests == 1 and fo.blobs[key].blocks == {5}
-        fo.saw(10, key, 2 * BLOCK - 4096, 2 * BLOCK + 4096)  # across blocks 1 and 2
-        assert fo.requests == 3 and fo.blobs[key].blocks == {1, 2, 5}
-        for off in range(0, 3 * BLOCK, 1 << 20):  # in order from the start: nothing
-            fo.saw(12, key, off, off + (1 << 20))
-        assert fo.requests == 3
-        for off in range(8 * BLOCK, 8 * BLOCK + START, 1 << 20):  # a jump to block 8, then in order
-            fo.saw(12, key, off, off + (1 << 20))
-        assert fo.blobs[key].blocks == {1, 2, 5, 8}
-        fo.command(b"- 1 3")
-        assert not fo.blobs
-        fast = (1, 4)
-        fo.command(b"+ 1 4 " + bytes(blob))
-        before = fo.requests
-        fo.saw(13, fast, 5 * BLOCK, 5 * BLOCK + 8192)
-        assert fo.requests == before  # a fast-tier blob's random reader: nothing
-    finally:
-        fo.close()
+    fo, blob = follower
+    key = (1, 3)
+    fo.command(b"* 1 3 " + blob)
+    assert fo.blobs[key].blocks == set()
+    fo.saw(10, key, 5 * BLOCK + 8192, 5 * BLOCK + 16384)  # a page in block 5
+    fo.saw(11, key, 5 * BLOCK + 65536, 5 * BLOCK + 73728)  # another page of it: asked already
+    assert fo.requests == 1 and fo.blobs[key].blocks == {5}
+    fo.saw(10, key, 2 * BLOCK - 4096, 2 * BLOCK + 4096)  # across blocks 1 and 2
+    assert fo.requests == 3 and fo.blobs[key].blocks == {1, 2, 5}
+    for off in range(0, 3 * BLOCK, 1 << 20):  # in order from the start: nothing
+        fo.saw(12, key, off, off + (1 << 20))
+    assert fo.requests == 3
+    for off in range(8 * BLOCK, 8 * BLOCK + START, 1 << 20):  # a jump to block 8, then in order
+        fo.saw(12, key, off, off + (1 << 20))
+    assert fo.blobs[key].blocks == {1, 2, 5, 8}
+    fo.command(b"- 1 3")
+    assert not fo.blobs
+    fast = (1, 4)
+    fo.command(b"+ 1 4 " + blob)
+    before = fo.requests
+    fo.saw(13, fast, 5 * BLOCK, 5 * BLOCK + 8192)
+    assert fo.requests == before  # a fast-tier blob's random reader: nothing
 
 
 def test_the_followers_window_grows_when_a_reader_catches_up(tmp_path):

@@ -148,7 +148,8 @@ class Follower:
         f = self.blobs[key]
         seen = f.threads.get(tid)
         last, run = seen if seen is not None else (start, 0)
-        if last <= start <= last + SLACK:
+        in_order = last <= start <= last + SLACK
+        if in_order:
             run += end - last
         elif not start < last == end:  # else the same read(2), its next pages
             run = end - start
@@ -157,7 +158,7 @@ class Follower:
         f.threads[tid] = (end, run)
         if f.blocks is not None:
             # a jump: the thread's first read past the start, or one away from its last end
-            if (start > 0 if seen is None else not seen[0] <= start <= seen[0] + SLACK):
+            if (start > 0) if seen is None else not in_order:
                 self._around(f, start, end)
             return
         if run < START:
