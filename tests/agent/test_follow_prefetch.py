@@ -155,7 +155,8 @@ def test_a_random_reader_of_a_slow_tier_file_gets_whole_blocks(hycache_mount):
     read in the middle of a block brings the rest of that block into the page cache, and
     nothing of the blocks it did not touch (a database's random page reads on an HDD:
     one seek a block, not one a page)."""
-    m = hycache_mount("512M", follow_prefetch_mb=FOLLOW_MB)
+    # a writer's open of a file up to --promote-before-write-mb promotes it first: this one is larger
+    m = hycache_mount("512M", follow_prefetch_mb=FOLLOW_MB, promote_before_write_mb=16)
     path, fast_blob = big_file(m, "big", 32 * M)
     traced(m)
     cli("demote", path, check=True)

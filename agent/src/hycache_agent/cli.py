@@ -72,6 +72,10 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--promote-mode", choices=("background", "before-open"),
                    help="promote an evicted file while reads go to the slow tier (background, default) "
                         "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
+    m.add_argument("--promote-before-write-mb", type=int,
+                   help="with passthrough, an open for writing of an evicted file of up to this many MiB "
+                        "that no handle holds waits for its promotion (a held file cannot move: its writes "
+                        "and fsyncs would go to the slow tier until the last close) (default 64; 0: off)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
     m.add_argument("--read-ahead-kb", type=int,
@@ -298,7 +302,8 @@ def _status(root: Path, as_json: bool) -> int:
     mig = st["migrations"]
     console.print(f"watermarks high {st['watermarks']['high']:.2f} / low {st['watermarks']['low']:.2f}; "
                   f"migrations done {mig['migrations_done']} (evictions {mig['evictions']}, promotions "
-                  f"{mig['promotions']}, {mig.get('promotions_declined', 0)} declined, spills {mig['spills']}), abandoned {mig['migrations_abandoned']}, "
+                  f"{mig['promotions']}, {mig.get('promotions_declined', 0)} declined, {mig.get('promotions_for_write', 0)} for writers "
+                  f"({mig.get('promotions_past_ceiling', 0)} past the ceiling), spills {mig['spills']}), abandoned {mig['migrations_abandoned']}, "
                   f"failed {mig['migrations_failed']}; promoted {format_size(mig['bytes_promoted'])}, "
                   f"demoted {format_size(mig['bytes_demoted'])}")
     for m in mig["active"]:
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
 
             overrides = {k: getattr(args, k) for k in (
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
-                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "kernel_cache", "read_ahead_kb",
+                "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode", "push_streams",

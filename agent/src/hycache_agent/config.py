@@ -38,6 +38,11 @@ class AgentConfig(BaseModel):
     # "background": open() returns at once and reads come from the slow tier until the
     # copy switches over; "before-open": open() waits for the copy (Algorithm 1 verbatim)
     promote_mode: Literal["background", "before-open"] = "background"
+    # with passthrough a held file's blob cannot move, so a writer of an evicted file would
+    # write (and fsync) the slow tier until the last close: an open for writing of an
+    # evicted file of up to this many MiB that no handle holds waits for its promotion
+    # (when the policy admits it); 0: off
+    promote_before_write_mb: int = Field(default=64, ge=0, le=1 << 20)
     kernel_cache: bool = True
     # the mount's read-ahead window (its bdi's read_ahead_kb), hence the largest READ the
     # kernel sends for a file the agent serves (a remote copy still filling, passthrough

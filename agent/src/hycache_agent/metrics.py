@@ -94,6 +94,9 @@ def _io_families(c: dict[str, Any]):
 def _migration_families(mig: dict[str, Any]):
     for key, doc in (("evictions", "Evictions to the slow tier"), ("promotions", "Promotions to the fast tier"),
                      ("promotions_declined", "Promotions on open the admission rule turned down"),
+                     ("promotions_for_write", "Opens for writing that waited for their file's promotion"),
+                     ("promotions_past_ceiling", "Promotions for a writer past the write ceiling (every "
+                      "fast-tier file held open)"),
                      ("evictions_taken_back", "Evictions an open of the file cancelled before its switch"),
                      ("spills", "Files spilled to the slow tier while written"),
                      ("migrations_failed", "Migrations that failed"),

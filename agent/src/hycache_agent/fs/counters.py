@@ -39,6 +39,10 @@ class Counters:
     evictions: int = 0
     promotions: int = 0
     promotions_declined: int = 0  # on-open promotions the admission rule turned down
+    promotions_for_write: int = 0  # writers' opens that waited for their file's promotion
+    # of those, the ones that came in past the write ceiling: every fast-tier file was held
+    # open (none could be evicted) and the fast file system had the room
+    promotions_past_ceiling: int = 0
 
 
 class TierIO:

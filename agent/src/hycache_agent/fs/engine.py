@@ -327,7 +327,8 @@ class TieringEngine:
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
         arrived = inode.tier
-        before_open = await self.placement.before_open(inode, self.passthrough["enabled"])
+        writing = (flags & O_ACCMODE) != os.O_RDONLY and not flags & os.O_TRUNC  # (truncated: nothing to copy)
+        before_open = await self.placement.before_open(inode, self.passthrough["enabled"], writing=writing)
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:

@@ -35,7 +35,7 @@ from hycache_agent.fs import tiers as T
 from hycache_agent.fs.files import Files
 from hycache_agent.fs.migrations import Migrations
 from hycache_agent.fs.namespace import FsError, Inode, local_inode
-from hycache_agent.fs.space import Space
+from hycache_agent.fs.space import Space, spare
 
 log = logging.getLogger(__name__)
 
@@ -167,33 +167,37 @@ class Placement:
         (:meth:`~hycache_agent.fs.space.Space.write_room`) the write goes on at once and
         the evictor catches up behind it; past the ceiling it waits for evictions."""
         space = self.space
+
+        def room() -> bool:
+            return space.fits(nbytes) or slack and space.write_room(nbytes)
+
         if space.fits(nbytes):
             return True
         if nbytes > space.capacity:
             return False
-        if slack and space.write_room(nbytes):
+        if room():
             self._evict_wakeup.set()
             return True
         if wait_leaving:
             # above the capacity (writes in the slack) bringing ``used`` down is the
             # evictor's work: a promotion waits for it rather than evicting the overage
-            while space.used > space.capacity and self._evicting:
+            while space.used > space.capacity and self._evicting and not room():
                 await self._evicted.wait()
             leaving = [m for m in self.migrations.active.values() if m.src == T.FAST and m.dst != T.FAST]
             for m in leaving:
-                if space.fits(nbytes):
+                if room():
                     break
                 await m.done.wait()
-            if space.fits(nbytes):
+            if room():
                 return True
         tried = 0
-        while not (space.fits(nbytes) or slack and space.write_room(nbytes)) and tried < 256:
+        while not room() and tried < 256:
             victims = self._victims(space.used + nbytes - space.capacity, exclude)
             if not victims:
                 break
             tried += len(victims)
             await self._evict_batch(victims)
-        return space.fits(nbytes) or slack and space.write_room(nbytes)
+        return room()
 
     def _victims(self, nbytes: int, exclude: Inode | None) -> list[Inode]:
         """The next victims in policy order whose sizes add up to ``nbytes``, at most
@@ -217,6 +221,19 @@ class Placement:
         except OSError as exc:
             log.error("eviction of %d files failed: %s", len(victims), exc)
             return 0
+
+    async def _past_ceiling(self, nbytes: int) -> bool:
+        """A writer's promotion that :meth:`room_for` found no room for, not even by
+        evicting: every file left on the fast tier is held open (a database's tables), and
+        a held file cannot leave.  It comes in past the write ceiling if the fast file
+        system has the room beyond its reserve (as the kernel's writes to held files do);
+        the evictor brings ``used`` back once they close."""
+        if spare(await trio.to_thread.run_sync(self.migrations.tiers[T.FAST].statvfs)) < nbytes:
+            return False
+        self.migrations.counters.promotions_past_ceiling += 1
+        log.info("promoting %s for a writer past the write ceiling: every fast-tier file is held open",
+                 format_size(nbytes))
+        return True
 
     async def refresh_write_ceiling(self) -> None:
         """Measure the fast file system's free space for the write ceiling (a thread)."""
@@ -369,18 +386,36 @@ class Placement:
             self.migrations.counters.promotions_declined += 1
         return False
 
-    async def before_open(self, inode: Inode, passthrough: bool) -> bool:
+    def _promotes_before_write(self, inode: Inode) -> bool:
+        """A writer's open through passthrough of an evicted file nobody holds: the blob
+        it gets cannot move until the last close, so its writes and fsyncs would wait for
+        the slow device all along (a database's recycled log segment, reopened for
+        writing after the evictor took it as cold).  Up to ``promote_before_write_mb``
+        the copy comes first, and takes its room like the writes it stands for: within
+        the write ceiling (:meth:`room_for` ``slack``; the evictor catches up once files
+        close), without :meth:`admits`'s test of the file's past use — the write is the
+        use, and the cost it saves (every write and fsync on the slow device for as long
+        as the file stays open) is larger than a read miss's.  Files held open cannot be
+        evicted, so a fast tier full of them (a database's tables) would otherwise leave
+        no room for its log."""
+        limit = self.config.promote_before_write_mb << 20
+        return (0 < inode.size <= limit and not inode.open_count and inode.migration is None
+                and self._promotes_on_open(inode))
+
+    async def before_open(self, inode: Inode, passthrough: bool, *, writing: bool = False) -> bool:
         """Before a local file's open: whether its promotion is to be waited for by the
         open (``promote_mode`` before-open, if :meth:`admits` takes it).  With
         ``passthrough`` the handle may get the blob as its backing file: an open arriving
         during a migration waits for the switch (and before-open promotes first, while
-        nobody holds the file)."""
-        before = (self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
-                  and self.admits(inode, Usage(inode.hits, inode.last_access)))
+        nobody holds the file; so does a ``writing`` open of a file up to
+        ``promote_before_write_mb``: :meth:`_promotes_before_write`)."""
+        for_write = passthrough and writing and self._promotes_before_write(inode)
+        before = for_write or (self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
+                               and self.admits(inode, Usage(inode.hits, inode.last_access)))
         if not passthrough:
             return before
         if before and not inode.open_count and inode.migration is None:
-            await self.background_migration(inode, T.FAST, "promote")
+            await self.background_migration(inode, T.FAST, "promote", slack=for_write)
         while inode.migration is not None and not self.take_back(inode):
             await inode.migration.done.wait()
         if not self.files.live(inode):
@@ -426,17 +461,18 @@ class Placement:
         self._nursery.start_soon(self.background_migration, inode, dst, reason)
         return True
 
-    async def background_migration(self, inode: Inode, dst: str, reason: str) -> None:
+    async def background_migration(self, inode: Inode, dst: str, reason: str, *, slack: bool = False) -> None:
         try:
-            await self.move_now(inode, dst, reason)
+            await self.move_now(inode, dst, reason, slack=slack)
         except Exception:
             log.exception("background migration of inode %d failed", inode.ino)
         finally:
             if inode.move_wanted == dst:
                 inode.move_wanted = None
 
-    async def move_now(self, inode: Inode, dst: str, reason: str) -> str | None:
-        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not."""
+    async def move_now(self, inode: Inode, dst: str, reason: str, *, slack: bool = False) -> str | None:
+        """Move a file to tier ``dst`` and wait for it: None once it is there, else why not.
+        ``slack``: a promotion may take room up to the write ceiling (:meth:`room_for`)."""
         # a migration in flight the other way (e.g. the tail of a demotion when the
         # file is opened again) finishes first; then this one decides afresh
         while inode.migration is not None or self.migrations.passthrough["enabled"] and self.files.held(inode):
@@ -450,7 +486,10 @@ class Placement:
             return "the file was deleted"
         if inode.tier == dst:
             return None
-        if dst == T.FAST and not await self.room_for(inode.size, inode, wait_leaving=True):
+        if slack:
+            self.migrations.counters.promotions_for_write += 1
+        if dst == T.FAST and not await self.room_for(inode.size, inode, wait_leaving=True, slack=slack) and not (
+                slack and await self._past_ceiling(inode.size)):
             log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
                      format_size(inode.size))
             return f"no room on the fast tier for {format_size(inode.size)}"

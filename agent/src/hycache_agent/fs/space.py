@@ -25,6 +25,11 @@ from hycache_agent.fs.namespace import Inode
 FAST_RESERVE = 0.05
 
 
+def spare(fast_vfs: os.statvfs_result) -> int:
+    """The fast file system's free bytes beyond ``FAST_RESERVE`` of its size."""
+    return fast_vfs.f_bavail * fast_vfs.f_frsize - int(FAST_RESERVE * fast_vfs.f_blocks * fast_vfs.f_frsize)
+
+
 class Space:
     def __init__(self, policy: OnlinePolicy) -> None:
         self.policy = policy
@@ -58,10 +63,8 @@ class Space:
         """Writes may take ``slack`` × the capacity above it (a soft capacity: the evictor
         brings ``used`` back under the watermarks behind them), as far as the fast file
         system has that room free beyond ``FAST_RESERVE`` of its size, as measured now."""
-        free = fast_vfs.f_bavail * fast_vfs.f_frsize
-        reserve = int(FAST_RESERVE * fast_vfs.f_blocks * fast_vfs.f_frsize)
         self.write_ceiling = max(self.capacity, min(self.capacity + int(slack * self.capacity),
-                                                    self.used + free - reserve))
+                                                    self.used + spare(fast_vfs)))
 
     def write_room(self, nbytes: int) -> bool:
         """A write of ``nbytes`` more stays under the write ceiling."""
