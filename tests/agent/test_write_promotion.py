@@ -1,10 +1,12 @@
-"""A writer's open of an evicted file through passthrough (``--promote-before-write-mb``,
-Placement._promotes_before_write), through a real mount: the blob a held file was opened
-with cannot move until its last close, so the open of an evicted file for writing that no
-handle holds waits for its promotion, and its writes and fsyncs go to the fast tier.  A file
-another handle holds, a truncating open and a mount with the flag at 0 are left where they
-are.  When every fast-tier file is held open (nothing can be evicted), the promotion comes
-in past the write ceiling."""
+"""A syncing writer's open of an evicted file through passthrough
+(``--promote-before-write-mb``, Placement._promotes_before_write), through a real mount: the
+blob a held file was opened with cannot move until its last close, so the open for writing
+of an evicted file that no handle holds, when its writes will wait for the device (the file
+was fsync'ed before, or the open is O_DSYNC), waits for its promotion, and its writes and
+fsyncs go to the fast tier.  A plain append to a never-synced file, a file another handle
+holds, a truncating open and a mount with the flag at 0 are left where they are.  When
+every fast-tier file is held open (nothing can be evicted), the promotion comes in past the
+write ceiling."""
 
 from __future__ import annotations
 
@@ -21,11 +23,16 @@ def payload(n: int, seed: int) -> bytes:
     return bytes((seed + i * 7) % 251 for i in range(n))
 
 
-def evicted(m, name: str, size: int, seed: int):
+def evicted(m, name: str, size: int, seed: int, *, synced: bool = True):
+    """A file written through the mount (fsync'ed unless not ``synced``), then demoted."""
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
     path = m.mountpoint / name
-    path.write_bytes(payload(size, seed))
+    with open(path, "wb") as f:
+        f.write(payload(size, seed))
+        if synced:
+            f.flush()
+            os.fsync(f.fileno())
     p = cli("demote", path, check=True)
     assert p.stdout.split()[0] == "slow" and info(path)["tier"] == "slow"
     return path
@@ -66,9 +73,23 @@ def test_a_writer_of_an_evicted_file_gets_it_on_the_fast_tier_before_its_first_w
     os.close(fd)
     reader_only = evicted(m, "read", 200 * K, 4)
     assert reader_only.read_bytes() == payload(200 * K, 4)
+    appended = evicted(m, "mail", 200 * K, 7, synced=False)  # never synced: a plain append stays
+    with open(appended, "ab") as f:
+        f.write(b"more")
+    assert info(appended)["tier"] == "slow"
     wait_idle(m)
-    assert counters(m) == (1, 0)  # none of the three waited for a promotion
+    assert counters(m) == (1, 0)  # none of the four waited for a promotion
     assert held.read_bytes()[:1] == b"x" and truncated.stat().st_size == 0
+    assert appended.read_bytes() == payload(200 * K, 7) + b"more"
+
+    dsync = evicted(m, "journal", 200 * K, 8, synced=False)
+    fd = os.open(dsync, os.O_WRONLY | os.O_DSYNC)  # every write waits for the device
+    try:
+        assert info(dsync)["tier"] == "fast"
+        os.pwrite(fd, b"z", 0)
+    finally:
+        os.close(fd)
+    assert counters(m) == (2, 0)
 
 
 @pytest.mark.mount

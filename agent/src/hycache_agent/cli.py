@@ -74,8 +74,9 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
                         "or finish the copy before open() returns (before-open, the papers' Algorithm 1)")
     m.add_argument("--promote-before-write-mb", type=int,
                    help="with passthrough, an open for writing of an evicted file of up to this many MiB "
-                        "that no handle holds waits for its promotion (a held file cannot move: its writes "
-                        "and fsyncs would go to the slow tier until the last close) (default 64; 0: off)")
+                        "that no handle holds, O_SYNC/O_DSYNC or of a file fsync'ed before, waits for its "
+                        "promotion (a held file cannot move: its writes and fsyncs would go to the slow "
+                        "tier until the last close) (default 64; 0: off)")
     m.add_argument("--no-kernel-cache", dest="kernel_cache", action="store_false", default=None,
                    help="do not keep the kernel page cache across opens")
     m.add_argument("--read-ahead-kb", type=int,

@@ -40,8 +40,8 @@ class AgentConfig(BaseModel):
     promote_mode: Literal["background", "before-open"] = "background"
     # with passthrough a held file's blob cannot move, so a writer of an evicted file would
     # write (and fsync) the slow tier until the last close: an open for writing of an
-    # evicted file of up to this many MiB that no handle holds waits for its promotion
-    # (when the policy admits it); 0: off
+    # evicted file of up to this many MiB that no handle holds, O_SYNC/O_DSYNC or of a file
+    # fsync'ed before, waits for its promotion; 0: off
     promote_before_write_mb: int = Field(default=64, ge=0, le=1 << 20)
     kernel_cache: bool = True
     # the mount's read-ahead window (its bdi's read_ahead_kb), hence the largest READ the

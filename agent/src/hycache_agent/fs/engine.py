@@ -327,8 +327,11 @@ class TieringEngine:
         if not inode.is_reg:
             raise FsError(errno.ENXIO)
         arrived = inode.tier
-        writing = (flags & O_ACCMODE) != os.O_RDONLY and not flags & os.O_TRUNC  # (truncated: nothing to copy)
-        before_open = await self.placement.before_open(inode, self.passthrough["enabled"], writing=writing)
+        # a writer that will wait for the device: O_SYNC / O_DSYNC, or a file its writers sync
+        # (not truncated: nothing to copy)
+        syncing = ((flags & O_ACCMODE) != os.O_RDONLY and not flags & os.O_TRUNC
+                   and (inode.synced or bool(flags & (os.O_SYNC | os.O_DSYNC))))
+        before_open = await self.placement.before_open(inode, self.passthrough["enabled"], syncing=syncing)
         h = Handle(inode, flags, uid)
         inode.open_count += 1
         try:
@@ -485,6 +488,7 @@ class TieringEngine:
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.handles[fh]
+        h.inode.synced = True  # its writers wait for the device: placement._promotes_before_write
         await blob_io(h, self.tiers, self._blob_gens, os.fdatasync if datasync else os.fsync)
         await self.ns.journal.sync(durable=True)
 

@@ -61,6 +61,7 @@ class Inode:
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
     migration: Any = None
     move_wanted: str | None = None  # a requested background move's tier until it starts or is refused
+    synced: bool = False  # a writer fsync'ed it since the agent started (a log, a database's file)
     # in a cluster: the global namespace has acknowledged this inode's name (inodes loaded
     # at start count as published; a new one is not until its first put is applied)
     published: bool = False

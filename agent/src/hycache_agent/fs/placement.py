@@ -387,11 +387,15 @@ class Placement:
         return False
 
     def _promotes_before_write(self, inode: Inode) -> bool:
-        """A writer's open through passthrough of an evicted file nobody holds: the blob
-        it gets cannot move until the last close, so its writes and fsyncs would wait for
-        the slow device all along (a database's recycled log segment, reopened for
-        writing after the evictor took it as cold).  Up to ``promote_before_write_mb``
-        the copy comes first, and takes its room like the writes it stands for: within
+        """A syncing writer's open through passthrough of an evicted file nobody holds
+        (the engine passes ``syncing`` for O_SYNC / O_DSYNC opens and files fsync'ed
+        before: writes that wait for the device; a plain append is absorbed by the page
+        cache and costs the writer little on the slow tier, while its copy would cost a
+        read and an eviction — PostMark's transactions took 2x as long): the blob it gets
+        cannot move until the last close, so its writes and fsyncs would wait for the
+        slow device all along (a database's recycled log segment, reopened for writing
+        after the evictor took it as cold).  Up to ``promote_before_write_mb`` the copy
+        comes first, and takes its room like the writes it stands for: within
         the write ceiling (:meth:`room_for` ``slack``; the evictor catches up once files
         close), without :meth:`admits`'s test of the file's past use — the write is the
         use, and the cost it saves (every write and fsync on the slow device for as long
@@ -402,14 +406,14 @@ class Placement:
         return (0 < inode.size <= limit and not inode.open_count and inode.migration is None
                 and self._promotes_on_open(inode))
 
-    async def before_open(self, inode: Inode, passthrough: bool, *, writing: bool = False) -> bool:
+    async def before_open(self, inode: Inode, passthrough: bool, *, syncing: bool = False) -> bool:
         """Before a local file's open: whether its promotion is to be waited for by the
         open (``promote_mode`` before-open, if :meth:`admits` takes it).  With
         ``passthrough`` the handle may get the blob as its backing file: an open arriving
         during a migration waits for the switch (and before-open promotes first, while
-        nobody holds the file; so does a ``writing`` open of a file up to
+        nobody holds the file; so does a ``syncing`` writer's open of a file up to
         ``promote_before_write_mb``: :meth:`_promotes_before_write`)."""
-        for_write = passthrough and writing and self._promotes_before_write(inode)
+        for_write = passthrough and syncing and self._promotes_before_write(inode)
         before = for_write or (self.config.promote_mode == "before-open" and self._promotes_on_open(inode)
                                and self.admits(inode, Usage(inode.hits, inode.last_access)))
         if not passthrough:
