@@ -227,7 +227,8 @@ class Placement:
         evicting: every file left on the fast tier is held open (a database's tables), and
         a held file cannot leave.  It comes in past the write ceiling if the fast file
         system has the room beyond its reserve (as the kernel's writes to held files do);
-        the evictor brings ``used`` back once they close."""
+        the evictor brings ``used`` back once they close.  (A file larger than the high
+        watermark never gets here: :meth:`_promotes_on_open`.)"""
         if spare(await trio.to_thread.run_sync(self.migrations.tiers[T.FAST].statvfs)) < nbytes:
             return False
         self.migrations.counters.promotions_past_ceiling += 1
@@ -476,7 +477,8 @@ class Placement:
 
     async def move_now(self, inode: Inode, dst: str, reason: str, *, slack: bool = False) -> str | None:
         """Move a file to tier ``dst`` and wait for it: None once it is there, else why not.
-        ``slack``: a promotion may take room up to the write ceiling (:meth:`room_for`)."""
+        ``slack`` (a syncing writer's promotion): room up to the write ceiling
+        (:meth:`room_for`), and past it when every fast-tier file is held (:meth:`_past_ceiling`)."""
         # a migration in flight the other way (e.g. the tail of a demotion when the
         # file is opened again) finishes first; then this one decides afresh
         while inode.migration is not None or self.migrations.passthrough["enabled"] and self.files.held(inode):
