@@ -38,6 +38,20 @@ def evicted(m, name: str, size: int, seed: int, *, synced: bool = True):
     return path
 
 
+def tier_while_writing(path, flags: int, data: bytes, offset: int = 0, *, sync: bool = False) -> str:
+    """Open ``path`` with ``flags``, note its tier while the handle holds it, write ``data``
+    at ``offset`` (and fdatasync), close: the tier it was on while written."""
+    fd = os.open(path, flags)
+    try:
+        tier = info(path)["tier"]
+        assert os.pwrite(fd, data, offset) == len(data)
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return tier
+
+
 def counters(m) -> tuple[int, int]:
     mig = status(m)["migrations"]
     return mig["promotions_for_write"], mig["promotions_past_ceiling"]
@@ -47,25 +61,15 @@ def counters(m) -> tuple[int, int]:
 def test_a_writer_of_an_evicted_file_gets_it_on_the_fast_tier_before_its_first_write(hycache_mount):
     m = hycache_mount(fast_capacity="4M")
     f = evicted(m, "log", 300 * K, 1)
-    fd = os.open(f, os.O_RDWR)
-    try:
-        assert info(f)["tier"] == "fast"  # while the writer holds it: the open waited
-        assert os.pwrite(fd, b"appended", 300 * K) == 8
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
+    # while the writer holds it: the open waited
+    assert tier_while_writing(f, os.O_RDWR, b"appended", 300 * K, sync=True) == "fast"
     assert f.read_bytes() == payload(300 * K, 1) + b"appended"
     assert counters(m) == (1, 0)
 
     held = evicted(m, "held", 200 * K, 2)
     reader = os.open(held, os.O_RDONLY)  # another handle holds it: its blob cannot move
     try:
-        fd = os.open(held, os.O_WRONLY)
-        try:
-            assert info(held)["tier"] == "slow"
-            os.pwrite(fd, b"x", 0)
-        finally:
-            os.close(fd)
+        assert tier_while_writing(held, os.O_WRONLY, b"x") == "slow"
     finally:
         os.close(reader)
     truncated = evicted(m, "truncated", 200 * K, 3)
@@ -83,12 +87,7 @@ def test_a_writer_of_an_evicted_file_gets_it_on_the_fast_tier_before_its_first_w
     assert appended.read_bytes() == payload(200 * K, 7) + b"more"
 
     dsync = evicted(m, "journal", 200 * K, 8, synced=False)
-    fd = os.open(dsync, os.O_WRONLY | os.O_DSYNC)  # every write waits for the device
-    try:
-        assert info(dsync)["tier"] == "fast"
-        os.pwrite(fd, b"z", 0)
-    finally:
-        os.close(fd)
+    assert tier_while_writing(dsync, os.O_WRONLY | os.O_DSYNC, b"z") == "fast"  # every write waits for the device
     assert counters(m) == (2, 0)
 
 
@@ -96,12 +95,7 @@ def test_a_writer_of_an_evicted_file_gets_it_on_the_fast_tier_before_its_first_w
 def test_the_flag_at_zero_leaves_a_writer_on_the_slow_tier(hycache_mount):
     m = hycache_mount(fast_capacity="4M", promote_before_write_mb=0)
     f = evicted(m, "log", 300 * K, 5)
-    fd = os.open(f, os.O_RDWR)
-    try:
-        assert info(f)["tier"] == "slow"
-        os.pwrite(fd, b"y", 0)
-    finally:
-        os.close(fd)
+    assert tier_while_writing(f, os.O_RDWR, b"y") == "slow"
     assert f.read_bytes() == b"y" + payload(300 * K, 5)[1:]
     assert counters(m) == (0, 0)
 
@@ -120,13 +114,7 @@ def test_a_fast_tier_full_of_held_files_still_takes_a_writers_file(hycache_mount
             os.pwrite(fds[-1], payload(600 * K, 10 + i), 0)
             os.fsync(fds[-1])
         assert [info(m.mountpoint / f"table{i}")["tier"] for i in range(2)] == ["fast", "fast"]
-        fd = os.open(log, os.O_RDWR)
-        try:
-            assert info(log)["tier"] == "fast"
-            os.pwrite(fd, b"commit", 0)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+        assert tier_while_writing(log, os.O_RDWR, b"commit", sync=True) == "fast"
         assert counters(m) == (1, 1)
         fast = status(m)["tiers"]["fast"]
         assert fast["used"] > fast["write_ceiling"] >= fast["capacity"]

@@ -420,6 +420,8 @@ class Placement:
         if not passthrough:
             return before
         if before and not inode.open_count and inode.migration is None:
+            if for_write:
+                self.migrations.counters.promotions_for_write += 1
             await self.background_migration(inode, T.FAST, "promote", slack=for_write)
         while inode.migration is not None and not self.take_back(inode):
             await inode.migration.done.wait()
@@ -492,8 +494,6 @@ class Placement:
             return "the file was deleted"
         if inode.tier == dst:
             return None
-        if slack:
-            self.migrations.counters.promotions_for_write += 1
         if dst == T.FAST and not await self.room_for(inode.size, inode, wait_leaving=True, slack=slack) and not (
                 slack and await self._past_ceiling(inode.size)):
             log.info("not promoting inode %d (%s): no room on the fast tier", inode.ino,
