@@ -201,10 +201,14 @@ def test_serve_workers_2_share_one_cluster(control_server, pg_url):
                 r = httpx.post(f"{srv.url}/api/v1/nodes/{node}/heartbeats", headers=_h(tok), timeout=10,
                                json={"node_id": node, "boot_id": "b", "seq": seq, "sent_at": time.time()})
                 assert r.status_code == 200, r.text
-        # whichever worker answers (a new connection each time) knows every node as up
+        # whichever worker answers (a new connection each time, and the kept-alive one) knows
+        # every node as up.  (Stop 40's CI: six new connections can all land on one worker,
+        # so the kept-alive connection's worker is asked in the same wait, not after it.)
         def all_up() -> bool:
-            return all(httpx.get(f"{srv.url}/api/v1/nodes", params={"state": "up"}, headers=_h(srv.admin),
-                                 timeout=10).json()["total"] == 6 for _ in range(6))
+            fresh = all(httpx.get(f"{srv.url}/api/v1/nodes", params={"state": "up"}, headers=_h(srv.admin),
+                                  timeout=10).json()["total"] == 6 for _ in range(6))
+            return fresh and c.get("/api/v1/nodes", params={"state": "up"},
+                                   headers=_h(srv.admin)).json()["total"] == 6
         wait_for(all_up, 30, "every worker to see every node up")
         assert c.get("/api/v1/nodes", headers=_h(srv.admin)).json()["total"] == 6
 
