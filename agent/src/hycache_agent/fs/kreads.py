@@ -15,7 +15,16 @@ batch every ``BATCH_SECONDS``; it dies with the agent.  The agent:
 
 - counts a read by a process other than the agent itself (the agent's own reads are the
   reads it serves, counted where it serves them, and migrations' copies); the agent
-  learns its own process id as the trace shows it by reading a probe file at start;
+  learns its own process id as the trace shows it by reading a probe file at start, then
+  lists itself in the instance's ``set_event_notrace_pid`` with ``options/event-fork``,
+  so the kernel records no event of the agent's threads, nor of the threads and
+  processes they start later (exact: the trace's tgid column is not — the kernel fills
+  it from a table it updates only when a thread is next scheduled out, so a new thread's
+  first events show whatever process last had its id, and a migration's copy on a new
+  worker thread was counted as a reader's; ``pid_max`` 32768 makes ids come round
+  often).  The child still drops events whose tgid column is the agent's (a kernel
+  without ``set_event_notrace_pid``, before 5.8; in a container, threads started before
+  the trace, whose global ids the agent cannot see);
 - attributes it to the tier of the blob with that (device, inode): learnt when a blob is
   registered or fstat()ed as a backing file; bytes of an inode not learnt yet wait (at
   most ``PENDING_SECONDS``) and are then left out, summed in ``other_bytes`` (other
@@ -121,6 +130,7 @@ class KernelReads:
             (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
             (ev / "enable").write_text("1")
             self.me = self._whoami(fd, probe_dir)
+            self._untrace_self(inst)
             self.child = self._spawn(fd, inst)
         except OSError as exc:
             if fd >= 0:
@@ -138,6 +148,19 @@ class KernelReads:
                                         daemon=True)
         self._thread.start()
         return True
+
+    def _untrace_self(self, inst: Path) -> None:
+        """No events of the agent's threads, nor of those started from them later, in
+        ``inst`` (``set_event_notrace_pid`` with ``event-fork``; the module's docstring).
+        Its thread ids as the trace knows them: all of them when the agent's process id
+        is the trace's (same PID namespace), else the main thread's only."""
+        tids = sorted(int(t) for t in os.listdir("/proc/self/task")) if self.me == os.getpid() else [self.me]
+        try:
+            (inst / "options" / "event-fork").write_text("1")
+            (inst / "set_event_notrace_pid").write_text(" ".join(map(str, tids)))
+        except OSError as exc:  # before 5.8: the child's tgid check alone
+            log.info("kernel read counts: the agent's own reads are told apart by the trace's tgid "
+                     "only (%s)", exc.strerror or exc)
 
     def _spawn(self, fd: int, inst: Path) -> subprocess.Popen[bytes]:
         """The reader process, given the open trace; it exits at EOF on its stdin (ours)."""
