@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -75,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fast-mib", type=int, help="the fast tiers' capacity, MiB (default 2048 and 512 for the PostMark "
                     "rows; --quick 256)")
     ap.add_argument("--mover-period", type=float, default=1.0, help="the mergerfs mover's period, s (default 1)")
+    ap.add_argument("--agent-args", default="", help="more hycache-agent mount arguments for the hycache target, "
+                    "one shell-quoted string (e.g. \"--write-slack 2\"); recorded with its command")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"), help="where the run's directories go")
     ap.add_argument("--json", type=Path, help="write the results here (default: a temp file)")
     ap.add_argument("--md", type=Path, help="write the Markdown tables here")
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             if not group:
                 continue
             targets = open_targets(a.targets, work / f"fast{fast_mib}-{group[0]}", fast_mib << 20, hdd_args,
-                                   a.mover_period)
+                                   a.mover_period, shlex.split(a.agent_args))
             try:
                 key = f"{fast_mib} MiB fast tiers"
                 key += f" ({group[0]})" if key in res["commands"] else ""

@@ -76,9 +76,9 @@ class Fast(Target):
 class HyCache(Target):
     name = "hycache"
 
-    def __init__(self, work: Path, hdd: SlowTier, fast_bytes: int) -> None:
+    def __init__(self, work: Path, hdd: SlowTier, fast_bytes: int, agent_args: list[str] | None = None) -> None:
         root = work / "hycache"
-        self.agent = Agent(root, "papers-hycache", fast=root / "fast", slow=hdd.share("hycache"),
+        self.agent = Agent(root, "papers-hycache", *(agent_args or []), fast=root / "fast", slow=hdd.share("hycache"),
                            fast_capacity=fast_bytes, log=work / "hycache.log")
         (root / "fast").mkdir(parents=True, exist_ok=True)
         self.agent.start(timeout=60)
@@ -170,9 +170,11 @@ def on_hdd(work: Path, hdd_args: dict, make: Callable[[SlowTier], Target]) -> Ta
         raise
 
 
-def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, period: float) -> list[Target]:
-    """Start the named targets in order (each with its own HDD model where it has a slow tier);
-    on a failure, close the ones started and raise."""
+def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, period: float,
+                 agent_args: list[str] | None = None) -> list[Target]:
+    """Start the named targets in order (each with its own HDD model where it has a slow tier;
+    ``agent_args``: more ``hycache-agent mount`` arguments); on a failure, close the ones
+    started and raise."""
     started: list[Target] = []
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -180,7 +182,7 @@ def open_targets(names: list[str], work: Path, fast_bytes: int, hdd_args: dict, 
             if name == "fast":
                 started.append(Fast(work))
                 continue
-            make = {"hdd": lambda hdd: Hdd(work, hdd), "hycache": lambda hdd: HyCache(work, hdd, fast_bytes),
+            make = {"hdd": lambda hdd: Hdd(work, hdd), "hycache": lambda hdd: HyCache(work, hdd, fast_bytes, agent_args),
                     "juicefs": lambda hdd: JuiceFS(work, hdd, fast_bytes)}.get(
                 name, lambda hdd: Mergerfs(work, hdd, fast_bytes, period))
             started.append(on_hdd(work, hdd_args, make))
