@@ -104,7 +104,7 @@ def test_the_flag_at_zero_leaves_a_writer_on_the_slow_tier(hycache_mount):
 def test_a_fast_tier_full_of_held_files_still_takes_a_writers_file(hycache_mount):
     """1 MiB tier, write ceiling 1.5 MiB: two files of 600 KiB held open fill it and cannot
     be evicted; a third, evicted, opened for writing, comes in past the ceiling."""
-    m = hycache_mount(fast_capacity="1M")
+    m = hycache_mount(fast_capacity="1M", write_slack=0.5)
     log = evicted(m, "log", 600 * K, 6)
     fds = []
     try:

@@ -61,7 +61,7 @@ def _mount_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--low-watermark", type=float, help="evict down to this fraction (default 0.7)")
     m.add_argument("--write-slack", type=float,
                    help="fraction of the capacity writes may go above it while the evictor catches up, "
-                        "bounded by the fast file system's free space (default 0.5; 0: a hard capacity)")
+                        "bounded by the fast file system's free space (default 1; 0: a hard capacity)")
     m.add_argument("--policy", help="eviction policy: lru, lfu or an installed plug-in (default lru)")
     m.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
     m.add_argument("--allow-other", dest="allow_other", action="store_true", default=None,

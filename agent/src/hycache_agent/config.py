@@ -30,7 +30,7 @@ class AgentConfig(BaseModel):
     # writes may take this fraction of the capacity above it while the evictor catches up
     # (never more than the fast file system has free beyond 5 % of its size); 0: writes
     # wait for evictions at the capacity
-    write_slack: float = Field(default=0.5, ge=0, le=4)
+    write_slack: float = Field(default=1.0, ge=0, le=4)
     policy: str = "lru"
     log_level: str = "INFO"
     allow_other: bool = Field(default_factory=lambda: os.geteuid() == 0)
