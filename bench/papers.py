@@ -76,8 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fast-mib", type=int, help="the fast tiers' capacity, MiB (default 2048 and 512 for the PostMark "
                     "rows; --quick 256)")
     ap.add_argument("--mover-period", type=float, default=1.0, help="the mergerfs mover's period, s (default 1)")
-    ap.add_argument("--agent-args", default="", help="more hycache-agent mount arguments for the hycache target, "
-                    "one shell-quoted string (e.g. \"--write-slack 2\"); recorded with its command")
+    ap.add_argument("--agent-args", type=shlex.split, default=[], help="more hycache-agent mount arguments for the "
+                    "hycache target and the shared row's HyCache nodes, one shell-quoted string (e.g. \"--write-slack 2\"); "
+                    "recorded with their commands (the hit-ratio row's agents keep the settings each policy needs)")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"), help="where the run's directories go")
     ap.add_argument("--json", type=Path, help="write the results here (default: a temp file)")
     ap.add_argument("--md", type=Path, help="write the Markdown tables here")
@@ -124,7 +125,7 @@ def one_row(a: argparse.Namespace, row: str, targets: list, fast_mib: int, tick)
                             p["db_clients"], tick)
     if row == "shared":
         return shared.shared_row(a.work / "shared", a.hdd_args, a.targets, p["nodes"], p["sh_files"], p["sh_file_mib"],
-                                 p["sh_fast_mib"], p["sh_passes"], tick)
+                                 p["sh_fast_mib"], p["sh_passes"], tick, a.agent_args)
     return pmrow.small_row(targets, *p["small"], tick)
 
 
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             if not group:
                 continue
             targets = open_targets(a.targets, work / f"fast{fast_mib}-{group[0]}", fast_mib << 20, hdd_args,
-                                   a.mover_period, shlex.split(a.agent_args))
+                                   a.mover_period, a.agent_args)
             try:
                 key = f"{fast_mib} MiB fast tiers"
                 key += f" ({group[0]})" if key in res["commands"] else ""

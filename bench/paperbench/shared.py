@@ -84,13 +84,13 @@ def plain_sets(dirs: list[Path], files: int, file_mib: int) -> Iterator[list[Pat
 
 @contextmanager
 def hycache_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, fast_bytes: int,
-                  commands: list[str]) -> Iterator[list[Path]]:
+                  commands: list[str], agent_args: list[str] | None = None) -> Iterator[list[Path]]:
     agents: list[Agent] = []
     try:
         for i in range(n):
             root = work / f"sh{n}-{i}"
             (root / "fast").mkdir(parents=True, exist_ok=True)
-            a = Agent(root, f"papers-shared-{n}-{i}", fast=root / "fast", slow=hdd.share(f"hycache{n}-{i}"),
+            a = Agent(root, f"papers-shared-{n}-{i}", *(agent_args or []), fast=root / "fast", slow=hdd.share(f"hycache{n}-{i}"),
                       fast_capacity=fast_bytes, log=work / f"shared-hycache{n}-{i}.log")
             agents.append(a.start(timeout=60))
             commands.append(" ".join(a.argv))
@@ -146,8 +146,9 @@ def juicefs_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, 
 
 
 def shared_row(work: Path, hdd_args: dict, names: list[str], nodes: int, files: int, file_mib: int, fast_mib: int,
-               passes: int, tick: Tick) -> dict:
-    """The shared-store row: every configuration with 1 and ``nodes`` nodes, on one HDD model."""
+               passes: int, tick: Tick, agent_args: list[str] | None = None) -> dict:
+    """The shared-store row: every configuration with 1 and ``nodes`` nodes, on one HDD model
+    (``agent_args``: more ``hycache-agent mount`` arguments for its HyCache nodes)."""
     work.mkdir(parents=True, exist_ok=True)
     set_bytes, fast = files * file_mib << 20, fast_mib << 20
     out: dict = {"nodes": nodes, "files": files, "file_mib": file_mib, "fast_mib": fast_mib, "passes": passes,
@@ -163,7 +164,7 @@ def shared_row(work: Path, hdd_args: dict, names: list[str], nodes: int, files: 
                 elif kind == "fast":
                     ctx = plain_sets([work / f"fast{n}-{i}" for i in range(n)], files, file_mib)
                 elif kind == "hycache":
-                    ctx = hycache_nodes(hdd, work, n, files, file_mib, fast, cmds)
+                    ctx = hycache_nodes(hdd, work, n, files, file_mib, fast, cmds, agent_args)
                 else:
                     ctx = juicefs_nodes(hdd, work, n, files, file_mib, fast, cmds)
                 with ctx as dirs:
