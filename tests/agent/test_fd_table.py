@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hycache_agent.fs.passthrough import MAX_PARKED
 from hycache_agent.mount import FD_TABLE_RESERVE
+
+from .conftest import status
 
 
 def _status_field(pid: int, name: str) -> int:
@@ -38,3 +41,19 @@ def test_the_descriptor_table_is_reserved_before_the_first_request(hycache_mount
     # and files work through the mount as before
     (m.mountpoint / "f").write_bytes(b"x" * 1000)
     assert (m.mountpoint / "f").read_bytes() == b"x" * 1000
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(hycache_mount):
+    """Started with a shell's soft limit (1024), the agent raises it to the hard limit
+    (mount.py ``_raise_fd_limit``), and sizes what it keeps open from the raised one: a
+    quarter of it in parked passthrough registrations (fs/passthrough.py)."""
+    hard = 4096
+    m = hycache_mount(wrapper=["prlimit", f"--nofile=1024:{hard}"])
+    assert _soft_nofile(m.proc.pid) == hard
+    st = status(m)
+    if st["passthrough"]["enabled"]:
+        assert st["passthrough"]["parked_max"] == min(MAX_PARKED, hard // 4)
+    # the reserve follows the raised limit too
+    assert _status_field(m.proc.pid, "FDSize") >= min(hard, FD_TABLE_RESERVE)
+    (m.mountpoint / "f").write_bytes(b"y" * 10)
+    assert (m.mountpoint / "f").read_bytes() == b"y" * 10

@@ -345,6 +345,29 @@ def _settle_gc() -> None:
 
 # Descriptor slots reserved at start-up (at most the soft RLIMIT_NOFILE): see _reserve_fd_table.
 FD_TABLE_RESERVE = 16384
+# The soft RLIMIT_NOFILE the agent raises itself to (at most its hard limit): see _raise_fd_limit.
+NOFILE_WANTED = 1 << 20
+
+
+def _raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft descriptor limit to the hard one (at most NOFILE_WANTED), as Go's
+    runtime does for every program; returns the soft limit before and after.  What the agent
+    keeps open is sized from the soft limit: parked passthrough registrations (a quarter of
+    it, fs/passthrough.py), ready pool blobs (an eighth, fs/blobpool.py), remote copies.  A
+    shell's soft limit of 1024 allowed 256 parked registrations, so a reader reopening more
+    than 256 recent files paid a worker-thread open(2) + ioctl per open.  The soft limit of
+    1024 exists for select(2) users; the agent waits on descriptors with epoll and poll."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(hard, NOFILE_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("descriptor limit left at %d (raising it to %d: %s)", soft, want, exc)
+            return soft, soft
+        log.info("descriptor limit raised from %d to %d", soft, want)
+        return soft, want
+    return soft, soft
 
 
 def _reserve_fd_table() -> None:
@@ -408,6 +431,7 @@ def run_mount(config: AgentConfig) -> int:
     """Mount, serve until unmounted or signalled, return the exit status."""
     mountpoint = config.mountpoint
     token = _check_start(config)
+    _raise_fd_limit()
     _reserve_fd_table()
     engine = TieringEngine(config, kreads=KernelReads(follow_mb=config.follow_prefetch_mb,
                                                          follow_first_mb=config.follow_first_mb))

@@ -233,7 +233,10 @@ class Backings:
                          reason=f"registering a backing file failed: {os.strerror(exc.errno or errno.EIO)} "
                                 "(the writeback cache is off for this mount)")
             return
-        state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers")
+        # parked_max: registrations kept after the last release (a quarter of the soft
+        # descriptor limit, at most MAX_PARKED); reopening more recent files than that hops
+        state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers",
+                     parked_max=self.max_parked)
         self.engine.use_backings(self)
 
     async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
