@@ -117,9 +117,10 @@ def _is_agent(pid: int) -> bool:
     process in another PID namespace, which here is someone else or nobody)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"hycache" in f.read()
+            argv = f.read()
     except OSError:
         return False
+    return b"hycache-agent\0" in argv or b"hycache_agent" in argv
 
 
 class KernelReads:
