@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from hycache_agent.fs.kreads import PREFIX, TRACEFS
 
 from .conftest import status
