@@ -17,6 +17,10 @@ from hycache_agent.transport.errors import PeerChanged, PeerError
 from hycache_agent.transport.wire import unquote_etag
 
 Progress = Callable[[int, int], None]  # (bytes written so far, total bytes)
+# A body's first hop: progress is reported once per hop, and a reader of a copy that fills
+# waits for it (remote/copy.py), so the first bytes show after 256 KiB, not bulk.HOP (4 MiB
+# per part of a parallel fetch: 20-40 ms); each later hop is 4x the last, up to bulk.HOP
+FIRST_HOP = 256 << 10
 
 
 def content_range(value: str) -> tuple[int, int]:
@@ -146,11 +150,13 @@ class Fetch:
                     else await thread(bulk.write_all, self.fd, pieces)
                 if self.progress is not None:
                     self.progress(self.got, size)
+            hop = FIRST_HOP  # (progress is reported per hop: the first bytes show early)
             while self.got < size and not ended and r.error is None:
                 if self.regular and self.pipe is None:
                     self.pipe = await trio.to_thread.run_sync(bulk.make_pipe)
-                r = await thread(bulk.splice_in, conn.fd, self.fd, self.got, min(bulk.HOP, size - self.got),
+                r = await thread(bulk.splice_in, conn.fd, self.fd, self.got, min(hop, size - self.got),
                                  read_timeout, self.pipe)
+                hop = min(hop * 4, bulk.HOP)
                 self.got += r.n
                 if self.progress is not None:
                     self.progress(self.got, size)
