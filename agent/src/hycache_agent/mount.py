@@ -349,9 +349,9 @@ FD_TABLE_RESERVE = 16384
 NOFILE_WANTED = 1 << 20
 
 
-def _raise_fd_limit() -> tuple[int, int]:
+def _raise_fd_limit() -> None:
     """Raise the soft descriptor limit to the hard one (at most NOFILE_WANTED), as Go's
-    runtime does for every program; returns the soft limit before and after.  What the agent
+    runtime does for every program.  What the agent
     keeps open is sized from the soft limit: parked passthrough registrations (a quarter of
     it, fs/passthrough.py), ready pool blobs (an eighth, fs/blobpool.py), remote copies.  A
     shell's soft limit of 1024 allowed 256 parked registrations, so a reader reopening more
@@ -359,15 +359,14 @@ def _raise_fd_limit() -> tuple[int, int]:
     1024 exists for select(2) users; the agent waits on descriptors with epoll and poll."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(hard, NOFILE_WANTED)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-        except (OSError, ValueError) as exc:
-            log.warning("descriptor limit left at %d (raising it to %d: %s)", soft, want, exc)
-            return soft, soft
-        log.info("descriptor limit raised from %d to %d", soft, want)
-        return soft, want
-    return soft, soft
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("descriptor limit left at %d (raising it to %d: %s)", soft, want, exc)
+        return
+    log.info("descriptor limit raised from %d to %d", soft, want)
 
 
 def _reserve_fd_table() -> None:

@@ -171,8 +171,10 @@ class KernelReads:
             (ev / "filter").write_text(" || ".join(f"s_dev=={kernel_dev(d)}" for d in sorted(devs)))
             (ev / "enable").write_text("1")
             self.me = self._whoami(fd, probe_dir)
-            self._untrace_self(inst)
-            self._untrace_peers(inst)
+            tids = _tids(os.getpid()) if self.me == os.getpid() else [self.me]
+            self._untrace_self(inst, tids)
+            if self.me == os.getpid():
+                self._untrace_peers(inst, tids)
             self.child = self._spawn(fd, inst)
         except OSError as exc:
             if fd >= 0:
@@ -191,12 +193,11 @@ class KernelReads:
         self._thread.start()
         return True
 
-    def _untrace_self(self, inst: Path) -> None:
+    def _untrace_self(self, inst: Path, tids: list[int]) -> None:
         """No events of the agent's threads, nor of those started from them later, in
         ``inst`` (``set_event_notrace_pid`` with ``event-fork``; the module's docstring).
         Its thread ids as the trace knows them: all of them when the agent's process id
         is the trace's (same PID namespace), else the main thread's only."""
-        tids = _tids(os.getpid()) if self.me == os.getpid() else [self.me]
         try:
             (inst / "options" / "event-fork").write_text("1")
             (inst / "set_event_notrace_pid").write_text(" ".join(map(str, tids)))
@@ -204,12 +205,10 @@ class KernelReads:
             log.info("kernel read counts: the agent's own reads are told apart by the trace's tgid "
                      "only (%s)", exc.strerror or exc)
 
-    def _untrace_peers(self, inst: Path) -> None:
-        """This agent's threads in every other agent's instance, theirs in ``inst`` (the
-        module's docstring).  Nothing when the agent is not in the trace's PID namespace."""
-        if self.me != os.getpid():
-            return
-        mine = " ".join(map(str, _tids(os.getpid())))
+    def _untrace_peers(self, inst: Path, tids: list[int]) -> None:
+        """This agent's threads (``tids``) in every other agent's instance, theirs in
+        ``inst`` (the module's docstring); only for an agent in the trace's PID namespace."""
+        mine = " ".join(map(str, tids))
         peers = 0
         for other in (self.tracefs / "instances").glob(f"{PREFIX}*"):
             pid = _instance_pid(other.name)
