@@ -71,6 +71,9 @@ class AgentConfig(BaseModel):
     # long before it sleeps (docs/agent.md, "The metadata path"); 0: sleep at once
     loop_spin_us: float = Field(default=50.0, ge=0, le=10_000,
                                 description="µs the request loop polls for the next request before it sleeps")
+    # answer GETATTR, LOOKUP and GETXATTR security.capability of local files that are not
+    # open from a table in the request reader, without Python (fuse/answers.py)
+    answer_table: bool = True
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")

@@ -202,11 +202,16 @@ class Census:
 def request_loop(spin_us: float) -> dict[str, Any]:
     """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
     and since start how often it found the next request (``spin_hits``) or ran out and
-    slept (``spin_misses``); the counts are None with a pyfuse3 build without the poll."""
+    slept (``spin_misses``); the counts are None with a pyfuse3 build without the poll.
+    ``answer_table``: the requests answered from the reader's table, by kind, and what it holds."""
     spins = getattr(pyfuse3, "spins", None)
+    answers = getattr(pyfuse3, "answers_stats", None)
     return {"spin_us": spin_us if spins is not None else 0.0,
             "spin_hits": spins[0] if spins is not None else None,
-            "spin_misses": spins[1] if spins is not None else None}
+            "spin_misses": spins[1] if spins is not None else None,
+            # what the reader's table answered without Python (fuse/answers.py); None: a
+            # pyfuse3 build without it
+            "answer_table": answers() if answers is not None else None}
 
 
 def moving(engine: Any) -> dict[str, Any]:

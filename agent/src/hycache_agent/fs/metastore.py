@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -200,6 +200,16 @@ class _Waiter:
     error: BaseException | None = None
 
 
+class JournalWatcher(Protocol):
+    """Told of every change the journal records, as it is recorded."""
+
+    def inode(self, ino: int) -> None: ...
+
+    def name(self, parent: int, name: bytes) -> None: ...
+
+    def xattr(self, ino: int) -> None: ...
+
+
 class MetaJournal:
     """Pending namespace changes, made durable in group commits off the event loop."""
 
@@ -236,6 +246,9 @@ class MetaJournal:
         # is committed: a change was not logged (the ring was full, or a takeover), and a
         # record replayed after it could depend on it
         self._redo_blocked = 0
+        # told of every change as it is recorded (trio thread): the FUSE adapter's answer
+        # table drops what it holds of it (fuse/answers.py)
+        self.watcher: JournalWatcher | None = None
 
     # -- the redo log (trio thread) ----------------------------------------------------
     def redo_append(self, payload: bytes) -> bool:
@@ -263,22 +276,32 @@ class MetaJournal:
 
     # -- recording (trio thread, synchronous, O(1)) ---------------------------------
     def inode(self, ino: int) -> None:
+        if self.watcher is not None:
+            self.watcher.inode(ino)
         self._dirty_inodes.add(ino)
         self._recorded += 1
 
     def link(self, parent: int, name: bytes, ino: int) -> None:
+        if self.watcher is not None:
+            self.watcher.name(parent, name)
         self._ops.append(("INSERT OR REPLACE INTO dentries (parent, name, ino) VALUES (?, ?, ?)", (parent, name, ino)))
         self._recorded += 1
 
     def unlink(self, parent: int, name: bytes) -> None:
+        if self.watcher is not None:
+            self.watcher.name(parent, name)
         self._ops.append(("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name)))
         self._recorded += 1
 
     def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        if self.watcher is not None:
+            self.watcher.xattr(ino)
         self._ops.append(("INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?, ?, ?)", (ino, name, value)))
         self._recorded += 1
 
     def del_xattr(self, ino: int, name: bytes) -> None:
+        if self.watcher is not None:
+            self.watcher.xattr(ino)
         self._ops.append(("DELETE FROM xattrs WHERE ino = ? AND name = ?", (ino, name)))
         self._recorded += 1
 

@@ -16,6 +16,7 @@ import trio
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.fs.passthrough import invalidate_attrs
+from hycache_agent.fuse.answers import AnswerTable
 from hycache_agent.vfs.layer import Vfs
 from hycache_agent.vfs.names import MISSING
 from hycache_agent.vfs.opens import Opened
@@ -100,6 +101,8 @@ def invalidate_entry(lane: Lane, parent: int, name: bytes) -> None:
     """Another node removed, renamed or took over a name here: the kernel forgets the
     name and the directory's attributes (kept for LOCAL_TIMEOUT).  Given to the cluster
     link (mount.py)."""
+    if hasattr(pyfuse3, "answers_drop_name"):  # the reader's table forgets it too
+        pyfuse3.answers_drop_name(parent, name)
     try:
         pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
     except Exception:
@@ -137,10 +140,18 @@ class HyCacheOperations(pyfuse3.Operations):
         self._nursery: trio.Nursery | None = None
         self._dir_handles: dict[int, list[tuple[bytes, int]]] = {}
         self._next_dir_fh = 1
+        # GETATTR, LOOKUP and GETXATTR security.capability of what is not open, answered
+        # by the request reader without Python (fuse/answers.py)
+        self.answers = AnswerTable(vfs, engine.config.answer_table)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Before the session runs: the nursery of the tasks a request starts."""
         self._nursery = nursery
+        self.answers.start()
+
+    def answers_drained(self, lookups: list[tuple[int, int]], answered: int) -> None:
+        """(pyfuse3's reader) What the answer table answered since the last call."""
+        self.answers.drained(lookups, answered)
 
     def init(self) -> None:
         """pyfuse3 calls this while answering INIT: a backing file can be registered only
@@ -174,9 +185,20 @@ class HyCacheOperations(pyfuse3.Operations):
         a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = src.atime_ns, src.mtime_ns, src.ctime_ns
         return a
 
-    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
-        """A local inode's attributes, kept by the kernel for LOCAL_TIMEOUT."""
-        return self._stat(inode.ino, inode, inode.nlink, self.local_timeout, self.local_timeout)
+    def _attrs(self, inode: Inode, parent: int = 0, name: bytes | None = None) -> pyfuse3.EntryAttributes:
+        """A local inode's attributes, kept by the kernel for LOCAL_TIMEOUT (and by the
+        answer table while nothing can change them unseen; with the name they were
+        looked up by)."""
+        a = self._stat(inode.ino, inode, inode.nlink, self.local_timeout, self.local_timeout)
+        self.answers.offer(inode, a, parent, name)
+        return a
+
+    def _dir_changed(self, ino: int) -> None:
+        """A name in directory ``ino`` was made, removed or renamed: the table answers its
+        next GETATTR (the kernel asks for it before the next name's permission check)."""
+        node = self.ns.inodes.get(ino)
+        if node is not None and self.answers.enabled:
+            self._attrs(node)
 
     def _remote_attrs(self, node) -> pyfuse3.EntryAttributes:
         if node.is_dir:
@@ -192,26 +214,27 @@ class HyCacheOperations(pyfuse3.Operations):
             return self._stat(ino, node.local, node.local.nlink, self.attr_timeout)
         return self._remote_attrs(node)
 
-    def _entry(self, node) -> pyfuse3.EntryAttributes:
-        """A lookup's reply: the kernel holds one more reference to the node; "no such
-        name" is a reply with inode 0, kept as a negative dentry for a while."""
+    def _entry(self, node, parent: int = 0, name: bytes | None = None) -> pyfuse3.EntryAttributes:
+        """A lookup's reply (of ``name`` in ``parent``, for the answer table): the kernel
+        holds one more reference to the node; "no such name" is a reply with inode 0, kept
+        as a negative dentry for a while."""
         if node is MISSING:
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
             a.entry_timeout = self.names.negative_timeout()
             return a
         node.lookups += 1
-        return self._attrs(node) if isinstance(node, Inode) else self._remote_attrs(node)
+        return self._attrs(node, parent, name) if isinstance(node, Inode) else self._remote_attrs(node)
 
     # -- lookups (lookup, getattr and getxattr first try to answer from memory) --------
     @answer_now
     def lookup_now(self, parent_inode, name):
         node = self.names.lookup_now(parent_inode, name)
-        return None if node is None else self._entry(node)
+        return None if node is None else self._entry(node, parent_inode, name)
 
     @metadata_op
     async def lookup(self, parent_inode, name, ctx=None):
-        return self._entry(await self.names.lookup(parent_inode, name))
+        return self._entry(await self.names.lookup(parent_inode, name), parent_inode, name)
 
     @errno_edge
     async def forget(self, inode_list):
@@ -240,31 +263,44 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @metadata_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        return self._entry(await self.names.mknod(parent_inode, name, mode, rdev, ctx.uid, ctx.gid))
+        entry = self._entry(await self.names.mknod(parent_inode, name, mode, rdev, ctx.uid, ctx.gid), parent_inode, name)
+        self._dir_changed(parent_inode)
+        return entry
 
     @metadata_op
     async def mkdir(self, parent_inode, name, mode, ctx):
-        return self._entry(await self.names.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid))
+        entry = self._entry(await self.names.mkdir(parent_inode, name, mode, ctx.uid, ctx.gid), parent_inode, name)
+        self._dir_changed(parent_inode)
+        return entry
 
     @metadata_op
     async def symlink(self, parent_inode, name, target, ctx):
-        return self._entry(await self.names.symlink(parent_inode, name, target, ctx.uid, ctx.gid))
+        entry = self._entry(await self.names.symlink(parent_inode, name, target, ctx.uid, ctx.gid), parent_inode, name)
+        self._dir_changed(parent_inode)
+        return entry
 
     @metadata_op
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        return self._entry(await self.names.link(inode, new_parent_inode, new_name))
+        entry = self._entry(await self.names.link(inode, new_parent_inode, new_name), new_parent_inode, new_name)
+        self._dir_changed(new_parent_inode)
+        return entry
 
     @metadata_op
     async def unlink(self, parent_inode, name, ctx):
         await self.names.remove(parent_inode, name, rmdir=False)
+        self._dir_changed(parent_inode)
 
     @metadata_op
     async def rmdir(self, parent_inode, name, ctx):
         await self.names.remove(parent_inode, name, rmdir=True)
+        self._dir_changed(parent_inode)
 
     @metadata_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         await self.names.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        self._dir_changed(parent_inode_old)
+        if parent_inode_new != parent_inode_old:
+            self._dir_changed(parent_inode_new)
 
     # -- directories -----------------------------------------------------------------
     @metadata_op
@@ -318,7 +354,11 @@ class HyCacheOperations(pyfuse3.Operations):
     @metadata_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         opened, node = await self.opens.create(parent_inode, name, mode, flags, ctx.uid, ctx.gid)
-        return self._file_info(opened), self._entry(node)
+        entry = self._entry(node, parent_inode, name)
+        if isinstance(node, Inode):
+            self.answers.no_caps(node)  # the kernel asks before the first write
+        self._dir_changed(parent_inode)
+        return self._file_info(opened), entry
 
     @errno_edge
     async def open(self, inode, flags, ctx):
@@ -338,7 +378,10 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def release(self, fh):
+        h = self.engine.handles.get(fh)
         await self.opens.release(fh)
+        if h is not None and self.answers.enabled and h.inode.open_count == 0:
+            self._attrs(h.inode)  # closed: the table may answer for it now
 
     @errno_edge
     async def fsync(self, fh, datasync):

@@ -1,0 +1,121 @@
+"""The answer table: what the patched pyfuse3's request reader answers in C, before a
+request reaches Python (``pyfuse3.answers_*``, agent/patches: ``hycache_answers.h``).
+
+A GETATTR, a LOOKUP of a name, or a GETXATTR of ``security.capability`` of a local inode
+costs the loop thread ~20–30 µs through pyfuse3 and trio, of which the agent's own answer
+is ~1 µs (docs/benchmarks.md).  The reader answers those from this table instead: the read,
+a lookup in a C hash table and the ``writev`` of the reply.
+
+What goes in is exactly what the agent would answer right now, and only for inodes whose
+attributes nothing can change without the agent seeing it first: local inodes (not another
+node's file, not a name taken over) with no open handle and no registered backing (while a
+file is open the kernel writes its blob itself and the blob is the truth for its size).
+What goes out:
+
+- the reader drops what every request it hands on may change (its inode's attributes; for
+  the requests that make, remove or rename names, the names, their directories' attributes
+  and the attributes of the inodes they named) before the agent sees the request;
+- the agent drops what it changes by itself, through the metadata journal's watcher
+  (every change of an inode, a name or an extended attribute is recorded there:
+  ``MetaJournal.watcher``), and what another node changes (``invalidate_entry``).
+
+A LOOKUP answered by the table is one more reference of the kernel's to the inode: the
+reader hands the counts over (:meth:`AnswerTable.drained`) before anything else runs on
+the agent's side, so FORGET and ``maybe_free`` always see every reference.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyfuse3
+
+from hycache_agent.fs.namespace import Inode
+from hycache_agent.vfs.layer import Vfs
+
+log = logging.getLogger(__name__)
+
+CAPS = b"security.capability"
+AVAILABLE = hasattr(pyfuse3, "answers_enable")  # the patched pyfuse3, passthrough8 and later
+
+
+class AnswerTable:
+    """The agent's side of the table: what it puts in and drops, and the counts it is
+    handed back."""
+
+    def __init__(self, vfs: Vfs, enabled: bool) -> None:
+        self.vfs = vfs
+        self.ns = vfs.ns
+        self.io = vfs.engine.io
+        self.enabled = enabled and AVAILABLE
+        self.unknown_lookups = 0  # counts handed back for inodes the agent no longer has
+
+    def start(self) -> None:
+        """Before the session runs: turn the table on (or make sure it is off) and watch
+        the journal for the agent's own changes."""
+        if not AVAILABLE:
+            return
+        pyfuse3.answers_enable(self.enabled)
+        if self.enabled:
+            self.ns.journal.watcher = self
+
+    def stop(self) -> None:
+        if self.enabled:
+            pyfuse3.answers_enable(False)
+            if self.ns.journal.watcher is self:
+                self.ns.journal.watcher = None
+
+    # -- what goes in -------------------------------------------------------------------
+    def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,
+              name: bytes | None = None) -> None:
+        """The agent answers ``attrs`` for ``inode`` (and, with ``parent`` and ``name``, a
+        LOOKUP of that name with it): the table answers the same from now on, if it may.
+
+        The name is kept for any local inode (the table answers a LOOKUP only while it
+        also has the inode's attributes); the attributes only while nothing can change
+        them without the agent seeing a request for the inode first, or changing them
+        itself: no open handle, no registered backing."""
+        if not self.enabled:
+            return
+        ino = inode.ino
+        if self.ns.inodes.get(ino) is not inode or self.vfs.view.remote(ino) is not None:
+            return
+        if name is not None:
+            pyfuse3.answers_put_name(parent, name, ino)
+        if inode.nlink > 0 and inode.open_count == 0 and ino not in self.vfs.backings.by_ino:
+            pyfuse3.answers_put(attrs)
+
+    def no_caps(self, inode: Inode) -> None:
+        """``inode`` has no security.capability attribute (the kernel asks once per inode
+        before its first write)."""
+        if self.enabled and CAPS not in inode.xattrs:
+            pyfuse3.answers_put_no_caps(inode.ino)
+
+    # -- what goes out: MetaJournal.watcher -----------------------------------------------
+    def inode(self, ino: int) -> None:
+        pyfuse3.answers_drop(ino)
+
+    def name(self, parent: int, name: bytes) -> None:
+        pyfuse3.answers_drop_name(parent, name)
+
+    def xattr(self, ino: int) -> None:
+        pyfuse3.answers_drop(ino, attrs=True, caps=True)
+
+    # -- what comes back ----------------------------------------------------------------
+    def drained(self, lookups: list[tuple[int, int]], answered: int) -> None:
+        """The reader answered ``answered`` requests since the last call, among them
+        LOOKUPs of ``lookups`` (inode, count): the kernel's references."""
+        self.io.metadata_ops += answered
+        inodes = self.ns.inodes
+        for ino, n in lookups:
+            node = inodes.get(ino)
+            if node is None:  # cannot happen: the table held it, and it goes before the inode
+                self.unknown_lookups += n
+                log.error("answer table: %d lookups of inode %d, which is gone", n, ino)
+                continue
+            node.lookups += n
+
+    def status(self) -> dict:
+        if not self.enabled:
+            return {"enabled": False}
+        return {"enabled": True, "unknown_lookups": self.unknown_lookups, **pyfuse3.answers_stats()}
