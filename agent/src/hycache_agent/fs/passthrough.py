@@ -100,10 +100,8 @@ def close_backing(fd: int, backing_id: int) -> os.stat_result | None:
 
 def invalidate_attrs(ino: int) -> None:
     """(blocking, off the event loop: pyfuse3 writes the notification to /dev/fuse) Make
-    the kernel forget the cached attributes of ``ino`` (and the request reader's answer
-    table, fuse/answers.py, before the kernel asks again)."""
-    if hasattr(pyfuse3, "answers_drop"):
-        pyfuse3.answers_drop(ino)
+    the kernel forget the cached attributes of ``ino`` (the request reader's answer table,
+    fuse/answers.py, dropped them when the change was recorded: it answers the new ones)."""
     try:
         pyfuse3.invalidate_inode(ino, attr_only=True)
     except OSError:  # ENOENT: the kernel no longer knows the inode, nothing is cached

@@ -1,0 +1,142 @@
+"""The request reader's answer table (fuse/answers.py; pyfuse3 patched here,
+``hycache_answers.h``): GETATTR, LOOKUP and GETXATTR security.capability of local files
+that are not open are answered in C, and every change through the mount or by the agent
+itself is seen at once.
+
+``stat --cached=never`` (statx with AT_STATX_FORCE_SYNC) makes the kernel ask for the
+attributes whatever it has cached, so each check below is a GETATTR the agent or the
+table answers; ``drop_caches`` makes the kernel forget names and inodes (LOOKUP, FORGET).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import status, tier_blobs, wait_for
+
+
+def table(m) -> dict:
+    t = status(m)["request_loop"]["answer_table"]
+    assert t is not None, "pyfuse3 without the answer table (scripts/bootstrap.sh builds passthrough8)"
+    return t
+
+
+def attrs(path: Path) -> tuple[int, int, int, int]:
+    """(size, links, mode bits, mtime seconds), asked of the file system itself."""
+    out = subprocess.run(["stat", "--cached=never", "-c", "%s %h %a %Y", str(path)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    size, links, mode, mtime = out
+    return int(size), int(links), int(mode, 8), int(mtime)
+
+
+def drop_caches() -> None:
+    Path("/proc/sys/vm/drop_caches").write_text("2")
+
+
+def test_answers_from_the_table_follow_every_change(hycache_mount):
+    m = hycache_mount()
+    d = m.mountpoint / "d"
+    d.mkdir()
+    p = d / "f"
+    p.write_bytes(b"x" * 100)
+    assert table(m)["enabled"]
+
+    before = table(m)["getattr"]
+    assert attrs(p)[:2] == (100, 1)
+    assert attrs(p)[:2] == (100, 1)
+    assert table(m)["getattr"] >= before + 2, "a closed local file's GETATTR is answered by the table"
+
+    os.chmod(p, 0o640)
+    assert attrs(p)[2] == 0o640
+    os.utime(p, ns=(1_500_000_000 * 10**9, 1_600_000_000 * 10**9))
+    assert attrs(p)[3] == 1_600_000_000
+    with open(p, "ab") as f:
+        f.write(b"y" * 50)
+        f.flush()
+        assert attrs(p)[0] == 150  # open: the agent answers from the blob
+    assert attrs(p)[0] == 150
+    os.truncate(p, 10)
+    assert attrs(p)[0] == 10
+
+    os.link(p, d / "g")
+    assert attrs(p)[1] == 2 and attrs(d / "g")[1] == 2
+    os.unlink(d / "g")
+    assert attrs(p)[1] == 1
+    os.rename(p, d / "h")
+    assert attrs(d / "h")[0] == 10
+    assert not p.exists()
+
+    links = attrs(d)[1]
+    (d / "sub").mkdir()
+    assert attrs(d)[1] == links + 1
+    mtime = attrs(d)[3]
+    os.utime(d, ns=(0, 0))
+    assert attrs(d)[3] == 0 != mtime
+    (d / "new").write_bytes(b"")
+    assert attrs(d)[3] != 0, "a new name changes the directory's mtime, seen at once"
+
+
+def test_security_capability_is_answered_until_one_is_set(hycache_mount):
+    m = hycache_mount()
+    p = m.mountpoint / "f"
+    p.write_bytes(b"data")
+    before = table(m)["getxattr"]
+    with pytest.raises(OSError) as e:
+        os.getxattr(p, "security.capability")
+    assert e.value.errno == errno.ENODATA
+    assert table(m)["getxattr"] == before + 1, "answered by the table"
+
+    cap = struct.pack("<IIIII", 0x02000000, 0, 0, 0, 0)  # VFS_CAP_REVISION_2, no capabilities
+    os.setxattr(p, "security.capability", cap)
+    assert os.getxattr(p, "security.capability") == cap
+    os.removexattr(p, "security.capability")
+    with pytest.raises(OSError) as e:
+        os.getxattr(p, "security.capability")
+    assert e.value.errno == errno.ENODATA
+
+
+def test_lookups_answered_by_the_table_are_counted_for_forget(hycache_mount):
+    """A LOOKUP the table answers is a reference the kernel holds: the agent counts it
+    (before anything else runs), so the files' blobs go once the kernel forgets them, and
+    not before."""
+    m = hycache_mount()
+
+    def written() -> int:  # the blob pool's ready blobs are empty; the files' hold 4 KiB
+        return sum(1 for size in tier_blobs(m.fast).values() if size == 4096)
+
+    d = m.mountpoint / "many"
+    d.mkdir()
+    for i in range(60):
+        (d / f"f{i}").write_bytes(b"z" * 4096)
+    drop_caches()
+    before = table(m)["lookup"]
+    for i in range(60):
+        assert attrs(d / f"f{i}")[0] == 4096
+    assert table(m)["lookup"] >= before + 60, "each name looked up again from the table"
+
+    assert written() == 60
+    # removing the names keeps each open file whole
+    fds = [os.open(d / f"f{i}", os.O_RDONLY) for i in range(0, 60, 10)]
+    for i in range(60):
+        os.unlink(d / f"f{i}")
+    for fd in fds:
+        assert os.pread(fd, 4096, 0) == b"z" * 4096
+        os.close(fd)
+    drop_caches()
+    wait_for(lambda: written() == 0, 30, "the removed files' blobs to go")
+    assert "answer table" not in m.log.read_text(), "lookups handed back for an inode already gone"
+
+
+def test_off_answers_everything_in_python(hycache_mount):
+    m = hycache_mount(no_answer_table=True)
+    p = m.mountpoint / "f"
+    p.write_bytes(b"abc")
+    assert attrs(p)[0] == 3
+    t = table(m)
+    assert not t["enabled"] and t["getattr"] == 0 and t["lookup"] == 0
