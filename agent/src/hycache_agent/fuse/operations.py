@@ -149,9 +149,20 @@ class HyCacheOperations(pyfuse3.Operations):
         self._nursery = nursery
         self.answers.start()
 
-    def answers_drained(self, lookups: list[tuple[int, int]], answered: int) -> None:
-        """(pyfuse3's reader) What the answer table answered since the last call."""
+    def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
+                        forgets: list[tuple[int, int]] | None = None) -> None:
+        """(pyfuse3's reader) What the answer table answered since the last call, and the
+        FORGETs it kept: processed together by one task (a reference counted a little
+        longer only delays a free)."""
         self.answers.drained(lookups, answered)
+        if forgets and self._nursery is not None:
+            self._nursery.start_soon(self._forget_kept, forgets)
+
+    async def _forget_kept(self, forgets: list[tuple[int, int]]) -> None:
+        try:
+            await self.forget(forgets)
+        except pyfuse3.FUSEError as exc:  # (errno_of logged an internal error already)
+            log.warning("forgetting %d inodes the kernel let go: %s", len(forgets), os.strerror(exc.errno))
 
     def init(self) -> None:
         """pyfuse3 calls this while answering INIT: a backing file can be registered only
