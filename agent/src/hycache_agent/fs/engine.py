@@ -510,7 +510,13 @@ class TieringEngine:
         if self.ns.inodes.get(inode.ino) is not inode:
             return
         self.ns.forget_inode(inode)
-        self.migrations.blob_leaving(inode.ino)
+        # a fast-tier blob whose registration was parked goes back to the pool, still
+        # registered (BlobPool.recycle); otherwise the registration is dropped
+        parked = None
+        if inode.is_reg and inode.tier == T.FAST and self.blobs.may_recycle():
+            parked = self.blobs.backing_pool.take_parked(inode.ino, self.blob_gen(inode.ino))
+        if parked is None:
+            self.migrations.blob_leaving(inode.ino)
         self.files.locks.pop(inode.ino, None)
         self._blob_gens.pop(inode.ino, None)
         if inode.migration is not None:
@@ -519,7 +525,9 @@ class TieringEngine:
             if inode.tier == T.FAST:
                 self.space.used -= inode.size
             self.space.policy.remove(inode.ino)
-            self.blobs.doom(inode.ino)
+            if parked is not None:
+                self.blobs.recycle(inode.ino, *parked)
+            self.blobs.doom(inode.ino, recycled=parked is not None)
 
     async def forget(self, ino: int, n: int) -> None:
         inode = self.ns.inodes.get(ino)

@@ -427,6 +427,16 @@ class Backings:
 
         self.lane.submit(close_backing, b.fd, b.backing_id, then=dropped)
 
+    def take_parked(self, ino: int, blob_gen: int) -> tuple[int, int] | None:
+        """The parked registration of ``ino``'s current fast-tier blob (generation
+        ``blob_gen``), taken out for the blob pool to recycle: (fd, backing id); None if
+        there is none (then :meth:`forget_parked` as before)."""
+        b = self.parked.get(ino)
+        if b is None or b.tier != T.FAST or b.blob_gen != blob_gen:
+            return None
+        del self.parked[ino]
+        return b.fd, b.backing_id
+
     def forget_parked(self, ino: int) -> None:
         """Drop the parked registration of ``ino`` if there is one: its blob is about to
         move or go (a migration starts, the inode is freed) or the agent will serve it."""
