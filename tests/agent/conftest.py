@@ -92,7 +92,10 @@ def tier_blobs(tier_dir: Path) -> dict[str, int]:
         return out
     for shard in os.scandir(data):
         for entry in os.scandir(shard.path):
-            out[entry.path] = entry.stat(follow_symlinks=False).st_size
+            try:
+                out[entry.path] = entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:  # removed or recycled (renamed) meanwhile
+                continue
     return out
 
 

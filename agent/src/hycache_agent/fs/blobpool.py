@@ -17,7 +17,8 @@
   registration, and the removal no ``unlink`` and no unregistration (on this project's
   test machine, an ext4 without a journal, every inode allocation also scanned past the
   inodes deleted in the last seconds: ~100 µs of CPU a blob in a run of creates and
-  removes, docs/benchmarks.md).  At most as many as the pool may hold.
+  removes, docs/benchmarks.md).  The pool takes as many as the parked registrations may
+  hold (the registration and its descriptor move from one to the other).
 
 Unused pool blobs are removed at shutdown; after a crash they and the blobs not reaped yet
 are orphans (blobs without an inode), which the engine's recovery pass removes.
@@ -208,9 +209,12 @@ class BlobPool:
         self._reaper_wakeup.set()
 
     def may_recycle(self) -> bool:
-        """Whether the pool takes a freed file's registered blob (:meth:`recycle`)."""
+        """Whether the pool takes a freed file's registered blob (:meth:`recycle`): while
+        it holds fewer than the parked registrations may (the registration and its
+        descriptor only move from one to the other), at least twice the low watermark."""
+        limit = max(2 * self.max_low, getattr(self.backing_pool, "max_parked", 0))
         return (self.allocate_ino is not None and self.passthrough["enabled"]
-                and len(self._blob_pool) + len(self._recycling) < 2 * self.max_low)
+                and len(self._blob_pool) + len(self._recycling) < limit)
 
     def recycle(self, ino: int, fd: int, backing_id: int) -> None:
         """A freed inode's fast-tier blob, with its descriptor and backing id (its parked

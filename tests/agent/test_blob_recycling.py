@@ -1,0 +1,77 @@
+"""A freed fast-tier file's blob goes back to the blob pool, still registered as a backing
+file (fs/blobpool.py, "Recycling"): the next creates take it.  What must hold: a new file
+made from a recycled blob starts empty and holds exactly what is written to it, the old
+file's bytes are gone from every new file, and after a crash the recovery pass removes the
+recycled blobs nobody took (orphans) while every file keeps its bytes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .conftest import kill_agent, status, tier_blobs, wait_for
+
+
+def pool(m) -> dict:
+    return status(m)["blob_pool"]
+
+
+def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
+    m = hycache_mount()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("blobs are recycled with their passthrough registration")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    for i in range(50):
+        (d / f"old{i}").write_bytes(b"O" * 65536)
+    for i in range(50):
+        os.unlink(d / f"old{i}")
+    wait_for(lambda: pool(m)["recycled"] >= 50, 30, "the freed files' blobs to be recycled")
+    blobs = len(tier_blobs(m.fast))
+
+    for i in range(50):
+        p = d / f"new{i}"
+        fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            assert os.fstat(fd).st_size == 0
+            assert os.pread(fd, 65536, 0) == b"", "a recycled blob starts empty"
+            os.write(fd, b"n%d" % i)
+        finally:
+            os.close(fd)
+    for i in range(50):
+        data = (d / f"new{i}").read_bytes()
+        assert data == b"n%d" % i, f"new{i}: {data[:16]!r}"
+    assert len(tier_blobs(m.fast)) <= blobs + 50, "the creates took pool blobs"
+    fast_bytes = sum(tier_blobs(m.fast).values())
+    assert fast_bytes < 50 * 65536, "the old files' bytes are gone from the fast tier"
+
+
+def test_recycled_blobs_after_a_crash(agents):
+    m = agents.start()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("blobs are recycled with their passthrough registration")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    for i in range(40):
+        (d / f"gone{i}").write_bytes(b"G" * 8192)
+    for i in range(20):
+        (d / f"kept{i}").write_bytes(b"K%d" % i * 100)
+    for i in range(40):
+        os.unlink(d / f"gone{i}")
+    wait_for(lambda: pool(m)["recycled"] >= 40, 30, "the freed files' blobs to be recycled")
+    for i in range(10):
+        (d / f"late{i}").write_bytes(b"L%d" % i)  # made from recycled blobs
+    os.sync()
+    kill_agent(m)
+
+    m = agents.restart(m)
+    for i in range(20):
+        assert (m.mountpoint / "d" / f"kept{i}").read_bytes() == b"K%d" % i * 100
+    for i in range(10):
+        assert (m.mountpoint / "d" / f"late{i}").read_bytes() == b"L%d" % i
+    names = sorted(os.listdir(m.mountpoint / "d"))
+    assert names == sorted([f"kept{i}" for i in range(20)] + [f"late{i}" for i in range(10)])
+    # every blob left belongs to a file or to the new pool: nothing of the gone files
+    assert sum(tier_blobs(m.fast).values()) == sum(len(b"K%d" % i * 100) for i in range(20)) + \
+        sum(len(b"L%d" % i) for i in range(10))
