@@ -17,17 +17,23 @@ def pool(m) -> dict:
     return status(m)["blob_pool"]
 
 
-def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
-    m = hycache_mount()
+def recycled(m, d, prefix: str, count: int, data: bytes) -> None:
+    """Write ``count`` files of ``data`` in ``d`` and remove them: their blobs go back to
+    the pool (skips where passthrough, which recycling needs, is off)."""
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("blobs are recycled with their passthrough registration")
+    for i in range(count):
+        (d / f"{prefix}{i}").write_bytes(data)
+    for i in range(count):
+        os.unlink(d / f"{prefix}{i}")
+    wait_for(lambda: pool(m)["recycled"] >= count, 30, "the freed files' blobs to be recycled")
+
+
+def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
+    m = hycache_mount()
     d = m.mountpoint / "d"
     d.mkdir()
-    for i in range(50):
-        (d / f"old{i}").write_bytes(b"O" * 65536)
-    for i in range(50):
-        os.unlink(d / f"old{i}")
-    wait_for(lambda: pool(m)["recycled"] >= 50, 30, "the freed files' blobs to be recycled")
+    recycled(m, d, "old", 50, b"O" * 65536)
     blobs = len(tier_blobs(m.fast))
 
     for i in range(50):
@@ -49,17 +55,11 @@ def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
 
 def test_recycled_blobs_after_a_crash(agents):
     m = agents.start()
-    if not status(m)["passthrough"]["enabled"]:
-        pytest.skip("blobs are recycled with their passthrough registration")
     d = m.mountpoint / "d"
     d.mkdir()
-    for i in range(40):
-        (d / f"gone{i}").write_bytes(b"G" * 8192)
     for i in range(20):
         (d / f"kept{i}").write_bytes(b"K%d" % i * 100)
-    for i in range(40):
-        os.unlink(d / f"gone{i}")
-    wait_for(lambda: pool(m)["recycled"] >= 40, 30, "the freed files' blobs to be recycled")
+    recycled(m, d, "gone", 40, b"G" * 8192)
     for i in range(10):
         (d / f"late{i}").write_bytes(b"L%d" % i)  # made from recycled blobs
     os.sync()

@@ -48,7 +48,6 @@ class AnswerTable:
         self.ns = vfs.ns
         self.io = vfs.engine.io
         self.enabled = enabled and AVAILABLE
-        self.unknown_lookups = 0  # counts handed back for inodes the agent no longer has
 
     def start(self) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
@@ -58,12 +57,6 @@ class AnswerTable:
         pyfuse3.answers_enable(self.enabled)
         if self.enabled:
             self.ns.journal.watcher = self
-
-    def stop(self) -> None:
-        if self.enabled:
-            pyfuse3.answers_enable(False)
-            if self.ns.journal.watcher is self:
-                self.ns.journal.watcher = None
 
     # -- what goes in -------------------------------------------------------------------
     def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,
@@ -110,12 +103,6 @@ class AnswerTable:
         for ino, n in lookups:
             node = inodes.get(ino)
             if node is None:  # cannot happen: the table held it, and it goes before the inode
-                self.unknown_lookups += n
                 log.error("answer table: %d lookups of inode %d, which is gone", n, ino)
                 continue
             node.lookups += n
-
-    def status(self) -> dict:
-        if not self.enabled:
-            return {"enabled": False}
-        return {"enabled": True, "unknown_lookups": self.unknown_lookups, **pyfuse3.answers_stats()}

@@ -150,7 +150,7 @@ class HyCacheOperations(pyfuse3.Operations):
         self.answers.start()
 
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
-                        forgets: list[tuple[int, int]] | None = None) -> None:
+                        forgets: list[tuple[int, int]]) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
         longer only delays a free)."""
