@@ -23,7 +23,7 @@ from .conftest import status, tier_blobs, wait_for
 
 def table(m) -> dict:
     t = status(m)["request_loop"]["answer_table"]
-    assert t is not None, "pyfuse3 without the answer table (scripts/bootstrap.sh builds passthrough8)"
+    assert t is not None, "pyfuse3 without the answer table (scripts/bootstrap.sh builds passthrough9)"
     return t
 
 
@@ -140,3 +140,40 @@ def test_off_answers_everything_in_python(hycache_mount):
     assert attrs(p)[0] == 3
     t = table(m)
     assert not t["enabled"] and t["getattr"] == 0 and t["lookup"] == 0
+
+
+def test_no_such_name_is_answered_once_the_directory_is_complete(hycache_mount):
+    """After one "no such name" from the agent, the table answers it for the directory's
+    other missing names; every name made, removed or renamed through the mount is seen at
+    once, and a removal that fails leaves the name as it was."""
+    m = hycache_mount()
+    d = m.mountpoint / "d"
+    d.mkdir()
+    for name in ("a", "b", "x" * 80):  # (a name longer than the table keeps)
+        (d / name).write_bytes(name.encode())
+    (d / "full").mkdir()
+    (d / "full" / "inner").write_bytes(b"")
+
+    before = table(m)["lookup_negative"]
+    assert not any((d / f"missing{i}").exists() for i in range(30))
+    assert table(m)["lookup_negative"] >= before + 29, "all but the first answered by the table"
+
+    drop_caches()  # the kernel forgets names and negative entries: each LOOKUP comes again
+    assert (d / "a").read_bytes() == b"a" and (d / ("x" * 80)).read_bytes() == b"x" * 80
+    assert not (d / ("y" * 80)).exists()
+    (d / "new").write_bytes(b"n")
+    os.rename(d / "a", d / "renamed")
+    os.rename(d / "b", d / "new")  # replaces a name
+    os.unlink(d / "renamed")
+    with pytest.raises(OSError) as e:
+        os.rmdir(d / "full")  # refused: the name stays
+    assert e.value.errno == errno.ENOTEMPTY
+    drop_caches()
+    assert sorted(os.listdir(d)) == sorted(["full", "new", "x" * 80])
+    assert (d / "new").read_bytes() == b"b"
+    assert (d / "full" / "inner").exists() and (d / "full").is_dir()
+    for gone in ("a", "b", "renamed"):
+        assert not (d / gone).exists()
+    before = table(m)["lookup_negative"]
+    assert not (d / "missing-again").exists()
+    assert table(m)["lookup_negative"] == before + 1, "still complete after those changes"

@@ -198,6 +198,12 @@ class ClusterLink:
     async def lookup(self, parent_ino: int, name: bytes) -> RemoteNode | None:
         return await self.view.lookup(parent_ino, name)
 
+    def listed_names(self, parent_ino: int):
+        return self.view.listed_names(parent_ino)
+
+    def count_lookups(self, parent_ino: int, n: int) -> None:
+        self.view.count_lookups(parent_ino, n)
+
     async def dir_has_entries(self, path: bytes) -> bool:
         return await self.view.dir_has_entries(path)
 

@@ -52,6 +52,10 @@ class RemoteView:
         self._listings: dict[bytes, tuple[float, dict[bytes, EntryMeta] | None]] = {}
         self._list_lookups: dict[bytes, int] = {}  # directory -> lookups since its last listing
         self._dir_sizes: dict[bytes, int] = {}  # directory -> entries (at least) at its last listing
+        self._learnt_at: dict[bytes, float] = {}  # directory -> when a remote node in it was last made
+        # told of a directory whose listing this view no longer answers all lookups from
+        # (the FUSE adapter's answer table, which answers "no such name" from it)
+        self.listing_changed: Callable[[bytes], None] | None = None
 
     def path_of(self, ino: int) -> bytes | None:
         node = self.remote.get(ino)
@@ -87,6 +91,7 @@ class RemoteView:
             self._remote_by_path[path] = node
         else:
             node.meta, node.fetched = meta, time.monotonic()
+        self._learnt(path.rpartition(b"/")[0] or b"/", read_at)
         # when the read began (None: unknown, so not covered by announcements)
         node.read_at = float("-inf") if read_at is None else read_at
         if meta.kind == "file":
@@ -123,6 +128,43 @@ class RemoteView:
         else:
             meta = await self.link.store_get(path)
         return self._found(path, meta, read_at)
+
+    def listed_names(self, parent_ino: int):
+        """The names the fresh cached listing of directory ``parent_ino`` holds and until
+        when :meth:`lookup_now` answers every lookup there from it (``time.monotonic()``),
+        or None: not listed, stale, or a remote node was made in it since it was listed
+        (:meth:`_listed` answers with that node)."""
+        parent = self.path_of(parent_ino)
+        if parent is None:
+            return None
+        cached = self._listings.get(parent)
+        if cached is None or cached[1] is None:
+            return None
+        until = cached[0] + META_TTL_SECONDS
+        if time.monotonic() >= until or self._learnt_at.get(parent, float("-inf")) > cached[0]:
+            return None
+        return until, cached[1].keys()
+
+    def count_lookups(self, parent_ino: int, n: int) -> None:
+        """``n`` lookups in directory ``parent_ino`` were answered from its listing
+        elsewhere (by the answer table): they count as :meth:`lookup_now`'s."""
+        parent = self.path_of(parent_ino)
+        if parent is not None:
+            self._list_lookups[parent] = self._list_lookups.get(parent, 0) + n
+
+    def _learnt(self, dirpath: bytes, read_at: float | None) -> None:
+        """A new remote node in ``dirpath``, from what was read at ``read_at`` (None: now):
+        the listing no longer answers every lookup there unless it was read later."""
+        at = time.monotonic() if read_at is None else read_at
+        if at > self._learnt_at.get(dirpath, float("-inf")):
+            self._learnt_at[dirpath] = at
+        cached = self._listings.get(dirpath)
+        if cached is None or at > cached[0]:
+            self._listing_changed(dirpath)
+
+    def _listing_changed(self, dirpath: bytes) -> None:
+        if self.listing_changed is not None:
+            self.listing_changed(dirpath)
 
     def _listed(self, path: bytes, meta: EntryMeta | None, listed_at: float) -> tuple[EntryMeta | None, float]:
         """What a directory listing taken at ``listed_at`` says of ``path`` (its entry and
@@ -167,6 +209,7 @@ class RemoteView:
             self._listings.clear()
             self._list_lookups.clear()
             self._dir_sizes.clear()
+            self._learnt_at.clear()
         self._listings[dirpath] = (now, entries)
         return entries
 
@@ -214,6 +257,7 @@ class RemoteView:
         if cached is None or cached[0] < read_at:
             self._listings[dirpath] = (read_at, entries)
             self._dir_sizes[dirpath] = len(entries)
+            self._listing_changed(dirpath)
         now = time.monotonic()
         for node in self.remote_files_in(dirpath):
             meta = entries.get(node.path.rpartition(b"/")[2])
@@ -239,6 +283,7 @@ class RemoteView:
         """Our view of a directory changed: the next lookup asks the store again."""
         if dirpath is not None:
             self._listings.pop(dirpath, None)
+            self._listing_changed(dirpath)
 
     def stale(self, node: RemoteNode) -> bool:
         """Whether :meth:`refresh` asks the store (else it returns the node as it is):
@@ -261,6 +306,7 @@ class RemoteView:
                 meta = meta.copy(version=node.meta.version)  # the same bytes (see same_bytes)
             if meta is not None and (node.is_dir or meta.version == node.meta.version):
                 node.meta, node.fetched, node.read_at = meta, time.monotonic(), read_at
+                self._learnt(node.path.rpartition(b"/")[0] or b"/", read_at)
             elif meta is not None and meta.kind == "file":
                 log.debug("%r superseded: %s -> %s", node.path, node.meta, meta)
                 node.superseded = True

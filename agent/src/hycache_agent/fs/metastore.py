@@ -205,7 +205,9 @@ class JournalWatcher(Protocol):
 
     def inode(self, ino: int) -> None: ...
 
-    def name(self, parent: int, name: bytes) -> None: ...
+    def link(self, parent: int, name: bytes, ino: int) -> None: ...
+
+    def unlink(self, parent: int, name: bytes) -> None: ...
 
     def xattr(self, ino: int) -> None: ...
 
@@ -283,13 +285,13 @@ class MetaJournal:
 
     def link(self, parent: int, name: bytes, ino: int) -> None:
         if self.watcher is not None:
-            self.watcher.name(parent, name)
+            self.watcher.link(parent, name, ino)
         self._ops.append(("INSERT OR REPLACE INTO dentries (parent, name, ino) VALUES (?, ?, ?)", (parent, name, ino)))
         self._recorded += 1
 
     def unlink(self, parent: int, name: bytes) -> None:
         if self.watcher is not None:
-            self.watcher.name(parent, name)
+            self.watcher.unlink(parent, name)
         self._ops.append(("DELETE FROM dentries WHERE parent = ? AND name = ?", (parent, name)))
         self._recorded += 1
 

@@ -4,7 +4,9 @@ request reaches Python (``pyfuse3.answers_*``, agent/patches: ``hycache_answers.
 A GETATTR, a LOOKUP of a name, or a GETXATTR of ``security.capability`` of a local inode
 costs the loop thread ~20–30 µs through pyfuse3 and trio, of which the agent's own answer
 is ~1 µs (docs/benchmarks.md).  The reader answers those from this table instead: the read,
-a lookup in a C hash table and the ``writev`` of the reply.
+a lookup in a C hash table and the ``writev`` of the reply.  So is the LOOKUP of a name a
+directory does not have — the one before every create — once the agent told the table
+that it has all of the directory's names (:meth:`AnswerTable.missing`).
 
 What goes in is exactly what the agent would answer right now, and only for inodes whose
 attributes nothing can change without the agent seeing it first: local inodes (not another
@@ -18,6 +20,15 @@ What goes out:
 - the agent drops what it changes by itself, through the metadata journal's watcher
   (every change of an inode, a name or an extended attribute is recorded there:
   ``MetaJournal.watcher``), and what another node changes (``invalidate_entry``).
+
+Names are kept as the journal records them: every name the agent makes or removes is put
+in or taken out as it happens (a request that removes a name only drops the attributes it
+may change; the name goes when the agent removed it).  A directory marked complete has all
+its names in the table, so "no such name" is the table's answer for the others: standalone
+until the table loses names (emptied when full); in a cluster, where other nodes' names are
+in the directory's cached listing (kept as names the agent answers itself), only while that
+listing answers every lookup (META_TTL_SECONDS; no remote node learnt since), and the
+lookups answered are counted as the listing's (how often a directory is listed depends on it).
 
 A LOOKUP answered by the table is one more reference of the kernel's to the inode: the
 reader hands the counts over (:meth:`AnswerTable.drained`) before anything else runs on
@@ -36,7 +47,10 @@ from hycache_agent.vfs.layer import Vfs
 log = logging.getLogger(__name__)
 
 CAPS = b"security.capability"
-AVAILABLE = hasattr(pyfuse3, "answers_enable")  # the patched pyfuse3, passthrough8 and later
+# A directory with more names is not marked complete (the table keeps 24,576 names; filling
+# it with one directory would empty it for every other)
+COMPLETE_MAX = 4096
+AVAILABLE = hasattr(pyfuse3, "answers_complete")  # the patched pyfuse3, passthrough9 and later
 
 
 class AnswerTable:
@@ -48,6 +62,10 @@ class AnswerTable:
         self.ns = vfs.ns
         self.io = vfs.engine.io
         self.enabled = enabled and AVAILABLE
+        self.names = vfs.names
+        self.cluster = vfs.names.cluster is not None
+        # a cluster's complete directories by path: their listing may change (listing_changed)
+        self._complete_paths: dict[bytes, int] = {}
 
     def start(self) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
@@ -57,6 +75,7 @@ class AnswerTable:
         pyfuse3.answers_enable(self.enabled)
         if self.enabled:
             self.ns.journal.watcher = self
+            self.names.watch_listings(self.listing_changed)
 
     # -- what goes in -------------------------------------------------------------------
     def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,
@@ -84,12 +103,47 @@ class AnswerTable:
         if self.enabled and CAPS not in inode.xattrs:
             pyfuse3.answers_put_no_caps(inode.ino)
 
+    def missing(self, parent: int) -> None:
+        """The agent answered "no such name" in directory ``parent``: from now on the
+        table answers that for every name ``parent`` does not have, if the agent can say
+        which names it has (``Names.complete_names``)."""
+        if not self.enabled:
+            return
+        found = self.names.complete_names(parent, COMPLETE_MAX)
+        if found is None:
+            return
+        names, until, negative_timeout = found
+        if not pyfuse3.answers_complete(parent, names, until, negative_timeout) or not self.cluster:
+            return
+        path = self.ns.path_of(parent)
+        if path is not None:
+            if len(self._complete_paths) >= COMPLETE_MAX:
+                self._complete_paths.clear()  # (each one expires within META_TTL_SECONDS anyway)
+            self._complete_paths[path] = parent
+
+    def count_misses(self, parent: int) -> None:
+        """Before the agent looks up a name in ``parent``: the lookups the table answered
+        there with "no such name" count as the agent's own (a cluster's listings)."""
+        if self.cluster and self.enabled:
+            n = pyfuse3.answers_take_misses(parent)
+            if n:
+                self.names.count_lookups(parent, n)
+
+    def listing_changed(self, dirpath: bytes) -> None:
+        """(the global view) Names of ``dirpath`` may be missing from its listing."""
+        ino = self._complete_paths.pop(dirpath, None)
+        if ino is not None:
+            pyfuse3.answers_incomplete(ino)
+
     # -- what goes out: MetaJournal.watcher -----------------------------------------------
     def inode(self, ino: int) -> None:
         pyfuse3.answers_drop(ino)
 
-    def name(self, parent: int, name: bytes) -> None:
-        pyfuse3.answers_drop_name(parent, name)
+    def link(self, parent: int, name: bytes, ino: int) -> None:
+        pyfuse3.answers_link(parent, name, ino)
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        pyfuse3.answers_drop_name(parent, name, complete=False)
 
     def xattr(self, ino: int) -> None:
         pyfuse3.answers_drop(ino, attrs=True, caps=True)

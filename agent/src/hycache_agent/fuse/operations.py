@@ -233,6 +233,8 @@ class HyCacheOperations(pyfuse3.Operations):
             a = pyfuse3.EntryAttributes()
             a.st_ino = 0
             a.entry_timeout = self.names.negative_timeout()
+            if parent:
+                self.answers.missing(parent)  # the table answers the next one, if it can
             return a
         node.lookups += 1
         return self._attrs(node, parent, name) if isinstance(node, Inode) else self._remote_attrs(node)
@@ -240,6 +242,7 @@ class HyCacheOperations(pyfuse3.Operations):
     # -- lookups (lookup, getattr and getxattr first try to answer from memory) --------
     @answer_now
     def lookup_now(self, parent_inode, name):
+        self.answers.count_misses(parent_inode)
         node = self.names.lookup_now(parent_inode, name)
         return None if node is None else self._entry(node, parent_inode, name)
 

@@ -4,10 +4,11 @@ removals and renames (across nodes too), directory listings."""
 from __future__ import annotations
 
 import errno
+import itertools
 import stat
 
 from hycache_agent.cluster.dht_link import LATER, META_TTL_SECONDS
-from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, FsError, Inode, join_path, now_ns
+from hycache_agent.fs.namespace import RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO, FsError, Inode, join_path, now_ns
 from hycache_agent.vfs.view import Part
 
 # How long the kernel may keep a negative lookup: standalone, only this mount makes names
@@ -66,6 +67,40 @@ class Names(Part):
             return MISSING if node is None else node
         await self.backings.refresh(inode)
         return inode
+
+    # -- every name of a directory (the FUSE adapter's answer table) -------------------
+    def complete_names(self, parent: int, at_most: int):
+        """Every name local directory ``parent`` has, as ``(name, inode)`` (inode 0: a
+        name another node holds, looked up by :meth:`lookup`), with until when no other
+        name is there (``time.monotonic()``; ``inf``: until a name is made here) and how
+        long the kernel may keep "no such name" — what :meth:`lookup_now` answers for
+        any other name; None when it would not answer them all from memory, or when
+        there are more than ``at_most``."""
+        entries = self.ns.children.get(parent)
+        if entries is None or len(entries) > at_most:
+            return None
+        if self.cluster is None:
+            return entries.items(), float("inf"), NEGATIVE_TIMEOUT
+        if parent == ROOT_INO or not self.cluster.reachable:  # (the root: the registry's names)
+            return None
+        listed = self.cluster.listed_names(parent)
+        if listed is None or len(entries) + len(listed[1]) > at_most:
+            return None
+        until, remote = listed
+        names = itertools.chain(entries.items(), ((name, 0) for name in remote if name not in entries))
+        return names, until, REMOTE_NEGATIVE_TIMEOUT
+
+    def count_lookups(self, parent: int, n: int) -> None:
+        """``n`` lookups in ``parent`` were answered without :meth:`lookup_now` (they
+        count for how often the directory's listing is read)."""
+        if self.cluster is not None:
+            self.cluster.count_lookups(parent, n)
+
+    def watch_listings(self, changed) -> None:
+        """``changed(dirpath)`` is called when the global view no longer answers every
+        lookup in ``dirpath`` from what :meth:`complete_names` gave."""
+        if self.cluster is not None:
+            self.cluster.view.listing_changed = changed
 
     async def forget(self, ino: int, n: int) -> None:
         if self.cluster is not None and await self.cluster.forget(ino, n):
