@@ -4,8 +4,10 @@ authenticated peer service on loopback ports."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 
 import pytest
 from clusterkit import AGENT, cluster_status, redis_addr, sha, start_agents, wait_for, wait_published
@@ -54,6 +56,30 @@ def test_new_names_in_a_remote_directory_are_created_locally_and_seen_by_the_own
     assert (a.mountpoint / "shared" / "from-b").read_text() == "b"
     assert sorted(os.listdir(a.mountpoint / "shared")) == sorted(os.listdir(b.mountpoint / "shared")) == [
         "from-a", "from-b"]
+
+
+def test_a_name_made_on_another_node_is_seen_where_the_table_answered_no_such_name(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """Node a answers "no such name" in its directory from the answer table (in C) once
+    it has the directory's listing; a name node b makes there is seen on a within the
+    listing's staleness (META_TTL_SECONDS, as the kernel's own negative entries)."""
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace)
+    (a.mountpoint / "d").mkdir()
+    (a.mountpoint / "d" / "from-a").write_text("a")
+    wait_for(lambda: (b.mountpoint / "d" / "from-a").exists(), what="a's file on b")
+
+    def negatives() -> int:
+        out = subprocess.run([AGENT, "status", str(a.root), "--json"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["request_loop"]["answer_table"]["lookup_negative"]
+
+    before = negatives()
+    assert not any((a.mountpoint / "d" / f"none{i}").exists() for i in range(20))
+    assert negatives() > before, "answered by the table while the listing is fresh"
+    (b.mountpoint / "d" / "from-b").write_text("b")
+    wait_published(b)
+    t0 = time.monotonic()
+    wait_for(lambda: (a.mountpoint / "d" / "from-b").read_text() == "b", timeout=10, what="b's name on a")
+    assert time.monotonic() - t0 < 5
 
 
 def test_agent_keeps_serving_while_redis_is_down_and_publishes_the_backlog_after(
