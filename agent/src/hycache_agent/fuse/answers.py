@@ -41,7 +41,7 @@ import logging
 
 import pyfuse3
 
-from hycache_agent.fs.namespace import Inode
+from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.vfs.layer import Vfs
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,6 @@ class AnswerTable:
         self.enabled = enabled and AVAILABLE
         self.names = vfs.names
         self.cluster = vfs.names.cluster is not None
-        # a cluster's complete directories by path: their listing may change (listing_changed)
-        self._complete_paths: dict[bytes, int] = {}
 
     def start(self) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
@@ -112,14 +110,7 @@ class AnswerTable:
         found = self.names.complete_names(parent, COMPLETE_MAX)
         if found is None:
             return
-        names, until, negative_timeout = found
-        if not pyfuse3.answers_complete(parent, names, until, negative_timeout) or not self.cluster:
-            return
-        path = self.ns.path_of(parent)
-        if path is not None:
-            if len(self._complete_paths) >= COMPLETE_MAX:
-                self._complete_paths.clear()  # (each one expires within META_TTL_SECONDS anyway)
-            self._complete_paths[path] = parent
+        pyfuse3.answers_complete(parent, *found)
 
     def count_misses(self, parent: int) -> None:
         """Before the agent looks up a name in ``parent``: the lookups the table answered
@@ -130,10 +121,14 @@ class AnswerTable:
                 self.names.count_lookups(parent, n)
 
     def listing_changed(self, dirpath: bytes) -> None:
-        """(the global view) Names of ``dirpath`` may be missing from its listing."""
-        ino = self._complete_paths.pop(dirpath, None)
-        if ino is not None:
-            pyfuse3.answers_incomplete(ino)
+        """(the global view) Names of ``dirpath`` may be missing from its listing: the
+        table no longer answers "no such name" there (a local directory's; a directory
+        only other nodes hold is never complete)."""
+        try:
+            ino = self.ns.resolve(dirpath).ino
+        except FsError:
+            return
+        pyfuse3.answers_incomplete(ino)
 
     # -- what goes out: MetaJournal.watcher -----------------------------------------------
     def inode(self, ino: int) -> None:
