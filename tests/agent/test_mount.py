@@ -486,6 +486,41 @@ def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_relea
     assert m.proc.poll() is None
 
 
+def test_stores_through_a_shared_mapping_show_in_the_times_after_the_last_close(hycache_mount):
+    """A passthrough file mapped shared and writable changes under the kernel's FUSE inode
+    (its stores go to the blob, and the kernel keeps the attributes it last asked for): the
+    last release takes the blob's new mtime to the agent and makes the kernel ask again,
+    even when that last release is of another open that could not map it (an O_WRONLY
+    writer's; opens none of which could map the file send nothing at release)."""
+    import mmap
+
+    m = hycache_mount()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("passthrough is off on this host: " + status(m)["passthrough"]["reason"])
+    p = m.mountpoint / "mapped"
+    p.write_bytes(pattern(8 * K, 1))
+    writer = os.open(p, os.O_WRONLY)  # open across the mapping's whole life, closed last
+    try:
+        fd = os.open(p, os.O_RDWR)
+        try:
+            with mmap.mmap(fd, 8 * K, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+                mm[:4] = b"MMAP"
+                mm.flush()
+                seen = os.stat(p).st_mtime_ns  # the kernel asks now and keeps the answer
+                time.sleep(0.05)  # past the clock's tick: the next store moves the blob's mtime
+                mm[4:8] = b"MORE"  # a store after a flush: the page faults again, mtime moves
+                mm.flush()
+                assert os.stat(p).st_mtime_ns == seen, "the kernel answers from its cache while open"
+        finally:
+            os.close(fd)
+    finally:
+        os.close(writer)
+    # no drop_caches: the kernel's own cached attributes must be the ones that change
+    wait_for(lambda: os.stat(p).st_mtime_ns > seen, 10, "the mapping's last stores in the kernel's mtime")
+    assert p.read_bytes() == b"MMAPMORE" + pattern(8 * K, 1)[8:]
+    check_tiers_from_outside(m)
+
+
 @pytest.mark.mount
 def test_the_request_loop_polls_for_the_next_request_before_it_sleeps(hycache_mount):
     """After an answer, with no other request queued, the loop polls /dev/fuse for up to

@@ -127,6 +127,10 @@ class Backing:
     closed: trio.Event | None = None  # set while the last release drops it (and once dropped)
     blob_gen: int = 0  # the engine's blob generation of the inode when registered
     blob_key: tuple[int, int] | None = None  # the blob's (st_dev, st_ino), when the reads are traced
+    # an open that can map the blob shared and writable (O_RDWR) took it since its refs were
+    # last 0: stores through such a mapping change the blob unseen by the kernel's FUSE inode
+    # (its RELEASE comes after the mapping is gone, so the last release sees them all)
+    mappable: bool = False
 
 
 class Backings:
@@ -240,8 +244,10 @@ class Backings:
                      parked_max=self.max_parked)
         self.engine.use_backings(self)
 
-    async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]]) -> int:
+    async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]], *, mappable: bool = True) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.
+        ``mappable``: the open may map the file shared and writable (O_RDWR; an O_WRONLY or
+        O_RDONLY descriptor cannot), so the last release takes the blob's times to the kernel.
 
         The kernel keeps one io mode per inode: while it holds a passthrough open, every
         other open must carry the same backing id, and while it holds one served by the
@@ -254,6 +260,7 @@ class Backings:
         b = self.by_ino.get(ino)
         if b is not None and b.closed is None and ino not in self._deciding:  # nothing to decide
             b.refs += 1
+            b.mappable |= mappable
             return b.backing_id
         while (busy := self._deciding.get(ino)) is not None:
             await busy.wait()
@@ -262,6 +269,7 @@ class Backings:
             if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
                 bid = await self._acquire(inode)
                 if bid:
+                    self.by_ino[ino].mappable |= mappable
                     return bid
             # served by the agent: a new file's ahead-of-time registration goes, and so
             # does a parked one (the agent may change the blob: it must not be reused)
@@ -374,12 +382,15 @@ class Backings:
         if st.st_size != b.size or st.st_mtime_ns != b.mtime_ns:
             b.size, b.mtime_ns = st.st_size, st.st_mtime_ns
             self.engine.written_through(inode, st.st_size, st.st_mtime_ns)
-            if at_release:
-                # Changed after the writers' last flush: through a shared mapping, whose
-                # stores the kernel's FUSE inode does not see (its own write(2)s update
-                # its size and invalidate its times).  The kernel keeps a local file's
-                # attributes for a while (fuse.operations.LOCAL_TIMEOUT): make it ask again.
+            if at_release and b.mappable:
+                # Changed after the writers' last flush: maybe through a shared mapping,
+                # whose stores the kernel's FUSE inode does not see (its own write(2)s
+                # update its size and invalidate its times).  The kernel keeps a local
+                # file's attributes for a while (fuse.operations.LOCAL_TIMEOUT): make it ask
+                # again.  Opens none of which could map it writable: nothing to tell.
                 self.lane.submit(invalidate_attrs, inode.ino)
+        if at_release:
+            b.mappable = False
 
     def release(self, inode: Inode) -> None:
         """One open of ``inode`` is gone; the last one takes the final size and times and

@@ -50,7 +50,7 @@ class Opens(Part):
             await self.own.lease_for_write(node)
             self._leased[fh] = node.ino
         try:
-            opened = await self._local_open(fh, node, True)
+            opened = await self._local_open(fh, node, True, mappable=flags & os.O_ACCMODE == os.O_RDWR)
         except BaseException:
             if self._leased.pop(fh, None) is not None:
                 assert self.own is not None, "a write lease is taken only with the cluster link's ownership"
@@ -88,9 +88,11 @@ class Opens(Part):
             raise
         if own is not None:
             self._leased[fh] = local.ino
-        return await self._local_open(fh, local, writing, direct=bool(flags & os.O_DIRECT))
+        return await self._local_open(fh, local, writing, direct=bool(flags & os.O_DIRECT),
+                                      mappable=flags & os.O_ACCMODE == os.O_RDWR)
 
-    async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False) -> Opened:
+    async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False,
+                          mappable: bool = True) -> Opened:
         """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
         EIO to both together); a reader of a fast-tier blob through it gets the blob's
         start read ahead and is followed (fs/prefetch.py), and a slow-tier blob's reads are
@@ -101,7 +103,7 @@ class Opens(Part):
             return not node.mode & (stat.S_ISUID | stat.S_ISGID) and await self.engine.passthrough_for(node, writing)
 
         try:
-            bid = await self.backings.open(node, wanted)
+            bid = await self.backings.open(node, wanted, mappable=mappable)
         except BaseException:
             await self.engine.release(fh)
             raise
