@@ -486,6 +486,7 @@ def test_a_passthrough_writers_close_sends_no_flush_and_its_size_counts_at_relea
     assert m.proc.poll() is None
 
 
+@pytest.mark.mount
 def test_stores_through_a_shared_mapping_show_in_the_times_after_the_last_close(hycache_mount):
     """A passthrough file mapped shared and writable changes under the kernel's FUSE inode
     (its stores go to the blob, and the kernel keeps the attributes it last asked for): the

@@ -244,7 +244,7 @@ class Backings:
                      parked_max=self.max_parked)
         self.engine.use_backings(self)
 
-    async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]], *, mappable: bool = True) -> int:
+    async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]], *, mappable: bool) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.
         ``mappable``: the open may map the file shared and writable (O_RDWR; an O_WRONLY or
         O_RDONLY descriptor cannot), so the last release takes the blob's times to the kernel.

@@ -32,6 +32,12 @@ class Opened:
     keep_cache: bool = False
 
 
+def can_map_writable(flags: int) -> bool:
+    """Whether a descriptor opened with ``flags`` can map its file shared and writable
+    (mmap needs read access, and PROT_WRITE with MAP_SHARED write access: O_RDWR)."""
+    return flags & os.O_ACCMODE == os.O_RDWR
+
+
 class Opens(Part):
     def __init__(self, engine: TieringEngine, view: View, backings: Backings,
                  remote_backings: RemoteBackings) -> None:
@@ -50,7 +56,7 @@ class Opens(Part):
             await self.own.lease_for_write(node)
             self._leased[fh] = node.ino
         try:
-            opened = await self._local_open(fh, node, True, mappable=flags & os.O_ACCMODE == os.O_RDWR)
+            opened = await self._local_open(fh, node, True, mappable=can_map_writable(flags))
         except BaseException:
             if self._leased.pop(fh, None) is not None:
                 assert self.own is not None, "a write lease is taken only with the cluster link's ownership"
@@ -89,10 +95,10 @@ class Opens(Part):
         if own is not None:
             self._leased[fh] = local.ino
         return await self._local_open(fh, local, writing, direct=bool(flags & os.O_DIRECT),
-                                      mappable=flags & os.O_ACCMODE == os.O_RDWR)
+                                      mappable=can_map_writable(flags))
 
-    async def _local_open(self, fh: int, node: Inode, writing: bool, *, direct: bool = False,
-                          mappable: bool = True) -> Opened:
+    async def _local_open(self, fh: int, node: Inode, writing: bool, *, mappable: bool,
+                          direct: bool = False) -> Opened:
         """With passthrough, the blob's backing id (and no keep_cache: the kernel answers
         EIO to both together); a reader of a fast-tier blob through it gets the blob's
         start read ahead and is followed (fs/prefetch.py), and a slow-tier blob's reads are
