@@ -510,7 +510,10 @@ class Backings:
     def lent_released(self, inode: Inode, n: int) -> None:
         """``n`` opens :meth:`lent_opened` counted were released (as :meth:`release`)."""
         b = self.by_ino.get(inode.ino)
-        for _ in range(n if b is not None else 0):
+        if b is None:  # cannot happen: in use until its last release
+            log.error("inode %d: %d releases of opens of a registration not in use", inode.ino, n)
+            return
+        for _ in range(n):
             self._put(b, inode)
 
     def _drop(self, b: Backing) -> None:

@@ -8,7 +8,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyfuse3
 import trio
@@ -150,8 +150,8 @@ class HyCacheOperations(pyfuse3.Operations):
         self.answers.start()
 
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
-                        forgets: list[tuple[int, int]], opened: list[tuple[int, int]] = (),  # type: ignore[assignment]
-                        released: list[tuple[int, int]] = ()) -> None:  # type: ignore[assignment]
+                        forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
+                        released: Sequence[tuple[int, int]] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
         longer only delays a free).  ``opened`` and ``released``: the read-only opens it
