@@ -281,6 +281,10 @@ class Backings:
         while (busy := self._deciding.get(ino)) is not None:
             await busy.wait()
         gate = self._deciding[ino] = trio.Event()
+        # no open of it is answered without the agent while this one decides (``wanted``
+        # may wait: a lent open meanwhile would give the file a passthrough open, with
+        # which an open served by the agent cannot coexist)
+        self._take_back(ino)
         try:
             if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
                 bid = await self._acquire(inode)
