@@ -14,11 +14,12 @@ import errno
 import os
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import status, tier_blobs, wait_for
+from .conftest import cli, info, status, tier_blobs, wait_for, wait_idle
 
 
 def table(m) -> dict:
@@ -177,3 +178,72 @@ def test_no_such_name_is_answered_once_the_directory_is_complete(hycache_mount):
     before = table(m)["lookup_negative"]
     assert not (d / "missing-again").exists()
     assert table(m)["lookup_negative"] == before + 1, "still complete after those changes"
+
+
+def test_read_only_opens_of_closed_files_are_answered_with_their_registration(hycache_mount):
+    """A closed fast-tier file keeps its passthrough registration (parked); the table
+    answers read-only OPENs of it with that registration, and their RELEASEs. The agent
+    counts them as its own opens: a writer beside such a reader shares the registration,
+    a removal waits for the last close, a demotion for the file to be closed."""
+    m = hycache_mount()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    p = m.mountpoint / "f"
+    body = os.urandom(10_000)
+    p.write_bytes(body)
+    before = table(m)
+    hits = info(p)["hits"]
+    for _ in range(5):
+        assert p.read_bytes() == body
+    after = table(m)
+    assert after["open_lent"] >= before["open_lent"] + 5, "read-only opens answered by the table"
+    assert after["release_lent"] == after["open_lent"], "and their releases"
+    assert info(p)["hits"] >= hits + 5, "counted as the agent's opens"
+    assert status(m)["counters"]["fast"]["hits"] >= 5
+
+    # a writer while a reader the table answered holds the file: the same registration
+    # (the kernel refuses an open without it: EIO), the reader sees the new bytes
+    r = os.open(p, os.O_RDONLY)
+    assert table(m)["open_lent"] == after["open_lent"] + 1
+    w = os.open(p, os.O_WRONLY)
+    os.pwrite(w, b"NEW", 0)
+    os.close(w)
+    assert os.pread(r, 3, 0) == b"NEW"
+    os.fsync(r)  # a reader's fsync: the blob and the journal, through the agent
+    assert attrs(p)[0] == 10_000
+    # demoting an open file waits for its close; then its bytes are on the slow tier
+    cli("demote", "--no-wait", p, check=True)
+    assert os.pread(r, 10_000, 0) == b"NEW" + body[3:]
+    os.close(r)
+    wait_idle(m)
+    assert cli("where", p, check=True).stdout.split()[0] == "slow"
+    lent = table(m)["open_lent"]
+    assert p.read_bytes() == b"NEW" + body[3:]
+    assert table(m)["open_lent"] == lent, "a slow-tier file's opens are the agent's"
+
+    # a removal while the table's reader holds the file: its bytes stay until the close
+    q = m.mountpoint / "g"
+    q.write_bytes(b"g" * 4096)
+    r = os.open(q, os.O_RDONLY)
+    assert table(m)["open_lent"] == lent + 1
+    os.unlink(q)
+    drop_caches()
+    time.sleep(0.5)  # (a free would have happened by now)
+    assert os.pread(r, 4096, 0) == b"g" * 4096
+    assert sum(1 for size in tier_blobs(m.fast).values() if size == 4096) == 1, "kept while open"
+    os.close(r)
+    drop_caches()
+    wait_for(lambda: not any(size == 4096 for size in tier_blobs(m.fast).values()), 30,
+             "the removed file's blob to go after the last close")
+    log = m.log.read_text()
+    assert "no longer has" not in log and "a file that is gone" not in log
+
+
+def test_no_answer_opens_answers_them_in_python(hycache_mount):
+    m = hycache_mount(no_answer_opens=True)
+    p = m.mountpoint / "f"
+    p.write_bytes(b"abc")
+    for _ in range(3):
+        assert p.read_bytes() == b"abc"
+    t = table(m)
+    assert t["enabled"] and t["open_lent"] == 0 and t["lent"] == 0

@@ -74,6 +74,9 @@ class AgentConfig(BaseModel):
     # answer GETATTR, LOOKUP and GETXATTR security.capability of local files that are not
     # open from a table in the request reader, without Python (fuse/answers.py)
     answer_table: bool = True
+    # (with the table and passthrough) answer read-only OPENs of closed local files, and
+    # their RELEASEs, in the request reader with the file's parked registration
+    answer_opens: bool = True
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")

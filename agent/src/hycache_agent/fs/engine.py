@@ -357,6 +357,24 @@ class TieringEngine:
         await self.placement.opened(inode, before_open, prior)
         return fh
 
+    def opened_lent(self, inode: Inode, n: int) -> None:
+        """``n`` read-only opens of a closed fast-tier file that the FUSE layer answered
+        without asking (a registration lent to its answer table): counted as :meth:`open`
+        counts a reader's, with no handle of the engine's (the kernel reads the blob)."""
+        inode.open_count += n
+        for _ in range(n):
+            self.ns.touch_access(inode)
+        self.io.tiers[T.FAST].hits += n
+        self.space.policy.touch(inode.ino, inode.size)
+
+    def released_lent(self, inode: Inode, n: int) -> bool:
+        """``n`` of the opens :meth:`opened_lent` counted were released: whether the file
+        may be freed now (then :meth:`maybe_free`; it has no name left)."""
+        inode.open_count -= n
+        if not self.held(inode):
+            self._now_free(inode)
+        return inode.nlink == 0 and inode.open_count == 0
+
     async def passthrough_for(self, inode: Inode, writing: bool) -> bool:
         """May this open hand the blob to the kernel?  Not for a writer while the fast
         tier is full and evicting closed files cannot make room: the kernel's writes could

@@ -283,6 +283,12 @@ class MetaJournal:
         self._dirty_inodes.add(ino)
         self._recorded += 1
 
+    def usage(self, ino: int) -> None:
+        """An inode's usage counts changed (hits, last access): its row is written with
+        the next commit; the watcher is not told (they are no attributes)."""
+        self._dirty_inodes.add(ino)
+        self._recorded += 1
+
     def link(self, parent: int, name: bytes, ino: int) -> None:
         if self.watcher is not None:
             self.watcher.link(parent, name, ino)

@@ -215,7 +215,7 @@ class Namespace:
         self.access_seq += 1
         inode.last_access = self.access_seq
         inode.hits += 1
-        self.journal.inode(inode.ino)
+        self.journal.usage(inode.ino)
 
     # -- changes ------------------------------------------------------------------------
     def _dir_changed(self, dir_inode: Inode, t: int) -> None:

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import pyfuse3
 import trio
@@ -133,6 +133,17 @@ class Backing:
     mappable: bool = False
 
 
+class Lender(Protocol):
+    """Where parked registrations are lent (the FUSE layer's answer table,
+    fuse/answers.py): it answers read-only opens of the file with the registration, and
+    their releases, without asking; they are counted to the agent after the fact
+    (:meth:`Backings.lent_opened`, :meth:`Backings.lent_released`)."""
+
+    def lend(self, ino: int, backing_id: int) -> bool: ...
+
+    def take_back(self, ino: int) -> None: ...
+
+
 class Backings:
     """The registered backing files, by inode number."""
 
@@ -150,6 +161,11 @@ class Backings:
         # registration of another blob generation is never handed out.
         self.parked: OrderedDict[int, Backing] = OrderedDict()
         self.max_parked = parked_limit()
+        # Parked registrations lent to the FUSE layer (Lender): read-only opens of those
+        # files are answered with them without the agent; each is taken back before its
+        # registration leaves ``parked`` for anything but those opens (_take_back).
+        self.lender: Lender | None = None
+        self.lent: set[int] = set()
         # Registrations being dropped on the lane hold their descriptors until its worker
         # gets to them; past this many, whatever would open another one waits (room).
         self.max_dropping = max(16, parked_limit())
@@ -265,6 +281,10 @@ class Backings:
         while (busy := self._deciding.get(ino)) is not None:
             await busy.wait()
         gate = self._deciding[ino] = trio.Event()
+        # no open of it is answered without the agent while this one decides (``wanted``
+        # may wait: a lent open meanwhile would give the file a passthrough open, with
+        # which an open served by the agent cannot coexist)
+        self._take_back(ino)
         try:
             if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
                 bid = await self._acquire(inode)
@@ -311,6 +331,7 @@ class Backings:
         if ino not in self.parked and ino not in self.engine.pooled_backings:  # a new descriptor
             await self.room()  # (none registers it meanwhile: the caller holds its gate)
         self.engine.backed.add(ino)  # before any hop: no migration may start now
+        self._take_back(ino)
         b = self.parked.pop(ino, None)
         if b is not None:
             if b.tier == inode.tier == T.FAST and b.blob_gen == self.engine.blob_gen(ino):
@@ -419,9 +440,17 @@ class Backings:
                 del self.by_ino[ino]
                 self.parked[ino] = b
                 while len(self.parked) > self.max_parked:
-                    self._drop(self.parked.popitem(last=False)[1])
+                    old, oldest = self.parked.popitem(last=False)
+                    self._take_back(old)
+                    self._drop(oldest)
+                if self.lender is not None:  # a large file's readers are read ahead of by the agent
+                    if self.engine.prefetch.wants_opens(b.size):
+                        self._take_back(ino)
+                    elif ino in self.lent or self.lender.lend(ino, b.backing_id):
+                        self.lent.add(ino)
                 self.engine.backing_dropped(ino)
                 return
+        self._take_back(ino)
         # Dropped on the lane.  It stays listed until then, so that opens and attribute
         # requests arriving meanwhile wait for the final size instead of reading a stale one.
         b.closed = closed = trio.Event()
@@ -445,15 +474,51 @@ class Backings:
         b = self.parked.get(ino)
         if b is None or b.tier != T.FAST or b.blob_gen != blob_gen:
             return None
+        self._take_back(ino)
         del self.parked[ino]
         return b.fd, b.backing_id
 
     def forget_parked(self, ino: int) -> None:
         """Drop the parked registration of ``ino`` if there is one: its blob is about to
         move or go (a migration starts, the inode is freed) or the agent will serve it."""
+        self._take_back(ino)
         b = self.parked.pop(ino, None)
         if b is not None:
             self._drop(b)
+
+    # -- opens answered with a lent registration (fuse/answers.py) ----------------------
+    def _take_back(self, ino: int) -> None:
+        """No more opens of ``ino`` are answered with its registration without the agent
+        (those answered before are counted already: the FUSE layer hands them over before
+        the agent runs anything, and their releases come to the agent)."""
+        if ino in self.lent:
+            self.lent.discard(ino)
+            assert self.lender is not None, "lent only through a lender"
+            self.lender.take_back(ino)
+
+    def lent_opened(self, inode: Inode, n: int) -> None:
+        """``n`` read-only opens of ``inode`` were answered with its lent registration:
+        it is in use now (listed as an open one's, ``n`` references), as after
+        :meth:`open`; the engine counts them (``TieringEngine.opened_lent``)."""
+        ino = inode.ino
+        b = self.by_ino.get(ino)
+        if b is None:
+            b = self.parked.pop(ino, None)
+            if b is None:  # cannot happen: lent registrations are taken back before they go
+                log.error("inode %d: %d opens answered with a registration the agent no longer has", ino, n)
+                return
+            self.by_ino[ino] = b
+            self.engine.backed.add(ino)
+        b.refs += n
+
+    def lent_released(self, inode: Inode, n: int) -> None:
+        """``n`` opens :meth:`lent_opened` counted were released (as :meth:`release`)."""
+        b = self.by_ino.get(inode.ino)
+        if b is None:  # cannot happen: in use until its last release
+            log.error("inode %d: %d releases of opens of a registration not in use", inode.ino, n)
+            return
+        for _ in range(n):
+            self._put(b, inode)
 
     def _drop(self, b: Backing) -> None:
         """Unregister a parked registration on the lane (nobody waits for it: its id is

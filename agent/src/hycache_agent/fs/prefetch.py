@@ -28,6 +28,10 @@ from hycache_agent.fs.lane import Lane
 
 CHUNK = 8 << 20
 LANES = 4
+# A reader of a file up to this size gets it from the kernel's own read-ahead in a few
+# windows: nothing for the read-ahead here to add (no open of it needs the agent: a
+# registration of such a file may be lent, fs/passthrough.py, Backings.lender)
+SMALL = 1 << 20
 
 
 def willneed(path: str, offset: int, length: int) -> int:
@@ -69,6 +73,12 @@ class OpenPrefetch:
             return
         if self.kreads.follow(key, path, blocks=blocks):
             self.followed[fh] = key
+
+    def wants_opens(self, size: int) -> bool:
+        """Whether a reader's open of a fast-tier file of ``size`` bytes is to reach the
+        agent, which reads ahead of it (at open, or following its reads)."""
+        following = self.kreads is not None and self.kreads.following
+        return size > SMALL and (bool(self.limit and self.lanes) or following)
 
     def unfollow(self, fh: int) -> None:
         key = self.followed.pop(fh, None)

@@ -33,6 +33,19 @@ lookups answered are counted as the listing's (how often a directory is listed d
 A LOOKUP answered by the table is one more reference of the kernel's to the inode: the
 reader hands the counts over (:meth:`AnswerTable.drained`) before anything else runs on
 the agent's side, so FORGET and ``maybe_free`` always see every reference.
+
+Opens (``--no-answer-opens`` turns this off): a closed fast-tier file keeps its
+passthrough registration (``Backings.parked``), and the agent lends it to the table
+(``Backings.lender``: :meth:`AnswerTable.lend`), which then answers a read-only OPEN of the
+file (no O_TRUNC, no O_DIRECT) with it — file handle ``LENT_FH | ino``, the kernel reads
+the blob itself — and the RELEASE of such an open.  They are handed over with the same
+drain, before anything else runs, and counted as the agent's own opens then
+(``Opens.lent_opened``: the registration in use, the inode open, an access for the
+policy), so the agent's view of who holds the file is the same as if it had answered
+them.  It takes a registration back (:meth:`AnswerTable.take_back`) before the
+registration goes anywhere else (dropped, recycled, moved with a migration, or given to
+an open the agent answers); the RELEASEs of lent opens still open then come to the agent.
+A reader changes no attribute, so the table keeps answering GETATTR meanwhile.
 """
 
 from __future__ import annotations
@@ -51,6 +64,8 @@ CAPS = b"security.capability"
 # it with one directory would empty it for every other)
 COMPLETE_MAX = 4096
 AVAILABLE = hasattr(pyfuse3, "answers_complete")  # the patched pyfuse3, passthrough9 and later
+OPENS = hasattr(pyfuse3, "answers_lend")  # passthrough11 and later
+LENT_FH: int = getattr(pyfuse3, "ANSWERS_LENT_FH", 0)  # the handles of the opens the table answers
 
 
 class AnswerTable:
@@ -64,6 +79,7 @@ class AnswerTable:
         self.enabled = enabled and AVAILABLE
         self.names = vfs.names
         self.cluster = vfs.names.cluster is not None
+        self.opens = self.enabled and OPENS and vfs.engine.config.answer_opens
 
     def start(self) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
@@ -74,6 +90,8 @@ class AnswerTable:
         if self.enabled:
             self.ns.journal.watcher = self
             self.names.watch_listings(self.listing_changed)
+        if self.opens:  # parked registrations are lent to the table (Backings.lender)
+            self.vfs.backings.lender = self
 
     # -- what goes in -------------------------------------------------------------------
     def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,
@@ -142,6 +160,13 @@ class AnswerTable:
 
     def xattr(self, ino: int) -> None:
         pyfuse3.answers_drop(ino, attrs=True, caps=True)
+
+    # -- registrations lent: Backings.lender -------------------------------------------
+    def lend(self, ino: int, backing_id: int) -> bool:
+        return bool(pyfuse3.answers_lend(ino, backing_id))
+
+    def take_back(self, ino: int) -> None:
+        pyfuse3.answers_unlend(ino)
 
     # -- what comes back ----------------------------------------------------------------
     def drained(self, lookups: list[tuple[int, int]], answered: int) -> None:

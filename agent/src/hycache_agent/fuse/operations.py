@@ -8,7 +8,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pyfuse3
 import trio
@@ -16,7 +16,7 @@ import trio
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.fs.passthrough import invalidate_attrs
-from hycache_agent.fuse.answers import AnswerTable
+from hycache_agent.fuse.answers import LENT_FH, AnswerTable
 from hycache_agent.vfs.layer import Vfs
 from hycache_agent.vfs.names import MISSING
 from hycache_agent.vfs.opens import Opened
@@ -150,13 +150,25 @@ class HyCacheOperations(pyfuse3.Operations):
         self.answers.start()
 
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
-                        forgets: list[tuple[int, int]]) -> None:
+                        forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
+                        released: Sequence[tuple[int, int]] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
-        longer only delays a free)."""
+        longer only delays a free).  ``opened`` and ``released``: the read-only opens it
+        answered with lent registrations, and the releases of such opens, per inode —
+        counted now, before anything else runs (a file freed by them, in a task)."""
         self.answers.drained(lookups, answered)
+        for ino, n in opened:
+            self.opens.lent_opened(ino, n)
+        for ino, n in released:
+            self._lent_released(ino, n)
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
+
+    def _lent_released(self, ino: int, n: int) -> None:
+        node = self.opens.lent_released(ino, n)
+        if node is not None and self._nursery is not None:
+            self._nursery.start_soon(self.engine.maybe_free, node)
 
     async def _forget_kept(self, forgets: list[tuple[int, int]]) -> None:
         try:
@@ -380,6 +392,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def read(self, fh, off, size):
+        if fh & LENT_FH:  # (the kernel reads a passthrough open's file itself)
+            raise FsError(errno.EIO)
         return await self.opens.read(fh, off, size)
 
     @errno_edge
@@ -388,10 +402,17 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def flush(self, fh):
+        if fh & LENT_FH:  # a reader answered by the table: nothing to wait for
+            return
         await self.opens.flush(fh)
 
     @errno_edge
     async def release(self, fh):
+        if fh & LENT_FH:  # an open the table answered, whose registration it gave back since
+            node = self.opens.lent_released(fh & ~LENT_FH, 1)
+            if node is not None:
+                await self.engine.maybe_free(node)
+            return
         h = self.engine.handles.get(fh)
         await self.opens.release(fh)
         if h is not None and self.answers.enabled and h.inode.open_count == 0:
@@ -399,6 +420,9 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def fsync(self, fh, datasync):
+        if fh & LENT_FH:  # a reader's descriptor the table answered
+            await self.opens.fsync_lent(fh & ~LENT_FH, datasync)
+            return
         await self.opens.fsync(fh, datasync)
 
     # -- file system -----------------------------------------------------------------

@@ -5,6 +5,7 @@ kernel's passthrough of a blob or copy, and what close and fsync wait for (repli
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from hycache_agent.remote.backing import RemoteBackings
 from hycache_agent.remote.copy import Filling
 from hycache_agent.vfs.view import Part, View
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class Opened:
@@ -239,6 +241,35 @@ class Opens(Part):
         if ino is not None:
             assert self.own is not None, "a write lease is taken only with the cluster link's ownership"
             await self.own.write_done(ino)
+
+    # -- opens answered by the FUSE layer with a lent registration (Backings.lender) -----
+    def lent_opened(self, ino: int, n: int) -> None:
+        """``n`` read-only opens of local file ``ino`` were answered with its parked
+        registration (passthrough): counted as opens now, before anything else runs."""
+        node = self.ns.inodes.get(ino)
+        if node is None:  # cannot happen: its registration is taken back before it goes
+            log.error("inode %d: %d opens answered for a file that is gone", ino, n)
+            return
+        self.engine.opened_lent(node, n)
+        self.backings.lent_opened(node, n)
+
+    def lent_released(self, ino: int, n: int) -> Inode | None:
+        """``n`` of those opens were released, as :meth:`release` of a reader's: the inode
+        when it may be freed now (``TieringEngine.maybe_free``: it has no name left)."""
+        node = self.ns.inodes.get(ino)
+        if node is None:
+            log.error("inode %d: %d releases of opens answered for a file that is gone", ino, n)
+            return None
+        self.backings.lent_released(node, n)
+        return node if self.engine.released_lent(node, n) else None
+
+    async def fsync_lent(self, ino: int, datasync: bool) -> None:
+        """fsync(2) of a reader's descriptor the table answered: the blob (through its
+        registration, in use while the open is) and the metadata journal."""
+        b = self.backings.by_ino.get(ino)
+        if b is not None:
+            await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, b.fd)
+        await self.ns.journal.sync(durable=True)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         h = self.engine.handles.get(fh)
