@@ -280,12 +280,12 @@ class MetaJournal:
     def inode(self, ino: int) -> None:
         if self.watcher is not None:
             self.watcher.inode(ino)
-        self._dirty_inodes.add(ino)
-        self._recorded += 1
+        self.usage(ino)
 
     def usage(self, ino: int) -> None:
         """An inode's usage counts changed (hits, last access): its row is written with
-        the next commit; the watcher is not told (they are no attributes)."""
+        the next commit; the watcher is not told (they are no attributes).  (Also the
+        second half of :meth:`inode`.)"""
         self._dirty_inodes.add(ino)
         self._recorded += 1
 

@@ -331,8 +331,7 @@ class Backings:
         if ino not in self.parked and ino not in self.engine.pooled_backings:  # a new descriptor
             await self.room()  # (none registers it meanwhile: the caller holds its gate)
         self.engine.backed.add(ino)  # before any hop: no migration may start now
-        self._take_back(ino)
-        b = self.parked.pop(ino, None)
+        b = self.parked.pop(ino, None)  # (taken back from the table by open's gate)
         if b is not None:
             if b.tier == inode.tier == T.FAST and b.blob_gen == self.engine.blob_gen(ino):
                 b.refs = 1

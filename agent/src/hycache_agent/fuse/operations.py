@@ -409,9 +409,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @errno_edge
     async def release(self, fh):
         if fh & LENT_FH:  # an open the table answered, whose registration it gave back since
-            node = self.opens.lent_released(fh & ~LENT_FH, 1)
-            if node is not None:
-                await self.engine.maybe_free(node)
+            self._lent_released(fh & ~LENT_FH, 1)
             return
         h = self.engine.handles.get(fh)
         await self.opens.release(fh)

@@ -22,6 +22,7 @@ from hycache_agent.vfs.view import Part, View
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class Opened:
     """An open's answer: the handle, the backing id given to the kernel (0: the agent
