@@ -63,6 +63,10 @@ def shared_table(res: dict) -> list[str]:
                      _ratio(many["overall_mbps"], one["overall_mbps"])])
     note = (f"{sh['files']} files of {sh['file_mib']} MiB per node ({sh['set_mb_per_node']:,.0f} MB), fast tiers "
             f"{sh['fast_mib']} MiB, {sh['passes']} passes; one shared device: {sh['device']}")
+    waits = [f"{label} x{k[len(kind):]} {max(c['settle_s']):.2f} s" for kind, label in SHARED_LABELS.items()
+             for k, c in sh["configs"].items() if k.startswith(kind) and k[len(kind):].isdigit() and any(c.get("settle_s", []))]
+    if waits:  # the promotions a pass started, still copying when its readers were done
+        note += "; waited before a re-read for the promotions to finish, at most: " + ", ".join(waits)
     return ["", note, "", *_table(head, rows)]
 
 

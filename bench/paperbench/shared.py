@@ -7,7 +7,11 @@ fits its fast tier), written through the node and pushed to the slow store untim
 read whole ``passes`` times by one reader per node, all nodes at once.  The first pass
 reads from the shared store (HyCache promotes each file it opens, in the background;
 JuiceFS caches the blocks it fetches), the next ones re-read.  ``drop_caches`` before
-every pass: each pass reads the tiers, not the page cache.
+every pass: each pass reads the tiers, not the page cache.  Before each re-read the nodes
+settle: HyCache's agents finish the promotions the pass started (a re-read begun while a
+promotion still copies waits for it, and under load that made a "warm" pass a second cold
+one); the seconds waited are reported (``settle_s``), so what the promotions cost past the
+readers is shown, not hidden.
 
 Configurations: the shared device alone (1 and N readers straight on it: the store's
 ceiling), the local disk alone (each node's set in a directory on it: the ceiling of the
@@ -23,8 +27,9 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hycache_harness import Agent, FuseDaemon, drop_caches, executable, free_port, wait_for
@@ -32,7 +37,18 @@ from slowtier import SlowTier
 
 from .rows import Tick
 
-CACHES = "drop_caches before every pass; each reader reads each of its files once per pass (cat, buffered)"
+CACHES = ("drop_caches before every pass; each reader reads each of its files once per pass (cat, buffered); "
+          "before each re-read, the agents' promotions finished (settle_s)")
+SETTLE_TIMEOUT = 600.0
+
+
+@dataclass
+class Nodes:
+    """One configuration's nodes: each one's directory, and what to wait for before a
+    re-read (nothing for plain directories)."""
+
+    dirs: list[Path]
+    settle: Callable[[], None] = field(default=lambda: None)
 
 
 def write_set(d: Path, files: int, file_mib: int) -> None:
@@ -59,24 +75,38 @@ def read_pass(dirs: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
-def run_passes(hdd: SlowTier, dirs: list[Path], passes: int, set_bytes: int) -> dict:
-    s0 = hdd.read_bytes()
-    secs = [read_pass(dirs) for _ in range(passes)]
-    mbps = [len(dirs) * set_bytes / s / 1e6 for s in secs]
+def run_passes(hdd: SlowTier, nodes: Nodes, passes: int, set_bytes: int) -> dict:
+    """``passes`` read passes over ``nodes``, settled before each re-read (the wait is
+    ``settle_s``, outside every pass's time)."""
+    s0, secs, settle = hdd.read_bytes(), [], []
+    for i in range(passes):
+        if i:
+            t0 = time.perf_counter()
+            nodes.settle()
+            settle.append(time.perf_counter() - t0)
+        secs.append(read_pass(nodes.dirs))
+    n = len(nodes.dirs)
+    mbps = [n * set_bytes / s / 1e6 for s in secs]
     warm = mbps[1:] or mbps
     return {"pass_mbps": mbps, "cold_mbps": mbps[0], "warm_mbps": sum(warm) / len(warm),
-            "overall_mbps": len(dirs) * set_bytes * passes / sum(secs) / 1e6,
-            "shared_read_mb": (hdd.read_bytes() - s0) / 1e6}
+            "overall_mbps": n * set_bytes * passes / sum(secs) / 1e6,
+            "shared_read_mb": (hdd.read_bytes() - s0) / 1e6, "settle_s": settle}
+
+
+def migrations_settled(agents: list[Agent], timeout: float = SETTLE_TIMEOUT) -> None:
+    """Until no agent of ``agents`` has a migration under way."""
+    wait_for(lambda: not any(a.status()["migrations"]["active"] for a in agents), timeout=timeout,
+             what="the agents' promotions", interval=0.05)
 
 
 @contextmanager
-def plain_sets(dirs: list[Path], files: int, file_mib: int) -> Iterator[list[Path]]:
+def plain_sets(dirs: list[Path], files: int, file_mib: int) -> Iterator[Nodes]:
     """Each node's set written straight into its directory (the shared device alone, or the
     local disk: the fast tiers' own ceiling), removed afterwards."""
     for d in dirs:
         write_set(d, files, file_mib)
     try:
-        yield dirs
+        yield Nodes(dirs)
     finally:
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
@@ -84,7 +114,7 @@ def plain_sets(dirs: list[Path], files: int, file_mib: int) -> Iterator[list[Pat
 
 @contextmanager
 def hycache_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, fast_bytes: int,
-                  commands: list[str], agent_args: list[str] | None = None) -> Iterator[list[Path]]:
+                  commands: list[str], agent_args: list[str] | None = None) -> Iterator[Nodes]:
     agents: list[Agent] = []
     try:
         for i in range(n):
@@ -97,7 +127,7 @@ def hycache_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, 
         for a in agents:
             write_set(a.mnt / "set", files, file_mib)
             a.cli("demote", "--timeout", "600", *map(str, sorted((a.mnt / "set").iterdir())))
-        yield [a.mnt / "set" for a in agents]
+        yield Nodes([a.mnt / "set" for a in agents], lambda: migrations_settled(agents))
     finally:
         for a in reversed(agents):
             a.stop(timeout=60)
@@ -106,7 +136,7 @@ def hycache_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, 
 
 @contextmanager
 def juicefs_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, fast_bytes: int,
-                  commands: list[str]) -> Iterator[list[Path]]:
+                  commands: list[str]) -> Iterator[Nodes]:
     port, rdir = free_port(), work / f"sh-jfs-redis{n}"
     rdir.mkdir(parents=True, exist_ok=True)
     redis_argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -135,7 +165,7 @@ def juicefs_nodes(hdd: SlowTier, work: Path, n: int, files: int, file_mib: int, 
                  timeout=600, what="juicefs uploads", interval=0.2)
         for d in dirs:
             subprocess.run([jfs, "warmup", "--evict", str(d)], check=True, capture_output=True)
-        yield dirs
+        yield Nodes(dirs)
     finally:
         for m in reversed(mounts):
             m.stop(timeout=60)
@@ -167,8 +197,8 @@ def shared_row(work: Path, hdd_args: dict, names: list[str], nodes: int, files: 
                     ctx = hycache_nodes(hdd, work, n, files, file_mib, fast, cmds, agent_args)
                 else:
                     ctx = juicefs_nodes(hdd, work, n, files, file_mib, fast, cmds)
-                with ctx as dirs:
-                    out["configs"][f"{kind}{n}"] = run_passes(hdd, dirs, passes, set_bytes)
+                with ctx as node_sets:
+                    out["configs"][f"{kind}{n}"] = run_passes(hdd, node_sets, passes, set_bytes)
                 out["commands"][f"{kind}{n}"] = cmds
                 tick(f"shared {kind} x{n}")
     for kind in ("alone", "fast", "hycache", "juicefs"):

@@ -41,7 +41,7 @@ def test_tables_of_the_db_and_shared_rows() -> None:
                       for n, t, s in (("hdd", 100.0, 40.0), ("hycache", 150.0, 20.0), ("juicefs", 75.0, 80.0))}}
     cfg = {"cold_mbps": 150.0, "warm_mbps": 600.0, "overall_mbps": 300.0}
     sh = {"nodes": 3, "files": 8, "file_mib": 32, "fast_mib": 512, "passes": 4, "set_mb_per_node": 268.4,
-          "device": "150 MB/s", "configs": {"hycache1": cfg, "hycache3": {**cfg, "warm_mbps": 1500.0},
+          "device": "150 MB/s", "configs": {"hycache1": cfg, "hycache3": {**cfg, "warm_mbps": 1500.0, "settle_s": [0.0, 0.25, 0.0]},
                                             "alone1": cfg, "alone3": cfg}}
     res = {"targets": ["hdd", "hycache", "juicefs"], "params": {}, "rows": {"db": db, "shared": sh}}
     lines = report.tables(res)
@@ -50,6 +50,7 @@ def test_tables_of_the_db_and_shared_rows() -> None:
     assert "| pgbench -i (load + CHECKPOINT), s | 40.0 | 20.0 | 80.0 | 2.00x | 4.00x |" in lines
     assert "| HyCache | 150 | 150 | 600 | 1,500 | 2.50x | 300 | 300 | 1.00x |" in lines
     assert not any(line.startswith("| local disk") for line in lines)  # a configuration not run is left out
+    assert any(line.endswith("at most: HyCache x3 0.25 s") for line in lines), lines  # hycache1 never waited
 
 
 def _root_missing() -> str | None:
@@ -116,4 +117,6 @@ def test_shared_row_three_agents_outread_one_on_one_shared_device(work: Path) ->
     assert c["hycache1"]["warm_mbps"] > 1.5 * c["alone1"]["warm_mbps"]
     assert c["hycache3"]["warm_mbps"] > 1.5 * c["alone3"]["warm_mbps"]
     assert res["hycache_scaling"]["warm_mbps"] > 0
+    # the re-reads began once every promotion was done: no agent was still copying
+    assert all(len(c[k]["settle_s"]) == 1 for k in ("hycache1", "hycache3")), c
     assert [p.name for p in work.iterdir() if p.suffix != ".log"] == []  # agents stopped, HDD model detached
