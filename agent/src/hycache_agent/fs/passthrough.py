@@ -131,6 +131,10 @@ class Backing:
     # last 0: stores through such a mapping change the blob unseen by the kernel's FUSE inode
     # (its RELEASE comes after the mapping is gone, so the last release sees them all)
     mappable: bool = False
+    # an open the agent answered took it since it was last parked (any such open may have
+    # written); opens answered with the lent registration are read-only and cannot change
+    # the blob, so a release after only those parks it again without looking (no fstat)
+    agent_opened: bool = True
 
 
 class Lender(Protocol):
@@ -277,6 +281,7 @@ class Backings:
         if b is not None and b.closed is None and ino not in self._deciding:  # nothing to decide
             b.refs += 1
             b.mappable |= mappable
+            b.agent_opened = True
             return b.backing_id
         while (busy := self._deciding.get(ino)) is not None:
             await busy.wait()
@@ -289,7 +294,9 @@ class Backings:
             if ino in self.by_ino or (not self.served.get(ino) and await wanted()):
                 bid = await self._acquire(inode)
                 if bid:
-                    self.by_ino[ino].mappable |= mappable
+                    b = self.by_ino[ino]
+                    b.mappable |= mappable
+                    b.agent_opened = True
                     return bid
             # served by the agent: a new file's ahead-of-time registration goes, and so
             # does a parked one (the agent may change the blob: it must not be reused)
@@ -428,14 +435,8 @@ class Backings:
         if (b.tier == T.FAST and self.max_parked and self.by_ino.get(ino) is b
                 and self.engine.ns.inodes.get(ino) is inode and inode.nlink > 0
                 and inode.tier == T.FAST and b.blob_gen == self.engine.blob_gen(ino)):
-            # Parked: the final size and times from the blob (a fast-tier fstat reads the
-            # in-memory inode, as refresh does), and the file is free for the engine.
-            try:
-                st = os.fstat(b.fd)
-            except OSError:
-                st = None
-            if st is not None:
-                self._took(inode, b, st, at_release=True)
+            # Parked, with the final size and times, and the file is free for the engine.
+            if self._settled(b, inode):
                 del self.by_ino[ino]
                 self.parked[ino] = b
                 while len(self.parked) > self.max_parked:
@@ -465,6 +466,21 @@ class Backings:
                 log.warning("dropping the backing file of inode %d: %s", inode.ino, error)
 
         self.lane.submit(close_backing, b.fd, b.backing_id, then=dropped)
+
+    def _settled(self, b: Backing, inode: Inode) -> bool:
+        """The final size and times of a fast-tier blob about to be parked, from the blob
+        (its fstat reads the in-memory inode, as :meth:`refresh`'s does); False if it cannot
+        be looked at (then it is dropped instead).  One held by lent opens alone since it
+        was last parked was not written: nothing to look at."""
+        if not b.agent_opened:
+            return True
+        try:
+            st = os.fstat(b.fd)
+        except OSError:
+            return False
+        self._took(inode, b, st, at_release=True)
+        b.agent_opened = False
+        return True
 
     def take_parked(self, ino: int, blob_gen: int) -> tuple[int, int] | None:
         """The parked registration of ``ino``'s current fast-tier blob (generation
