@@ -239,6 +239,96 @@ def test_read_only_opens_of_closed_files_are_answered_with_their_registration(hy
     assert "no longer has" not in log and "a file that is gone" not in log
 
 
+def test_opens_for_writing_are_answered_with_the_registration_standalone(hycache_mount):
+    """Standalone, a closed fast-tier file's registration is lent for writers too: the
+    table answers an OPEN for writing (not O_TRUNC) with it and drops the file's attributes,
+    and the agent takes the size the kernel wrote from the blob at the last release — what
+    it records survives a restart. O_TRUNC, a set-ID file and a tier past its high
+    watermark stay the agent's."""
+    m = hycache_mount()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    p = m.mountpoint / "f"
+    body = os.urandom(8192)
+    p.write_bytes(body)
+    t0 = table(m)
+
+    # O_RDWR (mdtest reads its files so): read, then grow it by a write
+    fd = os.open(p, os.O_RDWR)
+    t1 = table(m)
+    assert t1["open_lent"] == t0["open_lent"] + 1 and t1["open_lent_writers"] == t0["open_lent_writers"] + 1
+    assert os.pread(fd, 8192, 0) == body
+    os.pwrite(fd, b"tail", 8192)
+    assert attrs(p)[0] == 8196, "GETATTR while the writer is open: the blob's size"
+    os.fsync(fd)
+    os.close(fd)
+    assert attrs(p)[0] == 8196
+    # O_WRONLY | O_APPEND, closed, then the size asked of the agent itself (names and
+    # inodes forgotten by the kernel: a fresh LOOKUP)
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"more")
+    os.close(fd)
+    drop_caches()
+    assert attrs(p)[0] == 8200
+    t2 = table(m)
+    assert t2["open_lent_writers"] == t0["open_lent_writers"] + 2
+    assert t2["release_lent"] == t2["open_lent"], "every release answered by the table"
+    wait_for(lambda: info(p)["size"] == 8200, 10, "the agent's record of the size")
+
+    # what the table left the agent stays: O_TRUNC opens, a set-ID file's writers
+    p.write_bytes(b"x" * 100)  # O_TRUNC
+    assert table(m)["open_lent_writers"] == t2["open_lent_writers"]
+    os.chmod(p, 0o4755)
+    fd = os.open(p, os.O_WRONLY)
+    os.close(fd)
+    assert table(m)["open_lent_writers"] == t2["open_lent_writers"], "a set-ID file's writers are the agent's"
+    os.chmod(p, 0o644)
+    fd = os.open(p, os.O_RDWR)  # (parked again after the last open: lent to writers again)
+    os.close(fd)
+    fd = os.open(p, os.O_RDWR)
+    os.close(fd)
+    assert table(m)["open_lent_writers"] == t2["open_lent_writers"] + 1
+
+    # the sizes written through lent opens are in the journal: a restart sees them
+    q = m.mountpoint / "g"
+    q.write_bytes(b"g" * 4096)
+    with open(q, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(b"h" * 904)
+    assert table(m)["open_lent_writers"] == t2["open_lent_writers"] + 2
+    m = hycache_mount.remount(m)
+    q = m.mountpoint / "g"
+    assert q.stat().st_size == 5000 and q.read_bytes() == b"g" * 4096 + b"h" * 904
+    assert (m.mountpoint / "f").read_bytes() == b"x" * 100
+    log = m.log.read_text()
+    assert "no longer has" not in log and "a file that is gone" not in log
+
+
+def test_a_full_tier_takes_writers_opens_back(hycache_mount):
+    """Past the fast tier's high watermark a writer's open goes to the agent (which can
+    spill it to the slow tier): the registrations lent for writers are lent for readers
+    only."""
+    m = hycache_mount(fast_capacity=str(1 << 20))
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    p = m.mountpoint / "small"
+    p.write_bytes(b"s" * 4096)
+    cli("pin", p, check=True)  # (not evicted to make room: still parked, still lent)
+    fd = os.open(p, os.O_RDWR)
+    os.close(fd)
+    w = table(m)["open_lent_writers"]
+    assert w >= 1
+    (m.mountpoint / "big").write_bytes(b"b" * (950 << 10))  # past the high watermark
+    assert cli("where", p, check=True).stdout.split()[0] == "fast"
+    lent = table(m)["open_lent"]
+    fd = os.open(p, os.O_RDWR)
+    os.close(fd)
+    assert table(m)["open_lent_writers"] == w, "a writer of a full tier is the agent's"
+    fd = os.open(p, os.O_RDONLY)
+    os.close(fd)
+    assert table(m)["open_lent"] >= lent + 1, "readers still answered by the table"
+
+
 def test_no_answer_opens_answers_them_in_python(hycache_mount):
     m = hycache_mount(no_answer_opens=True)
     p = m.mountpoint / "f"

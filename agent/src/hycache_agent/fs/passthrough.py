@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import resource
+import stat
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -139,11 +140,12 @@ class Backing:
 
 class Lender(Protocol):
     """Where parked registrations are lent (the FUSE layer's answer table,
-    fuse/answers.py): it answers read-only opens of the file with the registration, and
-    their releases, without asking; they are counted to the agent after the fact
-    (:meth:`Backings.lent_opened`, :meth:`Backings.lent_released`)."""
+    fuse/answers.py): it answers read-only opens of the file with the registration (and,
+    ``writable``, opens for writing but not truncating), and their releases, without
+    asking; they are counted to the agent after the fact (:meth:`Backings.lent_opened`,
+    :meth:`Backings.lent_released`)."""
 
-    def lend(self, ino: int, backing_id: int) -> bool: ...
+    def lend(self, ino: int, backing_id: int, writable: bool) -> bool: ...
 
     def take_back(self, ino: int) -> None: ...
 
@@ -170,6 +172,11 @@ class Backings:
         # registration leaves ``parked`` for anything but those opens (_take_back).
         self.lender: Lender | None = None
         self.lent: set[int] = set()
+        # Writers too (set by the FUSE layer where a writer's open and close ask nothing of
+        # the agent: no write lease, no replica; Backings._lends_to_writers): the files whose
+        # registrations are lent for writers as well
+        self.writers_lent = False
+        self.lent_writable: set[int] = set()
         # Registrations being dropped on the lane hold their descriptors until its worker
         # gets to them; past this many, whatever would open another one waits (room).
         self.max_dropping = max(16, parked_limit())
@@ -263,6 +270,7 @@ class Backings:
         state.update(enabled=True, reason="kernel FUSE passthrough for files on the local tiers",
                      parked_max=self.max_parked)
         self.engine.use_backings(self)
+        self.engine.placement.on_filling = self.tier_filling
 
     async def open(self, inode: Inode, wanted: Callable[[], Awaitable[bool]], *, mappable: bool) -> int:
         """The backing id for a new open of ``inode``, or 0: served by the agent.
@@ -446,8 +454,8 @@ class Backings:
                 if self.lender is not None:  # a large file's readers are read ahead of by the agent
                     if self.engine.prefetch.wants_opens(b.size):
                         self._take_back(ino)
-                    elif ino in self.lent or self.lender.lend(ino, b.backing_id):
-                        self.lent.add(ino)
+                    else:
+                        self._lend(ino, b.backing_id, self._lends_to_writers(inode))
                 self.engine.backing_dropped(ino)
                 return
         self._take_back(ino)
@@ -502,19 +510,64 @@ class Backings:
             self._drop(b)
 
     # -- opens answered with a lent registration (fuse/answers.py) ----------------------
+    def _lend(self, ino: int, backing_id: int, writable: bool) -> None:
+        assert self.lender is not None, "lent only through a lender"
+        if ino in self.lent and (ino in self.lent_writable) == writable:
+            return
+        if not self.lender.lend(ino, backing_id, writable):
+            self._take_back(ino)  # (the table is full: a writable lend is not left behind)
+            return
+        self.lent.add(ino)
+        if writable:
+            self.lent_writable.add(ino)
+        else:
+            self.lent_writable.discard(ino)
+
+    def _lends_to_writers(self, inode: Inode) -> bool:
+        """Whether opens for writing of a file being parked may be answered without the
+        agent: where the FUSE layer allows it (``writers_lent``), for a file whose writes
+        the agent need not see (no set-ID bits: a write through the agent clears them),
+        whose name is safe from a crash already (nothing to wait for at close), and while
+        the fast tier is below its high watermark (a writer of a full tier goes through the
+        agent, which can spill: ``TieringEngine.passthrough_for``; :meth:`tier_filling`)."""
+        return (self.writers_lent and not inode.mode & (stat.S_ISUID | stat.S_ISGID)
+                and self.engine.ns.journal.is_durable(inode.name_seq)
+                and not self.engine.placement.over_high_watermark())
+
+    def readers_only(self, ino: int) -> None:
+        """Opens for writing of ``ino`` go to the agent again (its mode or name changed:
+        :meth:`_lends_to_writers` is asked again when it is next parked)."""
+        if ino not in self.lent_writable:
+            return
+        b = self.parked.get(ino)
+        if b is not None:
+            self._lend(ino, b.backing_id, False)
+        else:  # (cannot happen: lent registrations are parked ones) not lent at all then
+            self._take_back(ino)
+
+    def tier_filling(self) -> None:
+        """The fast tier passed its high watermark: writers' opens go to the agent."""
+        if self.lent_writable:
+            for ino in list(self.lent_writable):
+                self.readers_only(ino)
+
     def _take_back(self, ino: int) -> None:
         """No more opens of ``ino`` are answered with its registration without the agent
         (those answered before are counted already: the FUSE layer hands them over before
         the agent runs anything, and their releases come to the agent)."""
         if ino in self.lent:
             self.lent.discard(ino)
+            self.lent_writable.discard(ino)
             assert self.lender is not None, "lent only through a lender"
             self.lender.take_back(ino)
 
-    def lent_opened(self, inode: Inode, n: int) -> None:
-        """``n`` read-only opens of ``inode`` were answered with its lent registration:
-        it is in use now (listed as an open one's, ``n`` references), as after
-        :meth:`open`; the engine counts them (``TieringEngine.opened_lent``)."""
+    def lent_opened(self, inode: Inode, n: int, writers: int = 0) -> None:
+        """``n`` opens of ``inode`` (``writers`` of them for writing) were answered with
+        its lent registration: it is in use now (listed as an open one's, ``n``
+        references), as after :meth:`open`; the engine counts them
+        (``TieringEngine.opened_lent``).  A writer's may have changed the blob by its last
+        release (the fstat at parking), and may map it shared and writable (the table
+        does not say whether it was O_RDWR)."""
         ino = inode.ino
         b = self.by_ino.get(ino)
         if b is None:
@@ -525,6 +578,8 @@ class Backings:
             self.by_ino[ino] = b
             self.engine.backed.add(ino)
         b.refs += n
+        if writers:
+            b.agent_opened = b.mappable = True
 
     def lent_released(self, inode: Inode, n: int) -> None:
         """``n`` opens :meth:`lent_opened` counted were released (as :meth:`release`)."""

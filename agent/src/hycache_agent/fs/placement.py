@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -101,6 +102,8 @@ class Placement:
         self.migrations = migrations
         self.policy_version = 0  # the control plane's policy version applied (0: none)
         self._nursery: trio.Nursery | None = None  # background moves (run)
+        # told when the fast tier passes its high watermark (Backings.tier_filling)
+        self.on_filling: Callable[[], None] | None = None
         self._evict_wakeup = trio.Event()
         self._evicting = False  # the evictor is bringing ``used`` down to the low watermark
         self._evicted = trio.Event()  # set after each of the evictor's batches (then renewed)
@@ -241,9 +244,14 @@ class Placement:
         fast_vfs = await trio.to_thread.run_sync(self.migrations.tiers[T.FAST].statvfs)
         self.space.set_write_ceiling(self.config.write_slack, fast_vfs)
 
+    def over_high_watermark(self) -> bool:
+        return self.space.used > self.config.high_watermark * self.space.capacity
+
     def check_watermark(self) -> None:
-        if self.space.used > self.config.high_watermark * self.space.capacity:
+        if self.over_high_watermark():
             self._evict_wakeup.set()
+            if self.on_filling is not None:
+                self.on_filling()
 
     def eviction_pending(self) -> bool:
         """The evictor was woken and has not taken the wake-up yet."""

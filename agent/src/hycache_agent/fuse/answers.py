@@ -46,11 +46,20 @@ them.  It takes a registration back (:meth:`AnswerTable.take_back`) before the
 registration goes anywhere else (dropped, recycled, moved with a migration, or given to
 an open the agent answers); the RELEASEs of lent opens still open then come to the agent.
 A reader changes no attribute, so the table keeps answering GETATTR meanwhile.
+
+Standalone, opens for writing (not truncating) are answered the same way where they need
+nothing of the agent at open or close (``Backings._lends_to_writers``: no set-ID bits, the
+name safe from a crash, the fast tier below its high watermark; in a cluster a writer holds
+the write lease and pushes replicas at close, so its opens stay the agent's).  Such an OPEN
+drops the inode's attributes from the table (the blob is the truth for its size from then
+on); the drained count makes the agent look at the blob at the last release, as for its own
+writers.
 """
 
 from __future__ import annotations
 
 import logging
+import stat
 
 import pyfuse3
 
@@ -65,6 +74,7 @@ CAPS = b"security.capability"
 COMPLETE_MAX = 4096
 AVAILABLE = hasattr(pyfuse3, "answers_complete")  # the patched pyfuse3, passthrough9 and later
 OPENS = hasattr(pyfuse3, "answers_lend")  # passthrough11 and later
+WRITERS = hasattr(pyfuse3, "ANSWERS_LEND_WRITABLE")  # passthrough12 and later: opens for writing too
 LENT_FH: int = getattr(pyfuse3, "ANSWERS_LENT_FH", 0)  # the handles of the opens the table answers
 
 
@@ -92,6 +102,8 @@ class AnswerTable:
             self.names.watch_listings(self.listing_changed)
         if self.opens:  # parked registrations are lent to the table (Backings.lender)
             self.vfs.backings.lender = self
+            # in a cluster a writer's open takes the write lease and its close pushes replicas
+            self.vfs.backings.writers_lent = WRITERS and not self.cluster
 
     # -- what goes in -------------------------------------------------------------------
     def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,
@@ -151,6 +163,11 @@ class AnswerTable:
     # -- what goes out: MetaJournal.watcher -----------------------------------------------
     def inode(self, ino: int) -> None:
         pyfuse3.answers_drop(ino)
+        backings = self.vfs.backings
+        if ino in backings.lent_writable:  # made set-ID: its writers go through the agent
+            node = self.ns.inodes.get(ino)
+            if node is None or node.mode & (stat.S_ISUID | stat.S_ISGID):
+                backings.readers_only(ino)
 
     def link(self, parent: int, name: bytes, ino: int) -> None:
         pyfuse3.answers_link(parent, name, ino)
@@ -162,8 +179,10 @@ class AnswerTable:
         pyfuse3.answers_drop(ino, attrs=True, caps=True)
 
     # -- registrations lent: Backings.lender -------------------------------------------
-    def lend(self, ino: int, backing_id: int) -> bool:
-        return bool(pyfuse3.answers_lend(ino, backing_id))
+    def lend(self, ino: int, backing_id: int, writable: bool) -> bool:
+        if WRITERS:
+            return bool(pyfuse3.answers_lend(ino, backing_id, writable))
+        return not writable and bool(pyfuse3.answers_lend(ino, backing_id))
 
     def take_back(self, ino: int) -> None:
         pyfuse3.answers_unlend(ino)

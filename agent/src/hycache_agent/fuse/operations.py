@@ -151,15 +151,18 @@ class HyCacheOperations(pyfuse3.Operations):
 
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
                         forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
-                        released: Sequence[tuple[int, int]] = ()) -> None:
+                        released: Sequence[tuple[int, int]] = (),
+                        writers: Sequence[tuple[int, int]] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
-        longer only delays a free).  ``opened`` and ``released``: the read-only opens it
-        answered with lent registrations, and the releases of such opens, per inode —
-        counted now, before anything else runs (a file freed by them, in a task)."""
+        longer only delays a free).  ``opened`` and ``released``: the opens it answered
+        with lent registrations (``writers`` of them for writing), and the releases of
+        such opens, per inode — counted now, before anything else runs (a file freed by
+        them, in a task)."""
         self.answers.drained(lookups, answered)
+        wrote = dict(writers) if writers else {}
         for ino, n in opened:
-            self.opens.lent_opened(ino, n)
+            self.opens.lent_opened(ino, n, wrote.get(ino, 0))
         for ino, n in released:
             self._lent_released(ino, n)
         if forgets and self._nursery is not None:
@@ -398,6 +401,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     @errno_edge
     async def write(self, fh, off, buf):
+        if fh & LENT_FH:  # (the kernel writes a passthrough open's file itself)
+            raise FsError(errno.EIO)
         return await self.engine.write(fh, off, buf)
 
     @errno_edge

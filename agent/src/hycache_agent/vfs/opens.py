@@ -244,15 +244,16 @@ class Opens(Part):
             await self.own.write_done(ino)
 
     # -- opens answered by the FUSE layer with a lent registration (Backings.lender) -----
-    def lent_opened(self, ino: int, n: int) -> None:
-        """``n`` read-only opens of local file ``ino`` were answered with its parked
-        registration (passthrough): counted as opens now, before anything else runs."""
+    def lent_opened(self, ino: int, n: int, writers: int = 0) -> None:
+        """``n`` opens of local file ``ino`` (``writers`` of them for writing) were
+        answered with its parked registration (passthrough): counted as opens now, before
+        anything else runs."""
         node = self.ns.inodes.get(ino)
         if node is None:  # cannot happen: its registration is taken back before it goes
             log.error("inode %d: %d opens answered for a file that is gone", ino, n)
             return
         self.engine.opened_lent(node, n)
-        self.backings.lent_opened(node, n)
+        self.backings.lent_opened(node, n, writers)
 
     def lent_released(self, ino: int, n: int) -> Inode | None:
         """``n`` of those opens were released, as :meth:`release` of a reader's: the inode
@@ -265,9 +266,13 @@ class Opens(Part):
         return node if self.engine.released_lent(node, n) else None
 
     async def fsync_lent(self, ino: int, datasync: bool) -> None:
-        """fsync(2) of a reader's descriptor the table answered: the blob (through its
-        registration, in use while the open is) and the metadata journal."""
+        """fsync(2) of a descriptor the table answered: the blob (through its
+        registration, in use while the open is) and the metadata journal, as
+        ``TieringEngine.fsync`` does for the agent's own."""
         b = self.backings.by_ino.get(ino)
+        node = self.ns.inodes.get(ino)
+        if node is not None:
+            node.synced = True  # its writers wait for the device: placement._promotes_before_write
         if b is not None:
             await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, b.fd)
         await self.ns.journal.sync(durable=True)
