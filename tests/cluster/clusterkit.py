@@ -29,9 +29,20 @@ def start_agents(hycache_mount, redis: str, secret: Path, namespace: str, names=
             for name in names]
 
 
-def cluster_status(m) -> dict:
+def agent_status(m) -> dict:
     out = subprocess.run([AGENT, "status", str(m.root), "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)["cluster"]
+    return json.loads(out.stdout)
+
+
+def cluster_status(m) -> dict:
+    return agent_status(m)["cluster"]
+
+
+def lent_writers(m) -> int:
+    """Opens for writing the agent's answer table answered with a lent registration."""
+    table = agent_status(m)["request_loop"]["answer_table"]
+    assert table is not None, "pyfuse3 without the answer table (scripts/bootstrap.sh builds it)"
+    return int(table["open_lent_writers"])
 
 
 def wait_for(predicate, timeout=20.0, what="condition"):

@@ -10,13 +10,27 @@ import threading
 import time
 
 import pytest
-from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
+from clusterkit import (
+    agent_status,
+    cluster_status,
+    info,
+    lent_writers,
+    redis_addr,
+    sha,
+    start_agents,
+    wait_for,
+    wait_published,
+)
 
 pytestmark = pytest.mark.mount
 
 
 def ownership(m) -> dict:
     return cluster_status(m)["ownership"]
+
+
+def passthrough(m) -> bool:
+    return bool(agent_status(m)["passthrough"]["enabled"])
 
 
 @pytest.fixture
@@ -158,16 +172,29 @@ def test_the_primary_keeps_its_write_lease_until_another_node_asks(hycache_mount
         (a.mountpoint / "mine").write_bytes(b"one")
         wait_published(a)
         assert store.get(b"/mine").writer == "a"  # taken with the create's publication
-        before = ownership(a)
+        before, lent = ownership(a), lent_writers(a)
         with open(a.mountpoint / "mine", "r+b") as f:  # mdtest's read phase opens O_RDWR
             assert f.read() == b"one"
             f.write(b"+two")
         after = ownership(a)
         assert after["lease_reuses"] == before["lease_reuses"] + 1
+        # (with kernel passthrough, answered by the request reader with the idle lease)
+        lent_open = lent_writers(a) - lent
+        assert lent_open in (0, 1) and (lent_open == 1) == passthrough(a)
         assert after["lease_waits"] == before["lease_waits"]
         assert after["write_leases_held"] == 0 and after["write_leases_idle"] >= 1
         wait_published(a)
         assert store.get(b"/mine").writer == "a"  # kept, idle
+        # a writer of a answered by the request reader holds the lease as one of the agent's:
+        # b cannot have it meanwhile, and gets it once a closes
+        lent = lent_writers(a)
+        f = open(a.mountpoint / "mine", "r+b")
+        assert lent_writers(a) == lent + (1 if passthrough(a) else 0)
+        assert ownership(a)["write_leases_held"] == 1
+        with pytest.raises(OSError) as exc:  # O_NONBLOCK: refused at once
+            os.close(os.open(b.mountpoint / "mine", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        assert exc.value.errno == errno.EAGAIN
+        f.close()
         # b takes the file over: a yields its idle lease at b's request
         with open(b.mountpoint / "mine", "ab") as g:
             g.write(b"+three")
@@ -176,6 +203,14 @@ def test_the_primary_keeps_its_write_lease_until_another_node_asks(hycache_mount
         wait_published(b)
         wait_for(lambda: (a.mountpoint / "mine").read_bytes() == b"one+two+three", what="a sees b's append")
         assert store.get(b"/mine").writer == "b"  # b keeps it now, idle
+        # a no longer holds the lease: its writers' opens are not answered without it
+        lent = lent_writers(a)
+        with open(a.mountpoint / "mine", "ab") as f:  # (takes it back from b)
+            f.write(b"+four")
+        assert lent_writers(a) == lent
+        assert ownership(b)["leases_yielded"] == 1
+        wait_published(a)
+        assert store.get(b"/mine").writer == "a"
     finally:
         store.close()
 
@@ -215,9 +250,12 @@ def test_idle_leases_are_forgotten_and_leases_in_use_renewed(hycache_mount, redi
             assert store.get(b"/open").writer == "a"
             f.write(b" still")
         assert (a.mountpoint / "open").read_bytes() == b"held still"
-        # written again after its idle lease was forgotten: taken afresh from the store
+        # written again after its idle lease was forgotten: taken afresh from the store (an
+        # open the agent answers, not the request reader: the lease was not lendable)
+        lent = lent_writers(a)
         with open(a.mountpoint / "f9", "ab") as g:
             g.write(b"y")
+        assert lent_writers(a) == lent
         assert ownership(a)["lease_waits"] == 0
         assert (a.mountpoint / "f9").read_bytes() == b"xy"
     finally:

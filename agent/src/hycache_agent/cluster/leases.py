@@ -58,6 +58,33 @@ class WriteLeases:
         self._idle_seq = itertools.count()
         self.unleased: set[int] = set()  # written without the lease (degraded / lease lost)
         self._warned_unleased = False
+        # the FUSE layer answers opens for writing of a file without the agent while its
+        # lease is lendable(): told (ino) when that may have stopped (forgotten, released,
+        # yielded, lost), before anything else can use the lease
+        self.unlendable: Callable[[int], None] = lambda ino: None
+
+    def lendable(self, ino: int) -> bool:
+        """Whether an open for writing of ``ino`` may use its lease without the agent
+        (answered by the FUSE layer, counted after the fact: :meth:`lent_writers`): held,
+        reusable, nobody waiting for it.  It stays usable until :attr:`unlendable` is told:
+        renew_once forgets an idle lease no earlier than it stops being reusable, with half
+        a lease left in the store, and a writer counted before that (the FUSE layer hands
+        its opens over before any task runs) keeps it in use and renewed."""
+        entry = self.leases.get(ino)
+        return (entry is not None and entry.held and not entry.yield_asked
+                and self._reusable(entry, time.monotonic()))
+
+    def lent_writers(self, ino: int, n: int) -> None:
+        """``n`` opens for writing of ``ino`` were answered with its lendable lease: in use
+        (:meth:`lease_for_write` without the wait); :meth:`write_done` for each at its
+        release."""
+        entry = self.leases.get(ino)
+        if entry is None:  # cannot happen: unlendable is told before a lease goes
+            log.error("inode %d: %d writers answered without its write lease", ino, n)
+            return
+        entry.writers += n
+        self.stats.lease_reuses += n
+        self._in_use[ino] = entry
 
     def hold_taken(self, ino: int, path: bytes, until: float) -> None:
         """A lease just taken for a takeover: held, idle, for the open that follows (the
@@ -70,6 +97,7 @@ class WriteLeases:
         entry = self.leases.get(ino)
         if entry is not None and entry.writers <= 0:
             del self.leases[ino]
+            self.unlendable(ino)
 
     def moved(self, ino: int, path: bytes) -> None:
         """The file was renamed here: the store's rename carries the flag along."""
@@ -137,6 +165,7 @@ class WriteLeases:
                 self.stats.lease_reuses += 1
             else:
                 del self.leases[inode.ino]  # idle and no longer vouched for: take it afresh
+                self.unlendable(inode.ino)
                 entry = None
         if entry is None:
             path = self.ns.path_of(inode.ino)
@@ -160,22 +189,40 @@ class WriteLeases:
         """A write handle closed (or a truncate finished). The lease stays, idle, for the
         next open of this file (``keep``), unless another node asked for it: then it is
         released after the file's last change is published."""
+        entry = self._closed(ino, 1, keep)
+        if entry is not None:
+            await self._release(ino, entry)
+
+    def lent_writers_closed(self, ino: int, n: int) -> Lease | None:
+        """``n`` of the writers :meth:`lent_writers` counted closed (as :meth:`write_done`
+        each, right away): the lease to release now (``_release``), if any."""
+        return self._closed(ino, n, True)
+
+    def _closed(self, ino: int, n: int, keep: bool) -> Lease | None:
+        """``n`` writers of ``ino`` closed: the lease idle again, or (returned) to be
+        released."""
         entry = self.leases.get(ino)
         if entry is None:
-            return
-        entry.writers -= 1
+            return None
+        entry.writers -= n
         if entry.writers > 0:
-            return
+            return None
         entry.since = time.monotonic()
         if entry.yield_asked:
             self.stats.leases_yielded += 1
         if not keep or entry.yield_asked or not entry.held:
+            return entry
+        self._went_idle(ino, entry)
+        return None
+
+    async def release_closed(self, ino: int, entry: Lease) -> None:
+        """Release the lease :meth:`lent_writers_closed` returned."""
+        if self.leases.get(ino) is entry:
             await self._release(ino, entry)
-        else:
-            self._went_idle(ino, entry)
 
     async def _release(self, ino: int, entry: Lease) -> None:
         del self.leases[ino]
+        self.unlendable(ino)
         if entry.held:
             self._event("release", self.ns.path_of(ino) or entry.path, None, None)
             await self.ns.journal.sync()
@@ -197,10 +244,12 @@ class WriteLeases:
         entry = self.leases.get(inode.ino) if inode is not None else None
         if entry is not None and entry.writers > 0:
             entry.yield_asked = True  # released at the last close
+            self.unlendable(inode.ino)  # (writers from now on: through the agent)
             log.info("%s waits for the write lease on %r: released at its last close", sender, path)
             return
         if entry is not None:
             del self.leases[inode.ino]
+            self.unlendable(inode.ino)
             self.stats.leases_yielded += 1
             log.info("%s waits for the write lease on %r: released", sender, path)
         # idle, or forgotten here while the flag still runs in the store: release it
@@ -221,6 +270,7 @@ class WriteLeases:
     def _lost(self, ino: int, entry: Lease, path: bytes) -> None:
         self.stats.leases_lost += 1
         entry.held = False
+        self.unlendable(ino)
         self.unleased.add(ino)
         log.error("lost the write lease on %r to another node (our lease ran out): "
                   "if it takes the file over, our bytes are kept as a conflict copy", path)
@@ -248,6 +298,7 @@ class WriteLeases:
                     or not entry.held  # written without the flag: nothing to release
                     or not self._reusable(entry, now)):
                 del leases[ino]
+                self.unlendable(ino)
             else:
                 self._went_idle(ino, entry)
         # the path each lease was taken under (a rename carries the flag along in the

@@ -172,10 +172,11 @@ class Backings:
         # registration leaves ``parked`` for anything but those opens (_take_back).
         self.lender: Lender | None = None
         self.lent: set[int] = set()
-        # Writers too (set by the FUSE layer where a writer's open and close ask nothing of
-        # the agent: no write lease, no replica; Backings._lends_to_writers): the files whose
-        # registrations are lent for writers as well
-        self.writers_lent = False
+        # Writers too, where the FUSE layer says a writer's open and close of the file ask
+        # nothing of the agent (standalone; in a cluster, while the file's write lease is
+        # held and reusable and no replica is pushed at close: _lends_to_writers): the files
+        # whose registrations are lent for writers as well
+        self.writers_lent: Callable[[Inode], bool] | None = None
         self.lent_writable: set[int] = set()
         # Registrations being dropped on the lane hold their descriptors until its worker
         # gets to them; past this many, whatever would open another one waits (room).
@@ -530,13 +531,14 @@ class Backings:
         whose name is safe from a crash already (nothing to wait for at close), and while
         the fast tier is below its high watermark (a writer of a full tier goes through the
         agent, which can spill: ``TieringEngine.passthrough_for``; :meth:`tier_filling`)."""
-        return (self.writers_lent and not inode.mode & (stat.S_ISUID | stat.S_ISGID)
+        return (self.writers_lent is not None and not inode.mode & (stat.S_ISUID | stat.S_ISGID)
                 and self.engine.ns.journal.is_durable(inode.name_seq)
-                and not self.engine.placement.over_high_watermark())
+                and not self.engine.placement.over_high_watermark() and self.writers_lent(inode))
 
     def readers_only(self, ino: int) -> None:
-        """Opens for writing of ``ino`` go to the agent again (its mode or name changed:
-        :meth:`_lends_to_writers` is asked again when it is next parked)."""
+        """Opens for writing of ``ino`` go to the agent again (its mode changed, its write
+        lease may no longer be used without asking: :meth:`_lends_to_writers` is asked
+        again when it is next parked)."""
         if ino not in self.lent_writable:
             return
         b = self.parked.get(ino)

@@ -47,13 +47,15 @@ registration goes anywhere else (dropped, recycled, moved with a migration, or g
 an open the agent answers); the RELEASEs of lent opens still open then come to the agent.
 A reader changes no attribute, so the table keeps answering GETATTR meanwhile.
 
-Standalone, opens for writing (not truncating) are answered the same way where they need
-nothing of the agent at open or close (``Backings._lends_to_writers``: no set-ID bits, the
-name safe from a crash, the fast tier below its high watermark; in a cluster a writer holds
-the write lease and pushes replicas at close, so its opens stay the agent's).  Such an OPEN
-drops the inode's attributes from the table (the blob is the truth for its size from then
-on); the drained count makes the agent look at the blob at the last release, as for its own
-writers.
+Opens for writing (not truncating) are answered the same way where they need nothing of
+the agent at open or close (``Backings._lends_to_writers``: no set-ID bits, the name safe
+from a crash, the fast tier below its high watermark; in a cluster, no replica to push at
+close and the file's write lease held and reusable: ``WriteLeases.lendable``, which tells
+``Backings.readers_only`` when that may have stopped).  Such an OPEN drops the inode's
+attributes from the table (the blob is the truth for its size from then on); the drained
+writers put the lease in use (``WriteLeases.lent_writers``, renewed with the others) and
+make the agent look at the blob at the last release, as for its own writers; a writer's
+handle carries ``LENT_WRITER``, so that its release ends its use of the lease.
 """
 
 from __future__ import annotations
@@ -74,8 +76,10 @@ CAPS = b"security.capability"
 COMPLETE_MAX = 4096
 AVAILABLE = hasattr(pyfuse3, "answers_complete")  # the patched pyfuse3, passthrough9 and later
 OPENS = hasattr(pyfuse3, "answers_lend")  # passthrough11 and later
-WRITERS = hasattr(pyfuse3, "ANSWERS_LEND_WRITABLE")  # passthrough12 and later: opens for writing too
 LENT_FH: int = getattr(pyfuse3, "ANSWERS_LENT_FH", 0)  # the handles of the opens the table answers
+WRITERS = hasattr(pyfuse3, "ANSWERS_LENT_WRITER")  # passthrough13 and later: opens for writing too
+LENT_WRITER: int = getattr(pyfuse3, "ANSWERS_LENT_WRITER", 0)  # (and a writer's handle has this too)
+LENT_INO = ~(LENT_FH | LENT_WRITER)  # the inode of a lent open's handle
 
 
 class AnswerTable:
@@ -102,8 +106,11 @@ class AnswerTable:
             self.names.watch_listings(self.listing_changed)
         if self.opens:  # parked registrations are lent to the table (Backings.lender)
             self.vfs.backings.lender = self
-            # in a cluster a writer's open takes the write lease and its close pushes replicas
-            self.vfs.backings.writers_lent = WRITERS and not self.cluster
+            if WRITERS:  # opens for writing too, where they need nothing of the agent
+                backings = self.vfs.backings
+                backings.writers_lent = self.vfs.opens.lends_writers
+                if self.vfs.opens.own is not None:  # told when a file's write lease may not be lent
+                    self.vfs.opens.own.write.unlendable = backings.readers_only
 
     # -- what goes in -------------------------------------------------------------------
     def offer(self, inode: Inode, attrs: pyfuse3.EntryAttributes, parent: int = 0,

@@ -16,7 +16,7 @@ import trio
 from hycache_agent.fs.lane import Lane
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.fs.passthrough import invalidate_attrs
-from hycache_agent.fuse.answers import LENT_FH, AnswerTable
+from hycache_agent.fuse.answers import LENT_FH, LENT_INO, LENT_WRITER, AnswerTable
 from hycache_agent.vfs.layer import Vfs
 from hycache_agent.vfs.names import MISSING
 from hycache_agent.vfs.opens import Opened
@@ -152,25 +152,33 @@ class HyCacheOperations(pyfuse3.Operations):
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
                         forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
                         released: Sequence[tuple[int, int]] = (),
-                        writers: Sequence[tuple[int, int]] = ()) -> None:
+                        writers: Sequence[tuple[int, int]] = (),
+                        writers_released: Sequence[tuple[int, int]] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
         longer only delays a free).  ``opened`` and ``released``: the opens it answered
         with lent registrations (``writers`` of them for writing), and the releases of
-        such opens, per inode — counted now, before anything else runs (a file freed by
-        them, in a task)."""
+        such opens (``writers_released`` of them for writing), per inode — counted now,
+        before anything else runs (a file freed by them, and the end of a writer's use of
+        its write lease, in a task)."""
         self.answers.drained(lookups, answered)
         wrote = dict(writers) if writers else {}
         for ino, n in opened:
             self.opens.lent_opened(ino, n, wrote.get(ino, 0))
+        closed = dict(writers_released) if writers_released else {}
         for ino, n in released:
-            self._lent_released(ino, n)
+            self._lent_released(ino, n, closed.get(ino, 0))
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
 
-    def _lent_released(self, ino: int, n: int) -> None:
+    def _lent_released(self, ino: int, n: int, writers: int) -> None:
         node = self.opens.lent_released(ino, n)
-        if node is not None and self._nursery is not None:
+        left = self.opens.lent_writers_closed(ino, writers) if writers else None
+        if self._nursery is None:
+            return
+        if left is not None:  # the write lease's release (another node asked for it)
+            self._nursery.start_soon(left)
+        if node is not None:
             self._nursery.start_soon(self.engine.maybe_free, node)
 
     async def _forget_kept(self, forgets: list[tuple[int, int]]) -> None:
@@ -414,7 +422,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @errno_edge
     async def release(self, fh):
         if fh & LENT_FH:  # an open the table answered, whose registration it gave back since
-            self._lent_released(fh & ~LENT_FH, 1)
+            self._lent_released(fh & LENT_INO, 1, 1 if fh & LENT_WRITER else 0)
             return
         h = self.engine.handles.get(fh)
         await self.opens.release(fh)
@@ -424,7 +432,7 @@ class HyCacheOperations(pyfuse3.Operations):
     @errno_edge
     async def fsync(self, fh, datasync):
         if fh & LENT_FH:  # a reader's descriptor the table answered
-            await self.opens.fsync_lent(fh & ~LENT_FH, datasync)
+            await self.opens.fsync_lent(fh & LENT_INO, datasync)
             return
         await self.opens.fsync(fh, datasync)
 

@@ -8,7 +8,9 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import trio
 
@@ -254,6 +256,8 @@ class Opens(Part):
             return
         self.engine.opened_lent(node, n)
         self.backings.lent_opened(node, n, writers)
+        if writers and self.own is not None:  # with the lease the table was allowed to use
+            self.own.write.lent_writers(ino, writers)
 
     def lent_released(self, ino: int, n: int) -> Inode | None:
         """``n`` of those opens were released, as :meth:`release` of a reader's: the inode
@@ -264,6 +268,28 @@ class Opens(Part):
             return None
         self.backings.lent_released(node, n)
         return node if self.engine.released_lent(node, n) else None
+
+    def lent_writers_closed(self, ino: int, n: int) -> Callable[[], Awaitable[None]] | None:
+        """``n`` of the released opens were for writing: their use of the write lease ends
+        now (as :meth:`release` of a writer's); what is left to do in a task (the lease's
+        release, when another node asked for it), if anything."""
+        if self.own is None:
+            return None
+        leases = self.own.write
+        entry = leases.lent_writers_closed(ino, n)
+        if entry is None:
+            return None
+        return partial(leases.release_closed, ino, entry)
+
+    def lends_writers(self, node: Inode) -> bool:
+        """(``Backings.writers_lent``) Whether a writer's open and close of ``node`` would
+        ask nothing of the agent beyond what the table does: standalone, always; in a
+        cluster, while its write lease may be used without the store (``WriteLeases.lendable``)
+        and no replica is pushed at close."""
+        if self.own is None:
+            return True
+        assert self.cluster is not None, "ownership comes with the cluster link"
+        return self.cluster.replicator.count == 0 and self.own.write.lendable(node.ino)
 
     async def fsync_lent(self, ino: int, datasync: bool) -> None:
         """fsync(2) of a descriptor the table answered: the blob (through its
