@@ -36,6 +36,14 @@ def attrs(path: Path) -> tuple[int, int, int, int]:
     return int(size), int(links), int(mode, 8), int(mtime)
 
 
+def lending_mount(hycache_mount, **opts):
+    """A mount whose parked registrations can be lent (kernel passthrough on), else a skip."""
+    m = hycache_mount(**opts)
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    return m
+
+
 def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("2")
 
@@ -185,9 +193,7 @@ def test_read_only_opens_of_closed_files_are_answered_with_their_registration(hy
     answers read-only OPENs of it with that registration, and their RELEASEs. The agent
     counts them as its own opens: a writer beside such a reader shares the registration,
     a removal waits for the last close, a demotion for the file to be closed."""
-    m = hycache_mount()
-    if not status(m)["passthrough"]["enabled"]:
-        pytest.skip("kernel passthrough is off here: no registration to lend")
+    m = lending_mount(hycache_mount)
     p = m.mountpoint / "f"
     body = os.urandom(10_000)
     p.write_bytes(body)
@@ -245,9 +251,7 @@ def test_opens_for_writing_are_answered_with_the_registration_standalone(hycache
     and the agent takes the size the kernel wrote from the blob at the last release — what
     it records survives a restart. O_TRUNC, a set-ID file and a tier past its high
     watermark stay the agent's."""
-    m = hycache_mount()
-    if not status(m)["passthrough"]["enabled"]:
-        pytest.skip("kernel passthrough is off here: no registration to lend")
+    m = lending_mount(hycache_mount)
     p = m.mountpoint / "f"
     body = os.urandom(8192)
     p.write_bytes(body)
@@ -308,9 +312,7 @@ def test_a_full_tier_takes_writers_opens_back(hycache_mount):
     """Past the fast tier's high watermark a writer's open goes to the agent (which can
     spill it to the slow tier): the registrations lent for writers are lent for readers
     only."""
-    m = hycache_mount(fast_capacity=str(1 << 20))
-    if not status(m)["passthrough"]["enabled"]:
-        pytest.skip("kernel passthrough is off here: no registration to lend")
+    m = lending_mount(hycache_mount, fast_capacity=str(1 << 20))
     p = m.mountpoint / "small"
     p.write_bytes(b"s" * 4096)
     cli("pin", p, check=True)  # (not evicted to make room: still parked, still lent)

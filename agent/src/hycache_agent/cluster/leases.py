@@ -189,18 +189,14 @@ class WriteLeases:
         """A write handle closed (or a truncate finished). The lease stays, idle, for the
         next open of this file (``keep``), unless another node asked for it: then it is
         released after the file's last change is published."""
-        entry = self._closed(ino, 1, keep)
+        entry = self.writers_closed(ino, 1, keep=keep)
         if entry is not None:
             await self._release(ino, entry)
 
-    def lent_writers_closed(self, ino: int, n: int) -> Lease | None:
-        """``n`` of the writers :meth:`lent_writers` counted closed (as :meth:`write_done`
-        each, right away): the lease to release now (``_release``), if any."""
-        return self._closed(ino, n, True)
-
-    def _closed(self, ino: int, n: int, keep: bool) -> Lease | None:
-        """``n`` writers of ``ino`` closed: the lease idle again, or (returned) to be
-        released."""
+    def writers_closed(self, ino: int, n: int, *, keep: bool = True) -> Lease | None:
+        """``n`` writers of ``ino`` closed (:meth:`write_done`'s first half; those
+        :meth:`lent_writers` counted, right away): the lease idle again, or (returned) to
+        be released (:meth:`release_closed`)."""
         entry = self.leases.get(ino)
         if entry is None:
             return None
@@ -216,7 +212,7 @@ class WriteLeases:
         return None
 
     async def release_closed(self, ino: int, entry: Lease) -> None:
-        """Release the lease :meth:`lent_writers_closed` returned."""
+        """Release the lease :meth:`writers_closed` returned."""
         if self.leases.get(ino) is entry:
             await self._release(ino, entry)
 

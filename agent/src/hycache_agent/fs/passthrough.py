@@ -536,16 +536,23 @@ class Backings:
                 and not self.engine.placement.over_high_watermark() and self.writers_lent(inode))
 
     def readers_only(self, ino: int) -> None:
-        """Opens for writing of ``ino`` go to the agent again (its mode changed, its write
-        lease may no longer be used without asking: :meth:`_lends_to_writers` is asked
-        again when it is next parked)."""
+        """Opens for writing of ``ino`` go to the agent again (its write lease may no
+        longer be used without asking, the tier filled: :meth:`_lends_to_writers` is asked
+        again when it is next parked); readers' stay lent (its registration is parked, or
+        in use by lent opens alone: an open the agent answers takes it back)."""
         if ino not in self.lent_writable:
             return
-        b = self.parked.get(ino)
+        b = self.parked.get(ino) or self.by_ino.get(ino)
         if b is not None:
             self._lend(ino, b.backing_id, False)
-        else:  # (cannot happen: lent registrations are parked ones) not lent at all then
+        else:  # (cannot happen: lent while parked or in use) not lent at all then
             self._take_back(ino)
+
+    def writers_recheck(self, inode: Inode | None, ino: int) -> None:
+        """``ino`` changed (the journal's watcher): if its writers are lent and it no longer
+        qualifies (made set-ID, gone), they go to the agent again."""
+        if ino in self.lent_writable and (inode is None or not self._lends_to_writers(inode)):
+            self.readers_only(ino)
 
     def tier_filling(self) -> None:
         """The fast tier passed its high watermark: writers' opens go to the agent."""

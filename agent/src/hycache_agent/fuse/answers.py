@@ -61,7 +61,6 @@ handle carries ``LENT_WRITER``, so that its release ends its use of the lease.
 from __future__ import annotations
 
 import logging
-import stat
 
 import pyfuse3
 
@@ -170,11 +169,8 @@ class AnswerTable:
     # -- what goes out: MetaJournal.watcher -----------------------------------------------
     def inode(self, ino: int) -> None:
         pyfuse3.answers_drop(ino)
-        backings = self.vfs.backings
-        if ino in backings.lent_writable:  # made set-ID: its writers go through the agent
-            node = self.ns.inodes.get(ino)
-            if node is None or node.mode & (stat.S_ISUID | stat.S_ISGID):
-                backings.readers_only(ino)
+        if ino in self.vfs.backings.lent_writable:  # (made set-ID: its writers go to the agent)
+            self.vfs.backings.writers_recheck(self.ns.inodes.get(ino), ino)
 
     def link(self, parent: int, name: bytes, ino: int) -> None:
         pyfuse3.answers_link(parent, name, ino)

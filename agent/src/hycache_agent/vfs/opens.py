@@ -276,7 +276,7 @@ class Opens(Part):
         if self.own is None:
             return None
         leases = self.own.write
-        entry = leases.lent_writers_closed(ino, n)
+        entry = leases.writers_closed(ino, n)
         if entry is None:
             return None
         return partial(leases.release_closed, ino, entry)
