@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import struct
 import subprocess
 import time
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cli, info, status, tier_blobs, wait_for, wait_idle
+from .conftest import (check_tiers_from_outside, cli, info, kill_agent, recovery_reports, status, tier_blobs, wait_for,
+                       wait_idle)
 
 
 def table(m) -> dict:
@@ -339,3 +341,89 @@ def test_no_answer_opens_answers_them_in_python(hycache_mount):
         assert p.read_bytes() == b"abc"
     t = table(m)
     assert t["enabled"] and t["open_lent"] == 0 and t["lent"] == 0
+
+
+def test_unlinks_answered_by_the_table_are_logged_before_the_reply(agents):
+    """The reader answers the UNLINK of a closed file's name itself, and logs it in the
+    agent's redo log first: with SQLite's write lock held (no commit can happen), the
+    removals answered by the table survive a SIGKILL right after the last one, and the
+    agent's own records (creates, mkdir) stay in the same ring, in order."""
+    m = agents.start("1G")
+    if not table(m)["enabled"]:
+        pytest.skip("the answer table is off")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    names = [f"f{i}" for i in range(240)]
+    for n in names:
+        (d / n).write_bytes(n.encode() * 50)
+    wait_idle(m)
+    for n in names:
+        attrs(d / n)
+    keep = set(names[::3])
+    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+        before = table(m)["unlink"]
+        for n in names:
+            if n not in keep:
+                os.unlink(d / n)
+            if n == "f100":  # the agent's own records between the table's
+                (m.mountpoint / "late").mkdir()
+                (m.mountpoint / "late" / "g").write_bytes(b"made between removals")
+        answered = table(m)["unlink"] - before
+        assert answered >= len(names) - len(keep) - 2, f"{answered} UNLINKs answered by the table"
+        assert set(os.listdir(d)) == keep
+        with pytest.raises(FileNotFoundError):
+            os.stat(d / "f1")
+        kill_agent(m)
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    m = agents.restart(m)
+    report = recovery_reports(m.stderr)[-1]
+    print(f"{answered} UNLINKs answered by the table; recovery after the kill: {report}")
+    assert report["redo_replayed"] >= len(names) - len(keep) + 2, report
+    assert report["missing_blobs"] == 0, report
+    assert set(os.listdir(m.mountpoint / "d")) == keep
+    for n in keep:
+        assert (m.mountpoint / "d" / n).read_bytes() == n.encode() * 50
+    assert (m.mountpoint / "late" / "g").read_bytes() == b"made between removals"
+    check_tiers_from_outside(m)
+
+
+def test_unlinks_the_table_answers_leave_what_the_agent_must_see(hycache_mount):
+    """Only closed regular files are removed by the table: an open file's name, a
+    directory and a second link go to the agent (or are answered as the agent would:
+    the other link's count), and the agent's view follows every removal at once —
+    the directory's listing and times, the files' blobs once the kernel forgets them."""
+    m = hycache_mount()
+    if not table(m)["enabled"]:
+        pytest.skip("the answer table is off")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    for i in range(20):
+        (d / f"f{i}").write_bytes(b"q" * 4096)
+    os.link(d / "f0", d / "hard")
+    (d / "sub").mkdir()
+    for i in range(20):
+        attrs(d / f"f{i}")
+    fd = os.open(d / "f1", os.O_RDWR)
+    before = table(m)["unlink"]
+    t0 = time.time()
+    os.unlink(d / "f1")  # open through the agent: its attributes are not the table's
+    os.unlink(d / "hard")
+    for i in range(2, 20):
+        os.unlink(d / f"f{i}")
+    assert table(m)["unlink"] - before >= 17
+    assert attrs(d / "f0")[1] == 1, "the other name's link count"
+    assert os.pread(fd, 4096, 0) == b"q" * 4096
+    os.close(fd)
+    with pytest.raises(OSError) as e:
+        os.unlink(d / "sub")
+    assert e.value.errno in (errno.EISDIR, errno.EPERM)
+    assert sorted(os.listdir(d)) == ["f0", "sub"]
+    assert attrs(d)[3] >= int(t0), "the directory's mtime is the removals'"
+    drop_caches()
+    wait_for(lambda: sum(1 for size in tier_blobs(m.fast).values() if size == 4096) == 1, 30,
+             "the removed files' blobs to go")
+    assert "answer table" not in m.log.read_text()

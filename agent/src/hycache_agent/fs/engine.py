@@ -523,6 +523,10 @@ class TieringEngine:
     async def maybe_free(self, inode: Inode) -> None:
         """Delete an inode's bytes once nothing refers to it (no name, handle or lookup);
         the blobs go in the next removal batch (BlobPool.reaper)."""
+        self.free_if_unused(inode)
+
+    def free_if_unused(self, inode: Inode) -> None:
+        """:meth:`maybe_free`, for callers that cannot wait (nothing in it does)."""
         if inode.nlink > 0 or inode.open_count > 0 or inode.lookups > 0:
             return
         if self.ns.inodes.get(inode.ino) is not inode:
@@ -560,6 +564,14 @@ class TieringEngine:
         inode = self.ns.unlink(parent, name, rmdir=rmdir)
         await self.maybe_free(inode)
         self.commit_soon()
+
+    def removed_by_reader(self, parent: int, name: bytes, t: int) -> Inode:
+        """An unlink the FUSE reader answered at ``t`` and logged in the redo log itself:
+        the same as :meth:`remove`, told after the fact."""
+        inode = self.ns.unlink(parent, name, rmdir=False, t=t, logged=True)
+        self.free_if_unused(inode)
+        self.commit_soon()
+        return inode
 
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int) -> None:
         replaced = self.ns.rename(old_parent, old_name, new_parent, new_name, flags)

@@ -262,6 +262,7 @@ class MetaJournal:
             return False
         if self._redo_blocked > self._durable_upto or redo.append(payload) is None:
             self._redo_blocked = self._recorded
+            redo.reader_may_log(False)
             return False
         return True
 
@@ -275,6 +276,15 @@ class MetaJournal:
         """A name change that is not logged: later ones are not either until it is committed."""
         if self.redo is not None:
             self._redo_blocked = self._recorded
+            self.redo.reader_may_log(False)
+
+    def share_redo(self) -> bool:
+        """Let the FUSE reader log the name changes it answers itself in the redo log
+        (``RedoLog.share``); it does while :meth:`logged_so_far`."""
+        if self.redo is None or not self.redo.share():
+            return False
+        self.redo.reader_may_log(self.logged_so_far())
+        return True
 
     # -- recording (trio thread, synchronous, O(1)) ---------------------------------
     def inode(self, ino: int) -> None:
@@ -433,6 +443,8 @@ class MetaJournal:
         """(trio thread)"""
         if last_seq is not None and self.on_commit is not None:
             self.on_commit(last_seq)
+        if self.redo is not None:  # an unlogged change committed: the reader logs again
+            self.redo.reader_may_log(self.logged_so_far())
         if self._deferred and not self._unapplied:
             self._submit()
         for w in [w for w in self._waiters if self._reached(w)]:

@@ -314,8 +314,10 @@ class Namespace:
         inode.ctime_ns = t
         self.journal.inode(inode.ino)
 
-    def unlink(self, parent: int, name: bytes, *, rmdir: bool) -> Inode:
-        """Remove an entry; returns the inode (its nlink may now be 0)."""
+    def unlink(self, parent: int, name: bytes, *, rmdir: bool, t: int | None = None,
+               logged: bool = False) -> Inode:
+        """Remove an entry; returns the inode (its nlink may now be 0).  ``t``: when (else
+        now); ``logged``: the redo log holds the record already (the FUSE reader's)."""
         inode = self.lookup(parent, name) if name not in (b".", b"..") else None
         if inode is None:
             raise FsError(errno.EINVAL if rmdir else errno.EISDIR)
@@ -326,10 +328,12 @@ class Namespace:
                 raise FsError(errno.ENOTEMPTY)
         elif inode.is_dir:
             raise FsError(errno.EISDIR)
-        t = now_ns()
+        if t is None:
+            t = now_ns()
         self._drop_name(parent, name, inode, t)
         self._dir_changed(self.inodes[parent], t)
-        self.journal.redo_append(redolog.unlink(parent, name, rmdir))
+        if not logged:
+            self.journal.redo_append(redolog.unlink(parent, name, rmdir))
         return inode
 
     def is_ancestor(self, maybe_ancestor: int, ino: int) -> bool:

@@ -27,6 +27,14 @@ What it does not give: survival of a power failure.  The mapped pages reach the 
 the kernel writes them back, like SQLite's WAL with ``synchronous=NORMAL``; ``fsync`` and
 ``fsyncdir`` still wait for a commit that forces the WAL to disk, as before.
 
+Shared with the FUSE reader: with the patched pyfuse3's answer table on, the reader answers
+some UNLINKs itself (``hycache_answers.h``) and logs them in this ring before it replies.
+:meth:`RedoLog.share` hands the log's writing to it then: every record, the agent's own
+too, is appended by the reader's code (``pyfuse3.answers_redo_append``), and the write
+position lives there, so the two never overwrite each other and the sequence numbers stay
+one series in the order the changes happened.  The reader logs only while the journal
+says nothing unlogged is waiting for its commit (``MetaJournal`` opens and closes it).
+
 Layout: a 64-byte header (magic), then records ``[length u32][crc32 u32][seq u64][payload]``,
 each followed by a zero length (the end mark) that the next record overwrites.  A record is
 written end mark first, payload next, header last, so a record torn by a crash fails its
@@ -45,6 +53,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -156,21 +165,98 @@ class RedoLog:
             self._mm.madvise(_MADV_POPULATE_WRITE)
         except (OSError, ValueError):
             pass
-        # the mapping's address, for prefault's madvise without the GIL (the buffer export
-        # is dropped at once, so close() stays possible; prefault stops before it)
-        self._addr = 0
-        if _madvise is not None:
-            view = (ctypes.c_char * self.size).from_buffer(self._mm)
-            self._addr = ctypes.addressof(view)
-            del view
+        # the mapping's address: for prefault's madvise without the GIL, and for the FUSE
+        # reader when the log is shared (the buffer export is dropped at once, so close()
+        # stays possible; prefault and the reader stop before it)
+        view = (ctypes.c_char * self.size).from_buffer(self._mm)
+        self._base = ctypes.addressof(view)
+        del view
+        self._addr = self._base if _madvise is not None else 0
         if self._mm[:len(MAGIC)] != MAGIC:  # a new file
             self._mm[START:START + 4] = _END
             self._mm[:len(MAGIC)] = MAGIC
-        self.pos = START  # where the next record goes
-        self.last_seq = 0  # of the last record appended (or found at start)
-        self.checkpoint = 0  # every record up to this one is committed to SQLite
-        self.appended = 0  # records appended since start (status)
-        self.refused = 0  # appends refused: the ring was full of records not committed yet
+        self._shared: Any = None  # pyfuse3, while the reader writes the log (share)
+        self._reader_may_log = False
+        self._pos = START  # where the next record goes
+        self._last_seq = 0  # of the last record appended (or found at start)
+        self._checkpoint = 0  # every record up to this one is committed to SQLite
+        self._appended = 0  # records appended since start (status)
+        self._refused = 0  # appends refused: the ring was full of records not committed yet
+
+    # -- where it stands (kept by the reader while shared) -----------------------------
+    @property
+    def pos(self) -> int:
+        return self._shared.answers_redo_state()[0] if self._shared is not None else self._pos
+
+    @pos.setter
+    def pos(self, value: int) -> None:
+        if self._shared is not None:
+            self._shared.answers_redo_set(pos=value)
+        self._pos = value
+
+    @property
+    def last_seq(self) -> int:
+        return self._shared.answers_redo_state()[1] if self._shared is not None else self._last_seq
+
+    @last_seq.setter
+    def last_seq(self, value: int) -> None:
+        if self._shared is not None:
+            self._shared.answers_redo_set(last_seq=value)
+        self._last_seq = value
+
+    @property
+    def checkpoint(self) -> int:
+        return self._shared.answers_redo_state()[2] if self._shared is not None else self._checkpoint
+
+    @checkpoint.setter
+    def checkpoint(self, value: int) -> None:
+        if self._shared is not None:
+            self._shared.answers_redo_set(checkpoint=value)
+        self._checkpoint = value
+
+    @property
+    def appended(self) -> int:
+        """Records appended since start (status)."""
+        return self._appended + (self._shared.answers_redo_state()[3] if self._shared is not None else 0)
+
+    @property
+    def refused(self) -> int:
+        """Appends refused: the ring was full of records not committed yet."""
+        return self._refused + (self._shared.answers_redo_state()[4] if self._shared is not None else 0)
+
+    # -- shared with the FUSE reader ----------------------------------------------------
+    def share(self) -> bool:
+        """Hand the writing to the patched pyfuse3's reader (see the module's docstring):
+        False if this pyfuse3 cannot."""
+        try:
+            import pyfuse3
+        except ImportError:  # pragma: no cover - the agent always has it
+            return False
+        if not hasattr(pyfuse3, "answers_redo_share"):
+            return False
+        pyfuse3.answers_redo_share(self._base, self.size, self._pos, self._last_seq, self._checkpoint)
+        self._shared = pyfuse3
+        self._reader_may_log = False
+        return True
+
+    def unshare(self) -> None:
+        """Take the writing back (before the log is closed)."""
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            self._pos, self._last_seq, self._checkpoint, appended, refused = shared.answers_redo_unshare()
+            self._appended += appended
+            self._refused += refused
+
+    def reader_may_log(self, ok: bool) -> None:
+        """(event loop thread) Whether the reader may log its own name changes now: not
+        while a change the log did not take waits for its commit (``MetaJournal``)."""
+        if self._shared is not None and ok != self._reader_may_log:
+            self._shared.answers_redo_open(ok)
+            self._reader_may_log = ok
+
+    @property
+    def shared(self) -> bool:
+        return self._shared is not None
 
     def records(self) -> list[tuple[int, bytes]]:
         """Every record of the current lap, ``(seq, payload)`` in order, up to the end
@@ -204,22 +290,24 @@ class RedoLog:
     def append(self, payload: bytes) -> int | None:
         """(event loop thread) Append one record; its sequence number, or None when the ring
         is full of records not committed yet (the caller waits for the commit instead)."""
+        if self._shared is not None:
+            return self._shared.answers_redo_append(payload) or None
         n = len(payload)
         need = _HDR.size + n
-        p = self.pos
+        p = self._pos
         if p + need + 4 > self.size:
-            if self.checkpoint < self.last_seq or START + need + 4 > self.size:
-                self.refused += 1
+            if self._checkpoint < self._last_seq or START + need + 4 > self.size:
+                self._refused += 1
                 return None
             p = START  # every record in the ring is committed: start again at the front
-        seq = self.last_seq + 1
+        seq = self._last_seq + 1
         mm = self._mm
         mm[p + need:p + need + 4] = _END
         mm[p + _HDR.size:p + need] = payload
         mm[p:p + _HDR.size] = _HDR.pack(n, zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))), seq)
-        self.pos = p + need
-        self.last_seq = seq
-        self.appended += 1
+        self._pos = p + need
+        self._last_seq = seq
+        self._appended += 1
         return seq
 
     def prefault(self) -> bool:
@@ -253,5 +341,6 @@ class RedoLog:
         self.checkpoint = self.last_seq
 
     def close(self) -> None:
+        self.unshare()
         self._addr = 0  # (the committer is stopped before: no prefault runs now)
         self._mm.close()

@@ -47,6 +47,16 @@ registration goes anywhere else (dropped, recycled, moved with a migration, or g
 an open the agent answers); the RELEASEs of lent opens still open then come to the agent.
 A reader changes no attribute, so the table keeps answering GETATTR meanwhile.
 
+Removals (passthrough14): the UNLINK of a closed regular file's name is answered by the
+reader too, where the agent marked the file removable when it offered its attributes
+(``Names.removable_by_reader``: its removal needs nothing but the name's — in a cluster no
+replica to tell) and the journal shares its redo log with the reader
+(``MetaJournal.share_redo``): the reader logs the removal in the same ring before it
+replies, so it survives a crash of the agent as the agent's own do, sets the directory's
+times, and hands the removal over with the same drain; the agent then removes the name from
+its namespace as it would have (:meth:`AnswerTable.removed`: ``Names.removed_by_reader``),
+and the file is freed when the kernel forgets it, as before.
+
 Opens for writing (not truncating) are answered the same way where they need nothing of
 the agent at open or close (``Backings._lends_to_writers``: no set-ID bits, the name safe
 from a crash, the fast tier below its high watermark; in a cluster, no replica to push at
@@ -77,6 +87,7 @@ AVAILABLE = hasattr(pyfuse3, "answers_complete")  # the patched pyfuse3, passthr
 OPENS = hasattr(pyfuse3, "answers_lend")  # passthrough11 and later
 LENT_FH: int = getattr(pyfuse3, "ANSWERS_LENT_FH", 0)  # the handles of the opens the table answers
 WRITERS = hasattr(pyfuse3, "ANSWERS_LENT_WRITER")  # passthrough13 and later: opens for writing too
+REMOVALS = hasattr(pyfuse3, "answers_redo_share")  # passthrough14 and later: UNLINKs too
 LENT_WRITER: int = getattr(pyfuse3, "ANSWERS_LENT_WRITER", 0)  # (and a writer's handle has this too)
 LENT_INO = ~(LENT_FH | LENT_WRITER)  # the inode of a lent open's handle
 
@@ -93,6 +104,7 @@ class AnswerTable:
         self.names = vfs.names
         self.cluster = vfs.names.cluster is not None
         self.opens = self.enabled and OPENS and vfs.engine.config.answer_opens
+        self.removals = False  # the reader answers UNLINKs (start: the redo log shared)
 
     def start(self) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
@@ -103,6 +115,7 @@ class AnswerTable:
         if self.enabled:
             self.ns.journal.watcher = self
             self.names.watch_listings(self.listing_changed)
+            self.removals = REMOVALS and self.ns.journal.share_redo()
         if self.opens:  # parked registrations are lent to the table (Backings.lender)
             self.vfs.backings.lender = self
             if WRITERS:  # opens for writing too, where they need nothing of the agent
@@ -129,7 +142,10 @@ class AnswerTable:
         if name is not None:
             pyfuse3.answers_put_name(parent, name, ino)
         if inode.nlink > 0 and inode.open_count == 0 and ino not in self.vfs.backings.by_ino:
-            pyfuse3.answers_put(attrs)
+            if self.removals and self.names.removable_by_reader(inode):
+                pyfuse3.answers_put(attrs, removable=True)
+            else:
+                pyfuse3.answers_put(attrs)
 
     def no_caps(self, inode: Inode) -> None:
         """``inode`` has no security.capability attribute (the kernel asks once per inode
@@ -191,6 +207,19 @@ class AnswerTable:
         pyfuse3.answers_unlend(ino)
 
     # -- what comes back ----------------------------------------------------------------
+    def removed(self, parent: int, name: bytes, ino: int, t: int) -> bool:
+        """The reader answered an UNLINK of ``name`` in ``parent`` (naming ``ino``) at
+        ``t`` and logged it: the agent removes the name as it would have.  False (logged
+        as an error) if the agent's namespace disagrees, which the table's rules exclude."""
+        try:
+            node = self.names.removed_by_reader(parent, name, t)
+        except FsError as exc:
+            log.error("answer table: an unlink of %r in %d the agent cannot repeat: %s", name, parent, exc)
+            return False
+        if node.ino != ino:
+            log.error("answer table: %r in %d named inode %d, the table had %d", name, parent, node.ino, ino)
+        return True
+
     def drained(self, lookups: list[tuple[int, int]], answered: int) -> None:
         """The reader answered ``answered`` requests since the last call, among them
         LOOKUPs of ``lookups`` (inode, count): the kernel's references."""

@@ -153,14 +153,16 @@ class HyCacheOperations(pyfuse3.Operations):
                         forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
                         released: Sequence[tuple[int, int]] = (),
                         writers: Sequence[tuple[int, int]] = (),
-                        writers_released: Sequence[tuple[int, int]] = ()) -> None:
+                        writers_released: Sequence[tuple[int, int]] = (),
+                        removed: Sequence[tuple[int, bytes, int, int]] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
         longer only delays a free).  ``opened`` and ``released``: the opens it answered
         with lent registrations (``writers`` of them for writing), and the releases of
         such opens (``writers_released`` of them for writing), per inode — counted now,
         before anything else runs (a file freed by them, and the end of a writer's use of
-        its write lease, in a task)."""
+        its write lease, in a task).  ``removed``: the UNLINKs it answered, ``(parent,
+        name, inode, time)`` in order, which the agent then makes its own."""
         self.answers.drained(lookups, answered)
         wrote = dict(writers) if writers else {}
         for ino, n in opened:
@@ -168,6 +170,13 @@ class HyCacheOperations(pyfuse3.Operations):
         closed = dict(writers_released) if writers_released else {}
         for ino, n in released:
             self._lent_released(ino, n, closed.get(ino, 0))
+            if closed.get(ino) and self.answers.enabled:  # a writer's OPEN dropped them
+                node = self.ns.inodes.get(ino)
+                if node is not None and node.open_count == 0:  # parked: size and times taken
+                    self._attrs(node)
+        for parent, name, ino, t in removed:
+            if self.answers.removed(parent, name, ino, t):
+                self._dir_changed(parent)
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
 

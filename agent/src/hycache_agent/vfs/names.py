@@ -229,6 +229,21 @@ class Names(Part):
         await self.engine.remove(parent, name, rmdir=rmdir)
         await self.own.removed_here(inode, path)
 
+    def removed_by_reader(self, parent: int, name: bytes, t: int) -> Inode:
+        """An unlink of a local regular file's name that the FUSE reader answered and
+        logged itself (the answer table's, fuse/answers.py: only for files whose removal
+        needs nothing but the name's — in a cluster, no replica to tell)."""
+        inode = self.engine.removed_by_reader(parent, name, t)
+        if self.own is not None and inode.nlink == 0:  # as removed_here, for such a file
+            self.own.write.forget_idle(inode.ino)
+        return inode
+
+    def removable_by_reader(self, inode: Inode) -> bool:
+        """Whether an unlink of a name of ``inode`` would need nothing but the name's
+        removal, as :meth:`removed_by_reader` does it: a regular file, with no replica
+        to tell in a cluster."""
+        return inode.is_reg and not inode.replicas
+
     async def rename(self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int) -> None:
         if self.cluster is None:
             await self.engine.rename(old_parent, old_name, new_parent, new_name, flags)
