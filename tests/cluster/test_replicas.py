@@ -8,7 +8,7 @@ import os
 import threading
 
 import pytest
-from clusterkit import cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
+from clusterkit import agent_status, cluster_status, info, redis_addr, sha, start_agents, wait_for, wait_published
 from hycache_agent.cluster.replicas import fine_mtime
 
 pytestmark = pytest.mark.mount
@@ -62,7 +62,11 @@ def test_async_replicas_follow_writes_renames_and_removals(hycache_mount, redis_
     a.unmount()  # with a gone, b reads doc2 from the replica it keeps under the new name
     assert (b.mountpoint / "doc2").read_text() == "version 2"
     a2 = hycache_mount.remount(a)
+    os.stat(a2.mountpoint / "doc2")  # its attributes in a2's answer table, not removable there
+    table = agent_status(a2)["request_loop"]["answer_table"]
     (a2.mountpoint / "doc2").unlink()
+    assert agent_status(a2)["request_loop"]["answer_table"]["unlink"] == table["unlink"], \
+        "a file with a replica is removed by the agent, which tells the holder"
     wait_for(lambda: cluster_status(b)["replicas_kept"] == 0, what="the replica dropped with the file")
 
 

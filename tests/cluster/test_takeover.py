@@ -121,6 +121,36 @@ def test_remove_and_rename_names_held_elsewhere(two):
     assert ownership(b)["remote_removes"] == 1 and ownership(b)["remote_renames"] == 2
 
 
+def test_removals_answered_by_the_table_reach_the_other_node(two):
+    """The reader answers the UNLINK of a closed local file itself; the agent makes the
+    removal its own at the drain, so it is published as any other: the other node loses
+    the names, and the primary's write leases of the removed files are let go."""
+    a, b = two
+    names = [f"t{i}" for i in range(30)]
+    for n in names:
+        (a.mountpoint / n).write_text(n)
+    wait_published(a)
+    for n in names:
+        published_on(b, n)
+        os.stat(a.mountpoint / n)  # a's table has their attributes
+    before = agent_status(a)["request_loop"]["answer_table"]["unlink"]
+    for n in names[:20]:
+        os.unlink(a.mountpoint / n)
+    assert agent_status(a)["request_loop"]["answer_table"]["unlink"] - before >= 18
+    assert sorted(x for x in os.listdir(a.mountpoint) if x.startswith("t")) == sorted(names[20:])
+    wait_published(a)
+    wait_for(lambda: sorted(x for x in os.listdir(b.mountpoint) if x.startswith("t")) == sorted(names[20:]),
+             what="b's view without the removed names")
+    for n in names[:20]:
+        with pytest.raises(FileNotFoundError):
+            (b.mountpoint / n).read_text()
+    assert (b.mountpoint / "t25").read_text() == "t25"
+    # b may write a removed name afresh: a holds no lease of it any more
+    (b.mountpoint / "t3").write_text("b's own")
+    wait_published(b)
+    wait_for(lambda: (a.mountpoint / "t3").read_text() == "b's own", what="b's new file on a")
+
+
 def test_concurrent_writers_are_serialized_by_the_write_lease(two):
     a, b = two
     (a.mountpoint / "shared.log").write_text("")
