@@ -20,8 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import (check_tiers_from_outside, cli, info, kill_agent, recovery_reports, status, tier_blobs, wait_for,
-                       wait_idle)
+from .conftest import (
+    check_tiers_from_outside,
+    cli,
+    info,
+    kill_agent,
+    recovery_reports,
+    status,
+    tier_blobs,
+    wait_for,
+    wait_idle,
+)
 
 
 def table(m) -> dict:

@@ -53,8 +53,8 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
