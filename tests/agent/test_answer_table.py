@@ -214,7 +214,7 @@ def test_read_only_opens_of_closed_files_are_answered_with_their_registration(hy
         assert p.read_bytes() == body
     after = table(m)
     assert after["open_lent"] >= before["open_lent"] + 5, "read-only opens answered by the table"
-    assert after["release_lent"] == after["open_lent"], "and their releases"
+    assert after["release_lent"] == after["open_lent"] + after["created_lent"], "and their releases (a create's too)"
     assert info(p)["hits"] >= hits + 5, "counted as the agent's opens"
     assert status(m)["counters"]["fast"]["hits"] >= 5
 
@@ -287,7 +287,7 @@ def test_opens_for_writing_are_answered_with_the_registration_standalone(hycache
     assert attrs(p)[0] == 8200
     t2 = table(m)
     assert t2["open_lent_writers"] == t0["open_lent_writers"] + 2
-    assert t2["release_lent"] == t2["open_lent"], "every release answered by the table"
+    assert t2["release_lent"] == t2["open_lent"] + t2["created_lent"], "every release answered by the table"
     wait_for(lambda: info(p)["size"] == 8200, 10, "the agent's record of the size")
 
     # what the table left the agent stays: O_TRUNC opens, a set-ID file's writers
@@ -436,3 +436,122 @@ def test_unlinks_the_table_answers_leave_what_the_agent_must_see(hycache_mount):
     wait_for(lambda: sum(1 for size in tier_blobs(m.fast).values() if size == 4096) == 1, 30,
              "the removed files' blobs to go")
     assert "answer table" not in m.log.read_text()
+
+
+def test_a_creates_open_is_lent_and_its_release_answered_by_the_table(agents):
+    """A create's open is answered with the new file's pooled registration lent for
+    writers (the kernel writes the blob itself): its RELEASE is the table's, the size is
+    taken from the blob at the drained release and the attributes are the table's again
+    after it; a set-ID or O_DIRECT create stays the agent's; what was written survives a
+    SIGKILL right after the closes."""
+    m = agents.start("1G")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    d = m.mountpoint / "c"
+    d.mkdir()
+    before = table(m)
+    bodies = {f"f{i}": b"%d," % i * (100 + 37 * i) for i in range(60)}
+    for name, body in bodies.items():
+        (d / name).write_bytes(body)
+    after = table(m)
+    assert after["created_lent"] - before["created_lent"] >= 55, "creates' opens lent"
+    assert after["release_lent"] - before["release_lent"] >= 55, "their releases answered by the table"
+    for name, body in bodies.items():
+        assert attrs(d / name)[0] == len(body)
+    g0 = table(m)["getattr"]
+    for name in bodies:
+        attrs(d / name)
+    assert table(m)["getattr"] >= g0 + 55, "the closed files' attributes are the table's again"
+    # a file mapped shared through the create's O_RDWR descriptor: stores after the last
+    # write(2) show in its size and bytes once closed
+    fd = os.open(d / "mapped", os.O_CREAT | os.O_RDWR, 0o644)
+    os.ftruncate(fd, 8192)
+    import mmap
+    with mmap.mmap(fd, 8192) as mm:
+        mm[4096:4100] = b"MAPD"
+    os.close(fd)
+    assert (d / "mapped").read_bytes()[4096:4100] == b"MAPD"
+    lent = table(m)["created_lent"]
+    fd = os.open(d / "setid", os.O_CREAT | os.O_WRONLY, 0o2755)
+    os.write(fd, b"x")
+    os.close(fd)
+    fd = os.open(d / "direct", os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+    os.close(fd)
+    assert table(m)["created_lent"] == lent, "set-ID and O_DIRECT creates are the agent's"
+    bodies["mapped"] = (d / "mapped").read_bytes()
+    bodies["setid"] = b"x"
+    bodies["direct"] = b""
+    for name, body in bodies.items():
+        with open(d / name, "r+b") as f:  # written again through lent writers' opens
+            f.seek(0, os.SEEK_END)
+            f.write(b"+")
+        bodies[name] = body + b"+"
+    kill_agent(m)
+    m = agents.restart(m)
+    for name, body in bodies.items():
+        assert (m.mountpoint / "c" / name).read_bytes() == body, name
+    check_tiers_from_outside(m)
+
+
+def test_creates_answered_by_the_table_are_logged_before_the_reply(agents):
+    """In a directory whose names are all in the table, the reader answers a CREATE itself
+    with a pool blob the agent gave it: the create is in the redo log before the reply (with
+    SQLite's write lock held, creates, writes and removals answered by the table survive a
+    SIGKILL right after), a name that exists goes to the agent (EEXIST), a set-group-ID
+    directory's group is the new file's, and a name removed and made again in one burst
+    ends as the last create made it."""
+    m = agents.start("1G")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no registration to lend")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    with pytest.raises(FileNotFoundError):
+        os.stat(d / "nothing")  # the agent answers "no such name": the table has all of d's names
+    (d / "warm").write_bytes(b"w")  # the table is given pool blobs at its drains
+    wait_for(lambda: table(m)["pool"] > 0, 10, "pool blobs given to the table")
+    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
+    bodies = {}
+    try:
+        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+        before = table(m)["create"]
+        for i in range(40):
+            name = f"n{i}"
+            bodies[name] = b"%d;" % i * (i + 1)
+            (d / name).write_bytes(bodies[name])
+        made = table(m)["create"] - before
+        assert made >= 35, f"{made} CREATEs answered by the table"
+        with pytest.raises(FileExistsError):
+            os.open(d / "n3", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        for _ in range(3):  # removed and made again: the drain keeps their order
+            os.unlink(d / "n5")
+            (d / "n5").write_bytes(b"again")
+        bodies["n5"] = b"again"
+        os.unlink(d / "n6")
+        bodies.pop("n6")
+        for name, body in bodies.items():
+            assert (d / name).read_bytes() == body, name
+        kill_agent(m)
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    m = agents.restart(m)
+    report = recovery_reports(m.stderr)[-1]
+    assert report["redo_replayed"] >= 40, report
+    assert report["missing_blobs"] == 0, report
+    d = m.mountpoint / "d"
+    assert set(os.listdir(d)) == set(bodies) | {"warm"}
+    for name, body in bodies.items():
+        assert (d / name).read_bytes() == body, name
+    check_tiers_from_outside(m)
+    # a set-group-ID directory: the new file takes its group, as the agent's create does
+    g = m.mountpoint / "g"
+    g.mkdir()
+    os.chown(g, 0, 4242)
+    os.chmod(g, 0o2775)
+    with pytest.raises(FileNotFoundError):
+        os.stat(g / "nothing")
+    (g / "a").write_bytes(b"a")
+    before = table(m)["create"]
+    (g / "b").write_bytes(b"b")
+    assert os.stat(g / "a").st_gid == os.stat(g / "b").st_gid == 4242
+    assert table(m)["create"] >= before  # (whichever answered it, the group is the directory's)

@@ -21,7 +21,7 @@ def test_the_batch_makes_each_blob_empty_and_stops_at_the_first_it_cannot_make(t
     (tmp_path / "c").write_bytes(b"kept")
     out = pyfuse3.passthrough_create_batch([os.fsencode(tmp_path / n) for n in "abcd"], 0o600)
     assert len(out) == 2  # a and b made; c exists (O_EXCL): the batch stops there
-    for fd, bid, _size, _mtime in out:
+    for fd, bid, _size, _mtime, _dev, _ino in out:
         assert fd == -1 and bid < 0  # no session: the registration refused, the descriptor closed
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
     for n in "ab":

@@ -151,6 +151,38 @@ def test_removals_answered_by_the_table_reach_the_other_node(two):
     wait_for(lambda: (a.mountpoint / "t3").read_text() == "b's own", what="b's new file on a")
 
 
+def test_creates_answered_by_the_table_are_published_with_their_lease(two):
+    """The reader answers CREATEs in a directory whose names it has, with pool blobs the
+    agent gave it; the agent makes them its own at the drain: published as its own creates
+    (the other node sees them), each with this node's write lease, which the create's open
+    holds until its release and which another node's writer then gets."""
+    a, b = two
+    d = a.mountpoint / "made"
+    d.mkdir()
+    with pytest.raises(FileNotFoundError):
+        os.stat(d / "nothing")
+    (d / "warm").write_text("w")
+
+    def table(m) -> dict:
+        return agent_status(m)["request_loop"]["answer_table"]
+
+    wait_for(lambda: table(a)["pool"] > 0, what="pool blobs given to a's table")
+    before = table(a)["create"]
+    for i in range(20):
+        (d / f"c{i}").write_text(f"c{i}")
+    assert table(a)["create"] - before >= 15
+    wait_published(a)
+    wait_for(lambda: sorted(os.listdir(b.mountpoint / "made")) == sorted(["warm"] + [f"c{i}" for i in range(20)]),
+             what="b's view of a's new files")
+    assert (b.mountpoint / "made" / "c7").read_text() == "c7"
+    assert info(b.mountpoint / "made" / "c7").get("primary") == "a"
+    with open(b.mountpoint / "made" / "c7", "a") as f:  # a lets its lease go: b takes the file over
+        f.write("+b")
+    assert (b.mountpoint / "made" / "c7").read_text() == "c7+b"
+    wait_published(b)
+    wait_for(lambda: (a.mountpoint / "made" / "c7").read_text() == "c7+b", what="b's version on a")
+
+
 def test_concurrent_writers_are_serialized_by_the_write_lease(two):
     a, b = two
     (a.mountpoint / "shared.log").write_text("")

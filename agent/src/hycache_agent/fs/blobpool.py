@@ -74,6 +74,10 @@ class BlobPool:
         # a create needs no thread hop at all: ino -> what backing_pool.prepare returned.
         self.backing_pool: Any = None
         self.pooled_backings: dict[int, Any] = {}
+        # registered pool blobs handed to the FUSE reader for the CREATEs it answers itself
+        # (:meth:`give`): ino -> the registration entry, until used or taken back
+        self.given: dict[int, Any] = {}
+        self.on_refilled: Callable[[], None] | None = None  # (the FUSE layer: restocks its reader)
         self._doomed: list[str] = []  # blobs of freed inodes, removed in batches by reaper
         # freed inodes' registered fast-tier blobs to recycle: (new ino, old path, fd, backing id)
         self._recycling: list[tuple[int, str, int, int]] = []
@@ -189,6 +193,8 @@ class BlobPool:
                     ready.append(ino)
                     if entry is not None:
                         self.pooled_backings[ino] = entry
+                if self.on_refilled is not None:
+                    self.on_refilled()
                 if len(made) < len(inos):  # fast device full: try again later
                     await trio.sleep(1.0)
                 continue
@@ -260,8 +266,37 @@ class BlobPool:
             done.set()
         return True
 
+    def give(self, n: int, put: Callable[[int, int], bool]) -> int:
+        """Hand up to ``n`` ready blobs with their registrations to the FUSE reader
+        (``put(ino, backing_id)``), which creates files with them itself: how many."""
+        ready, given = self._blob_pool, 0
+        while given < n and ready:
+            ino = ready[-1]
+            entry = self.pooled_backings.get(ino)
+            if entry is None or not put(ino, entry[1]):
+                break
+            ready.pop()
+            self.given[ino] = self.pooled_backings.pop(ino)
+            given += 1
+        if len(ready) < self.low:
+            self.refill_soon()
+        return given
+
+    def used(self, ino: int) -> Any:
+        """The registration entry of a given blob the reader made a file with."""
+        return self.given.pop(ino)
+
+    def taken_back(self, inos: list[int]) -> None:
+        """Given blobs the reader did not use: ready again, with their registrations."""
+        for ino in inos:
+            entry = self.given.pop(ino, None)
+            if entry is not None:
+                self._blob_pool.append(ino)
+                self.pooled_backings[ino] = entry
+
     def close(self) -> None:
         """(blocking, at shutdown) Remove the unused pool blobs and the doomed ones."""
+        self.taken_back(list(self.given))  # (the reader is stopped: none is used any more)
         for ino in self._blob_pool:  # unused pre-created blobs
             entry = self.pooled_backings.pop(ino, None)
             if entry is not None:

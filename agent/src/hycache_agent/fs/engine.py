@@ -357,14 +357,17 @@ class TieringEngine:
         await self.placement.opened(inode, before_open, prior)
         return fh
 
-    def opened_lent(self, inode: Inode, n: int) -> None:
-        """``n`` read-only opens of a closed fast-tier file that the FUSE layer answered
-        without asking (a registration lent to its answer table): counted as :meth:`open`
-        counts a reader's, with no handle of the engine's (the kernel reads the blob)."""
+    def opened_lent(self, inode: Inode, n: int, *, created: bool = False) -> None:
+        """``n`` opens of a closed fast-tier file that the FUSE layer answered without
+        asking (a registration lent to its answer table): counted as :meth:`open` counts
+        them, with no handle of the engine's (the kernel reads and writes the blob).
+        ``created``: the open of a create, answered with the new file's lent registration
+        (no hit or miss, as :meth:`open`'s)."""
         inode.open_count += n
         for _ in range(n):
             self.ns.touch_access(inode)
-        self.io.tiers[T.FAST].hits += n
+        if not created:
+            self.io.tiers[T.FAST].hits += n
         self.space.policy.touch(inode.ino, inode.size)
 
     def released_lent(self, inode: Inode, n: int) -> bool:
@@ -564,6 +567,20 @@ class TieringEngine:
         inode = self.ns.unlink(parent, name, rmdir=rmdir)
         await self.maybe_free(inode)
         self.commit_soon()
+
+    def created_by_reader(self, parent: int, name: bytes, ino: int, mode: int, uid: int, gid: int,
+                          t: int) -> tuple[Inode, Any]:
+        """A create the FUSE reader answered at ``t`` with a pool blob it was given
+        (``BlobPool.give``) and logged in the redo log itself: the same as
+        :meth:`create_file`, told after the fact.  The inode and its blob's registration
+        entry (the create's open holds it)."""
+        entry = self.blobs.used(ino)
+        inode = self.ns.new_inode(parent, name, mode, uid, gid, tier=T.FAST, ino=ino, t=t, logged=True)
+        self.policy.admit(inode.ino, 0)
+        if self.on_file_created is not None:
+            self.on_file_created(inode)  # (cluster) rides on the same commit
+        self.commit_soon()
+        return inode, entry
 
     def removed_by_reader(self, parent: int, name: bytes, t: int) -> Inode:
         """An unlink the FUSE reader answered at ``t`` and logged in the redo log itself:

@@ -224,11 +224,13 @@ class Namespace:
 
     def new_inode(self, parent: int, name: bytes, mode: int, uid: int, gid: int, *,
                   rdev: int = 0, target: bytes | None = None, tier: str | None = None,
-                  ino: int | None = None, taken_from: str | None = None, t: int | None = None) -> Inode:
+                  ino: int | None = None, taken_from: str | None = None, t: int | None = None,
+                  logged: bool = False) -> Inode:
         """Create an inode and its entry (the caller made any blob first, for the number
         it got from :meth:`allocate_ino`).  ``taken_from``: the file was held by that
         node, which this one takes it over from (published as a takeover).  ``t``: its
-        times (a replayed create), else now."""
+        times (a replayed create), else now.  ``logged``: the redo log holds the record
+        already (the FUSE reader's)."""
         check_name(name)
         pdir = self.get(parent)
         entries = self.dir(parent)
@@ -260,8 +262,8 @@ class Namespace:
         self.journal.inode(ino)
         self.journal.link(parent, name, ino)
         self.journal.counter("next_ino", self.next_ino)
-        if taken_from is None and self.journal.redo_append(
-                redolog.create(parent, name, ino, mode, uid, gid, rdev, target, tier, t)):
+        if taken_from is None and (logged or self.journal.redo_append(
+                redolog.create(parent, name, ino, mode, uid, gid, rdev, target, tier, t))):
             inode.name_seq = 0
         else:  # (a takeover is not logged: its publication must name the old holder)
             if taken_from is not None:

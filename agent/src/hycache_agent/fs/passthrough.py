@@ -115,6 +115,8 @@ class BlobStat(NamedTuple):
 
     st_size: int
     st_mtime_ns: int
+    st_dev: int
+    st_ino: int
 
 
 @dataclass(eq=False)
@@ -145,9 +147,13 @@ class Lender(Protocol):
     asking; they are counted to the agent after the fact (:meth:`Backings.lent_opened`,
     :meth:`Backings.lent_released`)."""
 
-    def lend(self, ino: int, backing_id: int, writable: bool) -> bool: ...
+    def lend(self, ino: int, backing_id: int, writable: bool, opened: int = 0) -> bool: ...
 
     def take_back(self, ino: int) -> None: ...
+
+    def give(self, ino: int, backing_id: int) -> bool: ...
+
+    def take_given(self) -> list[int]: ...
 
 
 class Backings:
@@ -177,6 +183,7 @@ class Backings:
         # held and reusable and no replica is pushed at close: _lends_to_writers): the files
         # whose registrations are lent for writers as well
         self.writers_lent: Callable[[Inode], bool] | None = None
+        self.creates_lent: Callable[[], bool] | None = None  # (the FUSE layer: creates answered by its reader)
         self.lent_writable: set[int] = set()
         # Registrations being dropped on the lane hold their descriptors until its worker
         # gets to them; past this many, whatever would open another one waits (room).
@@ -198,13 +205,13 @@ class Backings:
         blob that could not be made (the list is shorter); that error is raised when it
         is the first."""
         out: list[tuple[int, int, BlobStat] | None] = []
-        for i, (fd, bid, size, mtime_ns) in enumerate(
+        for i, (fd, bid, size, mtime_ns, dev, ino) in enumerate(
                 pyfuse3.passthrough_create_batch([os.fsencode(p) for p in paths], 0o600)):
             if bid < 0:
                 log.warning("registering pool blob %s as a backing file: %s", paths[i], os.strerror(-bid))
                 out.append(None)
             else:
-                out.append((fd, bid, BlobStat(size, mtime_ns)))
+                out.append((fd, bid, BlobStat(size, mtime_ns, dev, ino)))
         return out
 
     @staticmethod
@@ -367,13 +374,65 @@ class Backings:
                 self.engine.backing_dropped(ino)
                 log.warning("passthrough for inode %d refused (%s): served by the agent", ino, exc)
                 return 0
+        self._in_use(inode, fd, bid, st, gen)
+        return bid
+
+    def _in_use(self, inode: Inode, fd: int, bid: int, st, gen: int) -> Backing:
+        """``inode``'s blob (generation ``gen``), open as ``fd`` and registered as ``bid``,
+        is its registration, in use by one open."""
         assert inode.tier is not None, "a regular file's bytes are on a tier"
         key = None
         if self.engine.kreads.active:  # its reads are counted by the blob's device and inode
-            full = st if isinstance(st, os.stat_result) else os.fstat(fd)
-            self.engine.kreads.learn(inode.tier, full.st_dev, full.st_ino)
-            key = (full.st_dev, full.st_ino)
-        self.by_ino[ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns, blob_gen=gen, blob_key=key)
+            self.engine.kreads.learn(inode.tier, st.st_dev, st.st_ino)
+            key = (st.st_dev, st.st_ino)
+        b = self.by_ino[inode.ino] = Backing(fd, bid, inode.tier, 1, st.st_size, st.st_mtime_ns,
+                                             blob_gen=gen, blob_key=key)
+        return b
+
+    def created_by_reader(self, inode: Inode, entry, mappable: bool) -> None:
+        """A file the FUSE reader created with a pool blob it was given: its registration
+        (``entry``) is in use by the create's open and lent for writers, as
+        :meth:`lend_created` leaves a create's the agent answers."""
+        fd, bid, st = entry
+        self.engine.backed.add(inode.ino)
+        b = self._in_use(inode, fd, bid, st, self.engine.blob_gen(inode.ino))
+        b.agent_opened, b.mappable = True, mappable
+        self.lent.add(inode.ino)
+        self.lent_writable.add(inode.ino)
+
+    def stock_creates(self, want: int, have: int) -> None:
+        """Keep ``want`` pool blobs with the FUSE reader for the CREATEs it answers (it
+        holds ``have``), while new files' writers may be lent at all
+        (:meth:`_creates_lent`)."""
+        if have < want and self.lender is not None and self._creates_lent():
+            self.engine.blobs.give(want - have, self.lender.give)
+
+    def _creates_lent(self) -> bool:
+        """:meth:`_lends_to_writers` for a file not made yet: the FUSE layer allows it
+        (``creates_lent``: in a cluster, no replica to push at close; the new file's lease
+        is this node's from its create), and the fast tier is below its high watermark."""
+        return (self.creates_lent is not None and self.creates_lent()
+                and not self.engine.placement.over_high_watermark())
+
+    def lend_created(self, inode: Inode, mappable: bool) -> int:
+        """The open of ``inode``'s create, answered with its pooled registration lent for
+        writers with that open counted (the table answers its RELEASE, and later opens, as
+        for a parked file's lent writers: :meth:`_lends_to_writers` must allow it): the
+        backing id, in use by the open; 0 if it cannot be (then :meth:`open` as before)."""
+        ino = inode.ino
+        pooled = self.engine.pooled_backings.get(ino)
+        if (pooled is None or self.lender is None or inode.tier != T.FAST or ino in self.by_ino
+                or ino in self.parked or not self._lends_to_writers(inode)):
+            return 0
+        fd, bid, st = pooled
+        if not self.lender.lend(ino, bid, True, opened=1):
+            return 0
+        del self.engine.pooled_backings[ino]
+        self.engine.backed.add(ino)  # no migration may start now
+        b = self._in_use(inode, fd, bid, st, self.engine.blob_gen(ino))
+        b.agent_opened, b.mappable = True, mappable  # the kernel writes it: fstat at the last release
+        self.lent.add(ino)
+        self.lent_writable.add(ino)
         return bid
 
     def blob_key(self, ino: int) -> tuple[int, int] | None:
@@ -555,7 +614,10 @@ class Backings:
             self.readers_only(ino)
 
     def tier_filling(self) -> None:
-        """The fast tier passed its high watermark: writers' opens go to the agent."""
+        """The fast tier passed its high watermark: writers' opens go to the agent, and so
+        do creates (the blobs given to the reader come back)."""
+        if self.lender is not None and self.engine.blobs.given:
+            self.engine.blobs.taken_back(self.lender.take_given())
         if self.lent_writable:
             for ino in list(self.lent_writable):
                 self.readers_only(ino)

@@ -57,6 +57,18 @@ times, and hands the removal over with the same drain; the agent then removes th
 its namespace as it would have (:meth:`AnswerTable.removed`: ``Names.removed_by_reader``),
 and the file is freed when the kernel forgets it, as before.
 
+Creates (passthrough15): the open of a create the agent answers is a lent writer's when
+the new file's writers may be lent (``Backings.lend_created``): the reader answers its
+RELEASE.  Further, the reader answers a CREATE itself in a complete directory the agent
+marked for it (``creates``, with the directory's attributes) while it holds pool blobs the
+agent gave it (``BlobPool.give``: empty fast-tier blobs, open and registered, kept stocked
+at each drain, :meth:`AnswerTable.restock`): it logs the create in the shared redo log,
+puts the name in, lends the registration for writers with the create's open counted and
+replies; the agent makes the file its own at the drain (``Opens.created_by_reader``), in
+order with the reader's removals.  Where creates may not be lent (a replica to push at
+close, the fast tier over its high watermark: ``Backings.tier_filling`` takes the blobs
+back), the stock runs out and the CREATEs come to the agent.
+
 Opens for writing (not truncating) are answered the same way where they need nothing of
 the agent at open or close (``Backings._lends_to_writers``: no set-ID bits, the name safe
 from a crash, the fast tier below its high watermark; in a cluster, no replica to push at
@@ -74,6 +86,7 @@ import logging
 
 import pyfuse3
 
+from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError, Inode
 from hycache_agent.vfs.layer import Vfs
 
@@ -88,8 +101,10 @@ OPENS = hasattr(pyfuse3, "answers_lend")  # passthrough11 and later
 LENT_FH: int = getattr(pyfuse3, "ANSWERS_LENT_FH", 0)  # the handles of the opens the table answers
 WRITERS = hasattr(pyfuse3, "ANSWERS_LENT_WRITER")  # passthrough13 and later: opens for writing too
 REMOVALS = hasattr(pyfuse3, "answers_redo_share")  # passthrough14 and later: UNLINKs too
+CREATES = hasattr(pyfuse3, "answers_lend_opened")  # passthrough15 and later: a create's open lent
 LENT_WRITER: int = getattr(pyfuse3, "ANSWERS_LENT_WRITER", 0)  # (and a writer's handle has this too)
 LENT_INO = ~(LENT_FH | LENT_WRITER)  # the inode of a lent open's handle
+CREATE_STOCK = 64  # pool blobs the reader holds for its CREATEs (topped up at half)
 
 
 class AnswerTable:
@@ -105,9 +120,11 @@ class AnswerTable:
         self.cluster = vfs.names.cluster is not None
         self.opens = self.enabled and OPENS and vfs.engine.config.answer_opens
         self.removals = False  # the reader answers UNLINKs (start: the redo log shared)
+        self.creates = False  # ... and CREATEs (start: removals, passthrough15, opens lent)
 
-    def start(self) -> None:
-        """Before the session runs: turn the table on (or make sure it is off) and watch
+    def start(self, local_timeout: float) -> None:
+        """Before the session runs (``local_timeout``: how long the kernel keeps a local
+        inode's attributes and names, as the Operations answer them): turn the table on (or make sure it is off) and watch
         the journal for the agent's own changes."""
         if not AVAILABLE:
             return
@@ -118,6 +135,11 @@ class AnswerTable:
             self.removals = REMOVALS and self.ns.journal.share_redo()
         if self.opens:  # parked registrations are lent to the table (Backings.lender)
             self.vfs.backings.lender = self
+            if CREATES and self.removals and WRITERS:  # so are new files, for CREATEs
+                self.creates = True
+                pyfuse3.answers_creates(local_timeout, local_timeout, T.FAST.encode())
+                self.vfs.backings.creates_lent = self.vfs.opens.lends_creates
+                self.vfs.engine.blobs.on_refilled = self.restock  # (and at every drain)
             if WRITERS:  # opens for writing too, where they need nothing of the agent
                 backings = self.vfs.backings
                 backings.writers_lent = self.vfs.opens.lends_writers
@@ -144,6 +166,8 @@ class AnswerTable:
         if inode.nlink > 0 and inode.open_count == 0 and ino not in self.vfs.backings.by_ino:
             if self.removals and self.names.removable_by_reader(inode):
                 pyfuse3.answers_put(attrs, removable=True)
+            elif self.creates and inode.is_dir:
+                pyfuse3.answers_put(attrs, creates=True)
             else:
                 pyfuse3.answers_put(attrs)
 
@@ -198,7 +222,11 @@ class AnswerTable:
         pyfuse3.answers_drop(ino, attrs=True, caps=True)
 
     # -- registrations lent: Backings.lender -------------------------------------------
-    def lend(self, ino: int, backing_id: int, writable: bool) -> bool:
+    def lend(self, ino: int, backing_id: int, writable: bool, opened: int = 0) -> bool:
+        """(``opened``: opens the agent answered with it itself, a create's: passthrough15)"""
+        if opened:
+            return (CREATES and bool(pyfuse3.answers_lend(ino, backing_id, writable))
+                    and bool(pyfuse3.answers_lend_opened(ino, opened)))
         if WRITERS:
             return bool(pyfuse3.answers_lend(ino, backing_id, writable))
         return not writable and bool(pyfuse3.answers_lend(ino, backing_id))
@@ -206,7 +234,33 @@ class AnswerTable:
     def take_back(self, ino: int) -> None:
         pyfuse3.answers_unlend(ino)
 
+    def give(self, ino: int, backing_id: int) -> bool:
+        return bool(pyfuse3.answers_pool_put(ino, backing_id))
+
+    def take_given(self) -> list[int]:
+        return [ino for ino, _ in pyfuse3.answers_pool_take()]
+
+    def restock(self) -> None:
+        """(at each drain) Pool blobs for the CREATEs the reader answers: topped up to
+        CREATE_STOCK once fewer than half are left."""
+        if self.creates:
+            have = pyfuse3.answers_pool_size()
+            if have < CREATE_STOCK // 2:
+                self.vfs.backings.stock_creates(CREATE_STOCK, have)
+
     # -- what comes back ----------------------------------------------------------------
+    def created(self, parent: int, name: bytes, ino: int, t: int, mode: int, uid: int, gid: int,
+                flags: int) -> Inode | None:
+        """The reader answered a CREATE of ``name`` in ``parent`` with inode ``ino`` (a
+        pool blob it was given) at ``t`` and logged it: the agent makes the file as it
+        would have.  None (logged as an error) if its namespace disagrees, which the
+        table's rules exclude."""
+        try:
+            return self.vfs.opens.created_by_reader(parent, name, ino, mode, uid, gid, t, flags)
+        except (FsError, KeyError) as exc:
+            log.error("answer table: a create of %r in %d the agent cannot repeat: %r", name, parent, exc)
+            return None
+
     def removed(self, parent: int, name: bytes, ino: int, t: int) -> bool:
         """The reader answered an UNLINK of ``name`` in ``parent`` (naming ``ino``) at
         ``t`` and logged it: the agent removes the name as it would have.  False (logged

@@ -147,23 +147,38 @@ class HyCacheOperations(pyfuse3.Operations):
     def start(self, nursery: trio.Nursery) -> None:
         """Before the session runs: the nursery of the tasks a request starts."""
         self._nursery = nursery
-        self.answers.start()
+        self.answers.start(self.local_timeout)
 
     def answers_drained(self, lookups: list[tuple[int, int]], answered: int,
                         forgets: list[tuple[int, int]], opened: Sequence[tuple[int, int]] = (),
                         released: Sequence[tuple[int, int]] = (),
                         writers: Sequence[tuple[int, int]] = (),
                         writers_released: Sequence[tuple[int, int]] = (),
-                        removed: Sequence[tuple[int, bytes, int, int]] = ()) -> None:
+                        changes: Sequence[tuple] = ()) -> None:
         """(pyfuse3's reader) What the answer table answered since the last call, and the
         FORGETs it kept: processed together by one task (a reference counted a little
-        longer only delays a free).  ``opened`` and ``released``: the opens it answered
-        with lent registrations (``writers`` of them for writing), and the releases of
-        such opens (``writers_released`` of them for writing), per inode — counted now,
-        before anything else runs (a file freed by them, and the end of a writer's use of
-        its write lease, in a task).  ``removed``: the UNLINKs it answered, ``(parent,
-        name, inode, time)`` in order, which the agent then makes its own."""
+        longer only delays a free).  ``changes``: the CREATEs and UNLINKs it answered, in
+        order, ``(name, parent, inode, time, created)`` (``created``: ``(mode, uid, gid,
+        flags)`` of a create, None for a removal), which the agent makes its own first
+        (a create's file may be opened or released since).  ``opened`` and ``released``:
+        the opens it answered with lent registrations (``writers`` of them for writing),
+        and the releases of such opens (``writers_released`` of them for writing), per
+        inode — counted now, before anything else runs (a file freed by them, and the end
+        of a writer's use of its write lease, in a task)."""
         self.answers.drained(lookups, answered)
+        changed: set[int] = set()  # directories whose names changed: their attributes offered once
+        for name, parent, ino, t, created in changes:
+            if created is None:
+                if not self.answers.removed(parent, name, ino, t):
+                    continue
+            else:
+                node = self.answers.created(parent, name, ino, t, *created)
+                if node is None:
+                    continue
+                node.lookups += 1  # the entry of the CREATE's reply
+            changed.add(parent)
+        for parent in changed:
+            self._dir_changed(parent)
         wrote = dict(writers) if writers else {}
         for ino, n in opened:
             self.opens.lent_opened(ino, n, wrote.get(ino, 0))
@@ -174,9 +189,7 @@ class HyCacheOperations(pyfuse3.Operations):
                 node = self.ns.inodes.get(ino)
                 if node is not None and node.open_count == 0:  # parked: size and times taken
                     self._attrs(node)
-        for parent, name, ino, t in removed:
-            if self.answers.removed(parent, name, ino, t):
-                self._dir_changed(parent)
+        self.answers.restock()
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
 
@@ -390,7 +403,8 @@ class HyCacheOperations(pyfuse3.Operations):
 
     # -- files -----------------------------------------------------------------------
     def _file_info(self, opened: Opened) -> pyfuse3.FileInfo:
-        fi = pyfuse3.FileInfo(fh=opened.fh, keep_cache=opened.keep_cache, direct_io=False)
+        fh = LENT_FH | LENT_WRITER | opened.lent_ino if opened.lent_ino else opened.fh  # (a lent writer's)
+        fi = pyfuse3.FileInfo(fh=fh, keep_cache=opened.keep_cache, direct_io=False)
         if opened.backing_id:
             fi.backing_id = opened.backing_id
         if HAS_NOFLUSH and opened.nothing_at_close:

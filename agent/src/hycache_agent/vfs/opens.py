@@ -35,6 +35,7 @@ class Opened:
     backing_id: int = 0
     nothing_at_close: bool = False
     keep_cache: bool = False
+    lent_ino: int = 0  # an open answered with the inode's lent registration (no handle: fh 0)
 
 
 def can_map_writable(flags: int) -> bool:
@@ -56,6 +57,13 @@ class Opens(Part):
                      ) -> tuple[Opened, Inode]:
         parent = await self.view.local_dir(parent)
         node = await self.engine.create_file(parent, name, stat.S_IFREG | stat.S_IMODE(mode), uid, gid)
+        if not flags & os.O_DIRECT and self.backings.lender is not None:
+            bid = self.backings.lend_created(node, can_map_writable(flags))
+            if bid:  # its RELEASE is the answer table's (a lent writer's)
+                self.engine.opened_lent(node, 1, created=True)
+                if self.own is not None:  # the lease create_file registered, lendable
+                    self.own.write.lent_writers(node.ino, 1)
+                return Opened(0, bid, nothing_at_close=True, lent_ino=node.ino), node
         fh = await self.engine.open(node, flags & ~os.O_TRUNC, uid, created=True)
         if self.own is not None:  # the lease create_file registered: no store round trip
             await self.own.lease_for_write(node)
@@ -280,6 +288,24 @@ class Opens(Part):
         if entry is None:
             return None
         return partial(leases.release_closed, ino, entry)
+
+    def created_by_reader(self, parent: int, name: bytes, ino: int, mode: int, uid: int, gid: int,
+                          t: int, flags: int) -> Inode:
+        """A CREATE the FUSE reader answered itself (a pool blob it was given, the name
+        logged in the redo log, the open a lent writer's): the file made here as
+        :meth:`create` would have, with its open counted as a lent writer's."""
+        node, entry = self.engine.created_by_reader(parent, name, ino, mode, uid, gid, t)
+        self.backings.created_by_reader(node, entry, can_map_writable(flags))
+        self.engine.opened_lent(node, 1, created=True)
+        if self.own is not None:  # the lease the create registered, idle: in use now
+            self.own.write.lent_writers(node.ino, 1)
+        return node
+
+    def lends_creates(self) -> bool:
+        """(``Backings.creates_lent``) Whether a create may be answered without the agent
+        (``lends_writers`` for a file not made yet): standalone, always; in a cluster while
+        no replica is pushed at close (the new file's lease is this node's from its create)."""
+        return self.own is None or (self.cluster is not None and self.cluster.replicator.count == 0)
 
     def lends_writers(self, node: Inode) -> bool:
         """(``Backings.writers_lent``) Whether a writer's open and close of ``node`` would
