@@ -123,9 +123,9 @@ class AnswerTable:
         self.creates = False  # ... and CREATEs (start: removals, passthrough15, opens lent)
 
     def start(self, local_timeout: float) -> None:
-        """Before the session runs (``local_timeout``: how long the kernel keeps a local
-        inode's attributes and names, as the Operations answer them): turn the table on (or make sure it is off) and watch
-        the journal for the agent's own changes."""
+        """Before the session runs: turn the table on (or make sure it is off) and watch
+        the journal for the agent's own changes.  ``local_timeout``: how long the kernel
+        keeps a local inode's attributes and names (what a CREATE the table answers says)."""
         if not AVAILABLE:
             return
         pyfuse3.answers_enable(self.enabled)
