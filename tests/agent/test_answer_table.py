@@ -555,3 +555,68 @@ def test_creates_answered_by_the_table_are_logged_before_the_reply(agents):
     (g / "b").write_bytes(b"b")
     assert os.stat(g / "a").st_gid == os.stat(g / "b").st_gid == 4242
     assert table(m)["create"] >= before  # (whichever answered it, the group is the directory's)
+
+
+def fuse_connection(mountpoint: Path) -> Path:
+    """The fusectl directory of the FUSE connection behind ``mountpoint`` (fusectl is
+    mounted if it is not)."""
+    conns = Path("/sys/fs/fuse/connections")
+    if not any(conns.iterdir()):
+        subprocess.run(["mount", "-t", "fusectl", "none", str(conns)], capture_output=True)
+    dev = os.stat(mountpoint).st_dev
+    conn = conns / str(os.minor(dev))
+    if not (conn / "abort").exists():
+        pytest.skip("no fusectl here: the connection cannot be aborted")
+    return conn
+
+
+def test_what_the_table_answered_right_before_an_abort_is_kept(agents):
+    """The connection is aborted while a writer's creates and removals are answered by the
+    table back to back: the agent exits cleanly (its last commit checkpoints the redo log),
+    and every create and removal whose call returned is there after a restart — the reader
+    hands what it answered to the agent before its session ends, not after."""
+    import threading
+
+    m = agents.start("1G")
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("kernel passthrough is off here: no pool blobs for the table")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    with pytest.raises(FileNotFoundError):
+        os.stat(d / "nothing")
+    (d / "warm").write_bytes(b"w")
+    wait_for(lambda: table(m)["pool"] > 0, 10, "pool blobs given to the table")
+    conn = fuse_connection(m.mountpoint)
+    made: list[str] = []
+    removed: list[str] = []
+
+    def writer() -> None:
+        i = 0
+        while True:
+            try:
+                fd = os.open(d / f"a{i}", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+                os.close(fd)
+                made.append(f"a{i}")
+                if i % 50 == 0 and i >= 50:  # (an unlink's LOOKUP of a file just made is the agent's)
+                    os.unlink(d / f"a{i - 50}")
+                    removed.append(f"a{i - 50}")
+            except OSError:
+                return
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    wait_for(lambda: len(made) > 300, 30, "creates answered")
+    (conn / "abort").write_text("1")
+    t.join(30)
+    assert not t.is_alive()
+    assert m.proc.wait(timeout=60) == 0, "the agent exits cleanly after an abort"
+    m._stopped = True
+    subprocess.run(["fusermount3", "-uz", str(m.mountpoint)], capture_output=True)
+    wait_for(lambda: not os.path.ismount(m.mountpoint), 10, "the aborted mount to go away")
+    m = agents.restart(m)
+    names = set(os.listdir(m.mountpoint / "d"))
+    want = set(made) - set(removed)
+    assert want <= names, f"{len(want - names)} files created before the abort are gone"
+    assert not (set(removed) & names), "files removed before the abort are back"
+    check_tiers_from_outside(m)
