@@ -8,12 +8,14 @@ fixtures here as the session fixture ``start_mount``; the rest comes from the ha
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -199,6 +201,19 @@ def tmpfs_dir():
     else:
         subprocess.run(["umount", "-l", str(d)], capture_output=True)
     os.rmdir(d)
+
+
+@contextlib.contextmanager
+def commits_held(m):
+    """SQLite's write lock on m's metadata store while the block runs: the agent's commits
+    wait (and fail, and retry), so only the redo log keeps what the block changes."""
+    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
 
 
 def kill_agent(m) -> None:

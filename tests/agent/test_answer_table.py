@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 import struct
 import subprocess
 import time
@@ -23,6 +22,7 @@ import pytest
 from .conftest import (
     check_tiers_from_outside,
     cli,
+    commits_held,
     info,
     kill_agent,
     recovery_reports,
@@ -53,6 +53,18 @@ def lending_mount(hycache_mount, **opts):
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("kernel passthrough is off here: no registration to lend")
     return m
+
+
+def stocked_dir(m, name: str) -> Path:
+    """A new directory of m whose names are all in the table (the agent answered "no such
+    name" there) and a table holding pool blobs: where the reader answers CREATEs itself."""
+    d = m.mountpoint / name
+    d.mkdir()
+    with pytest.raises(FileNotFoundError):
+        os.stat(d / "nothing")  # the agent answers "no such name": the table has all of d's names
+    (d / "warm").write_bytes(b"w")  # the table is given pool blobs at its drains
+    wait_for(lambda: table(m)["pool"] > 0, 10, "pool blobs given to the table")
+    return d
 
 
 def drop_caches() -> None:
@@ -369,9 +381,7 @@ def test_unlinks_answered_by_the_table_are_logged_before_the_reply(agents):
     for n in names:
         attrs(d / n)
     keep = set(names[::3])
-    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
-    try:
-        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+    with commits_held(m):  # only the redo log keeps what follows
         before = table(m)["unlink"]
         for n in names:
             if n not in keep:
@@ -385,9 +395,6 @@ def test_unlinks_answered_by_the_table_are_logged_before_the_reply(agents):
         with pytest.raises(FileNotFoundError):
             os.stat(d / "f1")
         kill_agent(m)
-    finally:
-        db.execute("ROLLBACK")
-        db.close()
     m = agents.restart(m)
     report = recovery_reports(m.stderr)[-1]
     print(f"{answered} UNLINKs answered by the table; recovery after the kill: {report}")
@@ -503,16 +510,9 @@ def test_creates_answered_by_the_table_are_logged_before_the_reply(agents):
     m = agents.start("1G")
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("kernel passthrough is off here: no registration to lend")
-    d = m.mountpoint / "d"
-    d.mkdir()
-    with pytest.raises(FileNotFoundError):
-        os.stat(d / "nothing")  # the agent answers "no such name": the table has all of d's names
-    (d / "warm").write_bytes(b"w")  # the table is given pool blobs at its drains
-    wait_for(lambda: table(m)["pool"] > 0, 10, "pool blobs given to the table")
-    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
+    d = stocked_dir(m, "d")
     bodies = {}
-    try:
-        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+    with commits_held(m):  # only the redo log keeps what follows
         before = table(m)["create"]
         for i in range(40):
             name = f"n{i}"
@@ -531,9 +531,6 @@ def test_creates_answered_by_the_table_are_logged_before_the_reply(agents):
         for name, body in bodies.items():
             assert (d / name).read_bytes() == body, name
         kill_agent(m)
-    finally:
-        db.execute("ROLLBACK")
-        db.close()
     m = agents.restart(m)
     report = recovery_reports(m.stderr)[-1]
     assert report["redo_replayed"] >= 40, report
@@ -580,12 +577,7 @@ def test_what_the_table_answered_right_before_an_abort_is_kept(agents):
     m = agents.start("1G")
     if not status(m)["passthrough"]["enabled"]:
         pytest.skip("kernel passthrough is off here: no pool blobs for the table")
-    d = m.mountpoint / "d"
-    d.mkdir()
-    with pytest.raises(FileNotFoundError):
-        os.stat(d / "nothing")
-    (d / "warm").write_bytes(b"w")
-    wait_for(lambda: table(m)["pool"] > 0, 10, "pool blobs given to the table")
+    d = stocked_dir(m, "d")
     conn = fuse_connection(m.mountpoint)
     made: list[str] = []
     removed: list[str] = []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
 import threading
 import time
 
@@ -20,6 +19,7 @@ from slowtier import BLKIO, SlowTier
 from .conftest import (
     check_tiers_from_outside,
     cli,
+    commits_held,
     info,
     kill_agent,
     recovery_reports,
@@ -172,9 +172,7 @@ def test_sigkill_right_after_many_closes(agents):
     for i in range(100):  # committed as usual
         write(i)
     wait_idle(m)
-    db = sqlite3.connect(m.root / "state" / "meta.db", isolation_level=None)
-    try:
-        db.execute("BEGIN IMMEDIATE")  # the agent's commits wait (and fail, and retry)
+    with commits_held(m):
         for i in range(100, 600):
             write(i)
             if i == 300:
@@ -185,9 +183,6 @@ def test_sigkill_right_after_many_closes(agents):
                 (m.mountpoint / "late" / f"f{i}").symlink_to(f"../d{i % 4}/f{i}")
                 files[f"late/f{i}"] = files[f"d{i % 4}/f{i}"]
         kill_agent(m)
-    finally:
-        db.execute("ROLLBACK")
-        db.close()
     m = agents.restart(m)
     report = recovery_reports(m.stderr)[-1]
     print(f"recovery after the kill: {report}")

@@ -145,6 +145,31 @@ def decode(payload: bytes) -> tuple:
     raise ValueError(f"unknown redo record {op!r}")
 
 
+class _Position:
+    """One of :class:`RedoLog`'s positions (``pos``, ``last_seq``, ``checkpoint``): the
+    reader's while the log is shared with it (``pyfuse3.answers_redo_state`` field
+    ``index``), else the log's own ``_<name>``; set in both."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, log: RedoLog | None, owner: type | None = None) -> Any:
+        if log is None:
+            return self
+        if log._shared is not None:
+            return log._shared.answers_redo_state()[self.index]
+        return getattr(log, "_" + self.name)
+
+    def __set__(self, log: RedoLog, value: int) -> None:
+        if log._shared is not None:
+            log._shared.answers_redo_set(**{self.name: value})
+        setattr(log, "_" + self.name, value)
+
+
 class RedoLog:
     """The mapped file.  ``append`` runs on the event loop thread; ``checkpoint`` is
     advanced by the committer (an int: one store, read under the GIL)."""
@@ -183,36 +208,10 @@ class RedoLog:
         self._appended = 0  # records appended since start (status)
         self._refused = 0  # appends refused: the ring was full of records not committed yet
 
-    # -- where it stands (kept by the reader while shared) -----------------------------
-    @property
-    def pos(self) -> int:
-        return self._shared.answers_redo_state()[0] if self._shared is not None else self._pos
-
-    @pos.setter
-    def pos(self, value: int) -> None:
-        if self._shared is not None:
-            self._shared.answers_redo_set(pos=value)
-        self._pos = value
-
-    @property
-    def last_seq(self) -> int:
-        return self._shared.answers_redo_state()[1] if self._shared is not None else self._last_seq
-
-    @last_seq.setter
-    def last_seq(self, value: int) -> None:
-        if self._shared is not None:
-            self._shared.answers_redo_set(last_seq=value)
-        self._last_seq = value
-
-    @property
-    def checkpoint(self) -> int:
-        return self._shared.answers_redo_state()[2] if self._shared is not None else self._checkpoint
-
-    @checkpoint.setter
-    def checkpoint(self, value: int) -> None:
-        if self._shared is not None:
-            self._shared.answers_redo_set(checkpoint=value)
-        self._checkpoint = value
+    # -- where it stands (kept by the reader while shared: _Position) ------------------
+    pos = _Position(0)  # where the next record goes
+    last_seq = _Position(1)  # of the last record appended (or found at start)
+    checkpoint = _Position(2)  # every record up to this one is committed to SQLite
 
     @property
     def appended(self) -> int:
