@@ -92,6 +92,12 @@ class Lane:
             pass
 
     @property
+    def running(self) -> bool:
+        """Whether the worker runs (False before the first submit and once :meth:`close`
+        stopped it: a callback run by close must not submit more)."""
+        return self._thread is not None
+
+    @property
     def backlog(self) -> int:
         """Jobs submitted whose callbacks have not run yet."""
         return self._outstanding

@@ -445,8 +445,8 @@ class MetaJournal:
             self.on_commit(last_seq)
         if self.redo is not None:  # an unlogged change committed: the reader logs again
             self.redo.reader_may_log(self.logged_so_far())
-        if self._deferred and not self._unapplied:
-            self._submit()
+        if self._deferred and not self._unapplied and self.lane.running:
+            self._submit()  # (stopped: sync_blocking commits what was deferred itself)
         for w in [w for w in self._waiters if self._reached(w)]:
             self._waiters.remove(w)
             w.event.set()
