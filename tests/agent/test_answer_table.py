@@ -310,8 +310,13 @@ def test_opens_for_writing_are_answered_with_the_registration_standalone(hycache
     os.close(fd)
     assert table(m)["open_lent_writers"] == t2["open_lent_writers"], "a set-ID file's writers are the agent's"
     os.chmod(p, 0o644)
+    lent = table(m)["lent"]  # (not p's: a set-ID file's registration is not lent)
     fd = os.open(p, os.O_RDWR)  # (parked again after the last open: lent to writers again)
     os.close(fd)
+    # the kernel sends the RELEASE after close returns, and the reader thread reads the
+    # next OPEN while the agent may still be at it: the next open is the table's once
+    # the registration is lent again
+    wait_for(lambda: table(m)["lent"] == lent + 1, 10, "the registration lent again after the release")
     fd = os.open(p, os.O_RDWR)
     os.close(fd)
     assert table(m)["open_lent_writers"] == t2["open_lent_writers"] + 1

@@ -155,6 +155,10 @@ def _kernel_options(m) -> None:
     m.add_argument("--no-answer-opens", dest="answer_opens", action="store_false", default=None,
                    help="answer every OPEN and RELEASE in Python: no read-only open of a closed local "
                         "file answered by the request reader with its parked passthrough registration")
+    m.add_argument("--no-reader-thread", dest="reader_thread", action="store_false", default=None,
+                   help="read requests in the event loop's thread (the table then answers there, between "
+                        "the Python requests and the agent's own work) instead of a native reader thread "
+                        "that answers from the table without the GIL and queues the rest")
     m.add_argument("--loop-spin-us", type=float,
                    help="after answering a request and finding the queue empty, poll for the next one "
                         "this many microseconds before sleeping (default 50; 0: sleep at once). A caller "
@@ -362,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
-                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

@@ -441,6 +441,8 @@ def run_mount(config: AgentConfig) -> int:
     pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
     if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
         pyfuse3.set_loop_spin(int(config.loop_spin_us * 1000))
+    if hasattr(pyfuse3, "set_reader_thread"):  # passthrough17 and later
+        pyfuse3.set_reader_thread(config.reader_thread and config.answer_table)
     _settle_gc()
     unmounted_by_kernel = False
     try:

@@ -203,15 +203,20 @@ def request_loop(spin_us: float) -> dict[str, Any]:
     """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
     and since start how often it found the next request (``spin_hits``) or ran out and
     slept (``spin_misses``); the counts are None with a pyfuse3 build without the poll.
-    ``answer_table``: the requests answered from the reader's table, by kind, and what it holds."""
+    ``answer_table``: the requests answered from the reader's table, by kind, and what it holds.
+    ``reader_thread``: what the native reader thread read, answered and queued for the event
+    loop, its own polls, its waits for a free slot and its wake-ups of the event loop (None:
+    a build without it)."""
     spins = getattr(pyfuse3, "spins", None)
     answers = getattr(pyfuse3, "answers_stats", None)
+    reader = getattr(pyfuse3, "reader_stats", None)
     return {"spin_us": spin_us if spins is not None else 0.0,
             "spin_hits": spins[0] if spins is not None else None,
             "spin_misses": spins[1] if spins is not None else None,
             # what the reader's table answered without Python (fuse/answers.py); None: a
             # pyfuse3 build without it
-            "answer_table": answers() if answers is not None else None}
+            "answer_table": answers() if answers is not None else None,
+            "reader_thread": reader() if reader is not None else None}
 
 
 def moving(engine: Any) -> dict[str, Any]:
