@@ -202,7 +202,8 @@ class Census:
 def request_loop(spin_us: float) -> dict[str, Any]:
     """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
     and since start how often it found the next request (``spin_hits``) or ran out and
-    slept (``spin_misses``); the counts are None with a pyfuse3 build without the poll.
+    slept (``spin_misses``) — the polls of ``/dev/fuse`` by whichever reads it, the event
+    loop or the reader thread; the counts are None with a pyfuse3 build without the poll.
     ``answer_table``: the requests answered from the reader's table, by kind, and what it holds.
     ``reader_thread``: what the native reader thread read, answered and queued for the event
     loop, its own polls, its waits for a free slot and its wake-ups of the event loop (None:
@@ -210,13 +211,17 @@ def request_loop(spin_us: float) -> dict[str, Any]:
     spins = getattr(pyfuse3, "spins", None)
     answers = getattr(pyfuse3, "answers_stats", None)
     reader = getattr(pyfuse3, "reader_stats", None)
+    thread = reader() if reader is not None else None
+    polls = (spins[0], spins[1]) if spins is not None else None
+    if polls is not None and thread is not None:
+        polls = (polls[0] + thread["spin_hits"], polls[1] + thread["spin_misses"])
     return {"spin_us": spin_us if spins is not None else 0.0,
-            "spin_hits": spins[0] if spins is not None else None,
-            "spin_misses": spins[1] if spins is not None else None,
+            "spin_hits": polls[0] if polls is not None else None,
+            "spin_misses": polls[1] if polls is not None else None,
             # what the reader's table answered without Python (fuse/answers.py); None: a
             # pyfuse3 build without it
             "answer_table": answers() if answers is not None else None,
-            "reader_thread": reader() if reader is not None else None}
+            "reader_thread": thread}
 
 
 def moving(engine: Any) -> dict[str, Any]:
