@@ -617,3 +617,57 @@ def test_what_the_table_answered_right_before_an_abort_is_kept(agents):
     assert want <= names, f"{len(want - names)} files created before the abort are gone"
     assert not (set(removed) & names), "files removed before the abort are back"
     check_tiers_from_outside(m)
+
+
+def test_the_reader_thread_answers_a_mixed_load_and_stops_at_once(hycache_mount):
+    """``--reader-thread``: a native thread reads /dev/fuse, answers what the table can
+    without the GIL and queues the rest for the event loop. Four writers make, read,
+    rename and remove files at once; every file reads back whole, the listing is what the
+    writers left, the thread answered most requests and queued the rest, what the table
+    answered is the agent's (sizes, removals) and SIGTERM ends the agent at once (the loop
+    waits on the thread's eventfd, which the signal's terminate must wake: it waited for
+    the harness's kill before)."""
+    import threading
+
+    m = hycache_mount(reader_thread=True)
+    rt = status(m)["request_loop"]["reader_thread"]
+    assert rt is not None and rt["running"], rt
+    errors: list[str] = []
+
+    def writer(w: int) -> None:
+        d = m.mountpoint / f"w{w}"
+        d.mkdir()
+        try:
+            for i in range(300):
+                body = f"{w}:{i}:".encode() * 64
+                (d / f"f{i}").write_bytes(body)
+                if (d / f"f{i}").read_bytes() != body:
+                    errors.append(f"w{w} f{i}: read back wrong")
+                if i % 3 == 0:
+                    os.rename(d / f"f{i}", d / f"r{i}")
+                elif i % 3 == 1:
+                    os.unlink(d / f"f{i}")
+        except OSError as e:
+            errors.append(f"w{w}: {e!r}")
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for w in range(4):
+        names = sorted(os.listdir(m.mountpoint / f"w{w}"))
+        want = sorted([f"r{i}" for i in range(0, 300, 3)] + [f"f{i}" for i in range(2, 300, 3)])
+        assert names == want, w
+        assert (m.mountpoint / f"w{w}" / "r3").read_bytes() == f"{w}:3:".encode() * 64
+    wait_for(lambda: all(info(m.mountpoint / f"w{w}" / "f2")["size"] == len(f"{w}:2:".encode() * 64)
+                         for w in range(4)), 10, "the agent's record of sizes the kernel wrote")
+    rt = status(m)["request_loop"]["reader_thread"]
+    t = table(m)
+    assert rt["answered"] > rt["queued"] > 0, rt
+    assert t["create"] > 0 and t["getattr"] > 0, t
+    t0 = time.monotonic()
+    rc = m.unmount()
+    took = time.monotonic() - t0
+    assert rc == 0 and took < 5, (rc, took)

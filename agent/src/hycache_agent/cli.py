@@ -155,10 +155,10 @@ def _kernel_options(m) -> None:
     m.add_argument("--no-answer-opens", dest="answer_opens", action="store_false", default=None,
                    help="answer every OPEN and RELEASE in Python: no read-only open of a closed local "
                         "file answered by the request reader with its parked passthrough registration")
-    m.add_argument("--no-reader-thread", dest="reader_thread", action="store_false", default=None,
-                   help="read requests in the event loop's thread (the table then answers there, between "
-                        "the Python requests and the agent's own work) instead of a native reader thread "
-                        "that answers from the table without the GIL and queues the rest")
+    m.add_argument("--reader-thread", dest="reader_thread", action=argparse.BooleanOptionalAction, default=None,
+                   help="read requests in a native thread that answers from the table without the GIL and "
+                        "queues the rest for the event loop (default: off, the event loop reads them and the "
+                        "table answers there, between the Python requests and the agent's own work)")
     m.add_argument("--loop-spin-us", type=float,
                    help="after answering a request and finding the queue empty, poll for the next one "
                         "this many microseconds before sleeping (default 50; 0: sleep at once). A caller "
