@@ -212,12 +212,14 @@ def request_loop(spin_us: float) -> dict[str, Any]:
     answers = getattr(pyfuse3, "answers_stats", None)
     reader = getattr(pyfuse3, "reader_stats", None)
     thread = reader() if reader is not None else None
-    polls = (spins[0], spins[1]) if spins is not None else None
-    if polls is not None and thread is not None:
-        polls = (polls[0] + thread["spin_hits"], polls[1] + thread["spin_misses"])
+    hits = misses = None
+    if spins is not None:
+        hits, misses = spins[0], spins[1]
+        if thread is not None:
+            hits, misses = hits + thread["spin_hits"], misses + thread["spin_misses"]
     return {"spin_us": spin_us if spins is not None else 0.0,
-            "spin_hits": polls[0] if polls is not None else None,
-            "spin_misses": polls[1] if polls is not None else None,
+            "spin_hits": hits,
+            "spin_misses": misses,
             # what the reader's table answered without Python (fuse/answers.py); None: a
             # pyfuse3 build without it
             "answer_table": answers() if answers is not None else None,
