@@ -266,14 +266,14 @@ class BlobPool:
             done.set()
         return True
 
-    def give(self, n: int, put: Callable[[int, int], bool]) -> int:
+    def give(self, n: int, put: Callable[[int, int, int], bool]) -> int:
         """Hand up to ``n`` ready blobs with their registrations to the FUSE reader
-        (``put(ino, backing_id)``), which creates files with them itself: how many."""
+        (``put(ino, backing_id, fd)``), which creates files with them itself: how many."""
         ready, given = self._blob_pool, 0
         while given < n and ready:
             ino = ready[-1]
             entry = self.pooled_backings.get(ino)
-            if entry is None or not put(ino, entry[1]):
+            if entry is None or not put(ino, entry[1], entry[0]):
                 break
             ready.pop()
             self.given[ino] = self.pooled_backings.pop(ino)

@@ -145,13 +145,14 @@ class Lender(Protocol):
     fuse/answers.py): it answers read-only opens of the file with the registration (and,
     ``writable``, opens for writing but not truncating), and their releases, without
     asking; they are counted to the agent after the fact (:meth:`Backings.lent_opened`,
-    :meth:`Backings.lent_released`)."""
+    :meth:`Backings.lent_released`).  ``fd``: the agent's descriptor of the blob, open
+    while lent or given (the table fstat()s it at the last release of writers' opens)."""
 
-    def lend(self, ino: int, backing_id: int, writable: bool, opened: int = 0) -> bool: ...
+    def lend(self, ino: int, backing_id: int, writable: bool, fd: int, opened: int = 0) -> bool: ...
 
     def take_back(self, ino: int) -> None: ...
 
-    def give(self, ino: int, backing_id: int) -> bool: ...
+    def give(self, ino: int, backing_id: int, fd: int) -> bool: ...
 
     def take_given(self) -> list[int]: ...
 
@@ -425,7 +426,7 @@ class Backings:
                 or ino in self.parked or not self._lends_to_writers(inode)):
             return 0
         fd, bid, st = pooled
-        if not self.lender.lend(ino, bid, True, opened=1):
+        if not self.lender.lend(ino, bid, True, fd, opened=1):
             return 0
         del self.engine.pooled_backings[ino]
         self.engine.backed.add(ino)  # no migration may start now
@@ -515,7 +516,7 @@ class Backings:
                     if self.engine.prefetch.wants_opens(b.size):
                         self._take_back(ino)
                     else:
-                        self._lend(ino, b.backing_id, self._lends_to_writers(inode))
+                        self._lend(ino, b, self._lends_to_writers(inode))
                 self.engine.backing_dropped(ino)
                 return
         self._take_back(ino)
@@ -570,11 +571,11 @@ class Backings:
             self._drop(b)
 
     # -- opens answered with a lent registration (fuse/answers.py) ----------------------
-    def _lend(self, ino: int, backing_id: int, writable: bool) -> None:
+    def _lend(self, ino: int, b: Backing, writable: bool) -> None:
         assert self.lender is not None, "lent only through a lender"
         if ino in self.lent and (ino in self.lent_writable) == writable:
             return
-        if not self.lender.lend(ino, backing_id, writable):
+        if not self.lender.lend(ino, b.backing_id, writable, b.fd):
             self._take_back(ino)  # (the table is full: a writable lend is not left behind)
             return
         self.lent.add(ino)
@@ -603,7 +604,7 @@ class Backings:
             return
         b = self.parked.get(ino) or self.by_ino.get(ino)
         if b is not None:
-            self._lend(ino, b.backing_id, False)
+            self._lend(ino, b, False)
         else:  # (cannot happen: lent while parked or in use) not lent at all then
             self._take_back(ino)
 

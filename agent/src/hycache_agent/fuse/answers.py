@@ -104,7 +104,11 @@ REMOVALS = hasattr(pyfuse3, "answers_redo_share")  # passthrough14 and later: UN
 CREATES = hasattr(pyfuse3, "answers_lend_opened")  # passthrough15 and later: a create's open lent
 LENT_WRITER: int = getattr(pyfuse3, "ANSWERS_LENT_WRITER", 0)  # (and a writer's handle has this too)
 LENT_INO = ~(LENT_FH | LENT_WRITER)  # the inode of a lent open's handle
-CREATE_STOCK = 64  # pool blobs the reader holds for its CREATEs (topped up at half)
+# passthrough20 and later: a file opened for writing through a lent registration has its
+# attributes answered again at the last lent release (the table fstat()s the blob by the
+# agent's descriptor, given with the registration), and a created file's are then removable
+RESTORES = hasattr(pyfuse3, "ANSWERS_RESTORES")
+CREATE_STOCK = 256  # pool blobs the reader holds for its CREATEs (topped up at half)
 
 
 class AnswerTable:
@@ -137,7 +141,10 @@ class AnswerTable:
             self.vfs.backings.lender = self
             if CREATES and self.removals and WRITERS:  # so are new files, for CREATEs
                 self.creates = True
-                pyfuse3.answers_creates(local_timeout, local_timeout, T.FAST.encode())
+                if RESTORES:  # (Names.removable_by_reader of a new file: regular, no replicas)
+                    pyfuse3.answers_creates(local_timeout, local_timeout, T.FAST.encode(), removable=True)
+                else:
+                    pyfuse3.answers_creates(local_timeout, local_timeout, T.FAST.encode())
                 self.vfs.backings.creates_lent = self.vfs.opens.lends_creates
                 self.vfs.engine.blobs.on_refilled = self.restock  # (and at every drain)
             if WRITERS:  # opens for writing too, where they need nothing of the agent
@@ -222,19 +229,28 @@ class AnswerTable:
         pyfuse3.answers_drop(ino, attrs=True, caps=True)
 
     # -- registrations lent: Backings.lender -------------------------------------------
-    def lend(self, ino: int, backing_id: int, writable: bool, opened: int = 0) -> bool:
-        """(``opened``: opens the agent answered with it itself, a create's: passthrough15)"""
+    def lend(self, ino: int, backing_id: int, writable: bool, fd: int, opened: int = 0) -> bool:
+        """(``opened``: opens the agent answered with it itself, a create's: passthrough15;
+        ``fd``: the agent's descriptor of the blob, open until :meth:`take_back`)"""
         if opened:
-            return (CREATES and bool(pyfuse3.answers_lend(ino, backing_id, writable))
+            return (CREATES and self._lend(ino, backing_id, writable, fd)
                     and bool(pyfuse3.answers_lend_opened(ino, opened)))
         if WRITERS:
-            return bool(pyfuse3.answers_lend(ino, backing_id, writable))
+            return self._lend(ino, backing_id, writable, fd)
         return not writable and bool(pyfuse3.answers_lend(ino, backing_id))
+
+    @staticmethod
+    def _lend(ino: int, backing_id: int, writable: bool, fd: int) -> bool:
+        if RESTORES:
+            return bool(pyfuse3.answers_lend(ino, backing_id, writable, fd))
+        return bool(pyfuse3.answers_lend(ino, backing_id, writable))
 
     def take_back(self, ino: int) -> None:
         pyfuse3.answers_unlend(ino)
 
-    def give(self, ino: int, backing_id: int) -> bool:
+    def give(self, ino: int, backing_id: int, fd: int) -> bool:
+        if RESTORES:
+            return bool(pyfuse3.answers_pool_put(ino, backing_id, fd))
         return bool(pyfuse3.answers_pool_put(ino, backing_id))
 
     def take_given(self) -> list[int]:
@@ -255,11 +271,18 @@ class AnswerTable:
         pool blob it was given) at ``t`` and logged it: the agent makes the file as it
         would have.  None (logged as an error) if its namespace disagrees, which the
         table's rules exclude."""
+        # The table made the name, the directory's times and the file's attributes (kept
+        # aside until the create's open is released: RESTORES) itself: the journal's records
+        # of the same changes must not drop them (the agent's inode says what they say).
+        journal = self.ns.journal
+        watcher, journal.watcher = journal.watcher, (None if RESTORES else journal.watcher)
         try:
             return self.vfs.opens.created_by_reader(parent, name, ino, mode, uid, gid, t, flags)
         except (FsError, KeyError) as exc:
             log.error("answer table: a create of %r in %d the agent cannot repeat: %r", name, parent, exc)
             return None
+        finally:
+            journal.watcher = watcher
 
     def removed(self, parent: int, name: bytes, ino: int, t: int) -> bool:
         """The reader answered an UNLINK of ``name`` in ``parent`` (naming ``ino``) at
@@ -274,14 +297,27 @@ class AnswerTable:
             log.error("answer table: %r in %d named inode %d, the table had %d", name, parent, node.ino, ino)
         return True
 
-    def drained(self, lookups: list[tuple[int, int]], answered: int) -> None:
+    def drained(self, lookups: list[tuple[int, int]], answered: int) -> dict[int, int]:
         """The reader answered ``answered`` requests since the last call, among them
-        LOOKUPs of ``lookups`` (inode, count): the kernel's references."""
+        LOOKUPs of ``lookups`` (inode, count): the kernel's references.  Those of inodes
+        the agent does not have yet are returned (ino -> count): files the table created
+        since the last drain (with RESTORES their names are answered once the create's open
+        is released), counted when the drain makes them (:meth:`unknown_lookups` for the rest)."""
         self.io.metadata_ops += answered
         inodes = self.ns.inodes
+        unknown: dict[int, int] = {}
         for ino, n in lookups:
             node = inodes.get(ino)
-            if node is None:  # cannot happen: the table held it, and it goes before the inode
-                log.error("answer table: %d lookups of inode %d, which is gone", n, ino)
+            if node is None:
+                unknown[ino] = unknown.get(ino, 0) + n
                 continue
             node.lookups += n
+        return unknown
+
+    @staticmethod
+    def unknown_lookups(unknown: dict[int, int]) -> None:
+        """LOOKUPs the table answered of inodes neither the agent had nor the drain made:
+        cannot happen (the table holds a name only while the agent has its inode, or after
+        it created the file itself)."""
+        for ino, n in unknown.items():
+            log.error("answer table: %d lookups of inode %d, which is gone", n, ino)

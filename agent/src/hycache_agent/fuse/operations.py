@@ -165,7 +165,9 @@ class HyCacheOperations(pyfuse3.Operations):
         and the releases of such opens (``writers_released`` of them for writing), per
         inode — counted now, before anything else runs (a file freed by them, and the end
         of a writer's use of its write lease, in a task)."""
-        self.answers.drained(lookups, answered)
+        # (the kernel's references first: a removal below may free what a LOOKUP named)
+        unknown = self.answers.drained(lookups, answered)
+        self.answers.restock()  # first: the reader's CREATEs go on while the rest is done
         changed: set[int] = set()  # directories whose names changed: their attributes offered once
         for name, parent, ino, t, created in changes:
             if created is None:
@@ -175,8 +177,11 @@ class HyCacheOperations(pyfuse3.Operations):
                 node = self.answers.created(parent, name, ino, t, *created)
                 if node is None:
                     continue
-                node.lookups += 1  # the entry of the CREATE's reply
+                # the entry of the CREATE's reply, and LOOKUPs the table answered since
+                node.lookups += 1 + (unknown.pop(ino, 0) if unknown else 0)
             changed.add(parent)
+        if unknown:
+            self.answers.unknown_lookups(unknown)
         for parent in changed:
             self._dir_changed(parent)
         wrote = dict(writers) if writers else {}
@@ -189,7 +194,6 @@ class HyCacheOperations(pyfuse3.Operations):
                 node = self.ns.inodes.get(ino)
                 if node is not None and node.open_count == 0:  # parked: size and times taken
                     self._attrs(node)
-        self.answers.restock()
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
 

@@ -286,6 +286,9 @@ class Opens(Part):
         leases = self.own.write
         entry = leases.writers_closed(ino, n)
         if entry is None:
+            node = self.ns.inodes.get(ino)
+            if node is None or node.nlink == 0:  # (the table removed it before this drain)
+                leases.forget_idle(ino)  # as Names.removed_by_reader would have
             return None
         return partial(leases.release_closed, ino, entry)
 
