@@ -10,7 +10,11 @@
   rate (twice the creates one refill had to serve, slowly lowered again, between
   BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run empty while a refill is
   under way.
-* The reaper: the blobs of freed inodes are removed in batches by one background task.
+* The reaper: the blobs of freed inodes are removed in batches by one background task, on
+  a thread of its own at a low CPU priority (``transport.idle.BackgroundThreads``): its
+  work is the kernel's (unlink, truncate, rename of blobs), which the requests of the same
+  moment need the cores for; it runs in what they leave (a run of removals through the
+  mount used to spend as much CPU in the reaper's syscalls as in the agent's loop).
 * Recycling: a freed fast-tier file whose registration was parked (passthrough) gives its
   blob to the pool instead: emptied (``ftruncate``), renamed to a new inode number, still
   registered, in the reaper's batch.  A create then costs no ``open(O_CREAT)`` and no
@@ -37,6 +41,7 @@ import trio
 
 from hycache_agent.fs import tiers as T
 from hycache_agent.fs.namespace import FsError
+from hycache_agent.transport.idle import BackgroundThreads
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,7 @@ class BlobPool:
         self.allocate_ino: Callable[[], int] | None = None  # (set by filler)
         self.recycled = 0  # blobs recycled into the pool since start
         self._reaping: trio.Event | None = None  # set when a removal batch in flight is done
+        self._reaper_thread = BackgroundThreads("hycache-reaper", count=1)
         self._reaper_wakeup = trio.Event()
         self._pool_wakeup = trio.Event()
         self.pool_filling: set[int] = set()  # inode numbers whose pool blobs are being made
@@ -254,7 +260,7 @@ class BlobPool:
         jobs = [(fd, bid, old, fast.blob(new)) for new, old, fd, bid in recycling]
         try:
             with trio.CancelScope(shield=True):
-                stats = await trio.to_thread.run_sync(_reap, doomed, jobs, self.backing_pool)
+                stats = await self._reaper_thread.run(_reap, doomed, jobs, self.backing_pool)
             for (new, _old, fd, bid), st in zip(recycling, stats):
                 if st is None:  # (logged) could not be emptied or renamed: gone
                     continue
@@ -313,10 +319,12 @@ def _remove_blobs(paths: list[str]) -> None:
         T.remove_blob(path)
 
 
-def _reap(paths: list[str], recycle: list[tuple[int, int, str, str]], backings: Any) -> list[Any]:
-    """(worker thread) Remove ``paths``; empty each recycled blob (by its descriptor) and
-    rename it from its old path to its new one: its ``os.stat_result`` now, or None where
-    that failed (then its registration is dropped and the blob removed)."""
+def _reap(paths: list[str], recycle: list[tuple[int, int, str, str]], backings: Any,
+          _check: Callable[[], None]) -> list[Any]:
+    """(the reaper's thread) Remove ``paths``; empty each recycled blob (by its descriptor)
+    and rename it from its old path to its new one: its ``os.stat_result`` now, or None
+    where that failed (then its registration is dropped and the blob removed).  (Runs
+    shielded from cancellation: ``_check`` is never needed.)"""
     _remove_blobs(paths)
     out: list[Any] = []
     for fd, bid, old, new in recycle:
