@@ -275,7 +275,9 @@ class AnswerTable:
         # aside until the create's open is released: RESTORES) itself: the journal's records
         # of the same changes must not drop them (the agent's inode says what they say).
         journal = self.ns.journal
-        watcher, journal.watcher = journal.watcher, (None if RESTORES else journal.watcher)
+        watcher = journal.watcher
+        if RESTORES:
+            journal.watcher = None
         try:
             return self.vfs.opens.created_by_reader(parent, name, ino, mode, uid, gid, t, flags)
         except (FsError, KeyError) as exc:
