@@ -157,9 +157,9 @@ def _kernel_options(m) -> None:
                         "file answered by the request reader with its parked passthrough registration")
     m.add_argument("--reader-thread", dest="reader_thread", action=argparse.BooleanOptionalAction, default=None,
                    help="read requests in a native thread that answers from the table without the GIL and "
-                        "queues the rest for the event loop (default: off, the event loop reads them and the "
-                        "table answers there, between the Python requests and the agent's own work; with the "
-                        "thread fsx still finds a wrong file size)")
+                        "queues the rest for the event loop (default: on; --no-reader-thread: the event loop "
+                        "reads them and the table answers there, between the Python requests and the agent's "
+                        "own work)")
     m.add_argument("--loop-spin-us", type=float,
                    help="after answering a request and finding the queue empty, poll for the next one "
                         "this many microseconds before sleeping (default 50; 0: sleep at once). A caller "

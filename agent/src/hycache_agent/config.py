@@ -79,8 +79,8 @@ class AgentConfig(BaseModel):
     answer_opens: bool = True
     # (with the table) read requests in a native thread of the patched pyfuse3 that answers
     # from the table without the GIL and queues the rest for the event loop (docs/agent.md);
-    # off: fsx finds a wrong file size with it (docs/benchmarks.md, session 51)
-    reader_thread: bool = False
+    # on since pyfuse3 passthrough21 (the fsx size race of session 51 fixed: hc_drop_for)
+    reader_thread: bool = True
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")
