@@ -164,3 +164,33 @@ def test_a_directory_removed_or_renamed_away_can_be_made_again_at_once(
     wait_published(a)
     wait_for(lambda: sorted(os.listdir(b.mountpoint / "top")) == ["elsewhere", "gone", "moved"],
              what="the names on the other node")
+
+
+def _thread_nice(pid: int) -> dict[str, set[int]]:
+    """The agent's native threads by name (``comm``, 15 characters): their nice values."""
+    out: dict[str, set[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # (a worker thread that ended meanwhile)
+    return out
+
+
+def test_publication_and_commits_run_niced_beside_the_requests(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """The publisher (outbox reads, Redis pipelines) and the journal's committer run on
+    threads of their own at a lower CPU priority than the request path: the requests get
+    the cores first, publication and commits take what is left (and still finish)."""
+    (a,) = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a",))
+    for i in range(50):
+        (a.mountpoint / f"f{i}").write_bytes(b"x" * 4096)
+    wait_published(a)
+    assert cluster_status(a)["backlog"] == 0
+    nice = _thread_nice(a.proc.pid)
+    assert nice.get("hycache-publish") == {10}, str(nice)  # "hycache-publisher-0": 15 bytes kept
+    assert nice.get("hycache-journal") == {5}, str(nice)
+    assert nice.get("hycache-reaper-") in (None, {10}), str(nice)  # (started by the first removal)
+    assert os.getpriority(os.PRIO_PROCESS, a.proc.pid) == 0, nice  # the event loop's thread

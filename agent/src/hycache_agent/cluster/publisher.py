@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 from hycache_dht.meta import DHTError, NotPrimary, Op
@@ -17,6 +19,7 @@ from hycache_agent.cluster.entries import entry_meta, pack_row_meta, unpack_row_
 from hycache_agent.cluster.store_link import StoreLink
 from hycache_agent.fs.namespace import ROOT_INO, FsError, Inode
 from hycache_agent.fs.namespace import join_path as join
+from hycache_agent.transport.idle import BackgroundThreads
 
 log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
@@ -25,6 +28,7 @@ PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join 
 _STORE_ERRORS = (DHTError, ConnectionError, TimeoutError)
 
 Row = tuple[str, bytes, bytes | None, bytes | None]
+T = TypeVar("T")
 
 
 def _signature(inode: Inode) -> tuple:
@@ -127,6 +131,10 @@ class Publisher:
         self._published_sig: dict[int, tuple] = {}
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
+        # the outbox's reads and the Redis pipelines on a niced thread of their own: the
+        # requests the agent serves (and the processes making them) get the cores first,
+        # and publication takes what is left (its backlog and tails are reported)
+        self._thread = BackgroundThreads("hycache-publisher", count=1)
 
     def attach(self) -> None:
         journal = self.engine.ns.journal
@@ -243,21 +251,25 @@ class Publisher:
         await ns.journal.sync()
         log.info("republished %d local names to the global namespace", count)
 
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the publisher's thread."""
+        return await self._thread.run(lambda *a: fn(*a[:-1]), *args)
+
     # ------------------------------------------------------------------ the publisher task
     async def run(self) -> None:
         backoff = 0.1
         store_db = self.engine.store
-        rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
-        self.status.backlog = await trio.to_thread.run_sync(store_db.outbox_size)  # rows left by the previous run
+        rows = await self._off_loop(store_db.outbox_head, PUBLISH_BATCH)
+        self.status.backlog = await self._off_loop(store_db.outbox_size)  # rows left by the previous run
         while True:
             if rows is None:
-                rows = await trio.to_thread.run_sync(store_db.outbox_head, PUBLISH_BATCH)
+                rows = await self._off_loop(store_db.outbox_head, PUBLISH_BATCH)
             if not self.link.is_connected or not rows:
                 await self._idle(bool(rows))
                 rows = None
                 continue
             try:
-                acked, superseded, lost = await trio.to_thread.run_sync(self._apply_rows, rows)
+                acked, superseded, lost = await self._off_loop(self._apply_rows, rows)
             except (*_STORE_ERRORS, OSError) as exc:
                 self.link.degraded(exc)
                 await trio.sleep(backoff)
@@ -301,7 +313,7 @@ class Publisher:
         # the count from the outbox itself (commits add to it in between), and the
         # next rows, in one hop
         self._published_upto = rows[-1][0]
-        self.status.backlog, rows = await trio.to_thread.run_sync(done_and_next, rows[-1][0])
+        self.status.backlog, rows = await self._off_loop(done_and_next, rows[-1][0])
         self.status.published_ops += published
         self.status.publish_batches += 1
         self.link.ok()

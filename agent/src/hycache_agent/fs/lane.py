@@ -35,6 +35,8 @@ from typing import Any
 
 import trio
 
+from hycache_agent.transport.idle import background_thread
+
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 0.02
@@ -43,12 +45,14 @@ _STOP = object()
 
 
 class Lane:
-    def __init__(self, name: str, *, hold: bool = True) -> None:
+    def __init__(self, name: str, *, hold: bool = True, nice: int = 0) -> None:
         """``hold``: jobs nobody waits for wait for the drainer's next round and go together
         (a lane with a job per operation); False: each goes at once (a lane whose jobs are
-        already batched, as the journal's group commits, which must not wait a round more)."""
+        already batched, as the journal's group commits, which must not wait a round more).
+        ``nice``: the worker thread's nice value (0: the agent's)."""
         self.name = name
         self.hold = hold
+        self.nice = nice
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: deque[tuple[Callable | None, Any, BaseException | None]] = deque()
         self._thread: threading.Thread | None = None
@@ -169,6 +173,7 @@ class Lane:
 
     # -- worker thread ----------------------------------------------------------------------
     def _run(self) -> None:
+        background_thread(f"hycache-{self.name}", self.nice or None)
         while True:
             batch = self._jobs.get()
             if batch is _STOP:

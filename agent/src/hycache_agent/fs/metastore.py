@@ -35,6 +35,8 @@ from hycache_agent.fs.redolog import RedoLog
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
+# the committer thread's nice value (weight 335 against a request thread's 1024)
+JOURNAL_NICE = 5
 # upgrades from an older user_version (each step brings the schema one version up)
 MIGRATIONS = {1: "ALTER TABLE inodes ADD COLUMN replicas TEXT NOT NULL DEFAULT ''"}
 
@@ -237,7 +239,9 @@ class MetaJournal:
         self.on_commit: Callable[[int], None] | None = None
         # the committer: batches applied in order on the lane's thread; a failed batch is
         # retried before the next, so nothing recorded is ever dropped or reordered
-        self.lane = Lane("journal", hold=False)  # a commit is a batch already (group commit)
+        # niced: a commit nobody waits for takes the cores the requests leave (while the
+        # cores are busy the commits grow, fewer and larger); a sync() waits for it as before
+        self.lane = Lane("journal", hold=False, nice=JOURNAL_NICE)  # a commit is a batch already (group commit)
         self._unapplied: deque[_Batch] = deque()  # handed over, not committed yet
         self._deferred = False  # commit_soon() came while a commit was in flight
         self._waiters: list[_Waiter] = []

@@ -19,6 +19,7 @@ job's file descriptors are never used by two threads at once).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
@@ -31,6 +32,25 @@ import trio
 log = logging.getLogger(__name__)
 
 BACKGROUND_NICE = 10  # a niced thread's CPU weight is 110 against a default thread's 1024
+
+
+_PR_SET_NAME = 15
+
+
+def background_thread(name: str, nice: int | None) -> None:
+    """(in the thread) Name the calling native thread (``comm``, as ``top -H`` and ``ps -L``
+    show it: the first 15 bytes) and set its nice value (Linux: one per thread; None: the
+    one it inherited)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # (not Linux) unnamed
+    if nice is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as e:  # (not Linux: the whole process would be niced) still works, at full priority
+        log.warning("%s: cannot lower the thread's priority: %s", name, e)
 
 
 class Cancelled(Exception):
@@ -91,10 +111,7 @@ class BackgroundThreads:
             self.threads.append(t)
 
     def _serve(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-        except OSError as e:  # (not Linux: the whole process would be niced) still works, at full priority
-            log.warning("%s: cannot lower the thread's priority: %s", self.name, e)
+        background_thread(threading.current_thread().name, self.nice)
         while True:
             job = self._queue.get()
             try:
