@@ -39,8 +39,9 @@ _PR_SET_NAME = 15
 
 def background_thread(name: str, nice: int | None) -> None:
     """(in the thread) Name the calling native thread (``comm``, as ``top -H`` and ``ps -L``
-    show it: the first 15 bytes) and set its nice value (Linux: one per thread; None: the
-    one it inherited)."""
+    show it: the first 15 bytes) and lower its priority to nice ``nice`` (Linux: one per
+    thread; never raised: an agent started at a higher nice value keeps it; None: the one
+    it inherited)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
@@ -48,7 +49,8 @@ def background_thread(name: str, nice: int | None) -> None:
     if nice is None:
         return
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
     except OSError as e:  # (not Linux: the whole process would be niced) still works, at full priority
         log.warning("%s: cannot lower the thread's priority: %s", name, e)
 
