@@ -15,23 +15,25 @@ rc=0
 # the code's shape first (seconds): ruff, the import-linter layer contracts, mypy
 bash scripts/lint.sh || rc=$?
 if [[ $# -eq 0 ]]; then
-    # Two lanes: the deployment suites (tests/deploy: Docker containers booted as hosts, the
-    # compose cluster, the ansible rollout from scratch — ~22 min, most of it waiting on the
-    # containers) run beside the rest, at a lower CPU priority, with a basetemp of their own;
-    # their output follows the rest's.
-    deploy_log="$(mktemp -t hycache-deploy-tests.XXXXXX.log)"
-    deploy_tmp="$(mktemp -d -t hycache-deploy-pytest.XXXXXX)"
-    echo "test.sh: tests/deploy runs beside the rest (its output at the end: $deploy_log)" >&2
-    nice -n 5 "$UV" run --frozen --all-packages pytest -p no:cacheprovider --basetemp "$deploy_tmp" \
-        tests/deploy > "$deploy_log" 2>&1 &
-    deploy_pid=$!
-    "$UV" run --frozen --all-packages pytest --ignore tests/deploy || rc=$?
-    deploy_rc=0
-    wait "$deploy_pid" || deploy_rc=$?
-    echo "test.sh: tests/deploy (ran beside the rest): pytest exit status $deploy_rc" >&2
-    cat "$deploy_log"
-    [[ $deploy_rc -eq 0 ]] || rc=$deploy_rc
-    rm -rf "$deploy_tmp"
+    # Two lanes: the suites that drive whole deployments — tests/deploy (Docker containers
+    # booted as hosts, the compose cluster, the ansible rollout from scratch: ~22 min, most of
+    # it waiting on the containers), tests/web (the stack in Chromium) and tests/slurm (real
+    # slurmctld/slurmd) — run beside the rest, at a lower CPU priority, with a basetemp of
+    # their own; their output follows the rest's.
+    side=(tests/deploy tests/web tests/slurm)
+    side_log="$(mktemp -t hycache-side-tests.XXXXXX.log)"
+    side_tmp="$(mktemp -d -t hycache-side-pytest.XXXXXX)"
+    echo "test.sh: ${side[*]} run beside the rest (their output at the end: $side_log)" >&2
+    nice -n 5 "$UV" run --frozen --all-packages pytest -p no:cacheprovider --basetemp "$side_tmp" \
+        "${side[@]}" > "$side_log" 2>&1 &
+    side_pid=$!
+    "$UV" run --frozen --all-packages pytest "${side[@]/#/--ignore=}" || rc=$?
+    side_rc=0
+    wait "$side_pid" || side_rc=$?
+    echo "test.sh: ${side[*]} (ran beside the rest): pytest exit status $side_rc" >&2
+    cat "$side_log"
+    [[ $side_rc -eq 0 ]] || rc=$side_rc
+    rm -rf "$side_tmp"
 else
     "$UV" run --frozen --all-packages pytest "$@" || rc=$?
 fi
