@@ -34,7 +34,7 @@ def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
     d = m.mountpoint / "d"
     d.mkdir()
     recycled(m, d, "old", 50, b"O" * 65536)
-    blobs = len(tier_blobs(m.fast))
+    misses = pool(m)["misses"]
 
     for i in range(50):
         p = d / f"new{i}"
@@ -48,7 +48,9 @@ def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
     for i in range(50):
         data = (d / f"new{i}").read_bytes()
         assert data == b"n%d" % i, f"new{i}: {data[:16]!r}"
-    assert len(tier_blobs(m.fast)) <= blobs + 50, "the creates took pool blobs"
+    # no create found the pool empty and made its blob on the request path (the count of
+    # blobs is no measure: the pools top themselves up in the background meanwhile)
+    assert pool(m)["misses"] == misses, "the creates took pool blobs"
     fast_bytes = sum(tier_blobs(m.fast).values())
     assert fast_bytes < 50 * 65536, "the old files' bytes are gone from the fast tier"
 
