@@ -760,3 +760,51 @@ def test_the_reader_thread_answers_a_mixed_load_and_stops_at_once(hycache_mount)
     rc = m.unmount()
     took = time.monotonic() - t0
     assert rc == 0 and took < 5, (rc, took)
+
+
+def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constant_stream(hycache_mount):
+    """The reader thread hands what the table answered to the agent after a burst (a pause
+    of 1 ms), when the agent needs it, and at the latest 100 ms after the oldest answer
+    not handed over: under a stream of requests the table answers without a pause (two
+    processes opening and closing a file in a loop: lent opens), ten removals the table
+    answered still free their files' space in the agent within a second, while the stream
+    goes on (waiting for a pause, they would wait for its end)."""
+    import sys
+
+    m = lending_mount(hycache_mount)
+    rt = status(m)["request_loop"]["reader_thread"]
+    if not (rt and rt["running"]) or not table(m)["enabled"]:
+        pytest.skip("no reader thread or answer table here")
+    d = m.mountpoint / "d"
+    d.mkdir()
+    for i in range(10):
+        (d / f"f{i}").write_bytes(b"r" * 65536)
+    (d / "hot").write_bytes(b"h")
+    for i in range(10):
+        attrs(d / f"f{i}")  # closed, their attributes offered: removable by the table
+    wait_idle(m)
+    wait_for(lambda: status(m)["tiers"]["fast"]["used"] >= 10 * 65536, 10, "the files' bytes counted")
+    used0 = status(m)["tiers"]["fast"]["used"]
+    loop = ("import os, sys, time\n"
+            "end = time.monotonic() + float(sys.argv[2])\n"
+            "while time.monotonic() < end:\n"
+            "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
+    stream = [subprocess.Popen([sys.executable, "-c", loop, str(d / "hot"), "8"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        before = table(m)
+        for i in range(10):
+            os.unlink(d / f"f{i}")
+        t0 = time.monotonic()
+        wait_for(lambda: status(m)["tiers"]["fast"]["used"] <= used0 - 10 * 65536, 5,
+                 "the removals' freed space in the agent during the stream")
+        took = time.monotonic() - t0
+        streaming = all(p.poll() is None for p in stream)
+        after = table(m)
+    finally:
+        for p in stream:
+            p.wait(timeout=30)
+    assert streaming, "the stream ended before the agent freed the removed files"
+    assert after["unlink"] - before["unlink"] == 10, "the table answered the removals"
+    assert after["open_lent"] - before["open_lent"] > 1000, "the table answered the stream"
+    assert took < 1.0, took

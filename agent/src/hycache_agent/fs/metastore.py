@@ -368,7 +368,7 @@ class MetaJournal:
             batch.append(("INSERT INTO outbox (op, path, path2, meta) VALUES (?, ?, ?, ?)", row))
         redo_upto = 0
         if self.redo is not None:  # the checkpoint: committed with what it covers
-            redo_upto = self.redo.last_seq
+            redo_upto = self.redo.covered
             batch.append(("INSERT OR REPLACE INTO counters (name, value) VALUES (?, ?)", ("redo_upto", redo_upto)))
         self._queued_upto = self._recorded
         return _Batch(self._recorded, batch, durable, len(rows), redo_upto)

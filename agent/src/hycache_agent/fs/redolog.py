@@ -257,6 +257,16 @@ class RedoLog:
     def shared(self) -> bool:
         return self._shared is not None
 
+    @property
+    def covered(self) -> int:
+        """The last record whose change the agent's namespace has (what a commit may
+        checkpoint): every record, but, while shared, not those the reader's table appended
+        for answers it has not handed to the agent yet (its next drain does) nor any after
+        them — a checkpoint past them would lose them to a crash before that drain."""
+        if self._shared is not None and hasattr(self._shared, "answers_redo_covered"):
+            return self._shared.answers_redo_covered()
+        return self.last_seq
+
     def records(self) -> list[tuple[int, bytes]]:
         """Every record of the current lap, ``(seq, payload)`` in order, up to the end
         mark or the first torn one."""

@@ -168,6 +168,19 @@ class HyCacheOperations(pyfuse3.Operations):
         # (the kernel's references first: a removal below may free what a LOOKUP named)
         unknown = self.answers.drained(lookups, answered)
         self.answers.restock()  # first: the reader's CREATEs go on while the rest is done
+        if changes and (opened or released):
+            # A drain may hold a file's lent opens and releases *and* the removal of its
+            # name (the reader hands them over after a burst, not after each request).
+            # Those of files the agent already has were answered before the removal (an
+            # open needs the name) or could have been: counted first, so that the last
+            # release parks the registration and the file freed at its FORGET recycles
+            # its blob, as with a drain between them; the files created in this drain are
+            # counted after their creates, below.
+            inodes = self.ns.inodes
+            self._lent_counted([e for e in opened if e[0] in inodes], [e for e in released if e[0] in inodes],
+                               writers, writers_released)
+            opened = [e for e in opened if e[0] not in inodes]
+            released = [e for e in released if e[0] not in inodes]
         changed: set[int] = set()  # directories whose names changed: their attributes offered once
         for name, parent, ino, t, created in changes:
             if created is None:
@@ -184,6 +197,14 @@ class HyCacheOperations(pyfuse3.Operations):
             self.answers.unknown_lookups(unknown)
         for parent in changed:
             self._dir_changed(parent)
+        self._lent_counted(opened, released, writers, writers_released)
+        if forgets and self._nursery is not None:
+            self._nursery.start_soon(self._forget_kept, forgets)
+
+    def _lent_counted(self, opened: Sequence[tuple[int, int]], released: Sequence[tuple[int, int]],
+                      writers: Sequence[tuple[int, int]], writers_released: Sequence[tuple[int, int]]) -> None:
+        """The lent opens and releases of a drain (``writers`` and ``writers_released``:
+        per inode, how many of them were for writing) counted as the agent's own."""
         wrote = dict(writers) if writers else {}
         for ino, n in opened:
             self.opens.lent_opened(ino, n, wrote.get(ino, 0))
@@ -194,8 +215,6 @@ class HyCacheOperations(pyfuse3.Operations):
                 node = self.ns.inodes.get(ino)
                 if node is not None and node.open_count == 0:  # parked: size and times taken
                     self._attrs(node)
-        if forgets and self._nursery is not None:
-            self._nursery.start_soon(self._forget_kept, forgets)
 
     def _lent_released(self, ino: int, n: int, writers: int) -> None:
         node = self.opens.lent_released(ino, n)
