@@ -767,8 +767,9 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     of 1 ms), when the agent needs it, and at the latest 100 ms after the oldest answer
     not handed over: under a stream of requests the table answers without a pause (two
     processes opening and closing a file in a loop: lent opens), ten removals the table
-    answered still free their files' space in the agent within a second, while the stream
-    goes on (waiting for a pause, they would wait for its end)."""
+    answered still free their files' space in the agent within seconds (a fraction of one on
+    a quiet machine), while the stream goes on (waiting for a pause, they would wait for its
+    end: eight seconds)."""
     import sys
 
     m = lending_mount(hycache_mount)
@@ -807,4 +808,4 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     assert streaming, "the stream ended before the agent freed the removed files"
     assert after["unlink"] - before["unlink"] == 10, "the table answered the removals"
     assert after["open_lent"] - before["open_lent"] > 1000, "the table answered the stream"
-    assert took < 1.0, took
+    assert took < 3.0, took

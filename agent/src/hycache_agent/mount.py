@@ -79,8 +79,9 @@ def _task_tree(task: trio.lowlevel.Task, depth: int = 0) -> list[str]:
     return lines
 
 
-async def _watch_signals(nursery: trio.Nursery) -> None:
+async def _watch_signals(nursery: trio.Nursery, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        task_status.started()  # (from here on a SIGTERM unmounts instead of killing the agent)
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
@@ -240,6 +241,10 @@ def _choose_passthrough(config: AgentConfig, engine: TieringEngine) -> bool:
 async def serve(agent: Agent) -> None:
     engine, config = agent.engine, agent.config
     async with trio.open_nursery() as nursery:
+        # first: the mount is visible already, and a SIGTERM before the watcher runs would
+        # kill the agent with the default action (a test's teardown right after a restart
+        # saw exit -15) instead of unmounting
+        await nursery.start(_watch_signals, nursery)
         agent.ops.start(nursery)
         await nursery.start(ControlServer(agent.status, socket_path(config.state_dir)).serve)
         await engine.run(nursery)
@@ -253,7 +258,6 @@ async def serve(agent: Agent) -> None:
             await nursery.start(MetricsServer(agent.status, agent.status.node_id).serve, host, port)
         if agent.control is not None:
             await nursery.start(agent.control.run)
-        nursery.start_soon(_watch_signals, nursery)
         log.info("serving %s (fast=%s capacity=%d, slow=%s, policy=%s)", config.mountpoint,
                  config.fast_dir, engine.capacity, config.slow_dir, engine.policy.name)
         try:

@@ -19,7 +19,11 @@ What goes out:
   and the attributes of the inodes they named) before the agent sees the request;
 - the agent drops what it changes by itself, through the metadata journal's watcher
   (every change of an inode, a name or an extended attribute is recorded there:
-  ``MetaJournal.watcher``), and what another node changes (``invalidate_entry``).
+  ``MetaJournal.watcher``), and what another node changes (``invalidate_entry``);
+- what the agent offers is what it knew at its last drain, so the table refuses the
+  attributes of a file an open for writing it answered since holds (passthrough22: the
+  kernel writes the blob meanwhile), and, until the next drain, of a file whose
+  registration the agent took back while opens answered with it were outstanding.
 
 Names are kept as the journal records them: every name the agent makes or removes is put
 in or taken out as it happens (a request that removes a name only drops the attributes it
