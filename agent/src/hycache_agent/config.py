@@ -79,7 +79,8 @@ class AgentConfig(BaseModel):
     answer_opens: bool = True
     # (with the table) read requests in a native thread of the patched pyfuse3 that answers
     # from the table without the GIL and queues the rest for the event loop (docs/agent.md);
-    # on since pyfuse3 passthrough21 (the fsx size race of session 51 fixed: hc_drop_for)
+    # on since pyfuse3 passthrough21; the fsx size race it still lost 1 run in 4 to (an offer
+    # after a take-back with lent opens unknown to the agent) closed in passthrough22
     reader_thread: bool = True
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
