@@ -754,8 +754,12 @@ def test_the_reader_thread_answers_a_mixed_load_and_stops_at_once(hycache_mount)
                          for w in range(4)), 10, "the agent's record of sizes the kernel wrote")
     rt = status(m)["request_loop"]["reader_thread"]
     t = table(m)
-    assert rt["answered"] > rt["queued"] > 0, rt
-    assert t["create"] > 0 and t["getattr"] > 0, t
+    if status(m)["passthrough"]["enabled"]:
+        assert rt["answered"] > rt["queued"] > 0, rt
+        assert t["create"] > 0 and t["getattr"] > 0, t
+    else:  # no open and no create is the table's without registrations: fewer answers
+        assert rt["answered"] > 0 and rt["queued"] > 0, rt
+        assert t["getattr"] > 0, t
     t0 = time.monotonic()
     rc = m.unmount()
     took = time.monotonic() - t0
