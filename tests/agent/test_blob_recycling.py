@@ -34,6 +34,9 @@ def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
     d = m.mountpoint / "d"
     d.mkdir()
     recycled(m, d, "old", 50, b"O" * 65536)
+    # the background refill settled (drains hand removals over after a burst now): the
+    # pool holds what the creates below take
+    wait_for(lambda: pool(m)["ready"] >= 50, 30, "the pool ready for the creates")
     misses = pool(m)["misses"]
 
     for i in range(50):

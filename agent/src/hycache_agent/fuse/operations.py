@@ -168,19 +168,19 @@ class HyCacheOperations(pyfuse3.Operations):
         # (the kernel's references first: a removal below may free what a LOOKUP named)
         unknown = self.answers.drained(lookups, answered)
         self.answers.restock()  # first: the reader's CREATEs go on while the rest is done
-        if changes and (opened or released):
-            # A drain may hold a file's lent opens and releases *and* the removal of its
-            # name (the reader hands them over after a burst, not after each request).
-            # Those of files the agent already has were answered before the removal (an
-            # open needs the name) or could have been: counted first, so that the last
-            # release parks the registration and the file freed at its FORGET recycles
-            # its blob, as with a drain between them; the files created in this drain are
-            # counted after their creates, below.
-            inodes = self.ns.inodes
-            self._lent_counted([e for e in opened if e[0] in inodes], [e for e in released if e[0] in inodes],
-                               writers, writers_released)
-            opened = [e for e in opened if e[0] not in inodes]
-            released = [e for e in released if e[0] not in inodes]
+        # A drain may hold a file's lent opens and releases *and* the removal of its name
+        # (the reader hands them over after a burst, not after each request).  Those of
+        # files the agent already has were answered before the removal (an open needs the
+        # name) or could have been: counted first, so that the last release parks the
+        # registration and the file freed at its FORGET recycles its blob, as with a drain
+        # between them; those of files created in this drain after their creates, below.
+        have = self.ns.inodes
+        later: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+        if changes:
+            later = [e for e in opened if e[0] not in have], [e for e in released if e[0] not in have]
+            opened = [e for e in opened if e[0] in have]
+            released = [e for e in released if e[0] in have]
+        self._lent_counted(opened, released, writers, writers_released)
         changed: set[int] = set()  # directories whose names changed: their attributes offered once
         for name, parent, ino, t, created in changes:
             if created is None:
@@ -197,7 +197,7 @@ class HyCacheOperations(pyfuse3.Operations):
             self.answers.unknown_lookups(unknown)
         for parent in changed:
             self._dir_changed(parent)
-        self._lent_counted(opened, released, writers, writers_released)
+        self._lent_counted(*later, writers, writers_released)
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
 
