@@ -811,5 +811,6 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
             p.wait(timeout=30)
     assert streaming, "the stream ended before the agent freed the removed files"
     assert after["unlink"] - before["unlink"] == 10, "the table answered the removals"
-    assert after["open_lent"] - before["open_lent"] > 1000, "the table answered the stream"
+    # (~1,500 opens in the window on a quiet machine, 700-800 with both cores busy elsewhere)
+    assert after["open_lent"] - before["open_lent"] > 200, "the table answered the stream meanwhile"
     assert took < 3.0, took
