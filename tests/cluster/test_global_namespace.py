@@ -194,3 +194,51 @@ def test_publication_and_commits_run_niced_beside_the_requests(
     assert nice.get("hycache-journal") == {5}, str(nice)
     assert nice.get("hycache-reaper-") in (None, {10}), str(nice)  # (started by the first removal)
     assert os.getpriority(os.PRIO_PROCESS, a.proc.pid) == 0, nice  # the event loop's thread
+
+
+def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
+        hycache_mount, redis_cluster, dht_namespace, secret_file):
+    """While the node serves a storm of requests (more than ``publish_storm_rate`` a
+    second), publication waits for it to pass — its Redis traffic would take the cores
+    the requests need — but a change waits no longer than ``publish_yield_seconds``: under
+    a storm that does not pause, a file made on one node is published (and seen by the
+    other) within about that bound; with no storm, at once."""
+    import sys
+
+    a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
+                        publish_storm_rate=200, publish_yield_seconds=2.0)
+    d = a.mountpoint / "d"
+    d.mkdir()
+    (d / "hot").write_bytes(b"h")
+    wait_published(a)
+    before = cluster_status(a)
+    loop = ("import os, sys, time\n"
+            "end = time.monotonic() + float(sys.argv[2])\n"
+            "while time.monotonic() < end:\n"
+            "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
+    storm = [subprocess.Popen([sys.executable, "-c", loop, str(d / "hot"), "8"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        (d / "made-in-the-storm").write_bytes(b"s" * 100)
+        t0 = time.monotonic()
+        wait_for(lambda: cluster_status(a)["backlog"] == 0, timeout=10, what="the storm's file published")
+        took = time.monotonic() - t0
+        storming = all(p.poll() is None for p in storm)
+        during = cluster_status(a)
+    finally:
+        for p in storm:
+            p.wait(timeout=30)
+    assert storming, "the storm ended before the file was published"
+    assert during["publish_yields"] > before["publish_yields"], during
+    assert during["publish_yielded_seconds"] - before["publish_yielded_seconds"] >= 1.0, during
+    # the bound, not the end of the storm (8 s): 2 s and the batch's own time
+    assert 1.0 <= took < 5.0, took
+    wait_for(lambda: (b.mountpoint / "d" / "made-in-the-storm").stat().st_size == 100, what="the file on b")
+
+    # no storm: published at once
+    (d / "made-after").write_bytes(b"a")
+    t0 = time.monotonic()
+    wait_for(lambda: cluster_status(a)["backlog"] == 0, timeout=10, what="the quiet file published")
+    quiet = time.monotonic() - t0
+    assert quiet < 1.0, quiet
+    assert cluster_status(a)["publish_lag_seconds"] == 0

@@ -100,6 +100,10 @@ def _cluster_options(g) -> None:
                    help="lease of a file's write flag, renewed while it is open for writing (default 10)")
     g.add_argument("--write-lease-wait", type=float,
                    help="seconds an open for writing waits for another node's lease before EBUSY (default 30)")
+    g.add_argument("--publish-storm-rate", type=float,
+                   help="requests/s the node serves from which publication to the DHT waits (default 4000)")
+    g.add_argument("--publish-yield-seconds", type=float,
+                   help="how long publication may wait for a storm of requests to pass; 0: never (default 1)")
     g.add_argument("--replicas", type=int, help="push each written file to N other nodes (default 0)")
     g.add_argument("--replica-mode", choices=("async", "sync"),
                    help="sync: close(2) returns once the replicas are durable; async (default): pushed just after")
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
                 "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
-                "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "replicas", "replica_mode", "push_streams",
+                "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "publish_storm_rate", "publish_yield_seconds", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",
                 "hccache_block_size", "hccache_second_level")}

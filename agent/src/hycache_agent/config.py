@@ -95,6 +95,12 @@ class AgentConfig(BaseModel):
     redis_password_file: Path | None = None
     write_lease_seconds: float = Field(default=10.0, gt=0, description="write flag lease, renewed while open")
     write_lease_wait: float = Field(default=30.0, ge=0, description="how long an open waits for another node's lease")
+    # publication to the DHT yields to a storm of requests (cluster/publisher.py): the
+    # global namespace may lag a node that serves more than publish_storm_rate requests a
+    # second by up to publish_yield_seconds, and the cores go to the requests meanwhile
+    publish_storm_rate: float = Field(default=4000.0, gt=0, description="requests/s from which publication yields")
+    publish_yield_seconds: float = Field(default=1.0, ge=0, le=60,
+                                         description="how long publication may yield to a storm; 0: never")
     replicas: int = Field(default=0, ge=0, description="copies of each file pushed to other nodes")
     replica_mode: Literal["async", "sync"] = "async"
     push_streams: int = Field(default=2, ge=1, le=16,

@@ -25,6 +25,7 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
 from hycache_agent.fs import tiers as T
+from hycache_agent.fs.counters import requests_seen
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fuse.operations import HyCacheOperations, invalidate_entry
@@ -155,6 +156,10 @@ def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on
                           rebalance_rounds=config.rebalance_rounds, hccache=_make_hccache(config),
                           hccache_second_level=config.hccache_second_level,
                           copies=copies, on_invalidate=on_invalidate)
+    # publication yields to a storm of requests (cluster/publisher.py)
+    cluster.publisher.requests = functools.partial(requests_seen, engine.io)
+    cluster.publisher.storm_rate = config.publish_storm_rate
+    cluster.publisher.yield_max = config.publish_yield_seconds
     cluster.attach()
     return cluster
 

@@ -133,6 +133,8 @@ class ClusterLink:
 
     def status_dict(self) -> dict[str, Any]:
         d = dict(self.status.__dict__)
+        d["publish_yielded_seconds"] = round(self.status.publish_yielded_seconds, 3)
+        d["publish_lag_seconds"] = round(self.publisher.lag(), 3)  # the oldest change not published
         d["node_id"] = self.node_id
         d["advertise"] = self.advertise
         d["remote_nodes_cached"] = len(self.remote)

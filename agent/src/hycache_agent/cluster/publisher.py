@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +27,7 @@ log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the
 
 PUBLISH_BATCH = 512
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
+STORM_SAMPLE_SECONDS = 0.02  # while yielding to a storm of requests: how often the rate is sampled
 _STORE_ERRORS = (DHTError, ConnectionError, TimeoutError)
 
 Row = tuple[str, bytes, bytes | None, bytes | None]
@@ -131,6 +134,23 @@ class Publisher:
         self._published_sig: dict[int, tuple] = {}
         self._unacked: dict[bytes, int] = {}  # path -> ino of a new name not yet published
         self._published_upto = 0  # the outbox's sequence number published so far (attach)
+        # (last outbox sequence number, monotonic time) of each commit not published yet:
+        # the age of the oldest change waiting (the lag a storm may add, and the status's)
+        self._commits: deque[tuple[int, float]] = deque()
+        # Publication yields to a storm of requests: while the node serves more than
+        # ``storm_rate`` requests a second, a batch waits — the publisher's thread and the
+        # Redis servers it keeps busy would take the cores the requests need — but never
+        # once its oldest change is ``yield_max`` seconds old: the global namespace lags a
+        # busy node by at most that (plus the batches' own time), and a storm that never
+        # ends is published behind it as before.  ``requests``: how many requests the node
+        # has served since start (None: publication never yields); its last sample (count,
+        # monotonic time); an urgent drain (drain_outbox: a change to a name another node
+        # holds waits for ours) that does not yield.
+        self.requests: Callable[[], int] | None = None
+        self.storm_rate = 4000.0
+        self.yield_max = 1.0
+        self._sample: tuple[int, float] | None = None
+        self._urgent = 0
         # the outbox's reads and the Redis pipelines on a niced thread of their own: the
         # requests the agent serves (and the processes making them) get the cores first,
         # and publication takes what is left (its backlog and tails are reported)
@@ -227,7 +247,42 @@ class Publisher:
         callback may come after the publisher already sent them: the backlog counts from
         what it has published, never twice.)"""
         self.status.backlog = max(self.status.backlog, last_seq - self._published_upto)
+        if last_seq > self._published_upto and (not self._commits or last_seq > self._commits[-1][0]):
+            self._commits.append((last_seq, time.monotonic()))
         self._wakeup.set()
+
+    def lag(self) -> float:
+        """Seconds since the oldest change not published yet was committed (0: none)."""
+        commits, upto = self._commits, self._published_upto
+        while commits and commits[0][0] <= upto:
+            commits.popleft()
+        return time.monotonic() - commits[0][1] if commits else 0.0
+
+    def _storm(self) -> bool:
+        """Whether the node served requests faster than ``storm_rate`` since the last sample
+        (at least STORM_SAMPLE_SECONDS ago; a fresh sample is taken then)."""
+        if self.requests is None or self.yield_max <= 0:
+            return False
+        n, now = self.requests(), time.monotonic()
+        last, self._sample = self._sample, (n, now)
+        if last is None or now - last[1] <= 0:
+            return False
+        return (n - last[0]) / (now - last[1]) > self.storm_rate
+
+    async def _yield_to_storm(self) -> None:
+        """Before a batch: wait while the node serves a storm of requests, until its oldest
+        change is ``yield_max`` seconds old (see ``storm_rate``)."""
+        if self._urgent or not self._storm():
+            return
+        t0 = time.monotonic()
+        self.status.publish_yields += 1
+        try:
+            while not self._urgent and self.lag() < self.yield_max:
+                await trio.sleep(STORM_SAMPLE_SECONDS)
+                if not self._storm():
+                    return
+        finally:
+            self.status.publish_yielded_seconds += time.monotonic() - t0
 
     async def republish_all(self) -> None:
         """At start: queue a put of every local name (idempotent), so the store holds
@@ -268,6 +323,7 @@ class Publisher:
                 await self._idle(bool(rows))
                 rows = None
                 continue
+            await self._yield_to_storm()
             try:
                 acked, superseded, lost = await self._off_loop(self._apply_rows, rows)
             except (*_STORE_ERRORS, OSError) as exc:
@@ -293,6 +349,8 @@ class Publisher:
         with trio.move_on_after(1.0):
             await self._wakeup.wait()
         self._wakeup = trio.Event()
+        if self.requests is not None:  # the linger is the first sample of the request rate
+            self._sample = (self.requests(), time.monotonic())
         # pipelined publication: what the next few commits queue goes out in the
         # same batch (one pipeline per hash slot) instead of one batch each
         await trio.sleep(PUBLISH_LINGER_SECONDS)
@@ -363,10 +421,14 @@ class Publisher:
         """Wait until everything queued so far is published (before changing names held
         by other nodes directly in the store: our own changes must be there first)."""
         await self.engine.ns.journal.sync()
-        with trio.move_on_after(timeout):
-            while self.status.backlog > 0 and self.link.reachable:
-                self._wakeup.set()
-                await trio.sleep(0.01)
-            if self.link.reachable:
-                return
+        self._urgent += 1  # (no yield to a storm meanwhile)
+        try:
+            with trio.move_on_after(timeout):
+                while self.status.backlog > 0 and self.link.reachable:
+                    self._wakeup.set()
+                    await trio.sleep(0.01)
+                if self.link.reachable:
+                    return
+        finally:
+            self._urgent -= 1
         raise FsError(errno.EIO, "the metadata store is unreachable")

@@ -36,6 +36,10 @@ class LinkStatus:
     remote_fetches: int = 0
     remote_bytes: int = 0
     backlog: int = 0
+    # batches that waited for a storm of requests to pass (Publisher.storm_rate), and how
+    # long they waited in all
+    publish_yields: int = 0
+    publish_yielded_seconds: float = 0.0
     # reads of remote copies still filling (remote/copy.py): served from the copy before it
     # was whole, made to wait for the stream, served by a range GET of their own
     filling_reads: int = 0

@@ -199,6 +199,18 @@ class Census:
         return result
 
 
+def requests_seen(io: IOStats) -> int:
+    """The requests the node has served since start, as of now: what the native reader
+    thread read (every request, answered by its table or queued for the event loop), else
+    the metadata operations the event loop counted."""
+    reader = getattr(pyfuse3, "reader_stats", None)
+    if reader is not None:
+        thread = reader()
+        if thread["running"]:
+            return thread["read"]
+    return io.metadata_ops
+
+
 def request_loop(spin_us: float) -> dict[str, Any]:
     """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
     and since start how often it found the next request (``spin_hits``) or ran out and
