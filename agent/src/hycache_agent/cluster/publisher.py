@@ -26,6 +26,9 @@ from hycache_agent.transport.idle import BackgroundThreads
 log = logging.getLogger("hycache_agent.cluster.dht_link")  # one log for all the parts of the link
 
 PUBLISH_BATCH = 512
+# the batch after a yield to a storm of requests: what the storm changed, in one pipelined
+# batch as far as it goes (files made and removed within it go nowhere: _Batch.delete)
+PUBLISH_BATCH_AFTER_STORM = 16384
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
 STORM_SAMPLE_SECONDS = 0.02  # while yielding to a storm of requests: how often the rate is sampled
 _STORE_ERRORS = (DHTError, ConnectionError, TimeoutError)
@@ -43,34 +46,63 @@ class _Batch:
     """(worker thread) Outbox rows applied in order: runs of put/delete/lease acquire and
     release as one pipelined store call, inbox messages together, renames one by one.
     Collects the paths whose puts were applied (``acked``), those refused because another
-    node holds them now (``superseded``) and those whose write flag another node holds
-    (``lost``)."""
+    node holds them now (``superseded``), those whose write flag another node holds
+    (``lost``), and those made and removed within one run, of which nothing went to the
+    store (``dropped``)."""
 
     def __init__(self, store, ownership, status) -> None:
         self.store = store
         self.ownership = ownership
         self.status = status
-        self.run: list[Op] = []
+        self.run: list[Op | None] = []  # (None: dropped)
         self.latest: dict[bytes, int] = {}  # path -> index of its put in ``run``
+        # path -> indexes in ``run`` of the ops of a file created in this run (its put and
+        # the write flag taken right after it, as only a create's is): nothing of it was
+        # in the store before, so its removal in the same run drops them all
+        self.created: dict[bytes, list[int]] = {}
         self.messages: list[tuple[bytes, bytes, bytes]] = []
         self.acked: list[bytes] = []
         self.superseded: list[tuple[bytes, NotPrimary]] = []
         self.lost: list[bytes] = []
+        self.dropped: list[bytes] = []
 
     def put(self, path: bytes, meta: bytes, owners: tuple[str, ...]) -> None:
         i = self.latest.get(path)
         if i is not None:
             # a newer put of a path already in this run (a create, then its size at
             # close): one put with the newest metadata, at the first one's place
-            owners = tuple(dict.fromkeys((self.run[i].owners or ()) + owners))
+            first = self.run[i]
+            assert first is not None
+            owners = tuple(dict.fromkeys((first.owners or ()) + owners))
             self.run[i] = Op.put(path, unpack_row_meta(meta), owners=owners)
             self.status.coalesced += 1
         else:
             self.latest[path] = len(self.run)
             self.run.append(Op.put(path, unpack_row_meta(meta), owners=owners))
 
+    def acquire(self, path: bytes, node: str, seconds: float) -> None:
+        i = self.latest.get(path)
+        if i is not None and i == len(self.run) - 1 and path not in self.created:
+            self.created[path] = [i, i + 1]  # right after the path's first put: a create's
+        elif path in self.created:
+            self.created[path].append(len(self.run))
+        self.run.append(Op.acquire(path, node, seconds))
+
+    def release(self, path: bytes, node: str) -> None:
+        if path in self.created:
+            self.created[path].append(len(self.run))
+        self.run.append(Op.release(path, node))
+
     def delete(self, path: bytes) -> None:
         self.latest.pop(path, None)
+        made = self.created.pop(path, None)
+        if made is not None:  # created in this run: neither goes to the store
+            for i in made:
+                self.run[i] = None
+            self.dropped.append(path)
+            self.status.coalesced += len(made) + 1
+            self.status.never_published += 1
+            return
         self.run.append(Op.delete(path))
 
     def message(self, path: bytes, target: bytes, packed: bytes) -> None:
@@ -94,10 +126,13 @@ class _Batch:
 
     def flush(self) -> None:
         if self.run:
-            for op, result in zip(self.run, self.store.apply(self.run)):
-                self._result(op, result)
+            run = [op for op in self.run if op is not None]
+            if run:
+                for op, result in zip(run, self.store.apply(run)):
+                    self._result(op, result)
             self.run.clear()
             self.latest.clear()
+            self.created.clear()
         if self.messages:
             self.ownership.send_messages(self.store, self.messages)
             self.messages.clear()
@@ -172,29 +207,44 @@ class Publisher:
         rows: list[Row] = []
         tail: list[Row] = []  # after this batch's puts
         put_now: set[int] = set()
+        # names whose put found the inode gone already (removed before this commit), and
+        # of those the files created here (a create's put is followed by its write flag's
+        # acquire): never in the store, so neither the flag nor the removal goes there
+        gone: set[bytes] = set()
+        made_gone: set[bytes] = set()
         for event in ns.events:
             op = event[0]
             if op in ("put", "take"):
-                self._put_row(rows, put_now, event)
+                if not self._put_row(rows, put_now, event) and op == "put" and event[2] is not None:
+                    gone.add(event[2])
             elif op == "acquire":  # right after the create's put (before a rename of it)
+                if event[1] in gone:
+                    gone.discard(event[1])
+                    made_gone.add(event[1])
+                    continue
                 rows.append((op, event[1], None, None))
             elif op in ("release", "notify"):
                 tail.append((op, event[1], event[2], event[3]))
             elif op == "delete":
-                if event[2] is not None:
+                if event[2] in made_gone:
+                    made_gone.discard(event[2])
+                    self.status.never_published += 1
+                elif event[2] is not None:
                     rows.append(("delete", event[2], None, None))
             elif op == "rename":
+                made_gone.discard(event[2])
                 self._rename_rows(rows, *event[1:])
         ns.events.clear()
         self._dirty_rows(rows, dirty, put_now)
         rows += tail
         return rows  # counted into the backlog when the commit succeeds (committed)
 
-    def _put_row(self, rows: list[Row], put_now: set[int], event: tuple) -> None:
+    def _put_row(self, rows: list[Row], put_now: set[int], event: tuple) -> bool:
+        """The put of a "put" or "take" event; False if there is none (the inode is gone)."""
         op, ino, path = event[0], event[1], event[2]
         inode = self.engine.ns.inodes.get(ino)
         if inode is None or path is None:
-            return
+            return False
         # a takeover's put admits the old holder in the owner guard
         extra = event[3].encode() if op == "take" and event[3] else None
         rows.append(("put", path, extra, pack_row_meta(entry_meta(inode, self.node_id))))
@@ -202,6 +252,7 @@ class Publisher:
         put_now.add(ino)
         if not inode.published:
             self._unacked[path] = ino
+        return True
 
     def _rename_rows(self, rows: list[Row], ino: int, old: bytes | None, new: bytes | None) -> None:
         inode = self.engine.ns.inodes.get(ino)
@@ -269,20 +320,21 @@ class Publisher:
             return False
         return (n - last[0]) / (now - last[1]) > self.storm_rate
 
-    async def _yield_to_storm(self) -> None:
+    async def _yield_to_storm(self) -> bool:
         """Before a batch: wait while the node serves a storm of requests, until its oldest
-        change is ``yield_max`` seconds old (see ``storm_rate``)."""
+        change is ``yield_max`` seconds old (see ``storm_rate``).  Whether it waited."""
         if self._urgent or not self._storm():
-            return
+            return False
         t0 = time.monotonic()
         self.status.publish_yields += 1
         try:
             while not self._urgent and self.lag() < self.yield_max:
                 await trio.sleep(STORM_SAMPLE_SECONDS)
                 if not self._storm():
-                    return
+                    break
         finally:
             self.status.publish_yielded_seconds += time.monotonic() - t0
+        return True
 
     async def republish_all(self) -> None:
         """At start: queue a put of every local name (idempotent), so the store holds
@@ -323,9 +375,10 @@ class Publisher:
                 await self._idle(bool(rows))
                 rows = None
                 continue
-            await self._yield_to_storm()
+            if await self._yield_to_storm():
+                rows = await self._off_loop(store_db.outbox_head, PUBLISH_BATCH_AFTER_STORM)
             try:
-                acked, superseded, lost = await self._off_loop(self._apply_rows, rows)
+                acked, superseded, lost, dropped = await self._off_loop(self._apply_rows, rows)
             except (*_STORE_ERRORS, OSError) as exc:
                 self.link.degraded(exc)
                 await trio.sleep(backoff)
@@ -334,7 +387,7 @@ class Publisher:
                 continue
             backoff = 0.1
             rows = await self._published(rows)
-            await self._settle(acked, superseded, lost)
+            await self._settle(acked, superseded, lost, dropped)
 
     async def _idle(self, pending: bool) -> None:
         """Wait for a commit's wake-up (at most a second): not connected yet (``pending``:
@@ -378,12 +431,18 @@ class Publisher:
         return rows
 
     async def _settle(self, acked: list[bytes], superseded: list[tuple[bytes, NotPrimary]],
-                      lost: list[bytes]) -> None:
+                      lost: list[bytes], dropped: list[bytes]) -> None:
+        inodes = self.engine.ns.inodes
         for path in acked:
             ino = self._unacked.pop(path, None)
-            inode = self.engine.ns.inodes.get(ino) if ino is not None else None
+            inode = inodes.get(ino) if ino is not None else None
             if inode is not None:
                 inode.published = True
+        for path in dropped:  # made and removed before publication (a newer file of the name waits)
+            ino = self._unacked.get(path)
+            inode = inodes.get(ino) if ino is not None else None
+            if inode is None or inode.nlink <= 0:
+                self._unacked.pop(path, None)
         for path in lost:
             self.ownership.lease_lost(path)
         for path, exc in superseded:
@@ -392,7 +451,7 @@ class Publisher:
             except FsError as err:
                 log.warning("%r: held by %s, local copy not reconciled yet: %s", path, exc.primary, err)
 
-    def _apply_rows(self, rows) -> tuple[list[bytes], list[tuple[bytes, NotPrimary]], list[bytes]]:
+    def _apply_rows(self, rows) -> tuple[list[bytes], list[tuple[bytes, NotPrimary]], list[bytes], list[bytes]]:
         """(worker thread) Apply outbox rows in order (see :class:`_Batch`).  Puts carry the
         owner guard: this node (and, for a takeover, the old holder)."""
         batch = _Batch(self.link.store, self.ownership, self.status)
@@ -409,13 +468,13 @@ class Publisher:
             elif op == "delete":
                 batch.delete(path)
             elif op == "acquire":
-                batch.run.append(Op.acquire(path, me, self.ownership.idle_seconds))
+                batch.acquire(path, me, self.ownership.idle_seconds)
             elif op == "release":
-                batch.run.append(Op.release(path, me))
+                batch.release(path, me)
             elif op == "rename":
                 batch.rename(path, bytes(path2), meta if meta is None else bytes(meta))
         batch.flush()
-        return batch.acked, batch.superseded, batch.lost
+        return batch.acked, batch.superseded, batch.lost, batch.dropped
 
     async def drain_outbox(self, timeout: float = 10.0) -> None:
         """Wait until everything queued so far is published (before changing names held

@@ -31,7 +31,8 @@ class LinkStatus:
     last_error: str | None = None
     published_ops: int = 0
     publish_batches: int = 0
-    coalesced: int = 0  # queued puts folded into a newer put of the same path (one batch)
+    coalesced: int = 0  # queued ops folded into a newer put of the same path, or dropped (below)
+    never_published: int = 0  # files made and removed before their publication: nothing sent of them
     conflicts: int = 0
     remote_fetches: int = 0
     remote_bytes: int = 0
