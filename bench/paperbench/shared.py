@@ -78,19 +78,21 @@ def read_pass(dirs: list[Path]) -> float:
 def run_passes(hdd: SlowTier, nodes: Nodes, passes: int, set_bytes: int) -> dict:
     """``passes`` read passes over ``nodes``, settled before each re-read (the wait is
     ``settle_s``, outside every pass's time)."""
-    s0, secs, settle = hdd.read_bytes(), [], []
+    s0, secs, settle, shared = hdd.read_bytes(), [], [], []
     for i in range(passes):
         if i:
             t0 = time.perf_counter()
             nodes.settle()
             settle.append(time.perf_counter() - t0)
+        before = hdd.read_bytes()
         secs.append(read_pass(nodes.dirs))
+        shared.append((hdd.read_bytes() - before) / 1e6)
     n = len(nodes.dirs)
     mbps = [n * set_bytes / s / 1e6 for s in secs]
     warm = mbps[1:] or mbps
     return {"pass_mbps": mbps, "cold_mbps": mbps[0], "warm_mbps": sum(warm) / len(warm),
             "overall_mbps": n * set_bytes * passes / sum(secs) / 1e6,
-            "shared_read_mb": (hdd.read_bytes() - s0) / 1e6, "settle_s": settle}
+            "shared_read_mb": (hdd.read_bytes() - s0) / 1e6, "pass_shared_read_mb": shared, "settle_s": settle}
 
 
 def migrations_settled(agents: list[Agent], timeout: float = SETTLE_TIMEOUT) -> None:

@@ -110,12 +110,13 @@ def test_shared_row_three_agents_outread_one_on_one_shared_device(work: Path) ->
     assert 2.7 * set_mb <= c["hycache3"]["shared_read_mb"] <= 3 * 2 * set_mb
     assert c["alone3"]["shared_read_mb"] >= 0.9 * 3 * 2 * set_mb  # the device alone: every pass
     assert c["alone3"]["cold_mbps"] <= 1.3 * HDD["mbps"]  # three readers share its 150 MB/s
-    # re-reads come from each node's fast tier, not the shared device: faster than the device
-    # alone with as many readers.  (Whether 3 nodes out-read 1 is the benchmark's question,
-    # docs/benchmarks.md: at this test's 32 MiB per node both are page-cache bound on 2 vCPUs,
-    # and 3 nodes read 0.87x one on a quiet machine.)
-    assert c["hycache1"]["warm_mbps"] > 1.5 * c["alone1"]["warm_mbps"]
-    assert c["hycache3"]["warm_mbps"] > 1.5 * c["alone3"]["warm_mbps"]
+    # re-reads come from each node's fast tier, not the shared device (the device alone
+    # serves every pass).  How much faster that is, and whether 3 nodes out-read 1, is the
+    # benchmark's question (docs/benchmarks.md; at this test's 32 MiB per node both are
+    # page-cache bound on 2 vCPUs, and a loaded machine moves the rates: no speed here).
+    for n in (1, 3):
+        assert c[f"hycache{n}"]["pass_shared_read_mb"][1] <= 0.05 * n * set_mb, c[f"hycache{n}"]
+        assert c[f"alone{n}"]["pass_shared_read_mb"][1] >= 0.9 * n * set_mb, c[f"alone{n}"]
     assert res["hycache_scaling"]["warm_mbps"] > 0
     # the re-reads began once every promotion was done: no agent was still copying
     assert all(len(c[k]["settle_s"]) == 1 for k in ("hycache1", "hycache3")), c
