@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-FILES, SIZE, ROUNDS = 8, 256 * 1024, 400
+FILES, SIZE, ROUNDS = 8, 256 * 1024, 240
 
 
 def content(i: int, gen: int) -> bytes:
