@@ -30,7 +30,8 @@ PUBLISH_BATCH = 512
 # batch as far as it goes (files made and removed within it go nowhere: _Batch.delete)
 PUBLISH_BATCH_AFTER_STORM = 16384
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
-STORM_SAMPLE_SECONDS = 0.02  # while yielding to a storm of requests: how often the rate is sampled
+STORM_SAMPLE_SECONDS = 0.05  # while yielding to a storm of requests: the rate is sampled over this (shorter: noise)
+STORM_SAMPLE_MAX_AGE = 0.25  # an older sample of the request count is not the rate of now
 _STORE_ERRORS = (DHTError, ConnectionError, TimeoutError)
 
 Row = tuple[str, bytes, bytes | None, bytes | None]
@@ -309,21 +310,30 @@ class Publisher:
             commits.popleft()
         return time.monotonic() - commits[0][1] if commits else 0.0
 
-    def _storm(self) -> bool:
+    def _storm(self) -> bool | None:
         """Whether the node served requests faster than ``storm_rate`` since the last sample
-        (at least STORM_SAMPLE_SECONDS ago; a fresh sample is taken then)."""
+        (a fresh one is taken); None if that sample is missing or older than
+        STORM_SAMPLE_MAX_AGE (it would average the rate of now with an idle past)."""
         if self.requests is None or self.yield_max <= 0:
             return False
         n, now = self.requests(), time.monotonic()
         last, self._sample = self._sample, (n, now)
-        if last is None or now - last[1] <= 0:
+        if last is None or now - last[1] > STORM_SAMPLE_MAX_AGE:
+            return None
+        if now - last[1] <= 0:
             return False
         return (n - last[0]) / (now - last[1]) > self.storm_rate
 
     async def _yield_to_storm(self) -> bool:
         """Before a batch: wait while the node serves a storm of requests, until its oldest
         change is ``yield_max`` seconds old (see ``storm_rate``).  Whether it waited."""
-        if self._urgent or not self._storm():
+        if self._urgent:
+            return False
+        storm = self._storm()
+        if storm is None:  # the rate of now first
+            await trio.sleep(STORM_SAMPLE_SECONDS)
+            storm = self._storm()
+        if not storm:
             return False
         t0 = time.monotonic()
         self.status.publish_yields += 1
