@@ -434,6 +434,7 @@ class Publisher:
         # the count from the outbox itself (commits add to it in between), and the
         # next rows, in one hop
         self._published_upto = rows[-1][0]
+        self.lag()  # (drops the commits published now)
         self.status.backlog, rows = await self._off_loop(done_and_next, rows[-1][0])
         self.status.published_ops += published
         self.status.publish_batches += 1
