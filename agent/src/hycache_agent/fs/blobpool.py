@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 BLOB_POOL_LOW = 64  # the smallest low watermark (an idle agent keeps 2 x this ready)
 BLOB_POOL_MAX = 1024  # the largest low watermark (each ready blob holds a descriptor with passthrough)
+# ready blobs the pool keeps for the agent's own creates when it hands blobs to the FUSE
+# reader (a create the reader's table declines: handing it every ready blob made that one
+# find the pool empty and make its blob on the request path)
+BLOB_POOL_KEEP = 8
 BLOB_POOL_BATCH_MAX = 128  # blobs made per worker-thread job (one hop each): small enough that
 # a job delivers its blobs before the pool is empty even on a loaded node (~0.25 ms a blob)
 
@@ -274,9 +278,10 @@ class BlobPool:
 
     def give(self, n: int, put: Callable[[int, int, int], bool]) -> int:
         """Hand up to ``n`` ready blobs with their registrations to the FUSE reader
-        (``put(ino, backing_id, fd)``), which creates files with them itself: how many."""
+        (``put(ino, backing_id, fd)``), which creates files with them itself, keeping
+        BLOB_POOL_KEEP for the agent's own creates: how many."""
         ready, given = self._blob_pool, 0
-        while given < n and ready:
+        while given < n and len(ready) > BLOB_POOL_KEEP:
             ino = ready[-1]
             entry = self.pooled_backings.get(ino)
             if entry is None or not put(ino, entry[1], entry[0]):
