@@ -350,10 +350,13 @@ def test_a_full_tier_takes_writers_opens_back(hycache_mount):
     assert w >= 1
     (m.mountpoint / "big").write_bytes(b"b" * (950 << 10))  # past the high watermark
     assert cli("where", p, check=True).stdout.split()[0] == "fast"
-    lent = table(m)["open_lent"]
+    lent, regs = table(m)["open_lent"], table(m)["lent"]
     fd = os.open(p, os.O_RDWR)
     os.close(fd)
     assert table(m)["open_lent_writers"] == w, "a writer of a full tier is the agent's"
+    # the kernel sends the agent's RELEASE after close returns: the registration is lent
+    # (for readers) again once the agent processed it (1 run in 4 opened before that)
+    wait_for(lambda: table(m)["lent"] == regs, 10, "the registration lent again after the release")
     fd = os.open(p, os.O_RDONLY)
     os.close(fd)
     assert table(m)["open_lent"] >= lent + 1, "readers still answered by the table"
