@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hycache_harness import open_storm
 
 from .conftest import (
     check_tiers_from_outside,
@@ -777,7 +778,6 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     answered still free their files' space in the agent within seconds (a fraction of one on
     a quiet machine), while the stream goes on (waiting for a pause, they would wait for its
     end: eight seconds)."""
-    import sys
 
     m = lending_mount(hycache_mount)
     rt = status(m)["request_loop"]["reader_thread"]
@@ -793,11 +793,7 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     wait_idle(m)
     wait_for(lambda: status(m)["tiers"]["fast"]["used"] >= 10 * 65536, 10, "the files' bytes counted")
     used0 = status(m)["tiers"]["fast"]["used"]
-    loop = ("import os, sys, time\n"
-            "end = time.monotonic() + float(sys.argv[2])\n"
-            "while time.monotonic() < end:\n"
-            "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
-    stream = [subprocess.Popen([sys.executable, "-c", loop, str(d / "hot"), "8"]) for _ in range(2)]
+    stream = open_storm(d / "hot", 8)
     try:
         time.sleep(0.5)
         before = table(m)

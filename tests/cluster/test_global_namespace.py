@@ -12,6 +12,7 @@ import time
 import pytest
 from clusterkit import AGENT, cluster_status, redis_addr, sha, start_agents, wait_for, wait_published
 from hycache_dht.localcluster import LocalRedisCluster, find_free_base
+from hycache_harness import open_storm
 
 pytestmark = pytest.mark.mount
 
@@ -204,7 +205,6 @@ def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
     a storm that does not pause, a file made on one node is published (and seen by the
     other) within about that bound; with no storm, at once.  What the storm made and
     removed meanwhile never reaches the store; a removal of a published file does."""
-    import sys
 
     a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace,
                         publish_storm_rate=1000, publish_yield_seconds=5.0)
@@ -215,11 +215,7 @@ def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
     wait_published(a)
     assert (b.mountpoint / "d" / "old").read_bytes() == b"o"
     before = cluster_status(a)
-    loop = ("import os, sys, time\n"
-            "end = time.monotonic() + float(sys.argv[2])\n"
-            "while time.monotonic() < end:\n"
-            "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
-    storm = [subprocess.Popen([sys.executable, "-c", loop, str(d / "hot"), "14"]) for _ in range(2)]
+    storm = open_storm(d / "hot", 14)
     try:
         time.sleep(0.5)
         (d / "made-in-the-storm").write_bytes(b"s" * 100)

@@ -13,6 +13,7 @@ from .procs import (
     executable,
     kill_pid,
     log_tail,
+    open_storm,
     pid_alive,
     reap,
     spawn,
@@ -26,6 +27,6 @@ from .timing import median, pct, timed, write_json
 __all__ = [
     "Agent", "ControlPlane", "FuseDaemon", "HarnessError", "cluster_secret", "control_cli", "create_token",
     "drop_caches", "executable", "force_unmount", "fuse_unusable_reason", "free_port", "in_mount_table", "is_mounted", "kill_pid",
-    "log_tail", "median", "opts_to_argv", "pct", "pid_alive", "reap", "redis_seeds", "shared_tmpdir", "spawn", "start_redis_cluster",
+    "log_tail", "median", "open_storm", "opts_to_argv", "pct", "pid_alive", "reap", "redis_seeds", "shared_tmpdir", "spawn", "start_redis_cluster",
     "stop_daemon", "stop_pid", "timed", "wait_for", "wait_ready", "write_json", "write_secret",
 ]

@@ -133,3 +133,16 @@ def write_secret(path: Path, text: str) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     return Path(path)
+
+
+_OPEN_LOOP = ("import os, sys, time\n"
+              "end = time.monotonic() + float(sys.argv[2])\n"
+              "while time.monotonic() < end:\n"
+              "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
+
+
+def open_storm(path: Path, seconds: float, processes: int = 2) -> list[subprocess.Popen[bytes]]:
+    """``processes`` processes that open and close ``path`` without a pause for ``seconds``:
+    a stream of requests a FUSE mount answers (wait for them to end: ``p.wait()``)."""
+    return [subprocess.Popen([sys.executable, "-c", _OPEN_LOOP, str(path), str(seconds)])
+            for _ in range(processes)]
