@@ -813,3 +813,33 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     # (~1,500 opens in the window on a quiet machine, 700-800 with both cores busy elsewhere)
     assert after["open_lent"] - before["open_lent"] > 200, "the table answered the stream meanwhile"
     assert took < 3.0, took
+
+
+def reader_thread(pid: int) -> tuple[int, int]:
+    """(thread id, nice value) of the agent's native request reader, seen from outside."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() == "hycache-reader":
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            return int(tid), int(stat[stat.rindex(")") + 2:].split()[16])  # field 19: nice
+    raise AssertionError(f"no hycache-reader thread in agent {pid}")
+
+
+@pytest.mark.parametrize("nice", [None, 3])
+def test_the_reader_thread_runs_at_its_nice_value(hycache_mount, nice):
+    """The native reader is its own named thread at --reader-nice (default -19, ahead of
+    the callers it wakes and of the agent's background work), the process's other
+    threads at theirs; it answers as before."""
+    m = hycache_mount(**({} if nice is None else {"reader_nice": nice}))
+    want = -19 if nice is None else nice
+    wait_for(lambda: status(m)["request_loop"]["reader_thread"]["nice"] == want, 10,
+             f"the reader thread at nice {want}")
+    pid = m.proc.pid
+    tid, seen = reader_thread(pid)
+    assert seen == want and tid != pid
+    assert os.getpriority(os.PRIO_PROCESS, pid) == 0, "the event loop keeps the process's nice value"
+    p = m.mountpoint / "f"
+    p.write_bytes(b"abc")
+    before = table(m)["getattr"]
+    for _ in range(20):
+        assert attrs(p)[0] == 3
+    assert table(m)["getattr"] >= before + 20

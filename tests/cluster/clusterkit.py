@@ -51,11 +51,20 @@ def wait_for(predicate, timeout=20.0, what="condition"):
 
 
 def wait_published(*mounts, timeout: float = 30.0) -> None:
-    """Until every agent's outbox is empty, plus the kernel's entry timeout (1 s), after
-    which a lookup on another node finds the newest version."""
+    """Until every agent has committed what it was told and its outbox is empty, plus the
+    kernel's entry timeout (1 s), after which a lookup on another node finds the newest
+    version.  A close the answer table answered (a lent open's RELEASE: the file's size
+    at close) reaches the agent at its next drain, which comes before any request the
+    agent answers itself: a listing of the mount root first."""
     for m in mounts:
-        wait_for(lambda: cluster_status(m)["backlog"] == 0, timeout=timeout,
-                 what=f"{m.mountpoint}'s outbox drained (status: {cluster_status(m)})")
+        os.listdir(m.mountpoint)  # (OPENDIR: the agent drains what the table answered first)
+
+        def published() -> bool:
+            st = agent_status(m)
+            return st["metadata"]["pending"] == 0 and st["cluster"]["backlog"] == 0
+
+        wait_for(published, timeout=timeout,
+                 what=f"{m.mountpoint}'s changes committed and its outbox drained (status: {cluster_status(m)})")
     time.sleep(1.1)
 
 

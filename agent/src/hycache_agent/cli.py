@@ -164,6 +164,15 @@ def _kernel_options(m) -> None:
                         "queues the rest for the event loop (default: on; --no-reader-thread: the event loop "
                         "reads them and the table answers there, between the Python requests and the agent's "
                         "own work)")
+    m.add_argument("--gil-switch-us", type=float, metavar="US",
+                   help="how long a Python thread of the agent may hold the GIL while another waits for "
+                        "it (default 250; CPython's own is 5000); the event loop lets go of it at every system call "
+                        "and waited that long for it behind the publisher's or the journal's thread")
+    m.add_argument("--reader-nice", type=int, metavar="N",
+                   help="nice value of the native reader thread, -20..19 (default -19: a request it "
+                        "answers wakes the caller, and a woken caller or the agent's background work "
+                        "no longer takes the core it needs for the next one; needs CAP_SYS_NICE, "
+                        "else it stays at the process's)")
     m.add_argument("--loop-spin-us", type=float,
                    help="after answering a request and finding the queue empty, poll for the next one "
                         "this many microseconds before sleeping (default 50; 0: sleep at once). A caller "
@@ -371,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
-                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "reader_nice", "gil_switch_us", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "publish_storm_rate", "publish_yield_seconds", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

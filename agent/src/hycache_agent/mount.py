@@ -14,6 +14,7 @@ import os
 import re
 import resource
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.counters import requests_seen
+from hycache_agent.fs.counters import reader_thread_id, requests_seen
 from hycache_agent.fs.engine import TieringEngine
 from hycache_agent.fs.kreads import KernelReads
 from hycache_agent.fuse.operations import HyCacheOperations, invalidate_entry
@@ -251,6 +252,8 @@ async def serve(agent: Agent) -> None:
         # saw exit -15) instead of unmounting
         await nursery.start(_watch_signals, nursery)
         agent.ops.start(nursery)
+        if config.reader_thread and config.answer_table:
+            nursery.start_soon(_prioritise_reader, config.reader_nice)
         await nursery.start(ControlServer(agent.status, socket_path(config.state_dir)).serve)
         await engine.run(nursery)
         if agent.cluster is not None:
@@ -269,6 +272,35 @@ async def serve(agent: Agent) -> None:
             await pyfuse3.main()
         finally:
             nursery.cancel_scope.cancel()
+
+
+READER_START_SECONDS = 10.0
+
+
+async def _prioritise_reader(nice: int) -> None:
+    """Give the native request reader thread (started by pyfuse3.main) its nice value.
+    A request it answers wakes the caller; on a node with more runnable threads than cores
+    the woken caller, or the agent's own background work (commits, publication, the pool's
+    refills), then took the core from the reader before it read the next request, with its
+    lock held while it wrote the reply (docs/agent.md, "The metadata path")."""
+    deadline = trio.current_time() + READER_START_SECONDS
+    tid = None
+    while tid is None:
+        tid = await trio.to_thread.run_sync(reader_thread_id)
+        if tid is None:
+            if trio.current_time() > deadline:
+                log.info("no native reader thread runs (a pyfuse3 build without it?): nice %d not applied", nice)
+                return
+            await trio.sleep(0.01)
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        if before != nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as exc:
+        log.warning("the reader thread stays at the process's nice value (setting %d: %s; "
+                    "it needs CAP_SYS_NICE)", nice, exc.strerror)
+        return
+    log.info("the reader thread (%d) runs at nice %d", tid, nice)
 
 
 def _unescape_mountinfo(field: bytes) -> bytes:
@@ -453,6 +485,7 @@ def run_mount(config: AgentConfig) -> int:
     if hasattr(pyfuse3, "set_reader_thread"):  # passthrough17 and later
         pyfuse3.set_reader_thread(config.reader_thread and config.answer_table)
     _settle_gc()
+    sys.setswitchinterval(config.gil_switch_us / 1e6)
     unmounted_by_kernel = False
     try:
         trio.run(serve, agent)

@@ -211,6 +211,43 @@ def requests_seen(io: IOStats) -> int:
     return io.metadata_ops
 
 
+# the patched pyfuse3's native request reader names its thread so (prctl PR_SET_NAME)
+READER_THREAD_NAME = "hycache-reader"
+_reader_tid: int | None = None
+
+
+def reader_thread_id() -> int | None:
+    """The thread id of the native request reader, found by its name in /proc/self/task;
+    None while it does not run."""
+    global _reader_tid
+    tids = [str(_reader_tid)] if _reader_tid is not None else []
+    try:
+        tids += os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == READER_THREAD_NAME:
+                    _reader_tid = int(tid)
+                    return _reader_tid
+        except OSError:
+            continue
+    _reader_tid = None
+    return None
+
+
+def reader_thread_nice() -> int | None:
+    """The native reader thread's nice value (None while it does not run)."""
+    tid = reader_thread_id()
+    if tid is None:
+        return None
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        return None
+
+
 def request_loop(spin_us: float) -> dict[str, Any]:
     """The request loop's poll before it sleeps (``status`` -> ``request_loop``): how long,
     and since start how often it found the next request (``spin_hits``) or ran out and
@@ -218,12 +255,14 @@ def request_loop(spin_us: float) -> dict[str, Any]:
     loop or the reader thread; the counts are None with a pyfuse3 build without the poll.
     ``answer_table``: the requests answered from the reader's table, by kind, and what it holds.
     ``reader_thread``: what the native reader thread read, answered and queued for the event
-    loop, its own polls, its waits for a free slot and its wake-ups of the event loop (None:
-    a build without it)."""
+    loop, its own polls, its waits for a free slot, its wake-ups of the event loop and its
+    ``nice`` value (None: a build without it)."""
     spins = getattr(pyfuse3, "spins", None)
     answers = getattr(pyfuse3, "answers_stats", None)
     reader = getattr(pyfuse3, "reader_stats", None)
     thread = reader() if reader is not None else None
+    if thread is not None:
+        thread = {**thread, "nice": reader_thread_nice()}
     hits = misses = None
     if spins is not None:
         hits, misses = spins[0], spins[1]
