@@ -215,7 +215,7 @@ def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
     wait_published(a)
     assert (b.mountpoint / "d" / "old").read_bytes() == b"o"
     before = cluster_status(a)
-    storm = open_storm(d / "hot", 14)
+    storm = open_storm(d / "hot", 20)
     try:
         time.sleep(0.5)
         (d / "made-in-the-storm").write_bytes(b"s" * 100)
@@ -235,9 +235,10 @@ def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
     assert storming, "the storm ended before the file was published"
     assert during["publish_yields"] > before["publish_yields"], during
     assert during["publish_yielded_seconds"] - before["publish_yielded_seconds"] >= 1.0, during
-    # the bound, not the end of the storm (14 s): 5 s after the last change, and the batch's
-    # own time (and the status's, asked of an agent in a storm)
-    assert took >= 1.0 and since_last < 7.0, (took, since_last)
+    # the bound, not the end of the storm (20 s): 5 s after the last change, and the batch's
+    # own time on the publisher's niced thread and the status's, asked of an agent in a
+    # storm whose reader runs ahead of both (8.3 s once with another suite beside it)
+    assert took >= 1.0 and since_last < 11.0, (took, since_last)
     assert during["never_published"] - before["never_published"] == 50, during
     wait_for(lambda: (b.mountpoint / "d" / "made-in-the-storm").stat().st_size == 100, what="the file on b")
     time.sleep(1.1)  # (b's listing of d, cached for a second)
