@@ -82,16 +82,16 @@ class AgentConfig(BaseModel):
     # on since pyfuse3 passthrough21; the fsx size race it still lost 1 run in 4 to (an offer
     # after a take-back with lent opens unknown to the agent) closed in passthrough22
     reader_thread: bool = True
-    # the reader thread's nice value (docs/agent.md, "The metadata path"): a request it
-    # answers wakes the caller, and on a busy node the woken caller (or the agent's own
-    # background threads) took the core the reader needed for the next request; below 0
-    # it is scheduled ahead of them (needs CAP_SYS_NICE: else it stays at the process's)
     # how long a Python thread may hold the GIL while another waits for it (CPython's
     # sys.setswitchinterval; its default is 5 ms): every system call of the event loop lets
     # go of the GIL, and getting it back waited for whichever background thread (the
     # publisher's, the journal's, a pool refill) ran Python meanwhile (docs/agent.md)
     gil_switch_us: float = Field(default=250.0, ge=50, le=100_000,
                                  description="µs a Python thread holds the GIL while another waits")
+    # the reader thread's nice value (docs/agent.md, "The metadata path"): a request it
+    # answers wakes the caller, and on a busy node the woken caller (or the agent's own
+    # background threads) took the core the reader needed for the next request; below 0
+    # it is scheduled ahead of them (needs CAP_SYS_NICE: else it stays at the process's)
     reader_nice: int = Field(default=-19, ge=-20, le=19,
                              description="nice value of the native request reader thread")
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
