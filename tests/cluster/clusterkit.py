@@ -59,12 +59,15 @@ def wait_published(*mounts, timeout: float = 30.0) -> None:
     for m in mounts:
         os.listdir(m.mountpoint)  # (OPENDIR: the agent drains what the table answered first)
 
-        def published() -> bool:
+        def published(m=m) -> tuple | None:
+            """None once done, else what is left (the timeout's message names it)."""
             st = agent_status(m)
-            return st["metadata"]["pending"] == 0 and st["cluster"]["backlog"] == 0
+            left = st["metadata"]["pending"], st["cluster"]["backlog"]
+            return None if left == (0, 0) else left
 
-        wait_for(published, timeout=timeout,
-                 what=f"{m.mountpoint}'s changes committed and its outbox drained (status: {cluster_status(m)})")
+        # (one status call a poll: the message no longer asks for one up front)
+        wait_for(lambda: published() is None, timeout=timeout,
+                 what=f"{m.mountpoint}'s changes committed and its outbox drained (pending, backlog)")
     time.sleep(1.1)
 
 
