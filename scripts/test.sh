@@ -52,7 +52,13 @@ if [[ $# -eq 0 ]]; then
     wait "$side_pid" || side_rc=$?
     echo "test.sh: the side lane: exit status $side_rc after $((SECONDS - start)) s" >&2
     cat "$side_log"
-    [[ $side_rc -eq 0 ]] || rc=1
+    if [[ $side_rc -ne 0 ]]; then
+        rc=1
+        # the side lane's failures once more, last (a CI log is often read from its end),
+        # with the first assertion line of each
+        echo "test.sh: the side lane's failures:" >&2
+        grep -E '^(FAILED|ERROR) |^E   ' "$side_log" | head -n 40 >&2 || true
+    fi
     rm -rf "$side_tmp"
 else
     "$UV" run --frozen --all-packages pytest "$@" || rc=$?

@@ -59,7 +59,7 @@ def test_file_info_names_the_type_and_the_blob_of_regular_files_only():
     info = C.file_info(f, "/x/slow/data/05/5", "/root", None)
     assert info == {"ino": 5, "type": "file", "tier": "slow", "size": 123, "pinned": True, "hits": 4,
                     "open": 1, "agent_root": "/root", "blob": "/x/slow/data/05/5"}
-    f.replicas = ["b"]
+    f.replicas = ("b",)
     info = C.file_info(f, "/b", "/root", "a")
     assert info["primary"] == "a" and info["replicas"] == ["b"]
     assert C.file_info(_inode(2, stat.S_IFDIR | 0o755), None, "/r", None)["type"] == "dir"

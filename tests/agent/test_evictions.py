@@ -270,10 +270,12 @@ def test_a_fast_disk_that_fills_under_the_slack_still_spills(tmp_path, tmpfs_dir
     run_engine(tmp_path, body, fast=fast, fast_capacity=6 * M, promote_on_open=False, write_slack=0.5)
 
 
-def test_an_open_takes_back_a_file_its_eviction_has_not_switched(tmp_path, monkeypatch):
+@pytest.mark.parametrize("taker", ["open", "pin"])
+def test_an_open_or_a_pin_takes_back_a_file_its_eviction_has_not_switched(tmp_path, monkeypatch, taker):
     """With passthrough an open waits for a migration of its file; an eviction not switched
     yet is cancelled instead (the file is in use again): the open goes on at once, the
-    batch leaves that file on the fast tier and moves the others."""
+    batch leaves that file on the fast tier and moves the others.  A pin does the same (a
+    file pinned while its eviction copied it stayed on the slow tier, pinned)."""
     gate = Gate(monkeypatch)
 
     async def body(h):
@@ -293,10 +295,13 @@ def test_an_open_takes_back_a_file_its_eviction_has_not_switched(tmp_path, monke
             wanted = victims[1]
             assert wanted.migration is not None
             with trio.fail_after(1):  # no wait for the batch
-                assert await p.before_open(wanted, True) is False
+                if taker == "open":
+                    assert await p.before_open(wanted, True) is False
+                else:
+                    await e.set_pinned(wanted, True)
             assert wanted.migration.cancelled and e.counters.evictions_taken_back == 1
             gate.open()
-        assert moved == [3] and wanted.tier == T.FAST
+        assert moved == [3] and wanted.tier == T.FAST and wanted.pinned == (taker == "pin")
         assert [v.tier for v in victims if v is not wanted] == [T.SLOW] * 3
         assert not os.path.exists(e.tiers[T.SLOW].blob(wanted.ino)) and not _temps(e)
         for ino, payload in files.items():

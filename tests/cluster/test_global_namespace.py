@@ -239,7 +239,13 @@ def test_publication_yields_to_a_storm_of_requests_for_at_most_its_bound(
     # own time on the publisher's niced thread and the status's, asked of an agent in a
     # storm whose reader runs ahead of both (8.3 s once with another suite beside it)
     assert took >= 1.0 and since_last < 11.0, (took, since_last)
-    assert during["never_published"] - before["never_published"] == 50, during
+    # a batch the bound forces out while the loop still runs may catch the one temporary
+    # file that exists at that moment (its removal is published then): none if the loop
+    # ended within the bound, at most one per bound's worth of loop otherwise (CI's load)
+    loop = t1 - t0
+    caught = 50 - (during["never_published"] - before["never_published"])
+    allowed = 0 if loop < 4.0 else int(loop // 5.0) + 1
+    assert 0 <= caught <= allowed, (loop, caught, during)
     wait_for(lambda: (b.mountpoint / "d" / "made-in-the-storm").stat().st_size == 100, what="the file on b")
     time.sleep(1.1)  # (b's listing of d, cached for a second)
     assert sorted(os.listdir(b.mountpoint / "d")) == ["hot", "made-in-the-storm"]

@@ -30,7 +30,7 @@ from hycache_core.scheduling import (
     transfer_bytes,
 )
 from hycache_core.workflow import Workflow, WorkflowJob, load_workflow
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 DATA = Path(__file__).parent / "data"
@@ -138,6 +138,8 @@ def weights_and_nodes(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(weights_and_nodes())
+# HiGHS's presolve answered "optimal" with 6+7 on one node here (the least possible is 13)
+@example(([6.0, 7.0, 12.0, 6.0, 5.0], [[0, 2], [0, 1, 2], [0, 1, 2], [1], [0, 1, 2]], 3, 0.0))
 def test_balance_keeps_the_requested_bound_whenever_a_placement_within_it_exists(case):
     ws, allowed, n, slack = case
     b = balance(ws, allowed, n, slack)

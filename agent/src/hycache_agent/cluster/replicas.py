@@ -351,7 +351,7 @@ class Replicator:
         self.stats.pushed_bytes += opened.size * len(done)
         log.debug("replicated %r to %s in %.3f s", path, done, time.monotonic() - t0)
         if done:
-            inode.replicas, inode.replicated_gen = sorted(done), gen
+            inode.replicas, inode.replicated_gen = tuple(sorted(done)), gen
             self.engine.ns.journal.inode(inode.ino)
             await self.engine.ns.journal.sync()
         return done

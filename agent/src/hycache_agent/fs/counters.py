@@ -35,7 +35,7 @@ class Counters:
     bytes_promoted: int = 0
     bytes_demoted: int = 0
     spills: int = 0
-    evictions_taken_back: int = 0  # opens that cancelled an eviction before its switch
+    evictions_taken_back: int = 0  # opens and pins that cancelled an eviction before its switch
     evictions: int = 0
     promotions: int = 0
     promotions_declined: int = 0  # on-open promotions the admission rule turned down

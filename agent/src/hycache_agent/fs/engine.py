@@ -400,7 +400,7 @@ class TieringEngine:
         inode.mtime_ns = inode.ctime_ns = max(mtime_ns, inode.ctime_ns)
         inode.data_gen += 1
         if inode.replicas:  # the copies on other nodes are stale now
-            inode.replicas = []
+            inode.replicas = ()
         self.ns.journal.inode(inode.ino)
         if self.ns.events is not None:  # other nodes learn the size from the commit: soon
             self.commit_shortly()
@@ -466,7 +466,7 @@ class TieringEngine:
             inode.size = new_size
             inode.data_gen += 1
             if inode.replicas:  # the copies on other nodes are stale now
-                inode.replicas = []
+                inode.replicas = ()
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, h.uid)
             self.ns.journal.inode(inode.ino)
@@ -487,7 +487,7 @@ class TieringEngine:
             inode.size = size
             inode.data_gen += 1
             if inode.replicas:
-                inode.replicas = []
+                inode.replicas = ()
             inode.mtime_ns = inode.ctime_ns = now_ns()
             self._kill_suid(inode, uid)
             self.ns.journal.inode(inode.ino)

@@ -12,7 +12,9 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from hycache_agent.fs import redolog
@@ -36,6 +38,10 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+#: the extended attributes of every inode that has none (read-only: Inode.set_xattr replaces it)
+NO_XATTRS: Mapping[bytes, bytes] = MappingProxyType({})
+
+
 @dataclass(slots=True, eq=False)
 class Inode:
     ino: int
@@ -53,9 +59,14 @@ class Inode:
     pinned: bool = False
     hits: int = 0
     last_access: int = 0
-    xattrs: dict[bytes, bytes] = field(default_factory=dict)
+    # Few files have extended attributes, hard links or replicas: those three fields hold a
+    # shared empty mapping and tuples until they do (see :meth:`set_xattr`, :meth:`add_link`).
+    # A dict, a set and a list per inode were three more objects the cyclic garbage collector
+    # traversed in every collection of the generation holding them — for each created file
+    # until it is removed (docs/benchmarks.md, "Fewer objects for the garbage collector").
+    xattrs: Mapping[bytes, bytes] = field(default_factory=lambda: NO_XATTRS)
     # runtime only
-    links: set[tuple[int, bytes]] = field(default_factory=set)  # (parent, name) of every name
+    links: tuple[tuple[int, bytes], ...] = ()  # (parent, name) of every name
     lookups: int = 0
     open_count: int = 0
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
@@ -65,12 +76,33 @@ class Inode:
     # in a cluster: the global namespace has acknowledged this inode's name (inodes loaded
     # at start count as published; a new one is not until its first put is applied)
     published: bool = False
-    replicas: list[str] = field(default_factory=list)  # nodes holding a copy of the current bytes
+    replicas: tuple[str, ...] = ()  # nodes holding a copy of the current bytes
     replicated_gen: int = -1  # data_gen the replicas were made from
     # the journal sequence number of the last change that gave this inode a name (create,
     # link): a writer's close waits until it is committed (MetaJournal.sync(upto=...));
     # 0 when the change is in the redo log (safe from a crash already: nothing to wait for)
     name_seq: int = 0
+
+    def set_xattr(self, name: bytes, value: bytes) -> None:
+        xattrs = dict(self.xattrs)  # (copied: rare, and the shared empty one stays empty)
+        xattrs[name] = value
+        self.xattrs = xattrs
+
+    def remove_xattr(self, name: bytes) -> None:
+        """KeyError if the inode has no such attribute."""
+        xattrs = dict(self.xattrs)
+        del xattrs[name]
+        self.xattrs = xattrs or NO_XATTRS
+
+    def add_link(self, parent: int, name: bytes) -> None:
+        link = (parent, name)
+        if link not in self.links:
+            self.links = (*self.links, link)
+
+    def drop_link(self, parent: int, name: bytes) -> None:
+        link = (parent, name)
+        if link in self.links:
+            self.links = tuple(other for other in self.links if other != link)
 
     @property
     def is_dir(self) -> bool:
@@ -130,18 +162,18 @@ class Namespace:
             inode = self.inodes[ino] = Inode(ino, mode, uid, gid, nlink, size, at, mt, ct, rdev, target, tier,
                                              bool(pinned), hits, last, published=True)
             if reps:
-                inode.replicas, inode.replicated_gen = reps.split(","), 0
+                inode.replicas, inode.replicated_gen = tuple(reps.split(",")), 0
             if stat.S_ISDIR(mode):
                 self.children[ino] = {}
         for parent, name, ino in snap.dentries:
             self.children.setdefault(parent, {})[bytes(name)] = ino
             if ino in self.inodes:
-                self.inodes[ino].links.add((parent, bytes(name)))
+                self.inodes[ino].add_link(parent, bytes(name))
             if ino in self.children:
                 self.parent[ino] = parent
         for ino, name, value in snap.xattrs:
             if ino in self.inodes:
-                self.inodes[ino].xattrs[bytes(name)] = bytes(value)
+                self.inodes[ino].set_xattr(bytes(name), bytes(value))
         self.next_ino = max(snap.counters.get("next_ino", 0), max(self.inodes, default=ROOT_INO) + 1)
         self.access_seq = max([snap.counters.get("access_seq", 0)] + [i.last_access for i in self.inodes.values()])
         if ROOT_INO not in self.inodes:
@@ -250,7 +282,7 @@ class Namespace:
             inode.size = len(target)
         self.inodes[ino] = inode
         entries[name] = ino
-        inode.links.add((parent, name))
+        inode.add_link(parent, name)
         if self.events is not None:
             path = self.child_path(parent, name)
             self.events.append(("put", ino, path) if taken_from is None else ("take", ino, path, taken_from))
@@ -289,7 +321,7 @@ class Namespace:
             raise FsError(errno.ENOENT)
         t = now_ns()
         entries[name] = ino
-        inode.links.add((parent, name))
+        inode.add_link(parent, name)
         if self.events is not None:
             self.events.append(("put", ino, self.child_path(parent, name)))
         inode.nlink += 1
@@ -304,7 +336,7 @@ class Namespace:
         if self.events is not None:
             self.events.append(("delete", None, self.child_path(parent, name)))
         del self.children[parent][name]
-        inode.links.discard((parent, name))
+        inode.drop_link(parent, name)
         self.journal.unlink(parent, name)
         if inode.is_dir:
             inode.nlink = 0
@@ -377,10 +409,10 @@ class Namespace:
                                 ("rename", src.ino, temp, new_path)]
             self.children[old_parent][old_name] = dst.ino
             dst_entries[new_name] = src.ino
-            src.links.discard((old_parent, old_name))
-            src.links.add((new_parent, new_name))
-            dst.links.discard((new_parent, new_name))
-            dst.links.add((old_parent, old_name))
+            src.drop_link(old_parent, old_name)
+            src.add_link(new_parent, new_name)
+            dst.drop_link(new_parent, new_name)
+            dst.add_link(old_parent, old_name)
             for inode, parent in ((src, new_parent), (dst, old_parent)):
                 if inode.is_dir and self.parent[inode.ino] != parent:
                     self.inodes[self.parent[inode.ino]].nlink -= 1
@@ -411,8 +443,8 @@ class Namespace:
         del self.children[old_parent][old_name]
         self.journal.unlink(old_parent, old_name)
         dst_entries[new_name] = src.ino
-        src.links.discard((old_parent, old_name))
-        src.links.add((new_parent, new_name))
+        src.drop_link(old_parent, old_name)
+        src.add_link(new_parent, new_name)
         self.journal.link(new_parent, new_name, src.ino)
         if src.is_dir and old_parent != new_parent:
             self.inodes[old_parent].nlink -= 1

@@ -332,8 +332,13 @@ class Placement:
     # One implementation of the per-file controls, shared by the user.hycache.* xattrs,
     # the CLI (through the xattrs) and the control-plane link.
     def pin(self, inode: Inode, pinned: bool) -> None:
+        """Pin (the evictor skips the file) or unpin.  A pin also takes the file back from
+        an eviction that has not switched it yet (:meth:`take_back`): otherwise a file
+        pinned while its batch was copying it would land on the slow tier pinned."""
         inode.pinned = pinned
-        if not pinned:  # a plan's unpin: it no longer counts on the file (staged or pinned)
+        if pinned:
+            self.take_back(inode)
+        else:  # a plan's unpin: it no longer counts on the file (staged or pinned)
             self.staged.pop(inode.ino, None)
         self.files.ns.journal.inode(inode.ino)
 

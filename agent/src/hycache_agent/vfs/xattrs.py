@@ -85,7 +85,7 @@ class Xattrs:
             return
         if name.startswith(XATTR_PREFIX):
             raise FsError(errno.EPERM)
-        node.xattrs[name] = value
+        node.set_xattr(name, value)
         node.ctime_ns = now_ns()
         self.ns.journal.set_xattr(node.ino, name, value)
         self.ns.journal.inode(node.ino)
@@ -101,7 +101,7 @@ class Xattrs:
                 raise FsError(errno.EPERM)
             if name not in node.xattrs:
                 raise FsError(errno.ENODATA)
-            del node.xattrs[name]
+            node.remove_xattr(name)
             node.ctime_ns = now_ns()
             self.ns.journal.del_xattr(node.ino, name)
             self.ns.journal.inode(node.ino)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import milp
 from ..workflow import Workflow
 
 SOLVERS = ("greedy", "local", "hypergraph", "exact", "round-robin")
@@ -114,7 +115,6 @@ def _pack_milp(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_node
     within it?  Without: the least maximum load.  Returns ``(status, placement, value,
     lower bound)``, status ``"optimal"``, ``"infeasible"`` or ``"unknown"`` (time limit)."""
     import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
     classes: dict[tuple[float, tuple[int, ...]], list[int]] = {}
@@ -157,8 +157,7 @@ def _pack_milp(weight: Sequence[float], allowed: Sequence[Sequence[int]], n_node
     if bound is None:
         integrality[nx] = 0
     A = coo_array((vals, (rows, cols)), shape=(r, nvar)).tocsr()
-    res = milp(cost, constraints=LinearConstraint(A, lo, hi), integrality=integrality,
-               bounds=Bounds(lb, ub), options={"time_limit": time_limit, "disp": False})
+    res = milp.solve(cost, A, lo, hi, integrality=integrality, lb=lb, ub=ub, time_limit=time_limit)
     if res.status == 2:
         return "infeasible", None, float("inf"), float("inf")
     if res.x is None:

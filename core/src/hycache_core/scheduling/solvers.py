@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import milp
 from .accounting import DEFAULT_MAKESPAN_SLACK, LARGE_INSTANCE, _cost, _loads, _upward_rank, makespan
 from .problem import _EPS, EXACT_DEFAULT_TIME_LIMIT, PlacementError, Problem
 
@@ -451,7 +452,6 @@ class ExactResult:
 def solve_exact(p: Problem, *, time_limit: float = EXACT_DEFAULT_TIME_LIMIT) -> ExactResult:
     """The MILP of the module docstring, solved with HiGHS through scipy."""
     import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
     J, N = len(p.jobs), len(p.nodes)
@@ -493,8 +493,7 @@ def solve_exact(p: Problem, *, time_limit: float = EXACT_DEFAULT_TIME_LIMIT) -> 
     if symmetric and J:
         lb[0] = 1.0  # interchangeable nodes: job 0 on node 0
     A = coo_array((vals, (rows, cols)), shape=(r, nvar)).tocsr()
-    res = milp(c, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(nvar),
-               bounds=Bounds(lb, ub), options={"time_limit": time_limit, "disp": False})
+    res = milp.solve(c, A, lo, hi, integrality=np.ones(nvar), lb=lb, ub=ub, time_limit=time_limit)
     if res.x is None:
         raise PlacementError(f"the exact solver found no placement ({res.message})")
     x = np.asarray(res.x[:nx]).reshape(J, N) if J else np.zeros((0, N))
