@@ -695,3 +695,38 @@ def test_concurrent_writers_and_readers(shared_mount, fresh_dir):
     assert after["migrations_failed"] == before["migrations_failed"]
     assert check_tiers_from_outside(m) >= 11
     assert not [b for b in {**tier_blobs(m.fast), **tier_blobs(m.slow)} if b.endswith(".migrating")]
+
+
+@pytest.mark.mount
+@pytest.mark.parametrize("gc_interval", [None, 0])
+def test_the_event_loop_paces_the_garbage_collector(hycache_mount, gc_interval):
+    """By default CPython's automatic collector is off in the agent and its event loop
+    collects the young generations every --gc-interval (0.2 s) and all of them every
+    --gc-full-interval; ``status`` -> ``gc`` shows both kinds growing and the time they
+    took.  With --gc-interval 0 CPython's thresholds collect, on whichever thread; the
+    status counts those collections the same way."""
+    opts = {"gc_full_interval": 1} if gc_interval is None else {"gc_interval": gc_interval}
+    m = hycache_mount(**opts)
+    d = m.mountpoint / "d"
+    d.mkdir()
+    before = status(m)["gc"]
+    for i in range(300):  # objects for the collector: inodes, journal and namespace rows
+        (d / f"f{i}").write_bytes(b"x")
+    for i in range(300):
+        os.unlink(d / f"f{i}")
+    assert not os.listdir(d)
+    if gc_interval is None:
+        assert before["paced"] and not before["automatic"] and before["interval_seconds"] == 0.2, before
+        wait_for(lambda: status(m)["gc"]["collections"]["full"] >= before["collections"]["full"] + 2, 15,
+                 "two full collections of the event loop")
+        after = status(m)["gc"]
+        # every 0.2 s: 2 s of full ones (2 of them) leave at least a few young ones between
+        assert after["collections"]["middle"] >= before["collections"]["middle"] + 5, after
+        assert after["collections"]["young"] == before["collections"]["young"], "automatic ones ran"
+        assert not after["automatic"]
+    else:
+        assert not before["paced"] and before["automatic"] and before["full_interval_seconds"] is None, before
+        after = status(m)["gc"]
+        assert after["collections"]["young"] > before["collections"]["young"], (before, after)
+    timed = "full" if gc_interval is None else "young"
+    assert after["seconds"][timed] > 0 and after["cpu_seconds"][timed] > 0 and after["longest_ms"][timed] > 0, after

@@ -168,6 +168,11 @@ def _kernel_options(m) -> None:
                    help="how long a Python thread of the agent may hold the GIL while another waits for "
                         "it (default 250; CPython's own is 5000); the event loop lets go of it at every system call "
                         "and waited that long for it behind the publisher's or the journal's thread")
+    m.add_argument("--gc-interval", type=float, metavar="S",
+                   help="seconds between the garbage collector's young collections, run by the event loop "
+                        "(default 0.2; 0: CPython's automatic collector, on whichever thread allocates)")
+    m.add_argument("--gc-full-interval", type=float, metavar="S",
+                   help="seconds between the event loop's full collections (default 60)")
     m.add_argument("--reader-nice", type=int, metavar="N",
                    help="nice value of the native reader thread, -20..19 (default -19: a request it "
                         "answers wakes the caller, and a woken caller or the agent's background work "
@@ -380,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
-                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "reader_nice", "gil_switch_us", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "reader_nice", "gil_switch_us", "gc_interval", "gc_full_interval", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "publish_storm_rate", "publish_yield_seconds", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

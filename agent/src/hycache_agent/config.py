@@ -94,6 +94,14 @@ class AgentConfig(BaseModel):
     # it is scheduled ahead of them (needs CAP_SYS_NICE: else it stays at the process's)
     reader_nice: int = Field(default=-19, ge=-20, le=19,
                              description="nice value of the native request reader thread")
+    # the cyclic garbage collector, paced by the event loop (hycache_agent/collector.py):
+    # the automatic one (every 700 net allocations, on whichever thread, holding the GIL)
+    # is off, and the loop collects the young generations every gc_interval seconds and
+    # all of them every gc_full_interval; 0 leaves CPython's thresholds in charge
+    gc_interval: float = Field(default=0.2, ge=0, le=3600,
+                               description="seconds between the event loop's young collections (0: CPython's own)")
+    gc_full_interval: float = Field(default=60.0, gt=0, le=86400,
+                                    description="seconds between the event loop's full collections")
     # global namespace (HyCache+): metadata in Redis Cluster (or a shared SQLite file)
     redis: str | None = Field(default=None, description="HOST:PORT[,HOST:PORT...] of Redis Cluster nodes")
     meta_store: Path | None = Field(default=None, description="a SQLite metadata store shared by agents on one host")

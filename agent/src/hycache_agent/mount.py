@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
+from hycache_agent.collector import Collector
 from hycache_agent.config import AgentConfig
 from hycache_agent.control.local import ControlServer, socket_path
 from hycache_agent.fs import passthrough
@@ -107,6 +108,7 @@ class Agent:
     status: AgentStatus
     cluster: ClusterLink | None = None  # when in a global namespace
     control: ControlLink | None = None  # when linked to a control plane
+    collector: Collector | None = None  # the garbage collector's pace (installed by run_mount)
 
 
 def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = None) -> Agent:
@@ -133,7 +135,8 @@ def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = 
     after_init = functools.partial(set_read_ahead, config.mountpoint, config.read_ahead_kb) \
         if config.read_ahead_kb else None
     ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine), after_init=after_init)
-    return Agent(config, engine, ops, AgentStatus(engine, cluster, control), cluster, control)
+    collector = Collector(config.gc_interval, config.gc_full_interval)
+    return Agent(config, engine, ops, AgentStatus(engine, cluster, control, collector), cluster, control, collector)
 
 
 def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on_invalidate=None):
@@ -254,6 +257,8 @@ async def serve(agent: Agent) -> None:
         agent.ops.start(nursery)
         if config.reader_thread and config.answer_table:
             nursery.start_soon(_prioritise_reader, config.reader_nice)
+        if agent.collector is not None:
+            nursery.start_soon(agent.collector.run)
         await nursery.start(ControlServer(agent.status, socket_path(config.state_dir)).serve)
         await engine.run(nursery)
         if agent.cluster is not None:
@@ -485,6 +490,8 @@ def run_mount(config: AgentConfig) -> int:
     if hasattr(pyfuse3, "set_reader_thread"):  # passthrough17 and later
         pyfuse3.set_reader_thread(config.reader_thread and config.answer_table)
     _settle_gc()
+    assert agent.collector is not None
+    agent.collector.install()  # (after the freeze: start-up's objects are out of its reach)
     sys.setswitchinterval(config.gil_switch_us / 1e6)
     unmounted_by_kernel = False
     try:
@@ -493,6 +500,7 @@ def run_mount(config: AgentConfig) -> int:
         log.exception("agent failed; unmounting")
         raise
     finally:
+        agent.collector.uninstall()
         # fusermount3 -u ends the session from outside: the mount is already gone.
         # Never stat() the mount point here: the FUSE loop has stopped, nobody would
         # answer the kernel's GETATTR and this process would hang forever.

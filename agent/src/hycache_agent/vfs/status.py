@@ -14,10 +14,11 @@ class AgentStatus:
     ``status_dict()`` (the control-plane link); the link itself, which needs the status
     for its heartbeat, is given one without and adds its own part."""
 
-    def __init__(self, engine: TieringEngine, cluster=None, control=None) -> None:
+    def __init__(self, engine: TieringEngine, cluster=None, control=None, collector=None) -> None:
         self.engine = engine
         self.cluster = cluster
         self.control = control
+        self.collector = collector  # hycache_agent.collector.Collector: status -> gc
 
     @property
     def node_id(self) -> str | None:
@@ -40,4 +41,6 @@ class AgentStatus:
             st["hccache"] = None if cluster.reader is None else cluster.reader.status()
         if self.control is not None:
             st["control"] = self.control.status_dict()
+        if self.collector is not None:
+            st["gc"] = self.collector.status()
         return st
