@@ -116,6 +116,10 @@ class MetricsWriter:
         self.q = self.rows.q
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-writer", daemon=True)
+        # one flush at a time: a flush() returns once what was queued before it is committed,
+        # also when the writer's own flush had taken those rows and was still committing them
+        # (a test's flush right after its heartbeats found the queue empty and returned first)
+        self._flushing = threading.RLock()
         self.flushed_samples = 0
         self.last_error: str | None = None
 
@@ -134,9 +138,10 @@ class MetricsWriter:
         self.flush()
 
     def flush(self) -> None:
-        self._run_hooks(self.also)
-        self._flush_queue()
-        self._run_hooks(self.after)
+        with self._flushing:
+            self._run_hooks(self.also)
+            self._flush_queue()
+            self._run_hooks(self.after)
 
     @staticmethod
     def _run_hooks(hooks) -> None:
