@@ -730,3 +730,24 @@ def test_the_event_loop_paces_the_garbage_collector(hycache_mount, gc_interval):
         assert after["collections"]["young"] > before["collections"]["young"], (before, after)
     timed = "full" if gc_interval is None else "young"
     assert after["seconds"][timed] > 0 and after["cpu_seconds"][timed] > 0 and after["longest_ms"][timed] > 0, after
+
+
+@pytest.mark.mount
+def test_many_hard_links_come_and_go(hycache_mount):
+    """An inode's names are a tuple up to a few and a set beyond (fs/namespace.py
+    LINKS_IN_A_TUPLE): through both, every link counts, every name reads the bytes, and
+    after a restart the names loaded from the database are the same."""
+    m = hycache_mount()
+    d = m.mountpoint / "d"
+    d.mkdir()
+    (d / "f").write_bytes(b"linked")
+    for i in range(40):
+        os.link(d / "f", d / f"l{i}")
+        assert os.stat(d / "f").st_nlink == i + 2
+    m = hycache_mount.remount(m)
+    d = m.mountpoint / "d"
+    assert os.stat(d / "f").st_nlink == 41 and (d / "l39").read_bytes() == b"linked"
+    for n, i in enumerate([*range(0, 40, 2), *range(1, 40, 2)]):
+        os.unlink(d / f"l{i}")
+        assert os.stat(d / "f").st_nlink == 40 - n
+    assert os.listdir(d) == ["f"] and (d / "f").read_bytes() == b"linked"

@@ -38,6 +38,9 @@ def now_ns() -> int:
     return time.time_ns()
 
 
+#: an inode's names are kept in a tuple up to this many, in a set beyond
+LINKS_IN_A_TUPLE = 8
+
 #: the extended attributes of every inode that has none (read-only: Inode.set_xattr replaces it)
 NO_XATTRS: Mapping[bytes, bytes] = MappingProxyType({})
 
@@ -63,10 +66,12 @@ class Inode:
     # shared empty mapping and tuples until they do (see :meth:`set_xattr`, :meth:`add_link`).
     # A dict, a set and a list per inode were three more objects the cyclic garbage collector
     # traversed in every collection of the generation holding them — for each created file
-    # until it is removed (docs/benchmarks.md, "Fewer objects for the garbage collector").
+    # until it is removed (docs/benchmarks.md, "The garbage collector paced by the event loop").
     xattrs: Mapping[bytes, bytes] = field(default_factory=lambda: NO_XATTRS)
     # runtime only
-    links: tuple[tuple[int, bytes], ...] = ()  # (parent, name) of every name
+    # (parent, name) of every name: a tuple, a set beyond LINKS_IN_A_TUPLE names (a file
+    # with thousands of hard links must not copy a tuple per link)
+    links: tuple[tuple[int, bytes], ...] | set[tuple[int, bytes]] = ()
     lookups: int = 0
     open_count: int = 0
     data_gen: int = 0  # bumped by every change of the bytes (migrations check it)
@@ -96,13 +101,19 @@ class Inode:
 
     def add_link(self, parent: int, name: bytes) -> None:
         link = (parent, name)
-        if link not in self.links:
-            self.links = (*self.links, link)
+        links = self.links
+        if isinstance(links, set):
+            links.add(link)
+        elif link not in links:
+            self.links = (*links, link) if len(links) < LINKS_IN_A_TUPLE else {*links, link}
 
     def drop_link(self, parent: int, name: bytes) -> None:
         link = (parent, name)
-        if link in self.links:
-            self.links = tuple(other for other in self.links if other != link)
+        links = self.links
+        if isinstance(links, set):
+            links.discard(link)
+        elif link in links:
+            self.links = tuple(other for other in links if other != link)
 
     @property
     def is_dir(self) -> bool:
