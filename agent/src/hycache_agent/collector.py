@@ -2,7 +2,7 @@
 
 CPython collects its youngest generation whenever allocations minus deallocations of
 container objects pass 700, on whichever thread allocated last — in the agent that is the
-event loop, or the publisher's thread (nice 5), the kernel-read follower's or a pool
+event loop, or the publisher's thread (nice 10), the kernel-read follower's or a pool
 refill's.  A collection holds the GIL: on a niced thread it held it while the scheduler ran
 the callers' processes, and the event loop waited for both.  Measured during mdtest (4 ranks
 × 1,000 files, 4 rounds): ~1,100 young collections, ~100 middle and 9 full ones, 1.7-2.8 s
@@ -22,13 +22,10 @@ longest pause of each generation."""
 from __future__ import annotations
 
 import gc
-import logging
 import time
 from typing import Any
 
 import trio
-
-log = logging.getLogger(__name__)
 
 
 class Collector:

@@ -106,9 +106,9 @@ class Agent:
     engine: TieringEngine
     ops: HyCacheOperations
     status: AgentStatus
+    collector: Collector  # the garbage collector's pace (installed by run_mount)
     cluster: ClusterLink | None = None  # when in a global namespace
     control: ControlLink | None = None  # when linked to a control plane
-    collector: Collector | None = None  # the garbage collector's pace (installed by run_mount)
 
 
 def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = None) -> Agent:
@@ -136,7 +136,7 @@ def build_agent(config: AgentConfig, engine: TieringEngine, token: str | None = 
         if config.read_ahead_kb else None
     ops = HyCacheOperations(vfs, passthrough=_choose_passthrough(config, engine), after_init=after_init)
     collector = Collector(config.gc_interval, config.gc_full_interval)
-    return Agent(config, engine, ops, AgentStatus(engine, cluster, control, collector), cluster, control, collector)
+    return Agent(config, engine, ops, AgentStatus(engine, cluster, control, collector), collector, cluster, control)
 
 
 def make_cluster(engine: TieringEngine, copies: RemoteBackings | None = None, on_invalidate=None):
@@ -257,8 +257,7 @@ async def serve(agent: Agent) -> None:
         agent.ops.start(nursery)
         if config.reader_thread and config.answer_table:
             nursery.start_soon(_prioritise_reader, config.reader_nice)
-        if agent.collector is not None:
-            nursery.start_soon(agent.collector.run)
+        nursery.start_soon(agent.collector.run)
         await nursery.start(ControlServer(agent.status, socket_path(config.state_dir)).serve)
         await engine.run(nursery)
         if agent.cluster is not None:
@@ -490,7 +489,6 @@ def run_mount(config: AgentConfig) -> int:
     if hasattr(pyfuse3, "set_reader_thread"):  # passthrough17 and later
         pyfuse3.set_reader_thread(config.reader_thread and config.answer_table)
     _settle_gc()
-    assert agent.collector is not None
     agent.collector.install()  # (after the freeze: start-up's objects are out of its reach)
     sys.setswitchinterval(config.gil_switch_us / 1e6)
     unmounted_by_kernel = False
