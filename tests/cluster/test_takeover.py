@@ -313,13 +313,26 @@ def test_idle_leases_are_forgotten_and_leases_in_use_renewed(hycache_mount, redi
             f.write(b" still")
         assert (a.mountpoint / "open").read_bytes() == b"held still"
         # written again after its idle lease was forgotten: taken afresh from the store (an
-        # open the agent answers, not the request reader: the lease was not lendable)
-        lent = lent_writers(a)
+        # open the agent answers, not the request reader: the lease was not lendable) ...
+        lent, before = lent_writers(a), ownership(a)
         with open(a.mountpoint / "f9", "ab") as g:
             g.write(b"y")
         assert lent_writers(a) == lent
         assert ownership(a)["lease_waits"] == 0
         assert (a.mountpoint / "f9").read_bytes() == b"xy"
+        # ... in one round trip with the other lapsed leases of its directory (f5-f19 but
+        # f9: the removed files' are not taken), which the next opens reuse without asking
+        after = ownership(a)
+        assert after["lease_batches"] == before["lease_batches"] + 1
+        assert after["leases_retaken"] == before["leases_retaken"] + 14
+        assert store.get(b"/f12").writer == "a"
+        for i in range(10, 20):
+            with open(a.mountpoint / f"f{i}", "ab") as g:
+                g.write(b"z")
+        after = ownership(a)
+        assert after["lease_batches"] == before["lease_batches"] + 1
+        assert after["lease_reuses"] >= before["lease_reuses"] + 10
+        assert (a.mountpoint / "f19").read_bytes() == b"xz"
     finally:
         store.close()
 

@@ -12,7 +12,10 @@
   or wrote a moment ago takes the lease it still holds without asking the store, as long
   as the lease outlasts the next renewal (renewals, one pipelined batch, cover the leases
   in use only). An idle lease is forgotten once it could run out, and its flag runs out in
-  the store by itself (nothing is sent). Another node that finds the flag held asks its
+  the store by itself (nothing is sent); the next open for writing of such a file takes it
+  again, and in the same round trip the other lapsed leases of its directory (up to 256,
+  each as a create's idle lease): a program that opens many files again later waits for
+  one store round trip per batch instead of one per file. Another node that finds the flag held asks its
   holder to *yield* (an inbox message): an idle lease is released at once, one in use at
   its last close — so a takeover waits for the inbox poll (about a second), not for the
   lease; a dead node's newest files wait for their flag to run out (at most two lease
@@ -76,6 +79,8 @@ class OwnershipStats:
     conflict_copies: int = 0
     lease_waits: int = 0  # opens that had to wait for another node's write lease
     lease_reuses: int = 0  # write opens that took a lease this node still held (no store call)
+    lease_batches: int = 0  # round trips that took lapsed leases again (an open's and its directory's)
+    leases_retaken: int = 0  # lapsed leases taken again by another open's batch (none asked for yet)
     leases_yielded: int = 0  # idle leases released because another node asked for them
     leases_lost: int = 0  # renewals that found another holder
     inbox_messages: int = 0
