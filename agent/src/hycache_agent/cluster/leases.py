@@ -250,8 +250,11 @@ class WriteLeases:
         if retaking is not None:  # another open's batch is taking it again: its answer first
             await retaking.wait()
             entry = self.leases.get(inode.ino)
-            if entry is not None and entry.writers <= 0 and not self._reusable(entry, time.monotonic()):
-                entry = None
+            if entry is not None and entry.writers <= 0:
+                if self._reusable(entry, time.monotonic()):
+                    self.stats.lease_reuses += 1
+                else:
+                    entry = None
         if entry is None:
             path = self.ns.path_of(inode.ino)
             if path is None:
