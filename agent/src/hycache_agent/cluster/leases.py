@@ -190,16 +190,15 @@ class WriteLeases:
         done = trio.Event()
         for i, _ in batch:
             self._retaking[i] = done
-        store, node, lease = self.link.store, self.node_id, self.idle_seconds
+        lease = self.idle_seconds
         t0 = time.monotonic()
         try:
-            results = await self.link.query(
-                lambda: store.apply([Op.acquire(p, node, lease) for _, p in batch]), missing=None)
+            results = await self._acquire_all(batch, lease)
         finally:
             for i, _ in batch:
                 del self._retaking[i]
             done.set()
-        if results is self.link.UNREACHABLE or results is None:
+        if results is None:
             return False
         got = False
         for (i, p), ok in zip(batch, results):
@@ -213,6 +212,19 @@ class WriteLeases:
                 self.stats.leases_retaken += 1
         self.stats.lease_batches += 1
         return got
+
+    async def _acquire_all(self, leases: list[tuple[int, bytes]], seconds: float) -> list | None:
+        """Take the flag of each ``(ino, path)`` for ``seconds`` in one pipelined store
+        call (a renewal, a batch taken again): the store's answer for each (True, False:
+        another node's, FileNotFoundError), or None when the store is unreachable.  The
+        store is read once the link has connected (``query`` waits for that)."""
+        node = self.node_id
+
+        def apply() -> list:
+            return self.link.store.apply([Op.acquire(path, node, seconds) for _, path in leases])
+
+        results = await self.link.query(apply, missing=None)
+        return None if results is self.link.UNREACHABLE else results
 
     def _reusable(self, entry: Lease, now: float) -> bool:
         """An idle lease that an open may take without asking the store: held, and
@@ -399,14 +411,9 @@ class WriteLeases:
                 held.append((ino, e.path))
         if not held or not self.link.reachable:
             return
-        store, node, lease = self.link.store, self.node_id, self.lease_seconds
-
-        def renew(held):
-            return store.apply([Op.acquire(path, node, lease) for _, path in held])
-
         t0 = time.monotonic()
-        results = await self.link.query(renew, held, missing=None)
-        if results is self.link.UNREACHABLE or results is None:
+        results = await self._acquire_all(held, self.lease_seconds)
+        if results is None:
             return
         moved = []
         for (ino, path), ok in zip(held, results):
@@ -421,8 +428,8 @@ class WriteLeases:
                     continue
             self._renewed(ino, kept, path, ok, t0)
         if moved:
-            results = await self.link.query(renew, moved, missing=None)
-            if results is self.link.UNREACHABLE or results is None:
+            results = await self._acquire_all(moved, self.lease_seconds)
+            if results is None:
                 return
             for (ino, path), ok in zip(moved, results):
                 kept = self.leases.get(ino)
