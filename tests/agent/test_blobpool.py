@@ -8,11 +8,20 @@ from __future__ import annotations
 import itertools
 import os
 import resource
+import time
 
 import trio
 import trio.testing
 from hycache_agent.fs import tiers as T
-from hycache_agent.fs.blobpool import BLOB_POOL_BATCH_MAX, BLOB_POOL_LOW, BLOB_POOL_MAX, BlobPool, max_low, next_low
+from hycache_agent.fs.blobpool import (
+    BLOB_POOL_BATCH_MAX,
+    BLOB_POOL_LOW,
+    BLOB_POOL_MAX,
+    RESERVE_MEMORY,
+    BlobPool,
+    max_low,
+    next_low,
+)
 from hycache_agent.fs.engine import TieringEngine
 
 from .harness import engine_config, run_engine
@@ -182,6 +191,46 @@ def test_a_burst_of_creates_raises_the_watermark_and_the_pool_refills_to_it(tmp_
             assert not set(taken) & set(pool.ready)
             assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in pool.ready)
             nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    pool.close()
+    assert _blobs_on(tiers[T.FAST]) == set(taken) and not pool.ready
+
+
+def test_the_pool_keeps_its_reserve_and_a_burst_raises_it_for_a_while(tmp_path):
+    """Between bursts the pool holds its reserve (made on the reserve's own thread, beyond
+    the refill's 2 x low); a burst of creates larger than it (blobs taken and creates that
+    found none) raises it to the burst's size for RESERVE_MEMORY seconds; the descriptor
+    budget caps it."""
+    tiers = _tiers(tmp_path)
+    pool = BlobPool(tiers, {"enabled": False}, reserve=300)
+    next_ino = itertools.count(100).__next__
+    taken: list[int] = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.filler, next_ino)
+            await until(lambda: len(pool.ready) >= 300 and not pool.pool_filling)
+            assert len(pool.ready) == 300 and pool.reserve() == 300 and pool.reserve_fills >= 1
+            assert _blobs_on(tiers[T.FAST]) == set(pool.ready)
+            # a burst: every ready blob taken, 200 more creates find none
+            pool.misses += 200
+            taken.extend(pool.ready.pop() for _ in range(300))
+            pool.refill_soon()
+            await until(lambda: len(pool.ready) >= 500 and not pool.pool_filling)
+            assert len(pool.ready) == 500 and pool.status()["reserve"] == 500
+            assert not set(taken) & set(pool.ready)
+            assert all(os.stat(tiers[T.FAST].blob(i)).st_size == 0 for i in pool.ready)
+            # a smaller burst later does not lower it ...
+            taken.extend(pool.ready.pop() for _ in range(450))
+            pool.refill_soon()
+            await until(lambda: len(pool.ready) >= 500 and not pool.pool_filling)
+            assert pool.reserve() == 500
+            nursery.cancel_scope.cancel()
+        # ... until the larger one is older than RESERVE_MEMORY: the floor again
+        assert pool.reserve(now=time.monotonic() + RESERVE_MEMORY + 1) == 300
+        pool.reserve_floor = 10**6
+        assert pool.reserve() == pool.budget() == 2 * max_low()
 
     trio.run(main)
     pool.close()

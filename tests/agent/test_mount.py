@@ -429,13 +429,16 @@ def test_every_ready_pool_blob_is_registered_ahead_of_its_create(hycache_mount):
     def pool() -> dict:
         return status(m)["blob_pool"]
 
-    wait_for(lambda: pool()["ready"] > 0 and pool()["registered"] == pool()["ready"], 30,
-             "every ready pool blob registered")
+    # the reserve an idle agent keeps (--blob-pool-reserve, 1,024), every blob registered
+    wait_for(lambda: pool()["ready"] >= pool()["reserve"] == 1024 and pool()["registered"] == pool()["ready"],
+             30, "the pool's reserve made, every ready blob registered")
     assert len(agent_blob_fds(m)) >= pool()["ready"]  # a registration holds its blob open
+    misses = pool()["misses"]
     d = m.mountpoint / "many"
     d.mkdir()
-    for i in range(300):  # more than the pool holds at first: refills meanwhile
+    for i in range(300):  # more than the refill's 2 x 64, fewer than the reserve
         (d / f"f{i}").write_bytes(pattern(4 * K, i))
+    assert pool()["misses"] == misses
     for i in range(300):
         assert (d / f"f{i}").read_bytes() == pattern(4 * K, i)
     wait_for(lambda: pool()["registered"] == pool()["ready"] >= 64, 30, "the pool refilled and registered")

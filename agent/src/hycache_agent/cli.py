@@ -159,6 +159,10 @@ def _kernel_options(m) -> None:
     m.add_argument("--no-answer-opens", dest="answer_opens", action="store_false", default=None,
                    help="answer every OPEN and RELEASE in Python: no read-only open of a closed local "
                         "file answered by the request reader with its parked passthrough registration")
+    m.add_argument("--blob-pool-reserve", type=int, metavar="N",
+                   help="empty fast-tier files kept made ahead between bursts of creates, at least (also as "
+                        "many as the largest burst of the last 10 minutes, within a quarter of the descriptor "
+                        "limit; default 1024; 0: only the refill's 2 x its low watermark)")
     m.add_argument("--reader-thread", dest="reader_thread", action=argparse.BooleanOptionalAction, default=None,
                    help="read requests in a native thread that answers from the table without the GIL and "
                         "queues the rest for the event loop (default: on; --no-reader-thread: the event loop "
@@ -385,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
-                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "reader_thread", "reader_nice", "gil_switch_us", "gc_interval", "gc_full_interval", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "blob_pool_reserve", "reader_thread", "reader_nice", "gil_switch_us", "gc_interval", "gc_full_interval", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "publish_storm_rate", "publish_yield_seconds", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

@@ -77,6 +77,11 @@ class AgentConfig(BaseModel):
     # (with the table and passthrough) answer read-only OPENs of closed local files, and
     # their RELEASEs, in the request reader with the file's parked registration
     answer_opens: bool = True
+    # empty fast-tier blobs the pool keeps made between bursts of creates, at least (it
+    # also keeps as many as the largest burst of the last 10 minutes), within the
+    # descriptor budget: fs/blobpool.py, "The reserve"
+    blob_pool_reserve: int = Field(default=1024, ge=0, le=1 << 20,
+                                   description="empty fast-tier blobs kept ready between bursts of creates")
     # (with the table) read requests in a native thread of the patched pyfuse3 that answers
     # from the table without the GIL and queues the rest for the event loop (docs/agent.md);
     # on since pyfuse3 passthrough21; the fsx size race it still lost 1 run in 4 to (an offer

@@ -244,6 +244,7 @@ def _choose_passthrough(config: AgentConfig, engine: TieringEngine) -> bool:
         engine.passthrough.update(enabled=False, reason=why_not)
         return False
     engine.passthrough.update(enabled=False, reason="asked for at INIT; not probed yet")
+    engine.blobs.negotiating = True  # (until the probe: the pool's reserve waits for it)
     return True
 
 

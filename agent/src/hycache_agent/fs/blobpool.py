@@ -10,6 +10,15 @@
   rate (twice the creates one refill had to serve, slowly lowered again, between
   BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run empty while a refill is
   under way.
+* The reserve: what the pool holds between bursts, beyond twice the low watermark — the
+  configured floor (``blob_pool_reserve``) or the largest burst of creates of the last
+  RESERVE_MEMORY seconds, whichever is larger, within the descriptor budget
+  (:meth:`BlobPool.budget`).  A burst is the creates served since the pool last held its
+  reserve.  The reserve is made by a second job on a thread of its own at a low CPU
+  priority, beside the refill: between bursts it takes idle cores, and during one it is a
+  second maker of blobs that yields to the requests.  A fresh file's blob costs an inode
+  allocation and a registration (~100 µs of CPU here, docs/benchmarks.md); made ahead,
+  a burst of creates up to the reserve costs what creates of recycled blobs cost.
 * The reaper: the blobs of freed inodes are removed in batches by one background task, on
   a thread of its own at a low CPU priority (``transport.idle.BackgroundThreads``): its
   work is the kernel's (unlink, truncate, rename of blobs), which the requests of the same
@@ -34,6 +43,7 @@ import errno
 import logging
 import os
 import resource
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +63,10 @@ BLOB_POOL_MAX = 1024  # the largest low watermark (each ready blob holds a descr
 BLOB_POOL_KEEP = 8
 BLOB_POOL_BATCH_MAX = 128  # blobs made per worker-thread job (one hop each): small enough that
 # a job delivers its blobs before the pool is empty even on a loaded node (~0.25 ms a blob)
+RESERVE_MEMORY = 600.0  # seconds a burst keeps the reserve at its size
+RESERVE_TICK = 0.25  # seconds between the reserve job's looks at the pool
+RESERVE_IDLE = 1.0  # seconds without creates and removals before the reserve is made
+RESERVE_BUSY_RATE = 1000.0  # requests/s from which the node is busy: the reserve waits
 
 
 def max_low() -> int:
@@ -74,7 +88,7 @@ def next_low(low: int, served: int, most: int = BLOB_POOL_MAX) -> int:
 
 
 class BlobPool:
-    def __init__(self, tiers: dict[str, T.Tier], passthrough: dict[str, Any]) -> None:
+    def __init__(self, tiers: dict[str, T.Tier], passthrough: dict[str, Any], reserve: int = 0) -> None:
         self.tiers = tiers
         self.passthrough = passthrough  # the engine's passthrough state (read: "enabled")
         self._blob_pool: list[int] = []  # inode numbers with an empty blob ready on the fast tier
@@ -102,6 +116,17 @@ class BlobPool:
         self.max_low = max_low()
         self.misses = 0  # creates that found the pool empty (a thread hop for their blob)
         self.refills = 0  # worker-thread jobs of the refill
+        self.reserve_floor = reserve  # the configured reserve (module docstring)
+        # the FUSE layer asked the kernel for passthrough and has not probed it yet: the
+        # reserve waits (blobs made before would all wait for one registering job)
+        self.negotiating = False
+        self.reserve_fills = 0  # jobs of the reserve's thread
+        self._reserve_misses = 0  # misses when the reserve's job last looked
+        self.requests: Callable[[], int] | None = None  # the node's requests so far (the engine's)
+        self._reserve_thread = BackgroundThreads("hycache-pool", count=1)
+        self._added = 0  # blobs put in the pool since start (made, registered, recycled)
+        self._burst_base = 0  # creates served when the pool last held its reserve
+        self._bursts: list[tuple[float, int]] = []  # (when, creates): the largest of each run
 
     @property
     def ready(self) -> list[int]:
@@ -112,12 +137,45 @@ class BlobPool:
     def refill_soon(self) -> None:
         self._pool_wakeup.set()
 
+    def budget(self) -> int:
+        """How many blobs the pool may hold: with passthrough each holds a descriptor and a
+        registration, as many as the parked registrations may (at least twice the highest
+        low watermark)."""
+        return max(2 * self.max_low, getattr(self.backing_pool, "max_parked", 0))
+
+    def served(self) -> int:
+        """Creates served since start: blobs taken from the pool (by the agent's creates or
+        the reader's) and creates that found none."""
+        return self._added - len(self._blob_pool) - len(self.given) + self.misses
+
+    def reserve(self, now: float | None = None) -> int:
+        """The blobs the pool holds between bursts (module docstring): at least twice the
+        low watermark.  Also follows the bursts: one ends when the pool holds its reserve
+        again, and is remembered RESERVE_MEMORY seconds (a larger one later replaces it)."""
+        now = time.monotonic() if now is None else now
+        bursts = self._bursts  # (ended, creates): the sizes decrease, the times increase
+        while bursts and bursts[0][0] < now - RESERVE_MEMORY:
+            bursts.pop(0)
+        served = self.served()
+        burst = served - self._burst_base
+        want = min(self.budget(), max(self.reserve_floor, bursts[0][1] if bursts else 0, burst))
+        want = max(want, 2 * self.low)
+        if len(self._blob_pool) >= want:  # held again: the burst (if any) ended
+            if burst > 0:
+                while bursts and bursts[-1][1] <= burst:
+                    bursts.pop()
+                bursts.append((now, burst))
+            self._burst_base = served
+        return want
+
     def status(self) -> dict[str, int]:
         """``status``'s ``blob_pool``: ready blobs (``registered``: of them, as backing
-        files), the low watermark now, creates that found none, refill jobs."""
+        files), the low watermark now, the reserve it holds between bursts, creates that
+        found none, refill jobs (and the reserve's), blobs recycled."""
         registered = sum(1 for ino in self._blob_pool if ino in self.pooled_backings)
         return {"ready": len(self._blob_pool), "registered": registered, "low": self.low,
-                "misses": self.misses, "refills": self.refills, "recycled": self.recycled}
+                "reserve": self.reserve(), "misses": self.misses, "refills": self.refills,
+                "reserve_fills": self.reserve_fills, "recycled": self.recycled}
 
     async def new_blob(self, ino: int, *, register: bool = False) -> str:
         """Create an empty blob for a new file: on the fast tier, or the slow one if the
@@ -142,6 +200,38 @@ class BlobPool:
                     raise FsError(exc.errno or errno.EIO) from exc
         raise AssertionError("unreachable")
 
+    def _make(self, inos: list[int], pool: Any, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
+        """(a worker thread) Make the empty blobs of ``inos`` on the fast tier and, with
+        passthrough (``pool``: the FUSE layer's Backings), register them, the whole batch
+        in one call without the GIL; register the blobs of ``register`` (made before the
+        kernel accepted passthrough).  What was made and what was registered: (ino, the
+        registration or None); it stops at the first blob that could not be made."""
+        fast = self.tiers[T.FAST]
+        registered = [(ino, pool.prepare(fast.blob(ino))) for ino in register]
+        made: list[tuple[int, Any]] = []
+        if pool is not None:
+            try:
+                made.extend(zip(inos, pool.create_batch([fast.blob(ino) for ino in inos])))
+            except OSError:
+                pass
+            return made, registered
+        for ino in inos:
+            try:
+                T.create_blob(fast.blob(ino))
+            except OSError:
+                break
+            made.append((ino, None))
+        return made, registered
+
+    def _put(self, made: list[tuple[int, Any]]) -> None:
+        for ino, entry in made:
+            self._blob_pool.append(ino)
+            if entry is not None:
+                self.pooled_backings[ino] = entry
+        self._added += len(made)
+        if self.on_refilled is not None:
+            self.on_refilled()
+
     async def filler(self, allocate_ino: Callable[[], int]) -> None:
         """Keep empty fast-tier blobs ready so that a create costs no thread hop.  Unused
         ones are removed at shutdown, or by the recovery pass after a crash (they have no
@@ -149,27 +239,13 @@ class BlobPool:
         most BLOB_POOL_BATCH_MAX blobs on a worker thread, each job's blobs ready when it
         ends (the loop thread only allocates the inode numbers); ``low`` becomes twice the
         creates the last job had to serve meanwhile (:func:`next_low`), so a refill ends
-        before the pool is empty."""
-        fast = self.tiers[T.FAST]
+        before the pool is empty.  Beside it, the reserve's job (:meth:`keep_reserve`)."""
         self.allocate_ino = allocate_ino
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.keep_reserve, allocate_ino)
+            await self._refill(allocate_ino)
 
-        def make(inos: list[int], pool, register: list[int]) -> tuple[list[tuple[int, Any]], list[tuple[int, Any]]]:
-            registered = [(ino, pool.prepare(fast.blob(ino))) for ino in register]
-            made: list[tuple[int, Any]] = []
-            if pool is not None:  # made and registered in one call without the GIL
-                try:
-                    made.extend(zip(inos, pool.create_batch([fast.blob(ino) for ino in inos])))
-                except OSError:
-                    pass
-                return made, registered
-            for ino in inos:
-                try:
-                    T.create_blob(fast.blob(ino))
-                except OSError:
-                    break
-                made.append((ino, None))
-            return made, registered
-
+    async def _refill(self, allocate_ino: Callable[[], int]) -> None:
         ready = self._blob_pool
         registered_old = False  # the blobs made before passthrough was accepted
         filling = False  # below low: jobs until 2 x low are ready
@@ -183,34 +259,78 @@ class BlobPool:
                 register = [ino for ino in ready if ino not in self.pooled_backings]
                 if register:
                     ready[:] = [ino for ino in ready if ino in self.pooled_backings]
+                    self._added -= len(register)  # (put back by this job)
             filling = filling or len(ready) < self.low
             if (filling and len(ready) < 2 * self.low) or register:
                 if pool is not None:  # each blob made holds a descriptor
                     await pool.room()
                 want = max(0, min(2 * self.low - len(ready) - len(register), BLOB_POOL_BATCH_MAX))
                 inos = [allocate_ino() for _ in range(want)]
-                self.pool_filling = set(inos) | set(register)
+                job = set(inos) | set(register)
+                self.pool_filling |= job
                 before, missed = len(ready), self.misses
                 try:
-                    made, registered = await trio.to_thread.run_sync(make, inos, pool, register)
+                    made, registered = await trio.to_thread.run_sync(self._make, inos, pool, register)
                 finally:
-                    self.pool_filling = set()
+                    self.pool_filling -= job
                 self.refills += 1
                 # the creates while the job ran: those that took a blob and those that found none
                 served = before - len(ready) + self.misses - missed
                 self.low = next_low(self.low, served, self.max_low)
-                for ino, entry in (*registered, *made):
-                    ready.append(ino)
-                    if entry is not None:
-                        self.pooled_backings[ino] = entry
-                if self.on_refilled is not None:
-                    self.on_refilled()
+                self._put([*registered, *made])
                 if len(made) < len(inos):  # fast device full: try again later
                     await trio.sleep(1.0)
                 continue
             filling = False
             await self._pool_wakeup.wait()
             self._pool_wakeup = trio.Event()
+
+    async def keep_reserve(self, allocate_ino: Callable[[], int]) -> None:
+        """Fill the pool to its reserve (:meth:`reserve`) in jobs of BLOB_POOL_BATCH_MAX
+        on a thread of its own at a low CPU priority, beside the refill: once no create
+        took a blob, no removal freed one and the node served fewer than RESERVE_BUSY_RATE
+        requests a second for RESERVE_IDLE seconds (blobs made during a run of creates take
+        cores from it, as from a run of stats or reads, and a run of removals that follows
+        gives the pool recycled blobs, cheaper than new ones), or at once while creates
+        find the pool empty (a second maker beside the refill).  Not before the kernel answered
+        whether it takes passthrough (blobs made before would wait for one registering
+        job)."""
+        ready = self._blob_pool
+        seen: tuple[int, ...] = ()
+        quiet_since = last_look = time.monotonic()
+        requests = self.requests() if self.requests is not None else 0
+        while True:
+            now = time.monotonic()
+            want = self.reserve(now)
+            # creates served (a blob taken or none found), blobs recycled, blobs to remove;
+            # and the node's request rate (a storm of stats or reads needs the cores too)
+            activity = (self.served(), self.recycled + len(self._recycling), len(self._doomed))
+            before, requests = requests, self.requests() if self.requests is not None else 0
+            busy = requests - before > RESERVE_BUSY_RATE * max(now - last_look, 1e-3)
+            last_look = now
+            if activity != seen or self.reaping or busy:
+                quiet_since = now
+            seen = activity
+            missing, self._reserve_misses = self.misses > self._reserve_misses, self.misses
+            # (up to twice the low watermark the pool is the refill's alone)
+            short = want - len(ready) - len(self.pool_filling) if want > 2 * self.low else 0
+            if short <= 0 or self.negotiating or not (missing or now - quiet_since >= RESERVE_IDLE):
+                await trio.sleep(RESERVE_TICK)
+                continue
+            pool = self.backing_pool if self.passthrough["enabled"] else None
+            if pool is not None:
+                await pool.room()
+            inos = [allocate_ino() for _ in range(min(short, BLOB_POOL_BATCH_MAX))]
+            self.pool_filling |= set(inos)
+            try:
+                made, _ = await self._reserve_thread.run(lambda inos, pool, _check: self._make(inos, pool, []),
+                                                         inos, pool)
+            finally:
+                self.pool_filling -= set(inos)
+            self.reserve_fills += 1
+            self._put(made)
+            if len(made) < len(inos):  # fast device full: try again later
+                await trio.sleep(1.0)
 
     @property
     def reaping(self) -> bool:
@@ -271,6 +391,7 @@ class BlobPool:
                 self._blob_pool.append(new)
                 self.pooled_backings[new] = (fd, bid, st)
                 self.recycled += 1
+                self._added += 1
         finally:
             self._reaping = None
             done.set()

@@ -38,6 +38,7 @@ Every blocking call runs in a worker thread (``trio.to_thread.run_sync``).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -84,7 +85,8 @@ class TieringEngine:
         self.passthrough: dict[str, Any] = {"enabled": False, "reason": "not negotiated yet"}
         # the pool of ready blobs and the reaper of freed ones (fs/blobpool.py); the
         # create path uses its list and the backings' dict directly (no call per create)
-        self.blobs = blobs if blobs is not None else BlobPool(self.tiers, self.passthrough)
+        self.blobs = blobs if blobs is not None else BlobPool(
+            self.tiers, self.passthrough, reserve=config.blob_pool_reserve)
         self._blob_pool = self.blobs.ready
         self.pooled_backings = self.blobs.pooled_backings
         self.space = Space(load_policy(config.policy))
@@ -106,6 +108,7 @@ class TieringEngine:
         self.lanes += self.prefetch.lanes
         self.counters = counters if counters is not None else Counters()
         self.io = io if io is not None else IOStats()
+        self.blobs.requests = functools.partial(C.requests_seen, self.io)  # (the reserve waits out a busy node)
         self.census = census if census is not None else Census()
         # (the cluster link's ownership, when the agent joins a global namespace) called
         # with each regular file create_file makes, inside the create

@@ -257,6 +257,12 @@ class Backings:
         """(after INIT) Register and drop a blob-tier file once: the kernel may refuse
         (EPERM: no CAP_SYS_ADMIN or passthrough not negotiated; ELOOP: the tier sits on
         a stacked file system deeper than allowed).  Sets the engine's status."""
+        try:
+            self._probe()
+        finally:
+            self.engine.blobs.negotiating = False  # the pool's reserve may be made now
+
+    def _probe(self) -> None:
         state = self.engine.passthrough
         if not getattr(pyfuse3, "passthrough_enabled", False):
             state.update(enabled=False, reason="the kernel did not offer FUSE_PASSTHROUGH at INIT")
