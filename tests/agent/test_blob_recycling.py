@@ -6,7 +6,11 @@ recycled blobs nobody took (orphans) while every file keeps its bytes."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
+import struct
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +60,69 @@ def test_recycled_blobs_start_empty_and_hold_what_is_written(hycache_mount):
     assert pool(m)["misses"] == misses, "the creates took pool blobs"
     fast_bytes = sum(tier_blobs(m.fast).values())
     assert fast_bytes < 50 * 65536, "the old files' bytes are gone from the fast tier"
+
+
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_EXTENT_DELALLOC = 0x4
+
+
+def delalloc(path) -> bool | None:
+    """Whether the first extent of ``path`` is still a delayed allocation (no block chosen,
+    nothing written back yet); None where FIEMAP does not say (not ext4, no extent)."""
+    buf = array.array("B", struct.pack("=QQLLLL", 0, 2**64 - 1, 0, 0, 1, 0) + bytes(56))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    mapped = struct.unpack_from("=L", buf, 20)[0]
+    if not mapped:
+        return None
+    flags = struct.unpack_from("=L", buf, 32 + 40)[0]
+    return bool(flags & FIEMAP_EXTENT_DELALLOC)
+
+
+def test_a_create_on_a_recycled_blob_starts_no_writeback_at_close(hycache_mount):
+    """ext4 marks a file truncated to size 0 so that the next release of one of its open
+    files flushes it (``auto_da_alloc``): the recycling releases that once itself, so the
+    close(2) of a create that takes the blob leaves its bytes to the kernel's writeback as
+    on a new file (it used to start the writeback, ~20 µs in every such close)."""
+    m = hycache_mount()
+    if not status(m)["passthrough"]["enabled"]:
+        pytest.skip("blobs are recycled with their passthrough registration")
+    probe = m.fast / "probe"  # on the fast tier's file system, beside the agent's blobs
+    probe.write_bytes(b"p" * 4096)
+    if delalloc(probe) is not True:
+        pytest.skip("the fast tier's file system does not report delayed allocations (FIEMAP)")
+
+    def blob(path) -> Path:
+        ino = os.stat(path).st_ino
+        return m.fast / "data" / f"{ino & 0xFF:02x}" / f"{ino:x}"
+
+    d = m.mountpoint / "d"
+    d.mkdir()
+    old = set()  # the old files' blobs, by their inode numbers on the fast tier's file system
+    for i in range(300):
+        (d / f"old{i}").write_bytes(b"O" * 4096)
+        old.add(os.stat(blob(d / f"old{i}")).st_ino)
+    recycled_before = pool(m)["recycled"]
+    for i in range(300):
+        os.unlink(d / f"old{i}")
+    wait_for(lambda: pool(m)["recycled"] >= recycled_before + 300, 30, "the freed files' blobs to be recycled")
+    # new files: the first from the reader's stock of blobs made before, then the recycled
+    # ones; right after each close, where its byte went
+    took = flushed = 0
+    for i in range(600):
+        (d / f"new{i}").write_bytes(b"N" * 4096)
+        b = blob(d / f"new{i}")
+        if os.stat(b).st_ino in old:
+            took += 1
+            flushed += delalloc(b) is False
+    assert took >= 100, f"only {took} of 600 creates took a recycled blob"
+    # (the kernel's own writeback may have come by for a few meanwhile)
+    assert flushed <= took // 10, f"{flushed} of {took} creates on recycled blobs flushed their bytes at close"
 
 
 def test_recycled_blobs_after_a_crash(agents):
