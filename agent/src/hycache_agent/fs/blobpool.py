@@ -150,17 +150,23 @@ class BlobPool:
 
     def reserve(self, now: float | None = None) -> int:
         """The blobs the pool holds between bursts (module docstring): at least twice the
-        low watermark.  Also follows the bursts: one ends when the pool holds its reserve
-        again, and is remembered RESERVE_MEMORY seconds (a larger one later replaces it)."""
+        low watermark."""
         now = time.monotonic() if now is None else now
+        remembered = max((n for t, n in self._bursts if t >= now - RESERVE_MEMORY), default=0)
+        burst = self.served() - self._burst_base  # the burst under way, if any
+        return max(2 * self.low, min(self.budget(), max(self.reserve_floor, remembered, burst)))
+
+    def _follow_bursts(self, now: float) -> int:
+        """(the reserve's job) :meth:`reserve`, after noting the bursts: one ends when the
+        pool holds its reserve again, and is remembered RESERVE_MEMORY seconds (a larger
+        one later replaces it)."""
         bursts = self._bursts  # (ended, creates): the sizes decrease, the times increase
         while bursts and bursts[0][0] < now - RESERVE_MEMORY:
             bursts.pop(0)
-        served = self.served()
-        burst = served - self._burst_base
-        want = min(self.budget(), max(self.reserve_floor, bursts[0][1] if bursts else 0, burst))
-        want = max(want, 2 * self.low)
+        want = self.reserve(now)
         if len(self._blob_pool) >= want:  # held again: the burst (if any) ended
+            served = self.served()
+            burst = served - self._burst_base
             if burst > 0:
                 while bursts and bursts[-1][1] <= burst:
                     bursts.pop()
@@ -292,16 +298,16 @@ class BlobPool:
         requests a second for RESERVE_IDLE seconds (blobs made during a run of creates take
         cores from it, as from a run of stats or reads, and a run of removals that follows
         gives the pool recycled blobs, cheaper than new ones), or at once while creates
-        find the pool empty (a second maker beside the refill).  Not before the kernel answered
-        whether it takes passthrough (blobs made before would wait for one registering
-        job)."""
+        find the pool empty (a second maker beside the refill).  Not before the kernel
+        answered whether it takes passthrough (blobs made before would wait for one
+        registering job)."""
         ready = self._blob_pool
         seen: tuple[int, ...] = ()
         quiet_since = last_look = time.monotonic()
         requests = self.requests() if self.requests is not None else 0
         while True:
             now = time.monotonic()
-            want = self.reserve(now)
+            want = self._follow_bursts(now)
             # creates served (a blob taken or none found), blobs recycled, blobs to remove;
             # and the node's request rate (a storm of stats or reads needs the cores too)
             activity = (self.served(), self.recycled + len(self._recycling), len(self._doomed))
@@ -348,9 +354,8 @@ class BlobPool:
         """Whether the pool takes a freed file's registered blob (:meth:`recycle`): while
         it holds fewer than the parked registrations may (the registration and its
         descriptor only move from one to the other), at least twice the low watermark."""
-        limit = max(2 * self.max_low, getattr(self.backing_pool, "max_parked", 0))
         return (self.allocate_ino is not None and self.passthrough["enabled"]
-                and len(self._blob_pool) + len(self._recycling) < limit)
+                and len(self._blob_pool) + len(self._recycling) < self.budget())
 
     def recycle(self, ino: int, fd: int, backing_id: int) -> None:
         """A freed inode's fast-tier blob, with its descriptor and backing id (its parked
