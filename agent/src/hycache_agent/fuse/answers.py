@@ -112,7 +112,10 @@ LENT_INO = ~(LENT_FH | LENT_WRITER)  # the inode of a lent open's handle
 # attributes answered again at the last lent release (the table fstat()s the blob by the
 # agent's descriptor, given with the registration), and a created file's are then removable
 RESTORES = hasattr(pyfuse3, "ANSWERS_RESTORES")
-CREATE_STOCK = 256  # pool blobs the reader holds for its CREATEs (topped up at half)
+# pool blobs the reader holds for its CREATEs (topped up at half, at each drain): as many as
+# its table takes (HC_POOL_MAX). With 256, mdtest's 4 ranks emptied it between two drains of a
+# busy event loop and 1-2 % of their CREATEs waited for the loop, milliseconds each
+CREATE_STOCK = 1024
 
 
 class AnswerTable:
