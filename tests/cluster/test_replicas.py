@@ -45,6 +45,26 @@ def test_sync_replicas_survive_the_primary_being_killed(hycache_mount, redis_clu
              what="a2 sees b's version")
 
 
+def test_a_sync_replica_goes_to_a_node_that_joined_since_the_last_heartbeat(hycache_mount, redis_cluster,
+                                                                            dht_namespace, secret_file):
+    """The list of live nodes a writer keeps is its last heartbeat's (every 2 s): a node
+    that registered since is not in it.  A replica that finds too few holders there looks
+    at the registry itself before it gives up (a file written right after another node
+    started used to get no replica, and a sync writer's close did not wait for one)."""
+    (a,) = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("a",),
+                        replicas=1, replica_mode="sync")
+    wait_for(lambda: cluster_status(a)["state"] == "ok" and cluster_status(a)["nodes_alive"] == ["a"],
+             what="a alone")
+    (b,) = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, names=("b",),
+                        replicas=1, replica_mode="sync")
+    wait_for(lambda: cluster_status(b)["state"] == "ok", what="b registered")
+    seen = cluster_status(a)["nodes_alive"]
+    (a.mountpoint / "right-after").write_bytes(b"x" * 65536)
+    # sync: close(2) returned after the copy was on b, whether a's heartbeat had seen b or not
+    assert info(a.mountpoint / "right-after")["replicas"] == ["b"], f"a saw {seen} before the write"
+    assert cluster_status(b)["replicas_kept"] == 1
+
+
 def test_async_replicas_follow_writes_renames_and_removals(hycache_mount, redis_cluster, dht_namespace,
                                                            secret_file):
     a, b = start_agents(hycache_mount, redis_addr(redis_cluster), secret_file, dht_namespace, replicas=1)

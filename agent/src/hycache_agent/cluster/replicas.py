@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ASYNC_DELAY = 0.5  # seconds an async push waits, so a burst of closes is pushed once
 RETRY_SECONDS = 2.0  # files that found no peer (or no store) are tried again this much later
+REGISTRY_RELIST_SECONDS = 1.0  # the least time between two registry listings of replicate's own
 
 
 @dataclass
@@ -183,6 +184,7 @@ class Replicator:
         self._wakeup = trio.Event()
         self._put_back = False  # the last batch put files back (no peer, no store yet)
         self._warned = False
+        self._listed_at = -REGISTRY_RELIST_SECONDS  # when replicate last listed the registry itself
         self._fine: dict[str, bool] = {}  # tier -> fine_mtime() of its directory
 
     def wanted(self, inode: Inode) -> bool:
@@ -304,11 +306,20 @@ class Replicator:
         if path is None:
             return []
         nodes = self.link.known_nodes  # refreshed by every heartbeat
-        if not nodes:  # before the first heartbeat
-            nodes = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
-            if nodes is self.link.UNREACHABLE:
-                self._later(inode)
-                return []
+        now = time.monotonic()
+        # before the first heartbeat, or too few holders in the last one's list (nodes that
+        # joined since, up to a heartbeat ago): the registry as it is now, at most once a
+        # second (a cluster that has too few nodes asks no more often than that)
+        if not nodes or (len(self.targets(path, nodes, spares=True)) < self.count
+                         and now - self._listed_at >= REGISTRY_RELIST_SECONDS):
+            self._listed_at = now
+            fresh = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
+            if fresh is self.link.UNREACHABLE:
+                if not nodes:
+                    self._later(inode)
+                    return []
+            else:
+                nodes = fresh
         targets = self.targets(path, nodes, spares=True)
         if len(targets) < self.count:
             self.stats.no_peers += 1
