@@ -306,21 +306,20 @@ class Replicator:
         if path is None:
             return []
         nodes = self.link.known_nodes  # refreshed by every heartbeat
+        targets = self.targets(path, nodes, spares=True)
         now = time.monotonic()
         # before the first heartbeat, or too few holders in the last one's list (nodes that
         # joined since, up to a heartbeat ago): the registry as it is now, at most once a
         # second (a cluster that has too few nodes asks no more often than that)
-        if not nodes or (len(self.targets(path, nodes, spares=True)) < self.count
-                         and now - self._listed_at >= REGISTRY_RELIST_SECONDS):
+        if not nodes or (len(targets) < self.count and now - self._listed_at >= REGISTRY_RELIST_SECONDS):
             self._listed_at = now
             fresh = await self.link.query(lambda: self.link.nodes_blocking(self.link.store), missing={})
-            if fresh is self.link.UNREACHABLE:
-                if not nodes:
-                    self._later(inode)
-                    return []
-            else:
+            if fresh is not self.link.UNREACHABLE:
                 nodes = fresh
-        targets = self.targets(path, nodes, spares=True)
+                targets = self.targets(path, nodes, spares=True)
+            elif not nodes:
+                self._later(inode)
+                return []
         if len(targets) < self.count:
             self.stats.no_peers += 1
             if not self._warned:
