@@ -137,12 +137,22 @@ def write_secret(path: Path, text: str) -> Path:
 
 _OPEN_LOOP = ("import os, sys, time\n"
               "end = time.monotonic() + float(sys.argv[2])\n"
+              "os.close(os.open(sys.argv[1], os.O_RDONLY))\n"
+              "print('storming', flush=True)\n"
               "while time.monotonic() < end:\n"
               "    os.close(os.open(sys.argv[1], os.O_RDONLY))\n")
 
 
 def open_storm(path: Path, seconds: float, processes: int = 2) -> list[subprocess.Popen[bytes]]:
     """``processes`` processes that open and close ``path`` without a pause for ``seconds``:
-    a stream of requests a FUSE mount answers (wait for them to end: ``p.wait()``)."""
-    return [subprocess.Popen([sys.executable, "-c", _OPEN_LOOP, str(path), str(seconds)])
-            for _ in range(processes)]
+    a stream of requests a FUSE mount answers (wait for them to end: ``p.wait()``).  It
+    returns once every one of them has opened the file (an interpreter's start can take
+    longer than a test's pause on a loaded machine: the storm would begin late)."""
+    storm = [subprocess.Popen([sys.executable, "-c", _OPEN_LOOP, str(path), str(seconds)],
+                              stdout=subprocess.PIPE)
+             for _ in range(processes)]
+    for p in storm:
+        assert p.stdout is not None
+        if p.stdout.readline() != b"storming\n":
+            raise RuntimeError(f"a storm process ended before its first open of {path} ({p.wait()})")
+    return storm

@@ -32,6 +32,9 @@ PUBLISH_BATCH_AFTER_STORM = 16384
 PUBLISH_LINGER_SECONDS = 0.05  # before each batch: the next commits' rows join it (and coalesce)
 STORM_SAMPLE_SECONDS = 0.05  # while yielding to a storm of requests: the rate is sampled over this (shorter: noise)
 STORM_SAMPLE_MAX_AGE = 0.25  # an older sample of the request count is not the rate of now
+# a yield ends when the rate over this long is below the storm's: one sample's lull (a
+# scheduler slice on a loaded machine) is not the end of a storm
+STORM_END_SECONDS = 0.25
 _STORE_ERRORS = (DHTError, ConnectionError, TimeoutError)
 
 Row = tuple[str, bytes, bytes | None, bytes | None]
@@ -337,10 +340,19 @@ class Publisher:
             return False
         t0 = time.monotonic()
         self.status.publish_yields += 1
+        assert self._sample is not None  # (taken by _storm)
+        window = deque([self._sample])
         try:
             while not self._urgent and self.lag() < self.yield_max:
                 await trio.sleep(STORM_SAMPLE_SECONDS)
-                if not self._storm():
+                self._storm()
+                sample = self._sample
+                assert sample is not None
+                window.append(sample)
+                while len(window) > 2 and window[-1][1] - window[1][1] >= STORM_END_SECONDS:
+                    window.popleft()  # (the oldest kept is at least STORM_END_SECONDS old)
+                (n0, t_0), (n1, t_1) = window[0], window[-1]
+                if t_1 - t_0 >= STORM_END_SECONDS and n1 - n0 <= self.storm_rate * (t_1 - t_0):
                     break
         finally:
             self.status.publish_yielded_seconds += time.monotonic() - t0

@@ -229,13 +229,13 @@ class BlobPool:
             made.append((ino, None))
         return made, registered
 
-    def _put(self, made: list[tuple[int, Any]]) -> None:
+    def _put(self, made: list[tuple[int, Any]], *, restock: bool = True) -> None:
         for ino, entry in made:
             self._blob_pool.append(ino)
             if entry is not None:
                 self.pooled_backings[ino] = entry
         self._added += len(made)
-        if self.on_refilled is not None:
+        if restock and self.on_refilled is not None:
             self.on_refilled()
 
     async def filler(self, allocate_ino: Callable[[], int]) -> None:
@@ -328,9 +328,15 @@ class BlobPool:
                 await pool.room()
             inos = [allocate_ino() for _ in range(min(short, BLOB_POOL_BATCH_MAX))]
             self.pool_filling |= set(inos)
+            made: list[tuple[int, Any]] = []
             try:
-                made, _ = await self._reserve_thread.run(lambda inos, pool, _check: self._make(inos, pool, []),
-                                                         inos, pool)
+                await self._reserve_thread.run(
+                    lambda inos, pool, _check: made.extend(self._make(inos, pool, [])[0]), inos, pool)
+            except trio.Cancelled:
+                # (at shutdown the job still ends, its blobs made: into the pool, where
+                # close() removes them, not left for the next start's recovery as orphans)
+                self._put(made, restock=False)
+                raise
             finally:
                 self.pool_filling -= set(inos)
             self.reserve_fills += 1
