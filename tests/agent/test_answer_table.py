@@ -815,6 +815,62 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     assert took < 3.0, took
 
 
+def test_a_closed_files_size_reaches_the_agent_with_no_request_after_it(hycache_mount):
+    """A file the table created, written and closed (its RELEASE answered by the table) is
+    the agent's, with its size, within a pause of the reader — with no request after it to
+    carry it (the node may have none: a job wrote its output and ended).  Each round closes
+    the file while the event loop processes a request of its own (a mkdir from another
+    thread), the moment when the loop decides to wait while the reader answers: with the
+    decision made on a look at the answers outside the lock, the loop could wait for a
+    wake-up the reader never sent (it had found the loop busy), and the size stayed
+    unknown until the next request (a Slurm stage-in waited 60 s for a file's published
+    size in CI)."""
+    import threading
+
+    m = lending_mount(hycache_mount)
+    rt = status(m)["request_loop"]["reader_thread"]
+    if not (rt and rt["running"]) or not table(m)["enabled"]:
+        pytest.skip("no reader thread or answer table here")
+    d = stocked_dir(m, "d")
+    busy = m.mountpoint / "busy"
+    busy.mkdir()
+    wait_idle(m)
+    rounds, late = 1000, []
+    start = threading.Barrier(2)
+
+    def mkdirs() -> None:
+        for i in range(rounds):
+            start.wait()
+            os.mkdir(busy / f"b{i}")
+            start.wait()
+
+    t = threading.Thread(target=mkdirs)
+    t.start()
+    try:
+        used = status(m)["tiers"]["fast"]["used"]
+        for i in range(rounds):
+            start.wait()
+            with open(d / f"f{i}", "wb") as f:
+                f.write(b"s" * 4096)
+            start.wait()
+            t0 = time.monotonic()
+            while status(m)["tiers"]["fast"]["used"] < used + 4096:  # (the control socket: no FUSE request)
+                if time.monotonic() - t0 > 2.0:
+                    late.append(i)
+                    break
+                time.sleep(0.002)
+            used = status(m)["tiers"]["fast"]["used"]
+            if late and late[-1] == i:
+                os.stat(d / f"f{i}")  # (a request: it carries the size; the next round starts even)
+                wait_for(lambda: status(m)["tiers"]["fast"]["used"] >= used + 4096, 10, "the size after a request")
+                used = status(m)["tiers"]["fast"]["used"]
+    finally:
+        start.abort()
+        t.join()
+    assert table(m)["create"] >= rounds // 2, "the table answered the creates"
+    assert not late, f"rounds whose closed file's size the agent did not learn within 2 s: {late}"
+
+
 def reader_thread(pid: int) -> tuple[int, int]:
     """(thread id, nice value) of the agent's native request reader, seen from outside."""
     for tid in os.listdir(f"/proc/{pid}/task"):
