@@ -153,6 +153,8 @@ def open_storm(path: Path, seconds: float, processes: int = 2) -> list[subproces
              for _ in range(processes)]
     for p in storm:
         assert p.stdout is not None
-        if p.stdout.readline() != b"storming\n":
+        line = p.stdout.readline()
+        p.stdout.close()
+        if line != b"storming\n":
             raise RuntimeError(f"a storm process ended before its first open of {path} ({p.wait()})")
     return storm
