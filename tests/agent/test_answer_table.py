@@ -14,6 +14,7 @@ import errno
 import os
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -825,8 +826,6 @@ def test_a_closed_files_size_reaches_the_agent_with_no_request_after_it(hycache_
     wake-up the reader never sent (it had found the loop busy), and the size stayed
     unknown until the next request (a Slurm stage-in waited 60 s for a file's published
     size in CI)."""
-    import threading
-
     m = lending_mount(hycache_mount)
     rt = status(m)["request_loop"]["reader_thread"]
     if not (rt and rt["running"]) or not table(m)["enabled"]:

@@ -313,19 +313,26 @@ class Publisher:
             commits.popleft()
         return time.monotonic() - commits[0][1] if commits else 0.0
 
+    def _sample_now(self) -> tuple[int, float]:
+        """The node's request count now, kept as the last sample."""
+        assert self.requests is not None
+        self._sample = (self.requests(), time.monotonic())
+        return self._sample
+
+    def _storming(self, then: tuple[int, float], now: tuple[int, float]) -> bool:
+        """Whether the node served requests faster than ``storm_rate`` between two samples."""
+        return now[1] > then[1] and now[0] - then[0] > self.storm_rate * (now[1] - then[1])
+
     def _storm(self) -> bool | None:
         """Whether the node served requests faster than ``storm_rate`` since the last sample
         (a fresh one is taken); None if that sample is missing or older than
         STORM_SAMPLE_MAX_AGE (it would average the rate of now with an idle past)."""
         if self.requests is None or self.yield_max <= 0:
             return False
-        n, now = self.requests(), time.monotonic()
-        last, self._sample = self._sample, (n, now)
-        if last is None or now - last[1] > STORM_SAMPLE_MAX_AGE:
+        last, now = self._sample, self._sample_now()
+        if last is None or now[1] - last[1] > STORM_SAMPLE_MAX_AGE:
             return None
-        if now - last[1] <= 0:
-            return False
-        return (n - last[0]) / (now - last[1]) > self.storm_rate
+        return self._storming(last, now)
 
     async def _yield_to_storm(self) -> bool:
         """Before a batch: wait while the node serves a storm of requests, until its oldest
@@ -341,18 +348,14 @@ class Publisher:
         t0 = time.monotonic()
         self.status.publish_yields += 1
         assert self._sample is not None  # (taken by _storm)
-        window = deque([self._sample])
+        window = deque([self._sample])  # the samples of the last STORM_END_SECONDS and one older
         try:
             while not self._urgent and self.lag() < self.yield_max:
                 await trio.sleep(STORM_SAMPLE_SECONDS)
-                self._storm()
-                sample = self._sample
-                assert sample is not None
-                window.append(sample)
+                window.append(self._sample_now())
                 while len(window) > 2 and window[-1][1] - window[1][1] >= STORM_END_SECONDS:
-                    window.popleft()  # (the oldest kept is at least STORM_END_SECONDS old)
-                (n0, t_0), (n1, t_1) = window[0], window[-1]
-                if t_1 - t_0 >= STORM_END_SECONDS and n1 - n0 <= self.storm_rate * (t_1 - t_0):
+                    window.popleft()
+                if window[-1][1] - window[0][1] >= STORM_END_SECONDS and not self._storming(window[0], window[-1]):
                     break
         finally:
             self.status.publish_yielded_seconds += time.monotonic() - t0
