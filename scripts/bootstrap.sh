@@ -64,6 +64,7 @@ flock 9
 # ---------------------------------------------------------------- 1. apt packages
 APT_PACKAGES=(
     fuse3 libfuse3-dev pkg-config     # FUSE runtime, headers for building pyfuse3
+    liburing-dev                      # FUSE over io_uring in the patched pyfuse3 (hycache_uring.h)
     dpkg-dev meson ninja-build patch  # apt-get source + build of libfuse 3.17 (passthrough)
     build-essential python3-dev       # C toolchain for source builds
     redis-server                      # the DHT (tests start real Redis Cluster processes)

@@ -22,7 +22,8 @@ if [[ $# -eq 0 ]]; then
     # with a basetemp of its own, and its output follows the rest's. After the rest, beside
     # the side lane's end: the FUSE data-path suites once more with passthrough off (the
     # writeback-cache path; the whole suite ran with the agent's default, --passthrough
-    # auto: on where the kernel and privileges allow), so both modes are covered in one run.
+    # auto: on where the kernel and privileges allow), so both modes are covered in one run;
+    # and with --fuse-uring off (requests read from /dev/fuse instead of the rings).
     # (Since the Python processes start from bytecode, scripts/bootstrap.sh, the rest takes
     # ~49 min and the side lane ~51: the passthrough-off pass, ~6 min, ran last in the side
     # lane for 58 min in all. tests/control moved to the side lane made it ~58 min and the
@@ -46,6 +47,14 @@ if [[ $# -eq 0 ]]; then
         --basetemp "$side_tmp/off" --passthrough off -k "not mergerfs and not raw" \
         tests/agent/test_mount.py tests/agent/test_crash.py tests/posix \
         tests/cluster/test_remote_filling.py || rc=$?
+    # the whole suite ran with the agent's default, --fuse-uring auto (the rings where the
+    # kernel has them): the reader thread's own path, reading /dev/fuse, once more
+    echo "test.sh: again with --fuse-uring off: agent mount/crash tests, the answer table," \
+        "pjdfstest, fsx" >&2
+    "$UV" run --frozen --all-packages pytest --durations=10 -p no:cacheprovider \
+        --basetemp "$side_tmp/nouring" --fuse-uring off -k "not mergerfs and not raw" \
+        tests/agent/test_mount.py tests/agent/test_crash.py tests/agent/test_answer_table.py \
+        tests/posix || rc=$?
     side_rc=0
     wait "$side_pid" || side_rc=$?
     echo "test.sh: the side lane: exit status $side_rc after $((SECONDS - start)) s" >&2

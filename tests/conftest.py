@@ -58,16 +58,20 @@ _FUSE_REASON = fuse_unusable_reason()
 # tests start (unset: the agent's default, auto). scripts/test.sh runs the mount suites
 # once as they are (passthrough on where the host allows it) and a subset with it off.
 _PASSTHROUGH: str | None = None
+_FUSE_URING: str | None = None
 
 
 def pytest_addoption(parser):
     parser.addoption("--passthrough", choices=("auto", "on", "off"), default=None,
                      help="hycache-agent --passthrough for the mounts the tests start")
+    parser.addoption("--fuse-uring", choices=("auto", "on", "off"), default=None,
+                     help="hycache-agent --fuse-uring for the mounts the tests start")
 
 
 def pytest_configure(config):
-    global _PASSTHROUGH
+    global _PASSTHROUGH, _FUSE_URING
     _PASSTHROUGH = config.getoption("--passthrough")
+    _FUSE_URING = config.getoption("--fuse-uring")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -165,6 +169,8 @@ def start_hycache_mount(base: Path, fast_capacity: str | int | None = "1G", *,
         opts = {"fast_capacity": fast_capacity, **opts}
     if _PASSTHROUGH is not None and "passthrough" not in opts:
         opts = {**opts, "passthrough": _PASSTHROUGH}
+    if _FUSE_URING is not None and "fuse_uring" not in opts:
+        opts = {**opts, "fuse_uring": _FUSE_URING}
     agent = Agent(root, "hycache-agent", *opts_to_argv(opts), mountpoint=mountpoint, log=base / "agent.log",
                   log_level=None, agent_bin=AGENT_BIN, wrapper=wrapper, cwd=base, append_log=True)
     m = HyCacheMount(root=root, fast=fast, slow=slow, agent=agent, base=base, fast_capacity=fast_capacity,
@@ -259,4 +265,5 @@ def shared_tmp_path():
 def pytest_report_header(config):
     return [f"fuse: {'usable' if _FUSE_REASON is None else 'UNUSABLE: ' + _FUSE_REASON}",
             f"agent passthrough: {_PASSTHROUGH or 'agent default (auto)'}",
+            f"agent fuse io_uring: {_FUSE_URING or 'agent default (auto)'}",
             f"python: {sys.executable}"]

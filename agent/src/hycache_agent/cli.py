@@ -168,6 +168,11 @@ def _kernel_options(m) -> None:
                         "queues the rest for the event loop (default: on; --no-reader-thread: the event loop "
                         "reads them and the table answers there, between the Python requests and the agent's "
                         "own work)")
+    m.add_argument("--fuse-uring", choices=("auto", "on", "off"),
+                   help="take requests from FUSE's io_uring rings (one per CPU) instead of reading "
+                        "/dev/fuse, with the reader thread (auto, default: when the kernel has it, Linux 6.14 "
+                        "and later; fuse's enable_uring module parameter is turned on as root; on: fail to "
+                        "start otherwise; off: never)")
     m.add_argument("--gil-switch-us", type=float, metavar="US",
                    help="how long a Python thread of the agent may hold the GIL while another waits for "
                         "it (default 250; CPython's own is 5000); the event loop lets go of it at every system call "
@@ -389,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 "root", "mountpoint", "fast", "slow", "fast_capacity", "high_watermark", "low_watermark", "write_slack",
                 "policy", "log_level", "allow_other", "promote_on_open", "promote_mode", "promote_before_write_mb", "kernel_cache", "read_ahead_kb",
                 "open_prefetch_mb", "follow_prefetch_mb", "follow_first_mb",
-                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "blob_pool_reserve", "reader_thread", "reader_nice", "gil_switch_us", "gc_interval", "gc_full_interval", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
+                "writeback_cache", "passthrough", "kernel_read_counts", "answer_table", "answer_opens", "blob_pool_reserve", "reader_thread", "fuse_uring", "reader_nice", "gil_switch_us", "gc_interval", "gc_full_interval", "loop_spin_us", "redis", "meta_store", "dht_namespace", "node_id", "listen", "advertise",
                 "cluster_secret_file", "redis_user", "redis_password_file", "write_lease_seconds", "write_lease_wait", "publish_storm_rate", "publish_yield_seconds", "replicas", "replica_mode", "push_streams",
                 "rebalance_interval", "rebalance_rounds", "control_plane", "control_token_file",
                 "metrics_listen", "hccache_size", "hccache_mode", "hccache_small_file",

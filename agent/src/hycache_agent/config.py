@@ -87,6 +87,10 @@ class AgentConfig(BaseModel):
     # on since pyfuse3 passthrough21; the fsx size race it still lost 1 run in 4 to (an offer
     # after a take-back with lent opens unknown to the agent) closed in passthrough22
     reader_thread: bool = True
+    # FUSE over io_uring (Linux 6.14+, fuse's enable_uring module parameter, turned on as
+    # root): the reader's requests come from a ring per CPU instead of read(2) and writev(2)
+    # on /dev/fuse (auto: when the kernel has it; on: fail to start otherwise; off: never)
+    fuse_uring: Literal["auto", "on", "off"] = "auto"
     # how long a Python thread may hold the GIL while another waits for it (CPython's
     # sys.setswitchinterval; its default is 5 ms): every system call of the event loop lets
     # go of the GIL, and getting it back waited for whichever background thread (the

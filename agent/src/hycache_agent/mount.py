@@ -231,6 +231,35 @@ async def start_cluster(cluster, status: AgentStatus, nursery: trio.Nursery) -> 
     await cluster.run(nursery)
 
 
+FUSE_URING_PARAMETER = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+def _choose_fuse_uring(config: AgentConfig, threaded: bool) -> bool:
+    """Whether to ask for FUSE over io_uring at INIT.  The kernel offers it while fuse's
+    ``enable_uring`` parameter is on; the parameter only allows it (a FUSE server asks for
+    it at INIT, others go on reading the device), so auto and on turn it on as root.  The
+    reader thread takes the rings' requests: without it (or without the answer table)
+    there are none."""
+    if config.fuse_uring == "off":
+        return False
+    why = ""
+    if not threaded:
+        why = "the reader thread is off (--no-reader-thread or --no-answer-table)"
+    elif not FUSE_URING_PARAMETER.exists():
+        why = "this kernel's fuse has no io_uring (Linux 6.14 and later)"
+    elif FUSE_URING_PARAMETER.read_text().strip() not in ("Y", "1"):
+        try:
+            FUSE_URING_PARAMETER.write_text("Y")
+            log.info("fuse io_uring: turned %s on", FUSE_URING_PARAMETER)
+        except OSError as exc:
+            why = f"{FUSE_URING_PARAMETER} is off and could not be turned on ({exc.strerror})"
+    if why and config.fuse_uring == "on":
+        raise SystemExit(f"hycache-agent: --fuse-uring on: {why}")
+    if why:
+        log.info("fuse io_uring: off (%s): requests are read from /dev/fuse", why)
+    return not why
+
+
 def _choose_passthrough(config: AgentConfig, engine: TieringEngine) -> bool:
     """Whether to ask for kernel passthrough at INIT (when this host allows it); the
     registration itself is probed once the kernel has answered (HyCacheOperations.init)."""
@@ -484,11 +513,14 @@ def run_mount(config: AgentConfig) -> int:
     agent = build_agent(config, engine, token)
     _count_kernel_reads(config, engine)
     log.info("metadata loaded: %d inodes; recovery %s", len(engine.ns.inodes), report)
-    pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
     if hasattr(pyfuse3, "set_loop_spin"):  # the patched pyfuse3 (passthrough7 and later)
         pyfuse3.set_loop_spin(int(config.loop_spin_us * 1000))
+    threaded = config.reader_thread and config.answer_table
     if hasattr(pyfuse3, "set_reader_thread"):  # passthrough17 and later
-        pyfuse3.set_reader_thread(config.reader_thread and config.answer_table)
+        pyfuse3.set_reader_thread(threaded)
+    if hasattr(pyfuse3, "set_fuse_uring"):  # passthrough28 and later (before init: its replies)
+        pyfuse3.set_fuse_uring(_choose_fuse_uring(config, threaded), nice=config.reader_nice)
+    pyfuse3.init(agent.ops, str(mountpoint), mount_options(config))
     _settle_gc()
     agent.collector.install()  # (after the freeze: start-up's objects are out of its reach)
     sys.setswitchinterval(config.gil_switch_us / 1e6)

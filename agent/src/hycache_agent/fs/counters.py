@@ -256,10 +256,11 @@ def request_loop(spin_us: float) -> dict[str, Any]:
     ``answer_table``: the requests answered from the reader's table, by kind, and what it holds.
     ``reader_thread``: what the native reader thread read, answered and queued for the event
     loop, its own polls, its waits for a free slot, its wake-ups of the event loop and its
-    ``nice`` value (None: a build without it)."""
+    ``nice`` value (None: a build without it).  ``fuse_uring``: the io_uring transport."""
     spins = getattr(pyfuse3, "spins", None)
     answers = getattr(pyfuse3, "answers_stats", None)
     reader = getattr(pyfuse3, "reader_stats", None)
+    uring = getattr(pyfuse3, "fuse_uring_stats", None)
     thread = reader() if reader is not None else None
     if thread is not None:
         thread = {**thread, "nice": reader_thread_nice()}
@@ -274,7 +275,11 @@ def request_loop(spin_us: float) -> dict[str, Any]:
             # what the reader's table answered without Python (fuse/answers.py); None: a
             # pyfuse3 build without it
             "answer_table": answers() if answers is not None else None,
-            "reader_thread": thread}
+            "reader_thread": thread,
+            # FUSE over io_uring (--fuse-uring): asked for, offered by the kernel, running
+            # (its per-CPU queues), and what its rings took, answered and handed on; None:
+            # a pyfuse3 build without it
+            "fuse_uring": uring() if uring is not None else None}
 
 
 def moving(engine: Any) -> dict[str, Any]:
