@@ -28,11 +28,12 @@ FROM ${HYCACHE_UV_IMAGE} AS uv
 FROM ${HYCACHE_BASE_IMAGE} AS build
 # pyfuse3 is a source distribution: it compiles against the private libfuse 3.17 below
 # (pkg-config, cc). No libfuse3-dev: the linker would find its libfuse3.so (3.14) first;
-# build-libfuse.sh fetches the pyfuse3 sdist with pip.
+# build-libfuse.sh fetches the pyfuse3 sdist with pip. liburing-dev: FUSE over io_uring,
+# linked into pyfuse3 statically (nothing more in the runtime image).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
         python3 python3-dev python3-pip gcc libc6-dev pkg-config ca-certificates \
-        dpkg-dev meson ninja-build patch \
+        dpkg-dev meson ninja-build patch liburing-dev \
  && rm -rf /var/lib/apt/lists/*
 # hycache-ca: run a command trusting the build secret's CA bundle too, when one is given
 RUN printf '%s\n' '#!/bin/sh' \
