@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fs_bench  # noqa: E402
+import fs_bench
 
 AT_FDCWD = -100
 AT_STATX_FORCE_SYNC = 0x2000
