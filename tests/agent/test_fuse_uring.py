@@ -67,7 +67,7 @@ def test_every_cpu_queue_answers_and_python_replies_go_back_through_the_rings(hy
     sub.rmdir()
     assert sorted(os.listdir(d)) == sorted([f"f{i}" for i in range(2, 50)] + ["g0"])
     u1 = uring(m)
-    assert u1["active"]
+    assert u1["active"] and u1["serving"], u1  # set up, and the kernel sends requests there
     assert u1["requests"] - u0["requests"] >= 2 * len(files), (u0, u1)
     assert u1["answered"] > u0["answered"], "the table answered nothing from the rings"
     assert u1["handed_on"] > u0["handed_on"], "no request went from a ring to Python"
@@ -107,7 +107,7 @@ def test_the_device_serves_when_io_uring_is_off(hycache_mount):
     (m.mountpoint / "a").write_bytes(b"x")
     subprocess.run(["stat", "--cached=never", str(m.mountpoint / "a")], check=True, capture_output=True)
     u = uring(m)
-    assert not u["wanted"] and not u["active"] and u["requests"] == 0, u
+    assert not u["wanted"] and not u["active"] and not u["serving"] and u["requests"] == 0, u
     assert status(m)["request_loop"]["reader_thread"]["read"] > 0
 
 
