@@ -225,7 +225,9 @@ def _info(path: Path) -> dict:
     except OSError as exc:
         if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise NotServed(f"no HyCache agent serves {path}") from None
-        if exc.errno == errno.ENOTCONN:
+        # ECONNABORTED: the request was in flight when the kernel ended the connection (an
+        # agent with io_uring rings: they are released after its process exited)
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
             raise NotServed(f"the HyCache mount holding {path} is not connected: its agent has stopped") from None
         raise
     return json.loads(raw)
