@@ -74,3 +74,42 @@ def test_a_dropped_connection_is_reported(redis_cluster, dht_namespace):
     finally:
         feed.close()
         store.close()
+
+
+def test_a_connection_readable_with_nothing_read_is_dropped_not_spun_on(redis_cluster, dht_namespace):
+    """A node's subscriber that redis-py keeps in its round robin but no longer reads from
+    (unsubscribed: ``get_message`` returns None without reading), with bytes pending on its
+    socket, makes every wait return at once.  The feed must drop its connections (FeedLost)
+    after a bounded number of such polls instead of spinning a core on them."""
+    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
+    feed = store.invalidation_feed()
+    try:
+        store.create(b"/s", dir_meta())
+        wait_active(feed, [b"/s"])
+        ch = feed.channel(b"/s")
+        (node_ps,) = feed._pubsub.node_pubsub_mapping.values()
+        # the node's subscriber, behind the cluster client's back: unsubscribed, confirmation read
+        node_ps.sunsubscribe(ch)
+        deadline = time.monotonic() + 5
+        while node_ps.subscribed and time.monotonic() < deadline:
+            node_ps.get_message(timeout=0.1)
+        assert not node_ps.subscribed
+        node_ps.connection.send_command("PING")  # a reply nobody will read
+        cpu0, polls = time.thread_time(), 0
+        with pytest.raises(FeedLost, match="readable"):
+            while time.monotonic() < deadline + 5:
+                feed.poll(0.5)
+                polls += 1
+        assert polls < 100
+        assert time.thread_time() - cpu0 < 0.5
+        assert ch not in feed.channels
+        # subscribed afresh, the feed hears again and waits quietly
+        wait_active(feed, [b"/s"])
+        store.put(b"/s/f", fmeta(1))
+        assert heard(feed, 1) == [b"/s/f"]
+        cpu0 = time.thread_time()
+        assert feed.poll(0.3) == []
+        assert time.thread_time() - cpu0 < 0.05
+    finally:
+        feed.close()
+        store.close()

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+UNREAD_POLLS_MAX = 64  # then the connections are dropped (FeedLost) rather than spun on
+
 
 class FeedLost(Exception):
     """The feed's connections failed: everything it covered may have missed changes."""
@@ -53,6 +55,7 @@ class InvalidationFeed:
         self._pubsub: ClusterPubSub | None = None
         self.channels: dict[bytes, bytes] = {}  # channel -> directory path
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._unread_polls = 0  # polls in a row a connection was readable and nothing was read
 
     def channel(self, dirpath: bytes) -> bytes:
         return keys.inval_channel(self._ns, dirpath)
@@ -106,9 +109,10 @@ class InvalidationFeed:
                 if conn is not None and conn._sock is not None:
                     waits.append(conn._sock)
         try:
-            select.select(waits, [], [], timeout)
-        except (OSError, ValueError):
-            pass  # a socket closed under us: the reads below tell
+            ready, _, _ = select.select(waits, [], [], timeout)
+        except (OSError, ValueError) as e:  # a socket closed under us
+            self.close_pubsub()
+            raise FeedLost(f"waiting: {e!r}") from e
         try:
             while True:
                 os.read(self._wake_r, 64)
@@ -117,6 +121,7 @@ class InvalidationFeed:
         events: list[tuple[str, bytes]] = []
         if ps is None:
             return events
+        read = 0
         try:
             for _ in range(10000):  # what is buffered, in order; bounded per poll
                 if not ps.node_pubsub_mapping:
@@ -124,6 +129,7 @@ class InvalidationFeed:
                 msg = ps.get_sharded_message(timeout=0.0)
                 if msg is None:
                     break
+                read += 1
                 kind = msg["type"]
                 kind = kind.decode() if isinstance(kind, bytes) else kind
                 ch = msg["channel"]
@@ -139,15 +145,27 @@ class InvalidationFeed:
                 elif kind == "sunsubscribe":  # the server's: the slot moved (ours are dropped above)
                     del self.channels[ch]
                     events.append(("lost", d))
-        except (*RETRIABLE, rex.RedisError) as e:
-            self.close_pubsub()
+        except (*RETRIABLE, rex.RedisError, StopIteration) as e:  # (StopIteration: redis-py's
+            self.close_pubsub()                                   # round robin of its nodes ended)
             raise FeedLost(f"{e!r}") from e
+        # A connection readable with nothing the client reads (a node's subscriber the client
+        # keeps but no longer reads from, with bytes pending) would make every wait return at
+        # once: a thread spinning on a core.  Many such polls in a row drop the connections.
+        if read == 0 and any(w is not self._wake_r for w in ready):
+            self._unread_polls += 1
+            if self._unread_polls >= UNREAD_POLLS_MAX:
+                self.close_pubsub()
+                raise FeedLost(f"a connection stayed readable through {UNREAD_POLLS_MAX} polls "
+                               "with nothing read from it")
+        else:
+            self._unread_polls = 0
         return events
 
     def close_pubsub(self) -> None:
         """Drop the connections and every subscription (a new subscribe starts afresh)."""
         ps, self._pubsub = self._pubsub, None
         self.channels.clear()
+        self._unread_polls = 0
         if ps is not None:
             try:
                 ps.reset()
