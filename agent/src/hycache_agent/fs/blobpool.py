@@ -6,10 +6,11 @@
   layer's ``Backings``, set once the kernel accepted passthrough): ino -> what
   ``backing_pool.prepare`` returned, taken by the open of the create.  Blobs made before
   passthrough was accepted are registered by the next refill.  The refill starts below
-  the pool's low watermark and fills it to twice that; the watermark follows the create
-  rate (twice the creates one refill had to serve, slowly lowered again, between
-  BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run empty while a refill is
-  under way.
+  the pool's low watermark and fills it to twice that while creates keep coming (a job
+  that served none ends it at the watermark: what follows a burst gets the cores); the
+  watermark follows the create rate (twice the creates one refill had to serve, slowly
+  lowered again, between BLOB_POOL_LOW and BLOB_POOL_MAX), so that the pool does not run
+  empty while a refill is under way.
 * The reserve: what the pool holds between bursts, beyond twice the low watermark — the
   configured floor (``blob_pool_reserve``) or the largest burst of creates of the last
   RESERVE_MEMORY seconds, whichever is larger, within the descriptor budget
@@ -245,7 +246,9 @@ class BlobPool:
         most BLOB_POOL_BATCH_MAX blobs on a worker thread, each job's blobs ready when it
         ends (the loop thread only allocates the inode numbers); ``low`` becomes twice the
         creates the last job had to serve meanwhile (:func:`next_low`), so a refill ends
-        before the pool is empty.  Beside it, the reserve's job (:meth:`keep_reserve`)."""
+        before the pool is empty.  A job during which no create came ends the refill once
+        ``low`` are ready (the burst is over: the reserve's job makes the rest when the
+        node is quiet).  Beside it, the reserve's job (:meth:`keep_reserve`)."""
         self.allocate_ino = allocate_ino
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.keep_reserve, allocate_ino)
@@ -286,6 +289,12 @@ class BlobPool:
                 self._put([*registered, *made])
                 if len(made) < len(inos):  # fast device full: try again later
                     await trio.sleep(1.0)
+                elif served == 0 and len(ready) >= self.low:
+                    # no create came while the job ran: the burst is over, and what it
+                    # taught the watermark is ready; the rest (to 2 x low, the reserve) is
+                    # the reserve's job, at a low priority once the node is quiet, not
+                    # this one's on the cores of what follows the burst (a run of stats)
+                    filling = False
                 continue
             filling = False
             await self._pool_wakeup.wait()
