@@ -18,7 +18,7 @@ async: until pushed), so a change can be read as "less CPU on the writer's side"
 a holder of that build (``MODE@base``), in the same rotation, each build's modes read
 against its own "none".
 
-Usage: bench/replica_bench.py [--passes 3] [--writes 8] [--write-size 64M] [--json FILE]
+Usage: bench/replica_bench.py [--passes 3] [--warmup 1] [--writes 8] [--write-size 64M] [--json FILE]
                               [--agent-bin PATH] [--extra "ARGS"] [--baseline-src DIR]
 Needs root (FUSE mounts, drop_caches, the loop device).
 """
@@ -75,6 +75,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="passes run first and not counted (every mode once each: the page cache's and the "
+                        "holders' device's memory in use before the measured passes; default 1)")
     p.add_argument("--writes", type=int, default=8)
     p.add_argument("--write-size", default="64M")
     p.add_argument("--device-size", default="6G", type=parse_size)
@@ -99,8 +102,11 @@ def main() -> int:
     rows: dict[str, list[float]] = {}
     agents: list[Agent] = []
 
+    warming = [False]
+
     def add(key: str, value: float) -> None:
-        rows.setdefault(key, []).append(value)
+        if not warming[0]:
+            rows.setdefault(key, []).append(value)
 
     try:
         with own_device(work / "dev", a.device_size) as dev:
@@ -123,8 +129,9 @@ def main() -> int:
                 for ag in agents:
                     ready(ag)
                 time.sleep(2.5)  # a heartbeat: the writers know their holders
-                for i in range(a.passes):
+                for i in range(-a.warmup, a.passes):  # (negative: a warm-up pass, not counted)
                     r = i % len(names)
+                    warming[0] = i < 0
                     for key in names[r:] + names[:r]:
                         mode = key.partition("@")[0]
                         w, h = writers[key], holders[key]
@@ -153,7 +160,7 @@ def main() -> int:
                             perf.wait(30)
                         for k in range(a.writes):  # (the holder drops its replicas: its device stays small)
                             (w.mnt / f"p{i}" / f"w{k}").unlink()
-                    print(f"pass {i} done", flush=True)
+                    print(f"pass {i} done" if i >= 0 else "warm-up pass done", flush=True)
             finally:  # (stopped before the device is unmounted)
                 for ag in agents:
                     ag.stop()
