@@ -99,7 +99,15 @@ from fs_report import (
     unit_for,
     write_report,
 )
-from hycache_harness import Agent, FuseDaemon, cluster_secret, executable, force_unmount, redis_seeds
+from hycache_harness import (
+    Agent,
+    FuseDaemon,
+    cluster_secret,
+    executable,
+    force_unmount,
+    free_page_reporting,
+    redis_seeds,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = Path(sys.executable)  # the environment the bench runs in (scripts/bootstrap.sh: .venv)
@@ -695,6 +703,7 @@ def machine_info(workdir: Path) -> dict[str, str]:
     if shutil.which("mergerfs"):
         mv = run(["mergerfs", "--version"])
         info["mergerfs"] = ((mv.stdout or mv.stderr).strip().splitlines() or ["?"])[0]
+    info["free page reporting (memory back to the VM's host)"] = free_page_reporting() or "off"
     info["pyfuse3 / libfuse"] = libfuse_version()
     info["python"] = platform.python_version()
     info["HyCache commit"] = run(["git", "-C", str(REPO), "describe", "--always", "--dirty"]).stdout.strip()

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from hycache_core.sizes import parse_size
-from hycache_harness import Agent, drop_caches, executable, redis_seeds, start_redis_cluster
+from hycache_harness import Agent, drop_caches, executable, free_page_reporting, redis_seeds, start_redis_cluster
 from remote_bench import own_device, ready, write_files
 
 MODES = {"none": [], "async": ["--replicas", "1", "--replica-mode", "async"],
@@ -178,7 +178,8 @@ def main() -> int:
 
 def print_table(rows: dict[str, list[float]], a) -> None:
     print(f"\nreplica_bench: {a.writes} × {a.write_size} per pass, {a.passes} passes, modes interleaved, holder on "
-          f"its own device{' (' + a.extra + ')' if a.extra else ''}; load average {os.getloadavg()[0]:.2f}")
+          f"its own device{' (' + a.extra + ')' if a.extra else ''}; load average {os.getloadavg()[0]:.2f}; "
+          f"free page reporting {free_page_reporting() or 'off'}")
     print("| replicas | writer MB/s: median | per-pass ratio to none: median (IQR) | per pass (× none) "
           "| CPU s writer agent / holder / dd |")
     print("|---|---:|---:|---|---|")
