@@ -86,7 +86,9 @@ handle carries ``LENT_WRITER``, so that its release ends its use of the lease.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import pyfuse3
 
@@ -131,6 +133,11 @@ class AnswerTable:
         self.cluster = vfs.names.cluster is not None
         self.opens = self.enabled and OPENS and vfs.engine.config.answer_opens
         self.removals = False  # the reader answers UNLINKs (start: the redo log shared)
+        # directories whose attributes the table keeps while the agent makes a drain's
+        # creates and removals its own (:meth:`keeping`): the table changed their times
+        # itself, and the agent offers its own once it is done
+        self._keep: frozenset[int] = frozenset()
+        self._kept: set[int] = set()  # of them, those whose drop was held back
         self.creates = False  # ... and CREATEs (start: removals, passthrough15, opens lent)
 
     def start(self, local_timeout: float) -> None:
@@ -178,6 +185,7 @@ class AnswerTable:
         if name is not None:
             pyfuse3.answers_put_name(parent, name, ino)
         if inode.nlink > 0 and inode.open_count == 0 and ino not in self.vfs.backings.by_ino:
+            self._kept.discard(ino)  # (replaced: nothing to drop after a drain, :meth:`keeping`)
             if self.removals and self.names.removable_by_reader(inode):
                 pyfuse3.answers_put(attrs, removable=True)
             elif self.creates and inode.is_dir:
@@ -221,7 +229,26 @@ class AnswerTable:
         pyfuse3.answers_incomplete(ino)
 
     # -- what goes out: MetaJournal.watcher -----------------------------------------------
+    @contextlib.contextmanager
+    def keeping(self, dirs: frozenset[int]) -> Iterator[None]:
+        """While the agent makes the table's creates and removals in ``dirs`` its own: the
+        journal's changes of those directories do not drop their attributes from the table
+        (it set their times itself at each change; dropped, every UNLINK or CREATE in them
+        the kernel sends meanwhile would go to the agent, until it offers them again).
+        The caller offers their attributes once done (:meth:`offer` replaces them); those
+        whose drop was held back and that it did not offer are dropped on the way out."""
+        self._keep, self._kept = dirs, set()
+        try:
+            yield
+        finally:
+            kept, self._keep, self._kept = self._kept, frozenset(), set()
+            for ino in kept:
+                pyfuse3.answers_drop(ino)
+
     def inode(self, ino: int) -> None:
+        if ino in self._keep:
+            self._kept.add(ino)
+            return
         pyfuse3.answers_drop(ino)
         if ino in self.vfs.backings.lent_writable:  # (made set-ID: its writers go to the agent)
             self.vfs.backings.writers_recheck(self.ns.inodes.get(ino), ino)

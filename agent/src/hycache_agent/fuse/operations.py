@@ -182,21 +182,23 @@ class HyCacheOperations(pyfuse3.Operations):
             released = [e for e in released if e[0] in have]
         self._lent_counted(opened, released, writers, writers_released)
         changed: set[int] = set()  # directories whose names changed: their attributes offered once
-        for name, parent, ino, t, created in changes:
-            if created is None:
-                if not self.answers.removed(parent, name, ino, t):
-                    continue
-            else:
-                node = self.answers.created(parent, name, ino, t, *created)
-                if node is None:
-                    continue
-                # the entry of the CREATE's reply, and LOOKUPs the table answered since
-                node.lookups += 1 + (unknown.pop(ino, 0) if unknown else 0)
-            changed.add(parent)
-        if unknown:
-            self.answers.unknown_lookups(unknown)
-        for parent in changed:
-            self._dir_changed(parent)
+        # (the table keeps those directories' attributes meanwhile: it set their times itself)
+        with self.answers.keeping(frozenset(change[1] for change in changes)):
+            for name, parent, ino, t, created in changes:
+                if created is None:
+                    if not self.answers.removed(parent, name, ino, t):
+                        continue
+                else:
+                    node = self.answers.created(parent, name, ino, t, *created)
+                    if node is None:
+                        continue
+                    # the entry of the CREATE's reply, and LOOKUPs the table answered since
+                    node.lookups += 1 + (unknown.pop(ino, 0) if unknown else 0)
+                changed.add(parent)
+            if unknown:
+                self.answers.unknown_lookups(unknown)
+            for parent in changed:
+                self._dir_changed(parent)
         self._lent_counted(*later, writers, writers_released)
         if forgets and self._nursery is not None:
             self._nursery.start_soon(self._forget_kept, forgets)
