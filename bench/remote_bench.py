@@ -269,6 +269,7 @@ def own_device(mnt: Path, size: int):
 
     image = Path(tempfile.mkdtemp(prefix="hycache-rmbench-dev-", dir="/dev/shm")) / "disk.img"
     chunk = bytes(1 << 20)
+    print(f"own_device: writing its {size / 2**30:.1f} GiB image in RAM whole", flush=True)
     with open(image, "wb") as f:
         for _ in range(size >> 20):
             f.write(chunk)

@@ -102,10 +102,10 @@ def main() -> int:
     rows: dict[str, list[float]] = {}
     agents: list[Agent] = []
 
-    warming = [False]
+    warming = False  # (a warm-up pass: nothing counted)
 
     def add(key: str, value: float) -> None:
-        if not warming[0]:
+        if not warming:
             rows.setdefault(key, []).append(value)
 
     try:
@@ -131,7 +131,7 @@ def main() -> int:
                 time.sleep(2.5)  # a heartbeat: the writers know their holders
                 for i in range(-a.warmup, a.passes):  # (negative: a warm-up pass, not counted)
                     r = i % len(names)
-                    warming[0] = i < 0
+                    warming = i < 0
                     for key in names[r:] + names[:r]:
                         mode = key.partition("@")[0]
                         w, h = writers[key], holders[key]

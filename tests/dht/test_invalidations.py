@@ -4,6 +4,7 @@ directory only after its subscription is confirmed; a dropped connection is repo
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -24,6 +25,28 @@ def heard(feed, want: int, timeout: float = 5.0) -> list[bytes]:
     while len(got) < want and time.monotonic() < deadline:
         got += [p for kind, p in feed.poll(0.05) if kind == "changed"]
     return got
+
+
+@contextlib.contextmanager
+def subscribed(redis_cluster, namespace: str, dirpath: bytes):
+    """A store with directory ``dirpath`` and a feed whose subscription to it is confirmed:
+    (store, feed, the directory's channel); both closed after."""
+    store = RedisClusterStore(redis_cluster.nodes, namespace=namespace)
+    feed = store.invalidation_feed()
+    try:
+        store.create(dirpath, dir_meta())
+        wait_active(feed, [dirpath])
+        yield store, feed, feed.channel(dirpath)
+    finally:
+        feed.close()
+        store.close()
+
+
+def hears_again(store, feed, dirpath: bytes) -> None:
+    """After a loss: subscribed afresh, the feed hears the next change in ``dirpath``."""
+    wait_active(feed, [dirpath])
+    store.put(dirpath + b"/f", fmeta(1))
+    assert heard(feed, 1) == [dirpath + b"/f"]
 
 
 def test_writes_are_announced_to_subscribers(redis_cluster, dht_namespace):
@@ -53,12 +76,7 @@ def test_writes_are_announced_to_subscribers(redis_cluster, dht_namespace):
 
 
 def test_a_dropped_connection_is_reported(redis_cluster, dht_namespace):
-    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
-    feed = store.invalidation_feed()
-    try:
-        store.create(b"/d", dir_meta())
-        wait_active(feed, [b"/d"])
-        ch = feed.channel(b"/d")
+    with subscribed(redis_cluster, dht_namespace, b"/d") as (store, feed, ch):
         # the server drops the subscriber's connection (CLIENT KILL of the pubsub clients)
         for conn in store.c.primaries():
             conn.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
@@ -68,12 +86,7 @@ def test_a_dropped_connection_is_reported(redis_cluster, dht_namespace):
             while time.monotonic() < deadline:
                 events += feed.poll(0.05)
         assert ch not in feed.channels
-        wait_active(feed, [b"/d"])
-        store.put(b"/d/f", fmeta(1))
-        assert heard(feed, 1) == [b"/d/f"]
-    finally:
-        feed.close()
-        store.close()
+        hears_again(store, feed, b"/d")
 
 
 def test_a_connection_readable_with_nothing_read_is_dropped_not_spun_on(redis_cluster, dht_namespace):
@@ -81,12 +94,7 @@ def test_a_connection_readable_with_nothing_read_is_dropped_not_spun_on(redis_cl
     (unsubscribed: ``get_message`` returns None without reading), with bytes pending on its
     socket, makes every wait return at once.  The feed must drop its connections (FeedLost)
     after a bounded number of such polls instead of spinning a core on them."""
-    store = RedisClusterStore(redis_cluster.nodes, namespace=dht_namespace)
-    feed = store.invalidation_feed()
-    try:
-        store.create(b"/s", dir_meta())
-        wait_active(feed, [b"/s"])
-        ch = feed.channel(b"/s")
+    with subscribed(redis_cluster, dht_namespace, b"/s") as (store, feed, ch):
         (node_ps,) = feed._pubsub.node_pubsub_mapping.values()
         # the node's subscriber, behind the cluster client's back: unsubscribed, confirmation read
         node_ps.sunsubscribe(ch)
@@ -104,12 +112,7 @@ def test_a_connection_readable_with_nothing_read_is_dropped_not_spun_on(redis_cl
         assert time.thread_time() - cpu0 < 0.5
         assert ch not in feed.channels
         # subscribed afresh, the feed hears again and waits quietly
-        wait_active(feed, [b"/s"])
-        store.put(b"/s/f", fmeta(1))
-        assert heard(feed, 1) == [b"/s/f"]
+        hears_again(store, feed, b"/s")
         cpu0 = time.thread_time()
         assert feed.poll(0.3) == []
         assert time.thread_time() - cpu0 < 0.05
-    finally:
-        feed.close()
-        store.close()

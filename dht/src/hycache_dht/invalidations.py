@@ -81,8 +81,7 @@ class InvalidationFeed:
             for ch in new:  # one per call: channels of different slots may be on one node
                 self._pubsub.ssubscribe(ch)
         except (*RETRIABLE, rex.RedisError) as e:
-            self.close_pubsub()  # every channel is subscribed afresh
-            raise FeedLost(f"subscribing: {e!r}") from e
+            raise self._lost(f"subscribing: {e!r}") from e  # every channel is subscribed afresh
 
     def unsubscribe(self, dirpaths: list[bytes]) -> None:
         chans = [self.channel(d) for d in dirpaths if self.channel(d) in self.channels]
@@ -93,8 +92,7 @@ class InvalidationFeed:
                 for ch in chans:
                     self._pubsub.sunsubscribe(ch)
             except (*RETRIABLE, rex.RedisError) as e:
-                self.close_pubsub()
-                raise FeedLost(f"unsubscribing: {e!r}") from e
+                raise self._lost(f"unsubscribing: {e!r}") from e
 
     def poll(self, timeout: float) -> list[tuple[str, bytes]]:
         """Events within ``timeout`` seconds (or until :meth:`wake`): ``("changed",
@@ -111,8 +109,7 @@ class InvalidationFeed:
         try:
             ready, _, _ = select.select(waits, [], [], timeout)
         except (OSError, ValueError) as e:  # a socket closed under us
-            self.close_pubsub()
-            raise FeedLost(f"waiting: {e!r}") from e
+            raise self._lost(f"waiting: {e!r}") from e
         try:
             while True:
                 os.read(self._wake_r, 64)
@@ -146,20 +143,23 @@ class InvalidationFeed:
                     del self.channels[ch]
                     events.append(("lost", d))
         except (*RETRIABLE, rex.RedisError, StopIteration) as e:  # (StopIteration: redis-py's
-            self.close_pubsub()                                   # round robin of its nodes ended)
-            raise FeedLost(f"{e!r}") from e
+            raise self._lost(f"{e!r}") from e                     # round robin of its nodes ended)
         # A connection readable with nothing the client reads (a node's subscriber the client
         # keeps but no longer reads from, with bytes pending) would make every wait return at
         # once: a thread spinning on a core.  Many such polls in a row drop the connections.
         if read == 0 and any(w is not self._wake_r for w in ready):
             self._unread_polls += 1
             if self._unread_polls >= UNREAD_POLLS_MAX:
-                self.close_pubsub()
-                raise FeedLost(f"a connection stayed readable through {UNREAD_POLLS_MAX} polls "
-                               "with nothing read from it")
+                raise self._lost(f"a connection stayed readable through {UNREAD_POLLS_MAX} polls "
+                                 "with nothing read from it")
         else:
             self._unread_polls = 0
         return events
+
+    def _lost(self, why: str) -> FeedLost:
+        """The connections dropped (every channel is subscribed afresh): what to raise."""
+        self.close_pubsub()
+        return FeedLost(why)
 
     def close_pubsub(self) -> None:
         """Drop the connections and every subscription (a new subscribe starts afresh)."""

@@ -133,12 +133,12 @@ class AnswerTable:
         self.cluster = vfs.names.cluster is not None
         self.opens = self.enabled and OPENS and vfs.engine.config.answer_opens
         self.removals = False  # the reader answers UNLINKs (start: the redo log shared)
+        self.creates = False  # ... and CREATEs (start: removals, passthrough15, opens lent)
         # directories whose attributes the table keeps while the agent makes a drain's
         # creates and removals its own (:meth:`keeping`): the table changed their times
         # itself, and the agent offers its own once it is done
         self._keep: frozenset[int] = frozenset()
         self._kept: set[int] = set()  # of them, those whose drop was held back
-        self.creates = False  # ... and CREATEs (start: removals, passthrough15, opens lent)
 
     def start(self, local_timeout: float) -> None:
         """Before the session runs: turn the table on (or make sure it is off) and watch
