@@ -32,7 +32,8 @@
   test machine, an ext4 without a journal, every inode allocation also scanned past the
   inodes deleted in the last seconds: ~100 µs of CPU a blob in a run of creates and
   removes, docs/benchmarks.md).  The pool takes as many as the parked registrations may
-  hold (the registration and its descriptor move from one to the other).
+  hold (the registration and its descriptor move from one to the other).  Recycled blobs
+  go on top of the pool and made ones beneath, so the next creates take what was freed.
 
 Unused pool blobs are removed at shutdown; after a crash they and the blobs not reaped yet
 are orphans (blobs without an inode), which the engine's recovery pass removes.
@@ -231,8 +232,11 @@ class BlobPool:
         return made, registered
 
     def _put(self, made: list[tuple[int, Any]], *, restock: bool = True) -> None:
+        """Put made blobs in the pool beneath the ones it holds (creates take from the top):
+        recycled blobs go on top (:meth:`reap_now`), so a refill under way does not bury
+        them under new ones for as long as creates keep coming."""
+        self._blob_pool[:0] = [ino for ino, _entry in made]
         for ino, entry in made:
-            self._blob_pool.append(ino)
             if entry is not None:
                 self.pooled_backings[ino] = entry
         self._added += len(made)
