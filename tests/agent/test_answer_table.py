@@ -41,6 +41,13 @@ def table(m) -> dict:
     return t
 
 
+def unlinks_declined(before: dict, after: dict) -> dict[str, int]:
+    """The UNLINKs the table handed on between two ``table`` readings, by the first
+    condition that failed (only the reasons that counted)."""
+    return {why: n - before["unlink_declined"][why] for why, n in after["unlink_declined"].items()
+            if n > before["unlink_declined"][why]}
+
+
 def attrs(path: Path) -> tuple[int, int, int, int]:
     """(size, links, mode bits, mtime seconds), asked of the file system itself."""
     out = subprocess.run(["stat", "--cached=never", "-c", "%s %h %a %Y", str(path)],
@@ -434,13 +441,18 @@ def test_unlinks_the_table_answers_leave_what_the_agent_must_see(hycache_mount):
     for i in range(20):
         attrs(d / f"f{i}")
     fd = os.open(d / "f1", os.O_RDWR)
-    before = table(m)["unlink"]
+    before = table(m)
     t0 = time.time()
     os.unlink(d / "f1")  # open through the agent: its attributes are not the table's
     os.unlink(d / "hard")
     for i in range(2, 20):
         os.unlink(d / f"f{i}")
-    assert table(m)["unlink"] - before >= 17
+    after = table(m)
+    answered, declined = after["unlink"] - before["unlink"], unlinks_declined(before, after)
+    assert answered >= 17, declined
+    # every UNLINK the table did not answer is counted under the condition that failed;
+    # the open file's among them (its attributes are the agent's while it is open)
+    assert answered + sum(declined.values()) == 20 and declined.get("file_attr", 0) >= 1, declined
     assert attrs(d / "f0")[1] == 1, "the other name's link count"
     assert os.pread(fd, 4096, 0) == b"q" * 4096
     os.close(fd)
@@ -816,9 +828,12 @@ def test_what_the_table_answers_reaches_the_agent_within_its_lag_under_a_constan
     # and one or two that come while the agent takes over the ones before them are declined
     # by the table and answered by the agent — correct either way: seen 8 and 9 of 10 under
     # two busy loops, 1 run in 10-20)
-    assert after["unlink"] - before["unlink"] >= 8, "the table answered the removals"
-    # (~1,500 opens in the window on a quiet machine, 700-800 with both cores busy elsewhere)
-    assert after["open_lent"] - before["open_lent"] > 200, "the table answered the stream meanwhile"
+    assert after["unlink"] - before["unlink"] >= 8, \
+        f"the table answered the removals (declined: {unlinks_declined(before, after)})"
+    # the stream's opens went on in the table meanwhile (the agent answering them instead
+    # would leave ~0 here; the count follows the machine's load: ~1,500 on a quiet one,
+    # 700-800 with both cores busy elsewhere, 170 beside a CI run and a probe)
+    assert after["open_lent"] - before["open_lent"] > 50, "the table answered the stream meanwhile"
     assert took < 3.0, took
 
 
